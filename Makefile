@@ -1,0 +1,29 @@
+# The two commands of the README: `make demo` and `make test`. Both set up the
+# virtual environment in .venv on first use (and again when pyproject.toml changes).
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+DEMO_RANKS ?= 4
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	COLLECTIVES_BACKEND=mpi $(VENV)/bin/mpiexec -n $(DEMO_RANKS) $(PY) scripts/demo.py
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check collectives backends syncbn tests scripts
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(VENV)/bin/mpiexec -n 2 $(PY) scripts/bench.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,55 @@
+"""World size 1 without any transport: the default when no launcher started the process.
+
+Same checks and semantics as every other backend; with one rank every reduction
+is the identity (AVG divides by 1), so nothing is computed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collectives.arrays import ArrayAdapter
+from collectives.communicator import Communicator, Work
+from collectives.errors import BackendUnavailable
+from collectives.launcher import LaunchInfo
+from collectives.ops import ReduceOp
+
+
+class LocalCommunicator(Communicator):
+    backend = "local"
+
+    def __init__(self, local_rank: int = 0) -> None:
+        super().__init__(rank=0, size=1, local_rank=local_rank)
+
+    @classmethod
+    def from_launcher(cls, launch: LaunchInfo) -> LocalCommunicator:
+        if launch.size != 1:
+            raise BackendUnavailable(
+                f"backend 'local' runs one rank, but {launch.launcher} started {launch.size}; "
+                "use COLLECTIVES_BACKEND=mpi (mpiexec/mpirun/srun), torch or cupy, or auto"
+            )
+        return cls(launch.local_rank)
+
+    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                    async_op: bool) -> Work | None:
+        return Work(x) if async_op else None
+
+    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
+                   async_op: bool) -> Work | None:
+        return Work(x) if async_op else None
+
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+        out = adapter.empty(x, (1, *x.shape))
+        adapter.copy_(out[0], x)
+        return out
+
+    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+        out = adapter.empty(x, tuple(x.shape))
+        adapter.copy_(out, x)
+        return out
+
+    def _barrier(self) -> None:
+        pass
+
+    def _split(self, color: int | None, key: int) -> Communicator | None:
+        return None if color is None else LocalCommunicator(self.local_rank)

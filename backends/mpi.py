@@ -1,0 +1,358 @@
+"""MPI through mpi4py.
+
+Host arrays go to MPI without a copy: a numpy array as it is, a CPU torch tensor
+through a numpy view of its memory (cheaper than DLPack per call). In-place
+reductions use ``MPI.IN_PLACE``. Where MPI lacks a dtype (bfloat16 always,
+float16 where the library has no ``MPI_FLOAT16_T``) the reduction is staged
+through float32 and rounded back; broadcast and all_gather move raw bytes, so
+they need no staging. AVG is SUM, then a division by size on every rank.
+
+CUDA arrays (torch CUDA tensors, CuPy arrays) are handed to MPI directly when the
+library is CUDA-aware, else staged through pinned host memory. Either way the
+stream that produced the data is synchronized first: MPI knows nothing of CUDA
+streams. ``COLLECTIVES_MPI_CUDA_AWARE=0|1`` overrides the detection.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from collectives import arrays, config
+from collectives.arrays import ArrayAdapter
+from collectives.communicator import Communicator, Work
+from collectives.errors import BackendUnavailable
+from collectives.launcher import LaunchInfo
+from collectives.ops import ReduceOp
+
+#: Elements per MPI call: MPI counts are C ints unless the library has large counts.
+MAX_COUNT = 2**31 - 1
+
+_NUMPY_DTYPES = {name: np.dtype(name) for name in
+                 ("bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32",
+                  "float64")}
+
+
+def import_mpi() -> Any:
+    """mpi4py's MPI module, or ``BackendUnavailable`` saying how to install it."""
+    try:
+        from mpi4py import MPI  # noqa: PLC0415
+    except ImportError as error:
+        raise BackendUnavailable(
+            f"backend 'mpi' needs mpi4py and an MPI library ({error}); "
+            "install them with: pip install 'collectives[mpi]'"
+        ) from error
+    return MPI
+
+
+def mpi_cuda_aware(MPI: Any) -> bool:
+    """Whether the loaded MPI library takes CUDA device pointers.
+
+    ``COLLECTIVES_MPI_CUDA_AWARE`` decides when set; else MPICH's and Open MPI's
+    ``MPIX_Query_cuda_support()`` is asked, from the libmpi this process loaded.
+    """
+    forced = config.env_flag(config.MPI_CUDA_AWARE)
+    if forced is not None:
+        return forced
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps if "libmpi" in line})
+    except OSError:
+        return False
+    for path in paths:
+        try:
+            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
+        except OSError:
+            continue
+        if query is not None:
+            return bool(query())
+    return False
+
+
+class _Request(Work):
+    """Nonblocking MPI requests, plus what must happen once they complete."""
+
+    def __init__(self, x: Any, MPI: Any, requests: list[Any], finish: Callable[[], None]):
+        super().__init__(x)
+        self._MPI = MPI
+        self._requests = requests
+        self._finish: Callable[[], None] | None = finish
+
+    def wait(self) -> Any:
+        if self._finish is not None:
+            self._MPI.Request.Waitall(self._requests)
+            finish, self._finish = self._finish, None
+            finish()
+        return self._x
+
+    def is_completed(self) -> bool:
+        if self._finish is None:
+            return True
+        return bool(self._MPI.Request.Testall(self._requests)) and (self.wait() is not None)
+
+
+class MPICommunicator(Communicator):
+    """A communicator over an ``mpi4py.MPI.Comm`` (by default a duplicate of COMM_WORLD)."""
+
+    backend = "mpi"
+
+    def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
+        MPI = import_mpi()
+        self._MPI = MPI
+        self._comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
+        if local_rank is None:
+            node = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
+            local_rank = node.Get_rank()
+            node.Free()
+        super().__init__(self._comm.Get_rank(), self._comm.Get_size(), local_rank)
+        float16 = MPI.FLOAT16_T if hasattr(MPI, "FLOAT16_T") else MPI.DATATYPE_NULL
+        self._float16_native = float16 != MPI.DATATYPE_NULL
+        self._types = {
+            "bool": MPI.C_BOOL, "int8": MPI.INT8_T, "uint8": MPI.UINT8_T,
+            "int16": MPI.INT16_T, "int32": MPI.INT32_T, "int64": MPI.INT64_T,
+            "float16": float16, "float32": MPI.FLOAT, "float64": MPI.DOUBLE,
+        }
+        # MPI has no bitwise ops on C_BOOL, only logical ones (same truth tables on bool).
+        self._ops = {op: getattr(MPI, op.name) for op in ReduceOp if op is not ReduceOp.AVG}
+        self._ops[ReduceOp.AVG] = MPI.SUM
+        self._bool_ops = {ReduceOp.MIN: MPI.LAND, ReduceOp.BAND: MPI.LAND,
+                          ReduceOp.MAX: MPI.LOR, ReduceOp.BOR: MPI.LOR, ReduceOp.BXOR: MPI.LXOR}
+        self._cuda_aware: bool | None = None
+
+    @classmethod
+    def from_launcher(cls, launch: LaunchInfo) -> MPICommunicator:
+        if launch.launcher == "torchrun":
+            raise BackendUnavailable(
+                "backend 'mpi' needs an MPI launcher (mpiexec, mpirun or srun), but this "
+                "process was started by torchrun; launch with mpiexec -n N, or use "
+                "COLLECTIVES_BACKEND=torch (or cupy) under torchrun"
+            )
+        return cls()
+
+    @property
+    def mpi_comm(self) -> Any:
+        """The underlying ``mpi4py.MPI.Comm`` (for mixing raw mpi4py calls)."""
+        return self._comm
+
+    @property
+    def cuda_aware(self) -> bool:
+        """Whether CUDA arrays go to MPI directly (else staged through host memory)."""
+        if self._cuda_aware is None:
+            self._cuda_aware = mpi_cuda_aware(self._MPI)
+        return self._cuda_aware
+
+    # -- buffers ----------------------------------------------------------------------
+
+    def _wire_dtype(self, dtype: str) -> str:
+        """The dtype MPI reduces in: float32 for the float types MPI lacks."""
+        if dtype == "bfloat16" or (dtype == "float16" and not self._float16_native):
+            return "float32"
+        return dtype
+
+    def _buffer(self, x: Any, adapter: ArrayAdapter, wire: str | None) -> tuple[Any, Callable[[], None] | None]:
+        """A contiguous buffer MPI can read and write, and the copy back into ``x`` if any.
+
+        ``wire`` is the dtype to stage through, or ``None`` for x's bytes as they are.
+        """
+        if adapter.is_cuda(x):
+            return self._device_buffer(x, adapter, wire)
+        if adapter is arrays.NUMPY:
+            if wire is None:
+                wire_dtype = x.dtype
+            else:
+                wire_dtype = _NUMPY_DTYPES[wire]
+            if x.flags.c_contiguous and wire_dtype == x.dtype:
+                return x, None
+            staged = np.ascontiguousarray(x, dtype=wire_dtype)
+            return staged, lambda: np.copyto(x, staged, casting="unsafe")
+        # CPU torch tensor: a numpy view of its memory when possible.
+        torch = sys.modules["torch"]
+        t = x.detach()
+        if t.is_contiguous() and (wire is None or getattr(torch, wire) == t.dtype):
+            if wire is None and t.dtype == torch.bfloat16:
+                return t.view(torch.int16).numpy(), None  # numpy has no bfloat16: its bytes
+            return t.numpy(), None
+        if wire is None:
+            staged_t = t.contiguous()
+            if staged_t.dtype == torch.bfloat16:
+                view = staged_t.view(torch.int16).numpy()
+            else:
+                view = staged_t.numpy()
+        else:
+            staged_t = t.to(getattr(torch, wire)).contiguous()
+            view = staged_t.numpy()
+        return view, lambda: t.copy_(staged_t)
+
+    def _device_buffer(self, x: Any, adapter: ArrayAdapter, wire: str | None) -> tuple[Any, Callable[[], None] | None]:
+        # MPI does not know CUDA streams: whatever produced x must be finished.
+        if adapter is arrays.TORCH:
+            torch = sys.modules["torch"]
+            t = x.detach()
+            target = t.dtype if wire is None else getattr(torch, wire)
+            if self.cuda_aware:
+                staged_t = t if (t.is_contiguous() and target == t.dtype) else t.to(target).contiguous()
+                torch.cuda.current_stream(t.device).synchronize()
+                if staged_t is t:
+                    return _device_view(t), None
+                return _device_view(staged_t), lambda: t.copy_(staged_t)
+            host = torch.empty(t.shape, dtype=target, pin_memory=True)
+            host.copy_(t)  # a blocking device-to-host copy: ordered after the producer
+            view = host.view(torch.int16).numpy() if host.dtype == torch.bfloat16 else host.numpy()
+            return view, lambda: t.copy_(host)
+        cupy = sys.modules["cupy"]
+        target = x.dtype if wire is None else _NUMPY_DTYPES[wire]
+        if self.cuda_aware:
+            staged = x if (x.flags.c_contiguous and target == x.dtype) else cupy.ascontiguousarray(x, dtype=target)
+            cupy.cuda.get_current_stream().synchronize()
+            if staged is x:
+                return x, None
+            return staged, lambda: x.__setitem__(Ellipsis, staged)
+        host = cupy.asnumpy(x.astype(target, copy=False), blocking=True)
+        host = np.ascontiguousarray(host)
+        return host, lambda: x.__setitem__(Ellipsis, cupy.asarray(host))
+
+    def _reduce_spec(self, dtype: str, op: ReduceOp) -> tuple[str, Any, Any]:
+        wire = self._wire_dtype(dtype)
+        mpi_op = self._bool_ops[op] if dtype == "bool" else self._ops[op]
+        return wire, self._types[wire], mpi_op
+
+    # -- collectives --------------------------------------------------------------------
+
+    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                    async_op: bool) -> Work | None:
+        wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
+        buf, writeback = self._buffer(x, adapter, wire)
+        IN_PLACE = self._MPI.IN_PLACE
+        chunks = _chunks(buf)
+
+        def finish() -> None:
+            if op is ReduceOp.AVG:
+                _divide(buf, self.size)
+            if writeback is not None:
+                writeback()
+
+        if async_op:
+            requests = [self._comm.Iallreduce(IN_PLACE, [c, mpi_type], mpi_op) for c in chunks]
+            return _Request(x, self._MPI, requests, finish)
+        for chunk in chunks:
+            self._comm.Allreduce(IN_PLACE, [chunk, mpi_type], mpi_op)
+        finish()
+        return None
+
+    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
+                   async_op: bool) -> Work | None:
+        buf, writeback = self._buffer(x, adapter, None)
+        chunks = _chunks(_bytes(buf))
+        BYTE = self._MPI.BYTE
+
+        def finish() -> None:
+            if writeback is not None:
+                writeback()
+
+        if async_op:
+            requests = [self._comm.Ibcast([c, BYTE], root=src) for c in chunks]
+            return _Request(x, self._MPI, requests, finish)
+        for chunk in chunks:
+            self._comm.Bcast([chunk, BYTE], root=src)
+        finish()
+        return None
+
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+        out = adapter.empty(x, (self.size, *x.shape))
+        send, _ = self._buffer(x, adapter, None)
+        recv, writeback = self._buffer(out, adapter, None)
+        send_bytes, recv_bytes = _bytes(send), _bytes(recv)
+        count = _size(send_bytes)
+        if count <= MAX_COUNT:
+            self._comm.Allgather([send_bytes, self._MPI.BYTE], [recv_bytes, self._MPI.BYTE])
+        else:  # each rank's block in MAX_COUNT pieces, gathered into place
+            blocks = recv_bytes.reshape(self.size, count)
+            for start in range(0, count, MAX_COUNT):
+                stop = min(start + MAX_COUNT, count)
+                piece = np.empty((self.size, stop - start), dtype=np.uint8) if not adapter.is_cuda(x) else None
+                if piece is None:
+                    raise ValueError("all_gather of more than 2**31-1 bytes per rank on CUDA "
+                                     "arrays is not supported by the MPI backend")
+                self._comm.Allgather([send_bytes[start:stop], self._MPI.BYTE],
+                                     [piece, self._MPI.BYTE])
+                blocks[:, start:stop] = piece
+        if writeback is not None:
+            writeback()
+        return out
+
+    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+        wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
+        rows = x.shape[0] // self.size
+        out = adapter.empty(x, (rows, *x.shape[1:]))
+        send, _ = self._buffer(x, adapter, wire)
+        recv, writeback = self._buffer(out, adapter, wire)
+        block = _size(recv)
+        if block <= MAX_COUNT:
+            self._comm.Reduce_scatter_block([send, mpi_type], [recv, mpi_type], mpi_op)
+        else:  # reduce the whole thing in pieces, keep this rank's rows
+            reduced = send.copy()
+            for chunk in _chunks(reduced):
+                self._comm.Allreduce(self._MPI.IN_PLACE, [chunk, mpi_type], mpi_op)
+            recv.reshape(-1)[...] = reduced.reshape(-1)[self.rank * block:(self.rank + 1) * block]
+        if op is ReduceOp.AVG:
+            _divide(recv, self.size)
+        if writeback is not None:
+            writeback()
+        return out
+
+    def _barrier(self) -> None:
+        self._comm.Barrier()
+
+    def _split(self, color: int | None, key: int) -> Communicator | None:
+        MPI = self._MPI
+        new = self._comm.Split(MPI.UNDEFINED if color is None else color, key)
+        if new == MPI.COMM_NULL:
+            return None
+        try:
+            return MPICommunicator(new, local_rank=self.local_rank)
+        finally:
+            new.Free()  # MPICommunicator keeps its own Dup
+
+    def _close(self) -> None:
+        MPI = self._MPI
+        if not MPI.Is_finalized() and self._comm != MPI.COMM_NULL:
+            self._comm.Free()
+
+
+def _size(buf: Any) -> int:
+    return math.prod(buf.shape)
+
+
+def _chunks(buf: Any) -> list[Any]:
+    """``buf`` as pieces of at most MAX_COUNT elements (views, not copies)."""
+    count = _size(buf)
+    if count <= MAX_COUNT:
+        return [buf]
+    flat = buf.reshape(-1)
+    return [flat[start:start + MAX_COUNT] for start in range(0, count, MAX_COUNT)]
+
+
+def _bytes(buf: Any) -> Any:
+    """A flat uint8 view of a contiguous numpy/cupy array (or of a torch CUDA tensor)."""
+    if isinstance(buf, np.ndarray):
+        return buf.reshape(-1).view(np.uint8)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(buf, torch.Tensor):
+        return buf.reshape(-1).view(torch.uint8)
+    return buf.reshape(-1).view("uint8")  # cupy
+
+
+def _divide(buf: Any, size: int) -> None:
+    buf /= size  # in place for numpy, cupy and torch alike
+
+
+def _device_view(t: Any) -> Any:
+    """What mpi4py takes for CUDA memory: the tensor itself (it has __cuda_array_interface__),
+    with bfloat16 reinterpreted as int16 since only its bytes matter when we get here."""
+    torch = sys.modules["torch"]
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t

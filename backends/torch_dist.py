@@ -1,0 +1,339 @@
+"""torch.distributed: Gloo for CPU tensors and NCCL for CUDA tensors, in one process group.
+
+Under torchrun the group is made from env://. Under an MPI launcher rank 0 opens a
+TCPStore on a free port and its address reaches the other ranks over MPI (an
+integer broadcast, nothing unpickled). A process group the user initialized
+already is reused as it is. numpy arrays are taken zero-copy through
+``torch.from_numpy``; CuPy arrays through ``torch.as_tensor`` (CUDA array interface).
+
+What the transports lack is emulated, never approximated:
+- int16 (neither Gloo nor NCCL) and bool (NCCL) reduce through int32 / uint8;
+  MIN/MAX/BAND/BOR/BXOR on 0/1 values and wrapping SUM/PROD survive the round trip.
+- bitwise ops on NCCL: BAND/BOR of bool are MIN/MAX; other bitwise reductions
+  gather every rank's tensor and reduce locally.
+- AVG is SUM, then a division by size, on every transport.
+Broadcast and all_gather move raw bytes (uint8 views), so they need no staging.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+from typing import Any
+
+from collectives import arrays
+from collectives.arrays import ArrayAdapter
+from collectives.communicator import Communicator, Work
+from collectives.errors import BackendUnavailable
+from collectives.launcher import LaunchInfo
+from collectives.ops import ReduceOp
+
+# Minutes torch waits in a collective before it raises (torch's own default).
+DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+
+
+def import_torch_distributed() -> Any:
+    try:
+        import torch.distributed as dist  # noqa: PLC0415
+    except ImportError as error:
+        raise BackendUnavailable(
+            f"backend 'torch' needs PyTorch ({error}); install it with: pip install torch"
+        ) from error
+    if not dist.is_available():
+        raise BackendUnavailable("backend 'torch': this PyTorch build has no torch.distributed")
+    return dist
+
+
+def _bootstrap_process_group(dist: Any, launch: LaunchInfo) -> None:
+    """Initialize torch's default group for a process started as ``launch`` says."""
+    import torch  # noqa: PLC0415
+
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    if torch.cuda.is_available():
+        # Bind the GPU before any communicator exists (NCCL picks it up from here).
+        torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
+    if launch.launcher == "torchrun":
+        dist.init_process_group(backend, init_method="env://", timeout=DEFAULT_TIMEOUT)
+        return
+    if launch.size == 1:
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=0, world_size=1,
+                                timeout=DEFAULT_TIMEOUT)
+        return
+    # MPI launcher: rank 0's store address travels over MPI.
+    store = mpi_shared_tcp_store(launch)
+    dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.size,
+                            timeout=DEFAULT_TIMEOUT)
+
+
+def store_host(launch: LaunchInfo) -> str:
+    """The address rank 0's store listens on: MASTER_ADDR if set, loopback on one node."""
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
+    if launch.local_size is not None and launch.local_size == launch.size:
+        return "127.0.0.1"
+    return socket.gethostbyname(socket.gethostname())
+
+
+def mpi_shared_tcp_store(launch: LaunchInfo) -> Any:
+    """A TCPStore served by rank 0 on a free port; the port is broadcast over MPI."""
+    import numpy as np  # noqa: PLC0415
+    import torch.distributed as dist  # noqa: PLC0415
+
+    from backends.mpi import import_mpi  # noqa: PLC0415
+
+    MPI = import_mpi()
+    comm = MPI.COMM_WORLD
+    host = store_host(launch)
+    port = np.zeros(1, dtype=np.int64)
+    store = None
+    if comm.Get_rank() == 0:
+        store = dist.TCPStore(host, 0, launch.size, is_master=True, timeout=DEFAULT_TIMEOUT,
+                              wait_for_workers=False)
+        port[0] = store.port
+    comm.Bcast(port, root=0)
+    if comm.Get_rank() != 0:
+        store = dist.TCPStore(host, int(port[0]), launch.size, is_master=False,
+                              timeout=DEFAULT_TIMEOUT)
+    return store
+
+
+class _TorchWork(Work):
+    def __init__(self, x: Any, work: Any, finish: Any = None) -> None:
+        super().__init__(x)
+        self._work = work
+        self._finish = finish
+
+    def wait(self) -> Any:
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+            if self._finish is not None:
+                self._finish()
+        return self._x
+
+    def is_completed(self) -> bool:
+        return self._work is None or bool(self._work.is_completed())
+
+
+class TorchCommunicator(Communicator):
+    """A communicator over a torch.distributed process group (default: the world group)."""
+
+    backend = "torch"
+
+    def __init__(self, group: Any = None, ranks: list[int] | None = None,
+                 local_rank: int | None = None) -> None:
+        """``group``: a torch ProcessGroup (None: the default group). ``ranks``: the
+        group's global ranks in this communicator's rank order (None: torch's order)."""
+        import torch  # noqa: PLC0415
+
+        dist = import_torch_distributed()
+        if not dist.is_initialized():
+            raise BackendUnavailable("torch.distributed is not initialized; use "
+                                     "collectives.init('torch') or TorchCommunicator.from_launcher")
+        self._torch = torch
+        self._dist = dist
+        self._group = group
+        group_ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        # torch orders a group's ranks by global rank; ours may differ (split's key).
+        self._global_ranks = list(group_ranks) if ranks is None else list(ranks)
+        # Position in torch's order for each of our ranks.
+        torch_order = sorted(group_ranks) if ranks is not None else list(group_ranks)
+        self._torch_rank = [torch_order.index(g) for g in self._global_ranks]
+        self._reordered = self._torch_rank != list(range(len(self._torch_rank)))
+        me = self._global_ranks.index(dist.get_rank())
+        if local_rank is None:
+            local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
+        super().__init__(me, len(self._global_ranks), local_rank)
+        R = dist.ReduceOp
+        self._ops = {ReduceOp.SUM: R.SUM, ReduceOp.AVG: R.SUM, ReduceOp.PROD: R.PRODUCT,
+                     ReduceOp.MIN: R.MIN, ReduceOp.MAX: R.MAX, ReduceOp.BAND: R.BAND,
+                     ReduceOp.BOR: R.BOR, ReduceOp.BXOR: R.BXOR}
+
+    @classmethod
+    def from_launcher(cls, launch: LaunchInfo) -> TorchCommunicator:
+        dist = import_torch_distributed()
+        if not dist.is_initialized():
+            _bootstrap_process_group(dist, launch)
+        return cls(local_rank=launch.local_rank)
+
+    @property
+    def process_group(self) -> Any:
+        """The torch ProcessGroup (None means the default group)."""
+        return self._group
+
+    # -- tensors ------------------------------------------------------------------------
+
+    def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
+        if adapter is arrays.CUPY and not self._torch.cuda.is_available():
+            raise ValueError("x is a CuPy array but this torch build has no CUDA")
+
+    def _as_tensor(self, x: Any, adapter: ArrayAdapter) -> Any:
+        """``x`` as a torch tensor sharing its memory (a copy only when x is read-only
+        or has negative strides, which in-place callers handled before)."""
+        if adapter is arrays.TORCH:
+            return x.detach()
+        if adapter is arrays.NUMPY:
+            if not x.flags.writeable or _negative_strides(x, adapter):
+                x = x.copy()  # torch.from_numpy takes neither
+            return self._torch.from_numpy(x)
+        return self._torch.as_tensor(x, device="cuda")
+
+    def _staged(self, t: Any, dtype: str) -> tuple[Any, Any]:
+        """The tensor the transport reduces: ``t``, or a contiguous copy in a wider type
+        (returned twice: the second is the copy to write back, ``None`` when none)."""
+        wire = _WIRE.get(dtype)
+        if wire is None and t.is_contiguous():
+            return t, None
+        staged = t.to(getattr(self._torch, wire or dtype)).contiguous()
+        return staged, staged
+
+    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                    async_op: bool) -> Work | None:
+        if _negative_strides(x, adapter):  # torch.from_numpy refuses these: reduce a copy
+            copy = x.copy()
+            self._all_reduce(copy, adapter, dtype, op, False)
+            x[...] = copy
+            return Work(x) if async_op else None
+        t = self._as_tensor(x, adapter)
+        staged, copy = self._staged(t, dtype)
+        if staged.is_cuda and op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+            self._bitwise_on_nccl(staged, op)
+            work = None
+        else:
+            work = self._dist.all_reduce(staged, self._ops[op], group=self._group,
+                                         async_op=async_op)
+
+        def finish() -> None:
+            if op is ReduceOp.AVG:
+                staged.div_(self.size)
+            if copy is not None:
+                t.copy_(copy)
+
+        if work is not None and async_op:
+            return _TorchWork(x, work, finish)
+        finish()
+        return Work(x) if async_op else None
+
+    def _bitwise_on_nccl(self, staged: Any, op: ReduceOp) -> None:
+        torch = self._torch
+        if staged.dtype == torch.uint8 and op is not ReduceOp.BXOR:
+            # 0/1 values: AND is MIN and OR is MAX.
+            native = ReduceOp.MIN if op is ReduceOp.BAND else ReduceOp.MAX
+            self._dist.all_reduce(staged, self._ops[native], group=self._group)
+            return
+        gathered = self._gather_tensor(staged)
+        combine = {ReduceOp.BAND: torch.bitwise_and, ReduceOp.BOR: torch.bitwise_or,
+                   ReduceOp.BXOR: torch.bitwise_xor}[op]
+        result = gathered[0].clone()
+        for row in gathered[1:]:
+            combine(result, row, out=result)
+        staged.copy_(result)
+
+    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
+                   async_op: bool) -> Work | None:
+        if _negative_strides(x, adapter):
+            copy = x.copy()
+            self._broadcast(copy, adapter, dtype, src, False)
+            x[...] = copy
+            return Work(x) if async_op else None
+        t = self._as_tensor(x, adapter)
+        staged = t if t.is_contiguous() else t.contiguous()
+        work = self._dist.broadcast(_bytes(staged), self._global_ranks[src], group=self._group,
+                                    async_op=async_op)
+
+        def finish() -> None:
+            if staged is not t:
+                t.copy_(staged)
+
+        if async_op:
+            return _TorchWork(x, work, finish)
+        finish()
+        return None
+
+    def _gather_tensor(self, t: Any) -> Any:
+        """torch tensor of shape (size, *t.shape), row r from our rank r."""
+        staged = t if t.is_contiguous() else t.contiguous()
+        out = self._torch.empty((self.size, *t.shape), dtype=t.dtype, device=t.device)
+        self._dist.all_gather_into_tensor(_bytes(out), _bytes(staged), group=self._group)
+        if self._reordered:  # rows arrived in torch's rank order
+            out = out[self._torch_rank]
+        return out
+
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+        gathered = self._gather_tensor(self._as_tensor(x, adapter))
+        if adapter is arrays.TORCH:
+            return gathered
+        if adapter is arrays.NUMPY:
+            return gathered.numpy()
+        import cupy  # noqa: PLC0415
+
+        return cupy.asarray(gathered)
+
+    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+        torch = self._torch
+        t = self._as_tensor(x, adapter)
+        staged, _ = self._staged(t, dtype)
+        rows = t.shape[0] // self.size
+        if self._reordered:  # torch hands block i to torch's rank i
+            blocks = staged.reshape(self.size, rows, *t.shape[1:])
+            order = [0] * self.size
+            for ours, theirs in enumerate(self._torch_rank):
+                order[theirs] = ours
+            staged = blocks[order].reshape(t.shape)
+        if staged.is_cuda and op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+            full = staged.clone()
+            self._bitwise_on_nccl(full, op)
+            mine = self._torch_rank[self.rank]
+            out = full[mine * rows:(mine + 1) * rows].clone()
+        else:
+            out = torch.empty((rows, *t.shape[1:]), dtype=staged.dtype, device=t.device)
+            self._dist.reduce_scatter_tensor(out, staged, self._ops[op], group=self._group)
+        if op is ReduceOp.AVG:
+            out.div_(self.size)
+        out = out.to(t.dtype)
+        if adapter is arrays.TORCH:
+            return out
+        if adapter is arrays.NUMPY:
+            return out.numpy()
+        import cupy  # noqa: PLC0415
+
+        return cupy.asarray(out)
+
+    def _barrier(self) -> None:
+        # A tiny all_reduce rather than dist.barrier(): it works on every group without
+        # guessing a device, and it completes only when every rank has reached it.
+        flag = self._torch.zeros(1, dtype=self._torch.int32)
+        self._dist.all_reduce(flag, group=self._group)
+
+    def _split(self, color: int | None, key: int) -> Communicator | None:
+        members = self._split_groups(color, key)
+        if members is None:
+            return None
+        global_ranks = [self._global_ranks[r] for r in members]
+        # Only the members make the group (local synchronization), so splits of splits
+        # work and groups of different colors are made concurrently.
+        group = self._dist.new_group(sorted(global_ranks), use_local_synchronization=True)
+        return TorchCommunicator(group, ranks=global_ranks, local_rank=self.local_rank)
+
+    def _close(self) -> None:
+        if self._group is not None and self._dist.is_initialized():
+            self._dist.destroy_process_group(self._group)
+
+
+# dtypes no torch transport reduces, and the type they are reduced in instead: 0/1 bytes
+# keep MIN=AND, MAX=OR, BXOR=XOR; int32 keeps int16's wrapping SUM/PROD and bit patterns.
+_WIRE = {"bool": "uint8", "int16": "int32"}
+
+
+def _bytes(t: Any) -> Any:
+    """A flat uint8 view of a contiguous tensor: what broadcast and all_gather move."""
+    torch = sys.modules["torch"]
+    flat = t.reshape(-1)
+    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+def _negative_strides(x: Any, adapter: ArrayAdapter) -> bool:
+    return adapter is not arrays.TORCH and any(stride < 0 for stride in x.strides)

@@ -1,0 +1,172 @@
+"""Array adapters: one small object per array library, used by every backend and the tests.
+
+An adapter answers the questions the interface asks of an array (its dtype name
+from :data:`collectives.ops.DTYPES`, whether it lives on a GPU, whether it may be
+written in place) and makes new arrays of the same kind. Array libraries are never
+imported here: a type is recognized by the module that defines it, and the
+library is only touched once the caller has handed us one of its arrays.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from .ops import DTYPES
+
+
+class ArrayAdapter:
+    """What the interface needs to know about one array library."""
+
+    #: "numpy", "torch" or "cupy".
+    name: str = ""
+
+    def dtype_name(self, x: Any) -> str:
+        """The dtype of ``x`` as a name of :data:`DTYPES`; ``TypeError`` for any other."""
+        name = self._dtype_names().get(x.dtype)
+        if name is None:
+            raise TypeError(
+                f"dtype {x.dtype} of this {self.name} array is not supported; "
+                f"supported dtypes: {', '.join(DTYPES)}"
+            )
+        return name
+
+    def _dtype_names(self) -> dict[Any, str]:
+        raise NotImplementedError
+
+    def is_cuda(self, x: Any) -> bool:
+        return False
+
+    def device_index(self, x: Any) -> int | None:
+        """CUDA device ordinal of ``x``, or ``None`` for host memory."""
+        return None
+
+    def check_writable(self, x: Any) -> None:
+        """``ValueError`` unless ``x`` may be overwritten in place."""
+
+    def is_contiguous(self, x: Any) -> bool:
+        return bool(x.flags.c_contiguous)
+
+    def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
+        """A new uninitialized array of ``like``'s kind, dtype and device."""
+        raise NotImplementedError
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        """Copy ``src`` into ``dst`` (same shape), casting to ``dst``'s dtype."""
+        dst[...] = src
+
+
+def _numpy_dtype_table(np: Any) -> dict[Any, str]:
+    table = {np.dtype(name): name for name in DTYPES if name != "bfloat16"}
+    try:  # ml_dtypes' bfloat16, when the caller uses it
+        import ml_dtypes  # noqa: PLC0415
+
+        table[np.dtype(ml_dtypes.bfloat16)] = "bfloat16"
+    except ImportError:
+        pass
+    return table
+
+
+class NumpyAdapter(ArrayAdapter):
+    name = "numpy"
+    _table: dict[Any, str] | None = None
+
+    def _dtype_names(self) -> dict[Any, str]:
+        if self._table is None:
+            self._table = _numpy_dtype_table(sys.modules["numpy"])
+        return self._table
+
+    def check_writable(self, x: Any) -> None:
+        if not x.flags.writeable:
+            raise ValueError(
+                "x is a read-only numpy array; in-place collectives (all_reduce, broadcast) "
+                "need a writable array: pass x.copy()"
+            )
+
+    def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
+        return sys.modules["numpy"].empty(shape, dtype=like.dtype)
+
+
+class CupyAdapter(NumpyAdapter):
+    name = "cupy"
+
+    def is_cuda(self, x: Any) -> bool:
+        return True
+
+    def device_index(self, x: Any) -> int | None:
+        return int(x.device.id)
+
+    def check_writable(self, x: Any) -> None:
+        pass  # CuPy arrays have no read-only flag
+
+    def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
+        cupy = sys.modules["cupy"]
+        with like.device:
+            return cupy.empty(shape, dtype=like.dtype)
+
+
+class TorchAdapter(ArrayAdapter):
+    name = "torch"
+    _table: dict[Any, str] | None = None
+
+    def _dtype_names(self) -> dict[Any, str]:
+        if self._table is None:
+            torch = sys.modules["torch"]
+            self._table = {getattr(torch, name): name for name in DTYPES}
+        return self._table
+
+    def is_cuda(self, x: Any) -> bool:
+        return bool(x.is_cuda)
+
+    def device_index(self, x: Any) -> int | None:
+        return x.device.index if x.is_cuda else None
+
+    def check_writable(self, x: Any) -> None:
+        if x.requires_grad:
+            raise ValueError(
+                "x requires grad; in-place collectives (all_reduce, broadcast) would break "
+                "autograd: pass x.detach() (it shares memory) or a tensor that does not require grad"
+            )
+
+    def is_contiguous(self, x: Any) -> bool:
+        return bool(x.is_contiguous())
+
+    def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
+        return sys.modules["torch"].empty(shape, dtype=like.dtype, device=like.device)
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        dst.copy_(src)
+
+
+NUMPY = NumpyAdapter()
+TORCH = TorchAdapter()
+CUPY = CupyAdapter()
+
+# type(x) -> adapter; filled on first sight of each type so the call path is one lookup.
+_BY_TYPE: dict[type, ArrayAdapter] = {}
+
+
+def adapter_for(x: Any) -> ArrayAdapter:
+    """The adapter for ``x``; ``TypeError`` naming the supported array types otherwise."""
+    try:
+        return _BY_TYPE[type(x)]
+    except KeyError:
+        pass
+    adapter = _find_adapter(x)
+    if adapter is None:
+        raise TypeError(
+            f"x of type {type(x).__module__}.{type(x).__qualname__} is not supported; "
+            "pass a torch.Tensor (CPU or CUDA), numpy.ndarray or cupy.ndarray"
+        )
+    _BY_TYPE[type(x)] = adapter
+    return adapter
+
+
+def _find_adapter(x: Any) -> ArrayAdapter | None:
+    # Only libraries the caller already imported can have made x.
+    for module, cls, adapter in (("torch", "Tensor", TORCH), ("numpy", "ndarray", NUMPY),
+                                 ("cupy", "ndarray", CUPY)):
+        lib = sys.modules.get(module)
+        if lib is not None and isinstance(x, getattr(lib, cls)):
+            return adapter
+    return None

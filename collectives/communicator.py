@@ -1,0 +1,241 @@
+"""The Communicator interface every backend implements. Read this file first.
+
+A backend subclasses :class:`Communicator` and implements the underscored
+methods (``_all_reduce``, ``_broadcast``, ...). The public methods here check
+every argument first, through the rules of :mod:`collectives.ops` and the
+adapters of :mod:`collectives.arrays`, so a bad call raises the same
+``TypeError``/``ValueError`` on every backend, before anything is sent and with
+the input untouched. Backends only ever see arguments that passed.
+"""
+
+from __future__ import annotations
+
+import abc
+import operator
+from typing import Any
+
+from . import arrays
+from .arrays import ArrayAdapter
+from .errors import CollectiveError
+from .launcher import LaunchInfo
+from .ops import ReduceOp, check_reduction
+
+
+class Work:
+    """Handle of an asynchronous collective. ``wait()`` completes it and returns the array."""
+
+    def __init__(self, x: Any) -> None:
+        self._x = x
+
+    def wait(self) -> Any:
+        """Block until the collective has completed; return its (in-place) result."""
+        return self._x
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class Communicator(abc.ABC):
+    """A group of ranks that run collectives together.
+
+    Attributes: ``rank`` (0 .. size-1 within this communicator), ``size``,
+    ``local_rank`` (this process's rank on its node, used to pick a GPU) and
+    ``backend`` (the backend's name: "local", "torch", "mpi" or "cupy").
+
+    Arrays may be ``torch.Tensor`` (CPU or CUDA), ``numpy.ndarray`` or
+    ``cupy.ndarray``, as far as the backend takes them; results have the input's
+    type, device and dtype. Every rank must call the same collectives in the
+    same order with the same dtype, shape, op and root. Non-contiguous inputs are
+    handled through a contiguous copy (results are written back into ``x``).
+    """
+
+    backend: str = ""
+
+    def __init__(self, rank: int, size: int, local_rank: int) -> None:
+        self.rank = rank
+        self.size = size
+        self.local_rank = local_rank
+        self._closed = False
+
+    # -- the public interface ------------------------------------------------------------
+
+    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", *, async_op: bool = False) -> Any:
+        """Reduce ``x`` elementwise over all ranks, in place; every rank gets the result.
+
+        ``x`` keeps its shape and dtype. ``op`` must be allowed on ``x``'s dtype
+        (see :data:`collectives.ops.ALLOWED_OPS`), else ``TypeError``. Returns
+        ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
+        """
+        adapter, dtype = self._check_array(x, in_place=True)
+        reduce_op = check_reduction(dtype, op)
+        work = self._all_reduce(x, adapter, dtype, reduce_op, async_op)
+        return work if async_op else x
+
+    def broadcast(self, x: Any, src: int = 0, *, async_op: bool = False) -> Any:
+        """Copy rank ``src``'s ``x`` into ``x`` on every rank, in place.
+
+        ``x`` must have the same shape and dtype on every rank. ``src`` is a rank
+        of this communicator (``0 <= src < size``), else ``ValueError``. Returns
+        ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
+        """
+        adapter, dtype = self._check_array(x, in_place=True)
+        self._check_rank(src, "src")
+        work = self._broadcast(x, adapter, dtype, src, async_op)
+        return work if async_op else x
+
+    def all_gather(self, x: Any) -> Any:
+        """Gather every rank's ``x``: a new array of shape ``(size, *x.shape)``.
+
+        Row ``r`` of the result is rank ``r``'s ``x``. ``x`` is not modified.
+        """
+        adapter, dtype = self._check_array(x, in_place=False)
+        return self._all_gather(x, adapter, dtype)
+
+    def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum") -> Any:
+        """Reduce ``x`` over all ranks and return this rank's block of rows.
+
+        ``x.shape[0]`` must be divisible by ``size`` (else ``ValueError``); the
+        result is a new array of shape ``(x.shape[0] // size, *x.shape[1:])``
+        holding rows ``rank * n // size`` to ``(rank + 1) * n // size`` of the
+        reduction. ``x`` is not modified.
+        """
+        adapter, dtype = self._check_array(x, in_place=False)
+        reduce_op = check_reduction(dtype, op)
+        shape = tuple(x.shape)
+        if not shape:
+            raise ValueError("reduce_scatter needs x with at least one dimension; got a 0-d array")
+        if shape[0] % self.size:
+            raise ValueError(
+                f"reduce_scatter needs x.shape[0] divisible by size={self.size}; "
+                f"got x.shape={shape}"
+            )
+        return self._reduce_scatter(x, adapter, dtype, reduce_op)
+
+    def barrier(self) -> None:
+        """Block until every rank of this communicator has called ``barrier``."""
+        self._check_open()
+        self._barrier()
+
+    def split(self, color: int | None, key: int | None = None) -> Communicator | None:
+        """A new communicator over the ranks that passed the same ``color``.
+
+        Collective over this communicator: every rank must call it. ``color`` is
+        a non-negative int, or ``None`` to take part without joining any group
+        (that rank gets ``None`` back). Ranks of the new communicator are ordered
+        by ``key`` (default: this rank), ties broken by rank here.
+        """
+        self._check_open()
+        for name, value in (("color", color), ("key", key)):
+            if value is not None and (isinstance(value, bool) or not _is_int(value)):
+                raise TypeError(f"{name} must be an int or None; got {type(value).__name__}")
+        if color is not None and int(color) < 0:
+            raise ValueError(f"color must be >= 0 (or None to join no group); got {color}")
+        return self._split(None if color is None else int(color),
+                           self.rank if key is None else int(key))
+
+    def close(self) -> None:
+        """Release the transport's resources; the communicator can no longer be used."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = ", closed" if self._closed else ""
+        return (f"<{type(self).__name__} backend={self.backend} rank={self.rank} "
+                f"size={self.size}{state}>")
+
+    # -- argument checks shared by every backend ----------------------------------------
+
+    def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
+        if self._closed:
+            raise ValueError(f"{self!r} is closed; create a new communicator")
+        adapter = arrays.adapter_for(x)
+        dtype = adapter.dtype_name(x)
+        if in_place:
+            adapter.check_writable(x)
+        self._check_device(x, adapter)
+        return adapter, dtype
+
+    def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
+        """``TypeError``/``ValueError`` if this backend cannot take ``x`` (device, kind)."""
+
+    def _check_rank(self, rank: Any, name: str) -> None:
+        if isinstance(rank, bool) or not _is_int(rank):
+            raise TypeError(f"{name} must be an int rank; got {type(rank).__name__}")
+        if not 0 <= rank < self.size:
+            raise ValueError(f"{name}={rank} is out of range; valid ranks: 0 to {self.size - 1}")
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self!r} is closed; create a new communicator")
+
+    def _split_groups(self, color: int | None, key: int) -> list[list[int]] | None:
+        """Every rank's group for ``split``, through one all_gather of (color, key).
+
+        Returns this rank's group as a list of ranks of this communicator in the
+        new communicator's order, or ``None`` when ``color`` is ``None``. For
+        backends whose transport has no native split.
+        """
+        import numpy as np  # noqa: PLC0415  (numpy is a dependency of the interface)
+
+        mine = np.array([-1 if color is None else color, key], dtype=np.int64)
+        everyone = self._all_gather(mine, arrays.NUMPY, "int64")
+        if color is None:
+            return None
+        members = [r for r in range(self.size) if everyone[r, 0] == color]
+        return sorted(members, key=lambda r: (int(everyone[r, 1]), r))
+
+    # -- what a backend implements --------------------------------------------------------
+
+    @classmethod
+    @abc.abstractmethod
+    def from_launcher(cls, launch: LaunchInfo) -> Communicator:
+        """The world communicator of this backend for a process started as ``launch`` says.
+
+        Raises :class:`BackendUnavailable` with the reason when the backend cannot
+        run under that launcher or its transport is missing.
+        """
+
+    @abc.abstractmethod
+    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                    async_op: bool) -> Work | None:
+        """Reduce in place; return a Work when ``async_op``."""
+
+    @abc.abstractmethod
+    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
+                   async_op: bool) -> Work | None:
+        """Broadcast in place; return a Work when ``async_op``."""
+
+    @abc.abstractmethod
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+        """Return the gathered ``(size, *x.shape)`` array."""
+
+    @abc.abstractmethod
+    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+        """Return this rank's reduced block (shape already checked)."""
+
+    @abc.abstractmethod
+    def _barrier(self) -> None: ...
+
+    @abc.abstractmethod
+    def _split(self, color: int | None, key: int) -> Communicator | None: ...
+
+    def _close(self) -> None:
+        """Release transport resources (called once)."""
+
+
+def _is_int(value: Any) -> bool:
+    try:
+        operator.index(value)  # int and numpy integers; not float, str or None
+    except TypeError:
+        return False
+    return True
+
+
+__all__ = ["Communicator", "Work", "CollectiveError"]

@@ -1,0 +1,72 @@
+"""Backend registry and ``init()``: from ``COLLECTIVES_BACKEND`` and the launcher to a Communicator."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+
+from . import config
+from .communicator import Communicator
+from .errors import BackendUnavailable
+from .launcher import LaunchInfo, detect_launcher
+
+#: backend name -> "module:class" of its Communicator, imported only when chosen.
+BACKENDS: dict[str, str] = {
+    "local": "backends.local:LocalCommunicator",
+    "torch": "backends.torch_dist:TorchCommunicator",
+    "mpi": "backends.mpi:MPICommunicator",
+    "cupy": "backends.cupy_nccl:CupyNcclCommunicator",
+}
+#: What "auto" picks for each launcher (None: no launcher).
+AUTO_BACKEND: dict[str | None, str] = {"torchrun": "torch", "mpi": "mpi", "slurm": "mpi",
+                                       None: "local"}
+
+_lock = threading.Lock()
+_default: Communicator | None = None
+
+
+def resolve_backend(name: str | None, launch: LaunchInfo) -> str:
+    """The backend that ``name`` (or ``COLLECTIVES_BACKEND``, or auto) means under ``launch``."""
+    if name is None:
+        name = os.environ.get(config.BACKEND, "").strip() or "auto"
+    if not isinstance(name, str):
+        raise TypeError(f"backend must be a str; got {type(name).__name__}")
+    key = name.lower()
+    if key == "auto":
+        return AUTO_BACKEND[launch.launcher]
+    if key not in BACKENDS:
+        valid = ", ".join(["auto", *BACKENDS])
+        raise ValueError(f"unknown backend {name!r} (from the backend argument or "
+                         f"{config.BACKEND}); valid: {valid}")
+    return key
+
+
+def backend_class(name: str) -> type[Communicator]:
+    module_name, _, class_name = BACKENDS[name].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise BackendUnavailable(f"backend {name!r} cannot be imported: {error}") from error
+    return getattr(module, class_name)
+
+
+def init(backend: str | None = None) -> Communicator:
+    """The process's default communicator, created on the first call.
+
+    ``backend`` is "auto", "local", "torch", "mpi" or "cupy"; ``None`` reads
+    ``COLLECTIVES_BACKEND`` (auto when unset). auto picks torch under torchrun,
+    mpi under mpiexec/mpirun/srun and local without a launcher. Later calls return
+    the same communicator; naming another backend then is a ``ValueError``.
+    """
+    global _default
+    with _lock:
+        launch = detect_launcher()
+        name = resolve_backend(backend, launch)
+        if _default is not None and not _default._closed:
+            if backend is not None and name != _default.backend:
+                raise ValueError(f"collectives is already initialized with backend "
+                                 f"{_default.backend!r}; cannot switch to {name!r}")
+            return _default
+        _default = backend_class(name).from_launcher(launch)
+        return _default

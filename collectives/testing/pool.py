@@ -1,0 +1,353 @@
+"""A pool of real ranks, started once with the real launcher and reused for many jobs.
+
+The test process opens a listener on loopback; each rank, started by mpiexec,
+torchrun or directly (local), makes its communicator, connects back and waits for
+jobs. A job is a module-level function ``fn(comm, *args)`` named by module and
+qualified name (the rank imports it: by module name, or from its file), plus
+per-rank arguments; each rank sends back its return value, or its exception
+with the rank's traceback. The connection is authenticated with a random key
+(HMAC challenge of ``multiprocessing.connection``) before anything is unpickled,
+so only the processes this pool started can talk to it.
+
+A rank that hangs past the job's timeout, or dies, ends the pool (every rank is
+killed) and the job raises :class:`RankTimeout` / :class:`RankCrashed`; the next
+job starts a fresh pool, so one bad job never poisons the ones after it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Client, Connection, Listener, wait
+from pathlib import Path
+from typing import Any
+
+from ..errors import CollectiveError
+
+POOL_ADDRESS_ENV = "COLLECTIVES_POOL_ADDRESS"
+POOL_AUTHKEY_ENV = "COLLECTIVES_POOL_AUTHKEY"
+#: Seconds a pool waits for its ranks to start and connect.
+START_TIMEOUT = float(os.environ.get("COLLECTIVES_POOL_START_TIMEOUT", 120))
+#: Seconds one job may take before its pool is killed.
+DEFAULT_JOB_TIMEOUT = float(os.environ.get("COLLECTIVES_POOL_JOB_TIMEOUT", 60))
+
+#: Seconds the other ranks get to finish once one rank raised.
+ERROR_GRACE = 5.0
+#: Launchers a pool can use for each backend; the first is the default.
+LAUNCHERS = {"mpi": ("mpiexec",), "torch": ("torchrun", "mpiexec"), "local": ("none",),
+             "cupy": ("mpiexec", "torchrun")}
+# The project root, so ranks import the same collectives as the test process.
+_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+class PoolError(CollectiveError):
+    """The pool failed: ranks did not start, crashed, or a job timed out."""
+
+
+class RankTimeout(PoolError, TimeoutError):
+    """A job did not finish on every rank in time; the pool was killed."""
+
+
+class RankCrashed(PoolError):
+    """A rank died while running a job (or before it could start); the pool was killed."""
+
+
+class RemoteError:
+    """One rank's exception: its type name, message and traceback, as text."""
+
+    def __init__(self, rank: int, type_name: str, message: str, traceback: str) -> None:
+        self.rank, self.type_name, self.message, self.traceback = rank, type_name, message, traceback
+
+    def __repr__(self) -> str:
+        return f"RemoteError(rank={self.rank}, {self.type_name}: {self.message})"
+
+
+class RankError(PoolError):
+    """The job raised on one or more ranks. ``errors`` maps rank -> :class:`RemoteError`;
+    ``results`` holds the ranks that returned (rank -> value)."""
+
+    def __init__(self, errors: dict[int, RemoteError], results: dict[int, Any]) -> None:
+        self.errors, self.results = errors, results
+        details = "\n".join(f"--- rank {r}: {e.type_name}: {e.message}\n{e.traceback}"
+                            for r, e in sorted(errors.items()))
+        super().__init__(f"job failed on rank(s) {sorted(errors)}:\n{details}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _executable(name: str) -> str:
+    """A launcher from the running interpreter's environment (the venv) first, then PATH."""
+    here = Path(sys.executable).parent / name
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if found is None:
+        raise PoolError(f"launcher {name!r} not found next to {sys.executable} or on PATH")
+    return found
+
+
+def job_reference(fn: Callable[..., Any]) -> tuple[str, str, str]:
+    """(module, file, qualified name) by which a rank finds ``fn``."""
+    if not callable(fn) or "<locals>" in getattr(fn, "__qualname__", "<locals>"):
+        raise TypeError("a job must be a module-level function, so that ranks can import it")
+    path = inspect.getsourcefile(fn) or ""
+    return fn.__module__, os.path.abspath(path), fn.__qualname__
+
+
+class RankPool:
+    """``size`` ranks of ``backend``, started by ``launcher``, running jobs until closed.
+
+    >>> pool = RankPool("mpi", 4)
+    >>> pool.run(my_job, [(a0,), (a1,), (a2,), (a3,)])   # my_job(comm, a_r) on rank r
+    [result0, result1, result2, result3]
+    """
+
+    def __init__(self, backend: str, size: int, *, launcher: str | None = None,
+                 env: dict[str, str] | None = None, job_timeout: float = DEFAULT_JOB_TIMEOUT):
+        if backend not in LAUNCHERS:
+            raise ValueError(f"backend={backend!r}; valid: {', '.join(LAUNCHERS)}")
+        launcher = launcher or LAUNCHERS[backend][0]
+        if launcher not in LAUNCHERS[backend]:
+            raise ValueError(f"launcher={launcher!r} for backend {backend!r}; valid: "
+                             f"{', '.join(LAUNCHERS[backend])}")
+        if backend == "local" and size != 1:
+            raise ValueError(f"backend 'local' has size 1; got size={size}")
+        self.backend, self.size, self.launcher = backend, size, launcher
+        self.job_timeout = job_timeout
+        self.env = dict(env or {})
+        self._process: subprocess.Popen[bytes] | None = None
+        self._connections: list[Connection] = []
+        self._listener: Listener | None = None
+        self._log: Any = None
+        self.jobs_run = 0
+        self.starts = 0
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def _command(self) -> list[str]:
+        worker = [sys.executable, "-m", "collectives.testing.worker"]
+        if self.launcher == "mpiexec":
+            return [_executable("mpiexec"), "-n", str(self.size), *worker]
+        if self.launcher == "torchrun":
+            return [_executable("torchrun"), "--nnodes", "1", "--nproc_per_node", str(self.size),
+                    "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+                    "-m", "collectives.testing.worker"]
+        return worker
+
+    def start(self) -> None:
+        """Start the ranks and wait until every one is connected (``PoolError`` if not)."""
+        if self.alive:
+            return
+        self.close()
+        authkey = secrets.token_bytes(32)
+        self._listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        host, port = self._listener.address
+        env = {**os.environ, **self.env,
+               POOL_ADDRESS_ENV: f"{host}:{port}", POOL_AUTHKEY_ENV: authkey.hex(),
+               "COLLECTIVES_BACKEND": self.backend,
+               "PYTHONPATH": os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]),
+               "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+               "PYTHONUNBUFFERED": "1"}
+        if self.launcher != "torchrun":
+            for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+                env.pop(name, None)
+        self._log = tempfile.TemporaryFile()
+        self._process = subprocess.Popen(self._command(), env=env, stdin=subprocess.DEVNULL,
+                                         stdout=self._log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self.starts += 1
+        connections: dict[int, Connection] = {}
+        deadline = time.monotonic() + START_TIMEOUT
+        sock = self._listener._listener._socket  # accept() has no timeout of its own
+        while len(connections) < self.size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self.alive:
+                output = self.output()
+                self.close()
+                raise PoolError(f"{self.size} {self.backend} ranks under {self.launcher} did not "
+                                f"all start within {START_TIMEOUT:.0f}s; their output:\n{output}")
+            sock.settimeout(min(remaining, 0.5))
+            try:
+                conn = self._listener.accept()
+            except TimeoutError:
+                continue
+            hello = conn.recv()
+            connections[hello["rank"]] = conn
+        sock.settimeout(None)
+        self._connections = [connections[r] for r in range(self.size)]
+
+    def output(self) -> str:
+        """Everything the ranks printed so far (last 20,000 characters)."""
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0)
+        text = self._log.read().decode(errors="replace")
+        self._log.seek(0, os.SEEK_END)
+        return text[-20000:]
+
+    def close(self) -> None:
+        """Stop the ranks (politely, then by force) and release the listener."""
+        for conn in self._connections:
+            try:
+                conn.send(("exit",))
+            except OSError:
+                pass
+        process, self._process = self._process, None
+        if process is not None:
+            try:
+                process.wait(timeout=10 if self._connections else 0.1)
+            except subprocess.TimeoutExpired:
+                pass
+            _kill_session(process)
+        for conn in self._connections:
+            conn.close()
+        self._connections = []
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def kill(self) -> None:
+        """Kill every rank at once (what a timeout or crash does)."""
+        if self._process is not None:
+            _kill_session(self._process)
+        self._connections = []
+        self.close()
+
+    def __enter__(self) -> RankPool:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- jobs ---------------------------------------------------------------------------
+
+    def run(self, fn: Callable[..., Any], per_rank: Sequence[Sequence[Any]] | None = None, *,
+            args: Sequence[Any] = (), timeout: float | None = None) -> list[Any]:
+        """Run ``fn(comm, *args_r)`` on every rank r; return the results in rank order.
+
+        ``per_rank[r]`` are rank r's arguments; without it every rank gets ``args``.
+        Raises :class:`RankError` if any rank raised (with every rank's traceback),
+        :class:`RankTimeout` past ``timeout`` seconds, :class:`RankCrashed` if a rank died;
+        the latter two kill the pool, and the next ``run`` starts a new one.
+        """
+        if per_rank is None:
+            per_rank = [tuple(args)] * self.size
+        if len(per_rank) != self.size:
+            raise ValueError(f"per_rank has {len(per_rank)} entries for {self.size} ranks")
+        reference = job_reference(fn)
+        self.start()
+        timeout = self.job_timeout if timeout is None else timeout
+        try:
+            for conn, rank_args in zip(self._connections, per_rank):
+                conn.send(("job", reference, tuple(rank_args)))
+        except OSError as error:
+            output = self.output()
+            self.kill()
+            raise RankCrashed(f"could not send the job to the ranks ({error}); output:\n{output}") from None
+        replies = self._collect(timeout, fn)
+        self.jobs_run += 1
+        errors = {r: RemoteError(r, *reply[1:]) for r, reply in replies.items() if reply[0] == "error"}
+        results = {r: reply[1] for r, reply in replies.items() if reply[0] == "ok"}
+        if errors:
+            raise RankError(errors, results)
+        return [results[r] for r in range(self.size)]
+
+    def _collect(self, timeout: float, fn: Callable[..., Any]) -> dict[int, tuple[Any, ...]]:
+        pending = {conn: rank for rank, conn in enumerate(self._connections)}
+        replies: dict[int, tuple[Any, ...]] = {}
+        deadline = time.monotonic() + timeout
+        while pending:
+            remaining = deadline - time.monotonic()
+            ready = wait(list(pending), timeout=max(remaining, 0)) if remaining > 0 else []
+            if not ready:
+                output = self.output()
+                self.kill()
+                failed = {r: RemoteError(r, *reply[1:]) for r, reply in replies.items()
+                          if reply[0] == "error"}
+                if failed:  # the others are stuck waiting for the rank that raised
+                    raise RankError(failed, {r: reply[1] for r, reply in replies.items()
+                                             if reply[0] == "ok"})
+                raise RankTimeout(
+                    f"job {fn.__qualname__} did not finish within {timeout:g}s on rank(s) "
+                    f"{sorted(pending.values())} (finished: {sorted(replies)}); the pool was "
+                    f"killed. Ranks' output:\n{output}")
+            for conn in ready:
+                rank = pending.pop(conn)
+                try:
+                    replies[rank] = conn.recv()
+                    if replies[rank][0] == "error":  # peers may now wait forever: cut it short
+                        deadline = min(deadline, time.monotonic() + ERROR_GRACE)
+                except (EOFError, OSError):
+                    output = self.output()
+                    self.kill()
+                    raise RankCrashed(f"rank {rank} died during job {fn.__qualname__}; "
+                                      f"the pool was killed. Ranks' output:\n{output}") from None
+        return replies
+
+
+def _kill_session(process: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+# -- pools shared by a test session ---------------------------------------------------------
+
+#: How many pools stay alive at once; the least recently used one is closed beyond that.
+MAX_LIVE_POOLS = int(os.environ.get("COLLECTIVES_POOL_MAX_LIVE", 4))
+_pools: OrderedDict[tuple[str, int, str | None], RankPool] = OrderedDict()
+
+
+def get_pool(backend: str, size: int, launcher: str | None = None) -> RankPool:
+    """The session's shared pool for (backend, size, launcher), started on first use."""
+    key = (backend, size, launcher)
+    pool = _pools.pop(key, None)
+    if pool is None:
+        pool = RankPool(backend, size, launcher=launcher)
+    _pools[key] = pool
+    while len(_pools) > MAX_LIVE_POOLS:
+        _, oldest = _pools.popitem(last=False)
+        oldest.close()
+    pool.start()
+    return pool
+
+
+@atexit.register
+def close_all_pools() -> None:
+    while _pools:
+        _pools.popitem()[1].close()
+
+
+def connect_worker() -> Connection:
+    """In a rank: the connection to the pool that started it (from the environment)."""
+    host, _, port = os.environ[POOL_ADDRESS_ENV].rpartition(":")
+    return Client((host, int(port)), authkey=bytes.fromhex(os.environ[POOL_AUTHKEY_ENV]))

@@ -1,0 +1,1 @@
+"""SyncBatchNorm written once against the collectives interface."""

@@ -1,0 +1,1 @@
+"""Shared fixtures: the rank pools come from collectives.testing (its pytest plugin)."""
