@@ -57,7 +57,7 @@ def _affine(x: torch.Tensor, center: torch.Tensor, scale: torch.Tensor | None,
 def local_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's ``[count, K, mean, var]`` row (float64, length 1 + 3C) and ``x - K``.
 
-    ``K`` is one sample per channel, ``mean``/``var`` are the mean and biased
+    ``K`` is one sample per channel (0 for fp16/bf16 input), ``mean``/``var`` are the mean and biased
     variance of ``x - K``. An empty ``x`` gives a row of zeros (it adds nothing
     to the merge) and itself.
     """
@@ -66,13 +66,17 @@ def local_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     stat = _stat_dtype(x)
     if count == 0:
         return torch.zeros(1 + 3 * channels, dtype=torch.float64, device=x.device), x
-    shift = x[(0, slice(None)) + (0,) * (x.dim() - 2)].to(stat)
-    shifted = _affine(x, shift, None, None)
-    if shifted.dtype == stat:
+    if x.dtype == stat:
+        shift = x[(0, slice(None)) + (0,) * (x.dim() - 2)].to(stat)
+        shifted = _affine(x, shift, None, None)
         mean, var = torch.batch_norm_update_stats(shifted, None, None, 0.0)
-    else:  # fp16/bf16: float32 buffers make torch accumulate and return float32
-        mean, var = torch.batch_norm_update_stats(
-            shifted, torch.zeros_like(shift), torch.ones_like(shift), 0.0)
+    else:
+        # fp16/bf16: x - K would round to x's precision, and float32 statistics of x itself
+        # are already far more precise than x; float32 buffers make torch accumulate and
+        # return float32 (it updates them with momentum 0: they are scratch).
+        shift = torch.zeros(channels, dtype=stat, device=x.device)
+        shifted = x
+        mean, var = torch.batch_norm_update_stats(x, torch.zeros_like(shift), torch.ones_like(shift), 0.0)
     counts = torch.full((1,), float(count), dtype=torch.float64, device=x.device)
     return torch.cat([counts, shift.double(), mean.double(), var.double()]), shifted
 
