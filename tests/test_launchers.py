@@ -89,3 +89,9 @@ def test_every_allowed_pair_matches_numpy_through_the_public_contract_on_3_ranks
     lines = rank_lines(result.stdout, "rank ")
     assert result.returncode == 0, result.stdout + result.stderr
     assert len(lines) == 3 and all(line.endswith("failures=[]") for line in lines), lines
+
+
+def test_the_torch_backend_reuses_a_process_group_the_user_initialized():
+    result = launch("torchrun", 2, "reuse_group.py", None)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert rank_lines(result.stdout, "REUSED") == [f"REUSED rank={r} size=2 sum=3" for r in range(2)]
