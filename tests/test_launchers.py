@@ -36,8 +36,18 @@ def launch(launcher, n, script, backend):
                           stdin=subprocess.DEVNULL)
 
 
+# What each rank prints, found anywhere in the output: ranks share stdout, so one rank's line
+# can land in the middle of another's.
+RANK_RECORDS = {
+    "OK": r"OK backend=\w+ rank=\d+ size=\d+ local_rank=\d+",
+    "ERROR": r"ERROR \w+: [^\n]*?(?=ERROR |OK |\n|$)",
+    "rank ": r"rank \d+/\d+ backend=\w+ checked=\d+ failures=\[[^\]]*\]",
+    "REUSED": r"REUSED rank=\d+ size=\d+ sum=\d+",
+}
+
+
 def rank_lines(output, prefix):
-    return sorted(line for line in output.splitlines() if line.startswith(prefix))
+    return sorted(re.findall(RANK_RECORDS[prefix], output))
 
 
 # launcher, ranks, COLLECTIVES_BACKEND, the backend it must pick
