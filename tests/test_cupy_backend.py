@@ -10,10 +10,12 @@ arrays gets.
 import importlib.util
 import os
 import sys
+import zlib
 
 import numpy as np
 import pytest
 import torch
+from reference_ops import FLOAT_TOLERANCE, random_rank_tensors, reference
 
 from backends import cupy_nccl, nccl_id
 from backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS, check_cuda_array, reduce_plan, split_members
@@ -95,60 +97,16 @@ def run_plan(plan, dtype, per_rank):
     return acc.to(getattr(torch, dtype))
 
 
-def reference(dtype, op, per_rank):
-    """Independent: Python integers reduced mod 2**bits, logic on bools, float64 for floats."""
-    values = [t.to(torch.float64 if dtype in ("float16", "bfloat16", "float32", "float64")
-                   else torch.int64).tolist() for t in per_rank]
-    columns = list(zip(*values))
-    if dtype == "bool":
-        fn = {ReduceOp.MIN: all, ReduceOp.BAND: all, ReduceOp.MAX: any, ReduceOp.BOR: any,
-              ReduceOp.BXOR: lambda c: sum(c) % 2 == 1}[op]
-        return torch.tensor([fn(c) for c in columns])
-    if dtype.startswith(("int", "uint")):
-        bits = torch.iinfo(getattr(torch, dtype)).bits
-        fn = {ReduceOp.SUM: sum, ReduceOp.PROD: np.prod, ReduceOp.MIN: min, ReduceOp.MAX: max,
-              ReduceOp.BAND: lambda c: _fold(c, int.__and__), ReduceOp.BOR: lambda c: _fold(c, int.__or__),
-              ReduceOp.BXOR: lambda c: _fold(c, int.__xor__)}[op]
-        wrapped = []
-        for c in columns:
-            v = int(fn([int(e) for e in c]) if op is not ReduceOp.PROD else _fold(c, int.__mul__))
-            v %= 2 ** bits
-            if dtype.startswith("int") and v >= 2 ** (bits - 1):
-                v -= 2 ** bits
-            wrapped.append(v)
-        return torch.tensor(wrapped, dtype=getattr(torch, dtype))
-    fn = {ReduceOp.SUM: sum, ReduceOp.AVG: lambda c: sum(c) / len(c), ReduceOp.PROD: lambda c: _fold(c, float.__mul__),
-          ReduceOp.MIN: min, ReduceOp.MAX: max}[op]
-    return torch.tensor([fn(list(c)) for c in columns], dtype=torch.float64)
-
-
-def _fold(column, fn):
-    acc = column[0]
-    for e in column[1:]:
-        acc = fn(acc, e)
-    return acc
-
-
-def _random_rank_tensors(dtype, size, rng):
-    if dtype == "bool":
-        return [torch.from_numpy(rng.integers(0, 2, 64).astype(bool)) for _ in range(size)]
-    if dtype.startswith(("int", "uint")):
-        info = torch.iinfo(getattr(torch, dtype))
-        return [torch.from_numpy(rng.integers(info.min, info.max, 64, endpoint=True)).to(getattr(torch, dtype))
-                for _ in range(size)]
-    return [torch.from_numpy(rng.uniform(-2, 2, 64)).to(getattr(torch, dtype)) for _ in range(size)]
-
-
 @pytest.mark.parametrize("size", [1, 2, 3, 4])
 @pytest.mark.parametrize("dtype,op", ALLOWED_PAIRS)
 def test_plan_computes_the_contract_on_every_rank_count(dtype, op, size):
-    rng = np.random.default_rng(hash((dtype, op.value, size)) % 2**32)
-    per_rank = _random_rank_tensors(dtype, size, rng)
+    rng = np.random.default_rng(zlib.crc32(f"{dtype} {op} {size}".encode()))
+    per_rank = random_rank_tensors(dtype, size, rng)
     got = run_plan(reduce_plan(dtype, op), dtype, per_rank)
     want = reference(dtype, op, per_rank)
     assert got.dtype == getattr(torch, dtype)
     if dtype in ("float16", "bfloat16", "float32", "float64"):
-        tolerance = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-5, "float64": 1e-12}[dtype]
+        tolerance = FLOAT_TOLERANCE[dtype]
         torch.testing.assert_close(got.to(torch.float64), want, rtol=tolerance, atol=tolerance * size)
     else:
         assert torch.equal(got, want), (dtype, op, size)

@@ -51,7 +51,7 @@ def test_mpi_library_version_and_cuda_awareness_are_printed(report):
     from mpi4py import MPI  # the test process's own view, independently
 
     assert mpi["library"].split()[0] == MPI.Get_library_version().split()[0]
-    assert mpi["mpi_version"] == "%d.%d" % MPI.Get_version()
+    assert mpi["mpi_version"] == "{}.{}".format(*MPI.Get_version())
     assert isinstance(mpi["cuda_aware"], bool)
 
 
