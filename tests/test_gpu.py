@@ -36,7 +36,7 @@ STAGED = {"COLLECTIVES_MPI_CUDA_AWARE": "0"}
 AWARE = {"COLLECTIVES_MPI_CUDA_AWARE": "1"}
 #: Cycles of torch.cuda._sleep that keep a stream busy (tens of milliseconds on an H200).
 BUSY_CYCLES = 50_000_000
-JOB_TIMEOUT = 240
+JOB_TIMEOUT = 120
 
 # (id, backend, ranks, launcher, environment of the ranks)
 WORLDS = [
