@@ -18,6 +18,8 @@ What NCCL lacks is emulated, as on the torch backend (:func:`reduce_plan` is the
   and so rounds differently from the other backends);
 - bfloat16 is native from NCCL 2.10 on, else reduced in float32.
 Broadcast and all_gather move raw bytes. Host arrays are refused with a ``TypeError``.
+``split`` uses ncclCommSplit where CuPy wraps it (CuPy >= 14, NCCL >= 2.18.1), else makes the
+new communicator through this one (its group leader's id travels in an all_gather).
 """
 
 from __future__ import annotations
@@ -50,6 +52,11 @@ NCCL_DTYPES: dict[str, int] = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "
 NCCL_OPS: dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3}
 #: First NCCL with ncclBfloat16.
 BFLOAT16_SINCE = (2, 10, 0)
+#: First NCCL with ncclCommSplit (CuPy >= 14 wraps it as NcclCommunicator.commSplit).
+COMM_SPLIT_SINCE = (2, 18, 1)
+#: ``NCCL_SPLIT_NOCOLOR`` of nccl.h: this rank joins no new communicator.
+NCCL_SPLIT_NOCOLOR = -1
+_NOT_CALLED = object()
 #: First NCCL that allows several ranks on one GPU (with NCCL_MULTI_RANK_GPU_ENABLE=1).
 MULTI_RANK_GPU_SINCE = (2, 30, 0)
 
@@ -436,8 +443,25 @@ class CupyNcclCommunicator(Communicator):
             stream.synchronize()
 
     def _split(self, color: int | None, key: int) -> Communicator | None:
-        # CuPy does not wrap ncclCommSplit: the new communicator is made through this one.
-        # Each group's first rank makes an NCCL id, and the ids travel in one all_gather.
+        native = getattr(self._comm, "commSplit", None)
+        if native is not None and self.nccl_version >= COMM_SPLIT_SINCE:
+            try:
+                # ncclCommSplit orders by key, ties by rank here: the contract's order.
+                new = native(NCCL_SPLIT_NOCOLOR if color is None else color, key)
+            except TypeError:  # a CuPy whose commSplit takes other arguments: no call was made
+                new = _NOT_CALLED
+            except Exception as error:  # noqa: BLE001  (NcclError is cupy's RuntimeError)
+                raise CollectiveError(f"split: ncclCommSplit failed ({error})") from error
+            if new is not _NOT_CALLED:
+                if color is None or new is None:
+                    return None
+                return CupyNcclCommunicator(new, int(new.rank_id()), int(new.size()), self.local_rank,
+                                            self.device)
+        return self._split_through_parent(color, key)
+
+    def _split_through_parent(self, color: int | None, key: int) -> Communicator | None:
+        # Without ncclCommSplit (CuPy < 14, NCCL < 2.18.1) the new communicator is made through
+        # this one: each group's first rank makes an NCCL id, and the ids travel in one all_gather.
         import numpy as np  # noqa: PLC0415
 
         cupy, nccl = self._cupy, self._nccl_module

@@ -207,6 +207,34 @@ def grid_job(comm, library, inputs, root):
     return results
 
 
+def split_job(comm, library):
+    """split into even and odd ranks (the last of 3+ ranks joins none), keys reversing the order;
+    (rank, size, all_reduce of rank+1) in the new communicator, or None."""
+    size = comm.size
+    color = None if (size > 2 and comm.rank == size - 1) else comm.rank % 2
+    sub = comm.split(color, key=size - comm.rank)
+    if sub is None:
+        return None
+    x = _to_device(library, torch.full((3,), float(comm.rank + 1)))
+    sub.all_reduce(x)
+    reply = (sub.rank, sub.size, _to_cpu(x).tolist())
+    sub.close()
+    return reply
+
+
+def check_split(world, library):
+    size = world.size
+    replies = world.run(split_job, args=(library,), timeout=JOB_TIMEOUT)
+    last_alone = size > 2
+    for rank, reply in enumerate(replies):
+        if last_alone and rank == size - 1:
+            assert reply is None
+            continue
+        members = sorted((r for r in range(size) if r % 2 == rank % 2 and not (last_alone and r == size - 1)),
+                         key=lambda r: size - r)
+        assert reply == (members.index(rank), len(members), [float(sum(r + 1 for r in members))] * 3)
+
+
 def stream_order_job(comm, library, n, async_op):
     """all_reduce of rank+1 written on a busy stream, read right after; (min, max) of 2*result."""
     if library == "torch":
@@ -334,6 +362,13 @@ def test_collective_is_ordered_with_the_callers_kernels(gpu_world, library, asyn
     for low, high in gpu_world.run(stream_order_job, args=(library, 1 << 22, async_op),
                                    timeout=JOB_TIMEOUT):
         assert low == high == want
+
+
+@pytest.mark.parametrize("library", ["torch", "cupy"])
+def test_split_groups_reduce_among_themselves(gpu_world, library):
+    if library == "cupy" and not HAS_CUPY:
+        pytest.skip("CuPy is not installed: no CuPy arrays to test")
+    check_split(gpu_world, library)
 
 
 def _syncbn_available():
