@@ -203,6 +203,10 @@ class _TorchArrays:
     def wait_event(self, event: Any, x: Any) -> None:
         self.torch.cuda.current_stream(x.device).wait_event(event)
 
+    @staticmethod
+    def query(event: Any) -> bool:
+        return bool(event.query())
+
 
 class _CupyArrays:
     """CuPy arrays: CuPy's current stream, CuPy's ops."""
@@ -276,6 +280,10 @@ class _CupyArrays:
         with x.device:
             self.cupy.cuda.get_current_stream().wait_event(event)
 
+    @staticmethod
+    def query(event: Any) -> bool:
+        return bool(event.done)
+
 
 class _StreamWork(Work):
     """An enqueued collective: ``wait()`` makes the caller's current stream wait for it."""
@@ -295,7 +303,7 @@ class _StreamWork(Work):
         return self._x
 
     def is_completed(self) -> bool:
-        return bool(self._event.query())
+        return self._library.query(self._event)
 
 
 # -- the communicator ---------------------------------------------------------------------------
