@@ -252,6 +252,7 @@ def stream_order_job(comm, library, n, async_op):
                 comm.all_reduce(x)
                 y = x * 2
         torch.cuda.synchronize()
+        assert not async_op or work.is_completed()
         return float(y.min()), float(y.max())
     import cupy
 
@@ -270,6 +271,7 @@ def stream_order_job(comm, library, n, async_op):
             comm.all_reduce(x)
             y = x * 2
     cupy.cuda.Device().synchronize()
+    assert not async_op or work.is_completed()
     return float(y.min()), float(y.max())
 
 
