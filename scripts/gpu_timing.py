@@ -87,14 +87,13 @@ def raw_all_reduce(comm, library: str):
         return raw
 
     def raw(x):  # what a user does without CUDA-aware MPI: to host, reduce, back
-        import cupy
-        import torch
-
         if library == "torch":
             host = x.cpu()
             mpi.Allreduce(MPI.IN_PLACE, [host.numpy(), MPI.FLOAT], op=MPI.SUM)
             x.copy_(host)
         else:
+            import cupy
+
             host = cupy.asnumpy(x)
             mpi.Allreduce(MPI.IN_PLACE, [host, MPI.FLOAT], op=MPI.SUM)
             x.set(host)
