@@ -275,20 +275,20 @@ def stream_order_job(comm, library, n, async_op):
     return float(y.min()), float(y.max())
 
 
-def syncbn_job(comm, x_part, dy_part, with_torch_syncbn):
-    """Training forward/backward of syncbn.SyncBatchNorm on CUDA (and torch's, if asked)."""
+def syncbn_job(comm, x_part, dy_part, with_torch_syncbn, device="cuda"):
+    """Training forward/backward of syncbn.SyncBatchNorm on ``device`` (and torch's, if asked)."""
     import syncbn
 
     channels = x_part.shape[1]
     outputs = {}
-    modules = {"ours": syncbn.SyncBatchNorm(channels, comm=comm, device="cuda")}
+    modules = {"ours": syncbn.SyncBatchNorm(channels, comm=comm, device=device)}
     if with_torch_syncbn:
-        modules["torch"] = torch.nn.SyncBatchNorm(channels).cuda()
+        modules["torch"] = torch.nn.SyncBatchNorm(channels).to(device)
     for name, bn in modules.items():
         bn.train()
-        x = torch.from_numpy(x_part).cuda().requires_grad_()
+        x = torch.from_numpy(x_part).to(device).requires_grad_()
         y = bn(x)
-        (y * torch.from_numpy(dy_part).cuda()).sum().backward()
+        (y * torch.from_numpy(dy_part).to(device)).sum().backward()
         outputs[name] = {key: _to_cpu(value) for key, value in (
             ("y", y), ("dx", x.grad), ("dw", bn.weight.grad), ("db", bn.bias.grad),
             ("mean", bn.running_mean), ("var", bn.running_var))}
@@ -384,14 +384,19 @@ def _syncbn_available():
 def test_syncbn_on_cuda_matches_batchnorm_on_the_concatenated_batch(gpu_world):
     if not _syncbn_available():
         pytest.skip("syncbn.SyncBatchNorm does not exist in this checkout yet (issue 3)")
-    size = gpu_world.size
+    check_syncbn(gpu_world, "cuda", with_torch=gpu_world.backend == "torch")
+
+
+def check_syncbn(world, device, with_torch):
+    """SyncBatchNorm on ``world`` (uneven batches) vs BatchNorm2d on the whole batch in float64;
+    also torch.nn.SyncBatchNorm when ``with_torch`` (it needs torch.distributed and CUDA)."""
+    size = world.size
     generator = torch.Generator().manual_seed(size)
     channels, counts = 5, [r + 2 for r in range(size)]  # uneven batches
     x = torch.randn(sum(counts), channels, 4, 3, generator=generator, dtype=torch.float64) * 3 + 1
     dy = torch.randn(x.shape, generator=generator, dtype=torch.float64)
     parts = [(xp.numpy(), dp.numpy()) for xp, dp in zip(x.float().split(counts), dy.float().split(counts))]
-    with_torch = gpu_world.backend == "torch"
-    replies = gpu_world.run(syncbn_job, [(xp, dp, with_torch) for xp, dp in parts], timeout=JOB_TIMEOUT)
+    replies = world.run(syncbn_job, [(xp, dp, with_torch, device) for xp, dp in parts], timeout=JOB_TIMEOUT)
     results = [{name: {key: torch.from_numpy(v) for key, v in out.items()} for name, out in reply.items()}
                for reply in replies]
 

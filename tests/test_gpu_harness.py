@@ -7,7 +7,7 @@ results, and to fail on a wrong one, before any GPU sees them.
 """
 
 import pytest
-from test_gpu import check_grid, check_split, grid_job
+from test_gpu import check_grid, check_split, check_syncbn, grid_job
 
 from collectives.testing.pool import get_pool
 
@@ -22,6 +22,12 @@ def test_gpu_grid_checks_pass_on_host_tensors(world):
 @pytest.mark.parametrize("world", [("mpi", 3), ("torch", 3)], indirect=True)
 def test_gpu_split_check_passes_on_host_tensors(world):
     check_split(world, "cpu")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True)
+def test_gpu_syncbn_check_passes_on_host_tensors(world):
+    check_syncbn(world, "cpu", with_torch=False)
 
 
 def corrupt_sum_job(comm, library, inputs, root):
