@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime
+import functools
 import os
 import socket
 import sys
@@ -131,17 +132,53 @@ class _TorchWork(Work):
         super().__init__(x)
         self._work = work
         self._finish = finish
+        #: For CuPy arrays: the torch view of CuPy's stream, which wait() orders.
+        self.stream: Any = None
 
     def wait(self) -> Any:
         if self._work is not None:
-            self._work.wait()
-            self._work = None
-            if self._finish is not None:
-                self._finish()
+            torch = sys.modules["torch"]
+            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+                self._work.wait()
+                self._work = None
+                if self._finish is not None:
+                    self._finish()
         return self._x
 
     def is_completed(self) -> bool:
         return self._work is None or bool(self._work.is_completed())
+
+
+def _cupy_stream_as_torch(torch: Any, x: Any) -> Any:
+    """CuPy's current stream (on x's device) as a torch stream."""
+    cupy = sys.modules["cupy"]
+    with x.device:
+        ptr = cupy.cuda.get_current_stream().ptr
+    device = torch.device("cuda", x.device.id)
+    if ptr == 0:  # CuPy's null stream is the legacy default stream, torch's default one
+        return torch.cuda.default_stream(device)
+    return torch.cuda.ExternalStream(ptr, device=device)
+
+
+def _on_cupy_stream(method: Any) -> Any:
+    """For CuPy arrays, run ``method``'s torch work on CuPy's current stream.
+
+    torch enqueues NCCL after (and the staging copies on) torch's current stream; for a
+    CuPy array the kernels that produced it and those that read it are on CuPy's, so
+    that stream is made torch's current one for the call (and for the handle's wait()).
+    """
+    @functools.wraps(method)
+    def on_stream(self: TorchCommunicator, x: Any, adapter: ArrayAdapter, *args: Any) -> Any:
+        if adapter is not arrays.CUPY:
+            return method(self, x, adapter, *args)
+        stream = _cupy_stream_as_torch(self._torch, x)
+        with self._torch.cuda.stream(stream):
+            result = method(self, x, adapter, *args)
+        if isinstance(result, _TorchWork):
+            result.stream = stream
+        return result
+
+    return on_stream
 
 
 class TorchCommunicator(Communicator):
@@ -211,7 +248,9 @@ class TorchCommunicator(Communicator):
             if not x.flags.writeable or _negative_strides(x, adapter):
                 x = x.copy()  # torch.from_numpy takes neither
             return self._torch.from_numpy(x)
-        return self._torch.as_tensor(x, device="cuda")
+        # CUDA array interface, zero-copy, on x's own device ("cuda" alone would copy to
+        # the current device when they differ).
+        return self._torch.as_tensor(x, device=f"cuda:{x.device.id}")
 
     def _staged(self, t: Any, dtype: str) -> tuple[Any, Any]:
         """The tensor the transport reduces: ``t``, or a contiguous copy in a wider type
@@ -222,6 +261,7 @@ class TorchCommunicator(Communicator):
         staged = t.to(getattr(self._torch, wire or dtype)).contiguous()
         return staged, staged
 
+    @_on_cupy_stream
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Work | None:
         if _negative_strides(x, adapter):  # torch.from_numpy refuses these: reduce a copy
@@ -264,6 +304,7 @@ class TorchCommunicator(Communicator):
             combine(result, row, out=result)
         staged.copy_(result)
 
+    @_on_cupy_stream
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
                    async_op: bool) -> Work | None:
         if _negative_strides(x, adapter):
@@ -294,6 +335,7 @@ class TorchCommunicator(Communicator):
             out = out[self._torch_rank]
         return out
 
+    @_on_cupy_stream
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
         gathered = self._gather_tensor(self._as_tensor(x, adapter))
         if adapter is arrays.TORCH:
@@ -304,6 +346,7 @@ class TorchCommunicator(Communicator):
 
         return cupy.asarray(gathered)
 
+    @_on_cupy_stream
     def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         torch = self._torch
         t = self._as_tensor(x, adapter)
