@@ -16,6 +16,7 @@ from typing import Any
 # interface's import-hygiene rule); `from syncbn import SyncBatchNorm` works as usual.
 _EXPORTS = {
     "BatchNormXd": "batchnorm",
+    "DataParallel": "data_parallel",
     "SyncBatchNorm": "batchnorm",
     "convert_sync_batchnorm": "batchnorm",
     "revert_sync_batchnorm": "batchnorm",
