@@ -45,7 +45,7 @@ def round_to_bfloat16(values: np.ndarray) -> np.ndarray:
 
     NaNs stay NaN with their sign and the upper bits of their payload (quiet bit set).
     """
-    f32 = np.ascontiguousarray(values, dtype=np.float32)
+    f32 = np.array(values, dtype=np.float32, order="C")  # (ascontiguousarray makes 0-d 1-d)
     bits = f32.view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
     nan = np.isnan(f32)
@@ -82,7 +82,7 @@ def as_array(values: np.ndarray, dtype: str, library: str = "numpy",
     import torch  # noqa: PLC0415  (only ranks that were asked for tensors need torch)
 
     if dtype == "bfloat16":
-        upper = (np.ascontiguousarray(values).view(np.uint32) >> 16).astype(np.uint16)
+        upper = np.asarray(np.array(values, order="C").view(np.uint32) >> 16).astype(np.uint16)
         tensor = torch.from_numpy(upper.view(np.int16).copy()).view(torch.bfloat16)
     else:
         tensor = torch.from_numpy(values.copy())
@@ -97,12 +97,12 @@ def as_array(values: np.ndarray, dtype: str, library: str = "numpy",
 def to_numpy(x: Any) -> np.ndarray:
     """A collective's result (numpy array or CPU tensor) as a contiguous carrier, bit for bit."""
     if isinstance(x, np.ndarray):
-        return np.ascontiguousarray(x).copy()
+        return np.array(x, order="C")  # a copy; keeps 0-d arrays 0-d
     torch = sys.modules["torch"]
     t = x.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
         upper = t.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
-        return (upper << 16).view(np.float32).copy()
+        return np.asarray(upper << 16).view(np.float32)  # a new array (0-d stays 0-d)
     return t.numpy().copy()
 
 

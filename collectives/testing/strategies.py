@@ -47,12 +47,16 @@ __all__ = [
 
 # -- profiles -------------------------------------------------------------------------------
 
+# Examples cross processes (too_slow), carry arrays (data_too_large), and the ``world``
+# fixture is a session-wide pool behind a function-scoped fixture (harmless to reuse).
+_QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
+
 #: Name -> settings of the project's Hypothesis profiles.
 PROFILES: dict[str, dict[str, Any]] = {
     "ci": dict(max_examples=40, deadline=None, derandomize=True, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]),
+               suppress_health_check=_QUIET),
     "dev": dict(max_examples=400, deadline=None, print_blob=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]),
+                suppress_health_check=_QUIET),
 }
 #: The profile used when ``COLLECTIVES_HYPOTHESIS_PROFILE`` is unset. ``ci`` everywhere,
 #: so that a plain ``make test`` on any machine keeps CI's time budget.
