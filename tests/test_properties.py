@@ -9,8 +9,8 @@ per-rank results are checked here against the numpy reference of
 float error bound: ``(size - 1) * eps * sum|x_i|`` per element for SUM).
 
 Profile: ``COLLECTIVES_HYPOTHESIS_PROFILE`` (default ``ci``: 40 examples per test and
-world, derandomized). The worlds are a module-scoped parametrization, so pytest runs
-the tests world by world and only one pool is needed at a time.
+world, derandomized). ``world`` is session-scoped, so pytest runs the tests world by
+world and only one pool is needed at a time.
 """
 
 import numpy as np
@@ -23,7 +23,7 @@ from collectives.testing import as_array, check_reduction_result, same_bits, to_
 from collectives.testing import strategies as cst
 
 WORLDS = [("local", 1)] + [(backend, size) for backend in ("mpi", "torch") for size in (1, 2, 3, 4)]
-worlds = pytest.mark.parametrize("world", WORLDS, indirect=True, scope="module",
+worlds = pytest.mark.parametrize("world", WORLDS, indirect=True,
                                  ids=[f"{b}-{s}" for b, s in WORLDS])
 
 

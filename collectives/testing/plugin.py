@@ -11,9 +11,8 @@ parameter shares one warm pool (see :func:`~collectives.testing.get_pool`); a po
 job crashed or hung is restarted by the next job. Without a parameter, ``world`` is
 ``COLLECTIVES_TEST_BACKEND`` (default mpi) with ``COLLECTIVES_TEST_SIZE`` (default 2) ranks.
 
-Give the parametrization ``scope="module"`` (``pytest.mark.parametrize("world", worlds,
-indirect=True, scope="module")``) to have pytest run a module's tests world by world,
-so that no more pools are alive at once than needed.
+The fixture is session-scoped, so pytest orders the session's tests world by world
+and no more pools are alive at once than needed.
 
 When hypothesis is installed, the profiles of :mod:`collectives.testing.strategies`
 (``ci``, ``dev``) are registered and ``COLLECTIVES_HYPOTHESIS_PROFILE`` (default ``ci``)
@@ -37,7 +36,9 @@ else:
     _strategies.load_profile()
 
 
-@pytest.fixture
+# Session scope: pytest then orders the tests so that those sharing a world run together,
+# and each pool starts once.
+@pytest.fixture(scope="session")
 def world(request: pytest.FixtureRequest) -> RankPool:
     """A warm pool of real ranks: ``(backend, size[, launcher])`` from ``indirect`` parametrization."""
     param = getattr(request, "param", None)
