@@ -8,7 +8,7 @@ per-rank results are checked here against the numpy reference of
 :mod:`collectives.testing.reference` (its ``float_tolerance`` states and derives the
 float error bound: ``(size - 1) * eps * sum|x_i|`` per element for SUM).
 
-Profile: ``COLLECTIVES_HYPOTHESIS_PROFILE`` (default ``ci``: 40 examples per test and
+Profile: ``COLLECTIVES_HYPOTHESIS_PROFILE`` (default ``ci``: 50 examples per test and
 world, derandomized). ``world`` is session-scoped, so pytest runs the tests world by
 world and only one pool is needed at a time.
 """

@@ -20,7 +20,7 @@ with :func:`collectives.testing.reference.as_array`.
 Profiles (registered by the pytest plugin, picked by ``COLLECTIVES_HYPOTHESIS_PROFILE``,
 default ``ci``; ``pytest --hypothesis-profile=NAME`` wins over the variable):
 
-- ``ci``: 40 examples per test, no deadline (an example crosses processes), derandomized
+- ``ci``: 50 examples per test, no deadline (an example crosses processes), derandomized
   (the same examples on every run, so CI is reproducible), prints the reproduction blob.
 - ``dev``: 400 examples per test, random, no deadline: a deeper search on a workstation.
 """
@@ -53,7 +53,7 @@ _QUIET = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function
 
 #: Name -> settings of the project's Hypothesis profiles.
 PROFILES: dict[str, dict[str, Any]] = {
-    "ci": dict(max_examples=40, deadline=None, derandomize=True, print_blob=True,
+    "ci": dict(max_examples=50, deadline=None, derandomize=True, print_blob=True,
                suppress_health_check=_QUIET),
     "dev": dict(max_examples=400, deadline=None, print_blob=True,
                 suppress_health_check=_QUIET),
