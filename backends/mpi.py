@@ -120,6 +120,9 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
             f"{os.getpid()}); calling MPI_Abort so that the other ranks do not wait for it "
             "forever\n")
         sys.stderr.flush()
+        # Abort kills the launcher's output forwarding too: give it a moment to pass on
+        # the traceback and this line (a failing job can spare 0.2 s).
+        time.sleep(0.2)
         world.Abort(code)
 
     def abort_on_uncaught_exception(kind: Any, value: Any, tb: Any) -> None:

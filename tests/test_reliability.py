@@ -483,14 +483,16 @@ def test_failing_rank_ends_the_job(launcher, backend, mode):
     assert "the second all_reduce returned" not in text, text
     if launcher == "torchrun":  # torchrun's failure report names the rank and its exit
         assert re.search(r"rank\s*: 1 \(local_rank: 1\)\s*\n\s*exitcode\s*: -?[1-9]", text), text
-    elif mode == "raise":  # the excepthook's line, printed before MPI_Abort
-        assert "uncaught RuntimeError on rank 1 of 2" in text, text
-    elif mode == "exit":  # the atexit hook's line, printed before MPI_Abort
-        assert "sys.exit(3) on rank 1 of 2" in text, text
+    elif mode in ("raise", "exit"):  # the hook's line, printed before MPI_Abort; on a
+        # loaded machine Hydra may drop it, but MPICH's own abort line names the rank too
+        line = "uncaught RuntimeError" if mode == "raise" else "sys.exit(3)"
+        assert (f"{line} on rank 1 of 2" in text
+                or "Abort(" in text and "(rank 1 in comm 0)" in text), text
     elif "BAD TERMINATION" in text:  # Hydra names a process killed by a signal by its pid
         assert f"PID {failing.group(2)} RUNNING AT" in text, text
-    else:  # torch: the survivor lost its connection first, said so, and aborted
-        assert backend == "torch" and "(a peer rank may have died)" in text, text
+    else:  # torch: the survivor lost its connection first, said so (maybe lost), aborted
+        assert backend == "torch" and ("(a peer rank may have died)" in text
+                                       or "(rank 0 in comm 0)" in text), text
     # Nothing of the job is left running (a zombie has no readable environment). Hydra
     # may exit while the SIGKILLs it sent are still being delivered: allow a moment.
     deadline = time.monotonic() + 5
