@@ -50,6 +50,12 @@ class Communicator(abc.ABC):
     """
 
     backend: str = ""
+    #: Whether this class overrides ``_check_device`` (the call path skips it when not).
+    _checks_device: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._checks_device = cls._check_device is not Communicator._check_device
 
     def __init__(self, rank: int, size: int, local_rank: int) -> None:
         self.rank = rank
@@ -66,8 +72,16 @@ class Communicator(abc.ABC):
         (see :data:`collectives.ops.ALLOWED_OPS`), else ``TypeError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        adapter, dtype = self._check_array(x, in_place=True)
-        reduce_op = check_reduction(dtype, op)
+        if self._closed:
+            self._raise_closed()
+        try:  # the checks that depend only on the kind of x and on op passed before
+            adapter, dtype, reduce_op = _REDUCTION_KINDS[type(x), x.dtype, op]
+        except (KeyError, TypeError, AttributeError):
+            adapter, dtype, reduce_op = self._check_reduction(x, op, in_place=True)
+        else:
+            adapter.check_writable(x)
+            if self._checks_device:
+                self._check_device(x, adapter)
         work = self._all_reduce(x, adapter, dtype, reduce_op, async_op)
         return work if async_op else x
 
@@ -78,8 +92,18 @@ class Communicator(abc.ABC):
         of this communicator (``0 <= src < size``), else ``ValueError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        adapter, dtype = self._check_array(x, in_place=True)
-        self._check_rank(src, "src")
+        if self._closed:
+            self._raise_closed()
+        try:
+            adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
+        except (KeyError, TypeError, AttributeError):
+            adapter, dtype = self._check_array(x, in_place=True)
+        else:
+            adapter.check_writable(x)
+            if self._checks_device:
+                self._check_device(x, adapter)
+        if type(src) is not int or not 0 <= src < self.size:  # noqa: E721  (a bool is no rank)
+            self._check_rank(src, "src")
         work = self._broadcast(x, adapter, dtype, src, async_op)
         return work if async_op else x
 
@@ -88,7 +112,15 @@ class Communicator(abc.ABC):
 
         Row ``r`` of the result is rank ``r``'s ``x``. ``x`` is not modified.
         """
-        adapter, dtype = self._check_array(x, in_place=False)
+        if self._closed:
+            self._raise_closed()
+        try:
+            adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
+        except (KeyError, TypeError, AttributeError):
+            adapter, dtype = self._check_array(x, in_place=False)
+        else:
+            if self._checks_device:
+                self._check_device(x, adapter)
         return self._all_gather(x, adapter, dtype)
 
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum") -> Any:
@@ -99,8 +131,15 @@ class Communicator(abc.ABC):
         holding rows ``rank * n // size`` to ``(rank + 1) * n // size`` of the
         reduction. ``x`` is not modified.
         """
-        adapter, dtype = self._check_array(x, in_place=False)
-        reduce_op = check_reduction(dtype, op)
+        if self._closed:
+            self._raise_closed()
+        try:
+            adapter, dtype, reduce_op = _REDUCTION_KINDS[type(x), x.dtype, op]
+        except (KeyError, TypeError, AttributeError):
+            adapter, dtype, reduce_op = self._check_reduction(x, op, in_place=False)
+        else:
+            if self._checks_device:
+                self._check_device(x, adapter)
         shape = tuple(x.shape)
         if not shape:
             raise ValueError("reduce_scatter needs x with at least one dimension; got a 0-d array")
@@ -152,15 +191,36 @@ class Communicator(abc.ABC):
 
     # -- argument checks shared by every backend ----------------------------------------
 
+    # The checks run on every call. The public methods above first look the kind of x
+    # (its type and dtype, and op) up among the kinds that passed before, and then check
+    # only what can differ from one array to the next (writable, device); a kind not seen
+    # yet goes through the full checks below. The order of the checks, and so which
+    # error a call with several faults gets, is the same on both paths.
+
+    def _raise_closed(self) -> None:
+        raise ValueError(f"{self!r} is closed; create a new communicator")
+
     def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
         if self._closed:
-            raise ValueError(f"{self!r} is closed; create a new communicator")
-        adapter = arrays.adapter_for(x)
-        dtype = adapter.dtype_name(x)
+            self._raise_closed()
+        try:
+            adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
+        except (KeyError, TypeError, AttributeError):
+            adapter = arrays.adapter_for(x)
+            dtype = adapter.dtype_name(x)
+            _remember(_ARRAY_KINDS, (type(x), x.dtype), (adapter, dtype))
         if in_place:
             adapter.check_writable(x)
-        self._check_device(x, adapter)
+        if self._checks_device:
+            self._check_device(x, adapter)
         return adapter, dtype
+
+    def _check_reduction(self, x: Any, op: Any, in_place: bool) -> tuple[ArrayAdapter, str, ReduceOp]:
+        """``_check_array``, then ``check_reduction``; remembers the kind of x with op."""
+        adapter, dtype = self._check_array(x, in_place)
+        reduce_op = check_reduction(dtype, op)
+        _remember(_REDUCTION_KINDS, (type(x), x.dtype, op), (adapter, dtype, reduce_op))
+        return adapter, dtype, reduce_op
 
     def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
         """``TypeError``/``ValueError`` if this backend cannot take ``x`` (device, kind)."""
@@ -228,6 +288,19 @@ class Communicator(abc.ABC):
 
     def _close(self) -> None:
         """Release transport resources (called once)."""
+
+
+# (type(x), x.dtype) -> (adapter, dtype name) for kinds of arrays that passed before, and
+# (type(x), x.dtype, op as spelled) -> (adapter, dtype name, ReduceOp) for reductions.
+_ARRAY_KINDS: dict[tuple[Any, ...], tuple[ArrayAdapter, str]] = {}
+_REDUCTION_KINDS: dict[tuple[Any, ...], tuple[ArrayAdapter, str, ReduceOp]] = {}
+
+
+def _remember(cache: dict[Any, Any], key: tuple[Any, ...], value: Any) -> None:
+    try:
+        cache[key] = value
+    except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered
+        pass
 
 
 def _is_int(value: Any) -> bool:
