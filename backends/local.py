@@ -40,7 +40,7 @@ class LocalCommunicator(Communicator):
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
         out = adapter.empty(x, (1, *x.shape))
-        adapter.copy_(out[0], x)
+        adapter.copy_(out, x)  # broadcasts x over the leading axis of length 1
         return out
 
     def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:

@@ -243,9 +243,19 @@ class MPICommunicator(Communicator):
             if staged is x:
                 return x, None
             return staged, lambda: x.__setitem__(Ellipsis, staged)
-        host = cupy.asnumpy(x.astype(target, copy=False), blocking=True)
-        host = np.ascontiguousarray(host)
-        return host, lambda: x.__setitem__(Ellipsis, cupy.asarray(host))
+        # Pinned host memory, filled by a copy on CuPy's current stream that blocks the host:
+        # so it is ordered after whatever produced x on that stream.
+        host = cupyx_empty_pinned(x.shape, target)
+        cupy.ascontiguousarray(x, dtype=target).get(out=host, blocking=True)
+
+        def writeback() -> None:
+            staged_back = cupy.asarray(host)
+            x[...] = staged_back
+            # The copy from pinned memory may still run when we return; the next call may
+            # reuse that memory, so wait for it here (as torch's blocking copy_ does).
+            cupy.cuda.get_current_stream().synchronize()
+
+        return host, writeback
 
     def _reduce_spec(self, dtype: str, op: ReduceOp) -> tuple[str, Any, Any]:
         wire = self._wire_dtype(dtype)
@@ -349,7 +359,7 @@ class MPICommunicator(Communicator):
         if block <= MAX_COUNT:
             self._comm.Reduce_scatter_block([send, mpi_type], [recv, mpi_type], mpi_op)
         else:  # reduce the whole thing in pieces, keep this rank's rows
-            reduced = send.copy()
+            reduced = send.clone() if _is_torch(send) else send.copy()
             for chunk in _chunks(reduced):
                 self._comm.Allreduce(self._MPI.IN_PLACE, [chunk, mpi_type], mpi_op)
             recv.reshape(-1)[...] = reduced.reshape(-1)[self.rank * block:(self.rank + 1) * block]
@@ -404,6 +414,18 @@ def _bytes(buf: Any) -> Any:
     if torch is not None and isinstance(buf, torch.Tensor):
         return buf.reshape(-1).view(torch.uint8)
     return buf.reshape(-1).view("uint8")  # cupy
+
+
+def _is_torch(buf: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(buf, torch.Tensor)
+
+
+def cupyx_empty_pinned(shape: tuple[int, ...], dtype: Any) -> Any:
+    """A numpy array in pinned (page-locked) host memory, from CuPy's pinned pool."""
+    import cupyx  # noqa: PLC0415
+
+    return cupyx.empty_pinned(shape, dtype=dtype)
 
 
 def _divide(buf: Any, size: int) -> None:

@@ -17,7 +17,10 @@ Broadcast and all_gather move raw bytes (uint8 views), so they need no staging.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
+import functools
 import os
 import socket
 import sys
@@ -46,9 +49,33 @@ def import_torch_distributed() -> Any:
     return dist
 
 
+# Groups this module made (split's), and whether it made the default group: destroyed at
+# exit, since Gloo groups still alive when the interpreter ends abort the process.
+_created_groups: list[Any] = []
+_created_default = False
+
+
+@atexit.register
+def _destroy_created_groups() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_initialized():
+        return
+    while _created_groups:
+        group = _created_groups.pop()
+        try:
+            dist.destroy_process_group(group)
+        except (ValueError, RuntimeError):
+            pass  # closed already
+    if _created_default:
+        dist.destroy_process_group()
+
+
 def _bootstrap_process_group(dist: Any, launch: LaunchInfo) -> None:
     """Initialize torch's default group for a process started as ``launch`` says."""
     import torch  # noqa: PLC0415
+
+    global _created_default
+    _created_default = True
 
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
@@ -105,17 +132,53 @@ class _TorchWork(Work):
         super().__init__(x)
         self._work = work
         self._finish = finish
+        #: For CuPy arrays: the torch view of CuPy's stream, which wait() orders.
+        self.stream: Any = None
 
     def wait(self) -> Any:
         if self._work is not None:
-            self._work.wait()
-            self._work = None
-            if self._finish is not None:
-                self._finish()
+            torch = sys.modules["torch"]
+            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+                self._work.wait()
+                self._work = None
+                if self._finish is not None:
+                    self._finish()
         return self._x
 
     def is_completed(self) -> bool:
         return self._work is None or bool(self._work.is_completed())
+
+
+def _cupy_stream_as_torch(torch: Any, x: Any) -> Any:
+    """CuPy's current stream (on x's device) as a torch stream."""
+    cupy = sys.modules["cupy"]
+    with x.device:
+        ptr = cupy.cuda.get_current_stream().ptr
+    device = torch.device("cuda", x.device.id)
+    if ptr == 0:  # CuPy's null stream is the legacy default stream, torch's default one
+        return torch.cuda.default_stream(device)
+    return torch.cuda.ExternalStream(ptr, device=device)
+
+
+def _on_cupy_stream(method: Any) -> Any:
+    """For CuPy arrays, run ``method``'s torch work on CuPy's current stream.
+
+    torch enqueues NCCL after (and the staging copies on) torch's current stream; for a
+    CuPy array the kernels that produced it and those that read it are on CuPy's, so
+    that stream is made torch's current one for the call (and for the handle's wait()).
+    """
+    @functools.wraps(method)
+    def on_stream(self: TorchCommunicator, x: Any, adapter: ArrayAdapter, *args: Any) -> Any:
+        if adapter is not arrays.CUPY:
+            return method(self, x, adapter, *args)
+        stream = _cupy_stream_as_torch(self._torch, x)
+        with self._torch.cuda.stream(stream):
+            result = method(self, x, adapter, *args)
+        if isinstance(result, _TorchWork):
+            result.stream = stream
+        return result
+
+    return on_stream
 
 
 class TorchCommunicator(Communicator):
@@ -147,6 +210,12 @@ class TorchCommunicator(Communicator):
         if local_rank is None:
             local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
         super().__init__(me, len(self._global_ranks), local_rank)
+        # The single-tensor forms (torch >= 2.12 names; the older ones are deprecated there).
+        self._all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
+                                       or dist.reduce_scatter_tensor)
+        self._name = "world"  # unique among communicators; split derives its children's
+        self._splits = 0
         R = dist.ReduceOp
         self._ops = {ReduceOp.SUM: R.SUM, ReduceOp.AVG: R.SUM, ReduceOp.PROD: R.PRODUCT,
                      ReduceOp.MIN: R.MIN, ReduceOp.MAX: R.MAX, ReduceOp.BAND: R.BAND,
@@ -179,7 +248,9 @@ class TorchCommunicator(Communicator):
             if not x.flags.writeable or _negative_strides(x, adapter):
                 x = x.copy()  # torch.from_numpy takes neither
             return self._torch.from_numpy(x)
-        return self._torch.as_tensor(x, device="cuda")
+        # CUDA array interface, zero-copy, on x's own device ("cuda" alone would copy to
+        # the current device when they differ).
+        return self._torch.as_tensor(x, device=f"cuda:{x.device.id}")
 
     def _staged(self, t: Any, dtype: str) -> tuple[Any, Any]:
         """The tensor the transport reduces: ``t``, or a contiguous copy in a wider type
@@ -190,6 +261,7 @@ class TorchCommunicator(Communicator):
         staged = t.to(getattr(self._torch, wire or dtype)).contiguous()
         return staged, staged
 
+    @_on_cupy_stream
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Work | None:
         direct = _DIRECT[dtype].get(op) if adapter is _TORCH else None
@@ -242,6 +314,7 @@ class TorchCommunicator(Communicator):
             combine(result, row, out=result)
         staged.copy_(result)
 
+    @_on_cupy_stream
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
                    async_op: bool) -> Work | None:
         if adapter is _TORCH and dtype not in _WIRE and x.is_contiguous():
@@ -271,11 +344,12 @@ class TorchCommunicator(Communicator):
         """torch tensor of shape (size, *t.shape), row r from our rank r."""
         staged = t if t.is_contiguous() else t.contiguous()
         out = self._torch.empty((self.size, *t.shape), dtype=t.dtype, device=t.device)
-        self._dist.all_gather_into_tensor(_bytes(out), _bytes(staged), group=self._group)
+        self._all_gather_single(_bytes(out), _bytes(staged), group=self._group)
         if self._reordered:  # rows arrived in torch's rank order
             out = out[self._torch_rank]
         return out
 
+    @_on_cupy_stream
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
         gathered = self._gather_tensor(self._as_tensor(x, adapter))
         if adapter is arrays.TORCH:
@@ -286,6 +360,7 @@ class TorchCommunicator(Communicator):
 
         return cupy.asarray(gathered)
 
+    @_on_cupy_stream
     def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         torch = self._torch
         t = self._as_tensor(x, adapter)
@@ -304,7 +379,7 @@ class TorchCommunicator(Communicator):
             out = full[mine * rows:(mine + 1) * rows].clone()
         else:
             out = torch.empty((rows, *t.shape[1:]), dtype=staged.dtype, device=t.device)
-            self._dist.reduce_scatter_tensor(out, staged, self._ops[op], group=self._group)
+            self._reduce_scatter_single(out, staged, self._ops[op], group=self._group)
         if op is _AVG:
             out.div_(self.size)
         out = out.to(t.dtype)
@@ -324,16 +399,27 @@ class TorchCommunicator(Communicator):
 
     def _split(self, color: int | None, key: int) -> Communicator | None:
         members = self._split_groups(color, key)
+        self._splits += 1
         if members is None:
             return None
         global_ranks = [self._global_ranks[r] for r in members]
         # Only the members make the group (local synchronization), so splits of splits
-        # work and groups of different colors are made concurrently.
-        group = self._dist.new_group(sorted(global_ranks), use_local_synchronization=True)
-        return TorchCommunicator(group, ranks=global_ranks, local_rank=self.local_rank)
+        # work and groups of different colors are made concurrently. torch names such a
+        # group by its ranks and by how many groups this process has made, which differs
+        # between ranks with different split histories (they would wait for each other
+        # forever): the name is ours instead, the same on every member by construction.
+        name = f"collectives/{self._name}/{self._splits}/{color}"
+        with _group_named(name):
+            group = self._dist.new_group(sorted(global_ranks), use_local_synchronization=True)
+        _created_groups.append(group)
+        child = TorchCommunicator(group, ranks=global_ranks, local_rank=self.local_rank)
+        child._name = name
+        return child
 
     def _close(self) -> None:
         if self._group is not None and self._dist.is_initialized():
+            if self._group in _created_groups:
+                _created_groups.remove(self._group)
             self._dist.destroy_process_group(self._group)
 
 
@@ -353,8 +439,27 @@ _DIRECT = {dtype: {op: op for op in allowed
 def _bytes(t: Any) -> Any:
     """A flat uint8 view of a contiguous tensor: what broadcast and all_gather move."""
     torch = sys.modules["torch"]
+    if t.numel() == 0:  # torch cannot reinterpret an empty view; nothing moves anyway
+        return torch.empty(0, dtype=torch.uint8, device=t.device)
     flat = t.reshape(-1)
     return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+@contextlib.contextmanager
+def _group_named(name: str):
+    """Make torch.distributed's next new_group take ``name`` (see TorchCommunicator._split)."""
+    import torch.distributed.distributed_c10d as c10d  # noqa: PLC0415
+
+    original = getattr(c10d, "_process_group_name", None)
+    if original is None:  # another torch: its own naming
+        yield
+        return
+    c10d._process_group_name = lambda ranks, use_hashed_name: c10d.GroupName(name) \
+        if hasattr(c10d, "GroupName") else name
+    try:
+        yield
+    finally:
+        c10d._process_group_name = original
 
 
 def _negative_strides(x: Any, adapter: ArrayAdapter) -> bool:

@@ -267,9 +267,12 @@ class RawTorch(Raw):
             return lambda: dist.all_reduce(x, reduce_op, group)
         if op == "broadcast":
             return lambda: dist.broadcast(x, src, group)
+        # the single-tensor forms (torch >= 2.12 names; the older ones are deprecated there)
         if op == "all_gather":
-            return lambda: dist.all_gather_into_tensor(out, x, group)
-        return lambda: dist.reduce_scatter_tensor(out, x, reduce_op, group)
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+            return lambda: gather(out, x, group)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: scatter(out, x, reduce_op, group)
 
     def barrier(self) -> None:
         self._comm.barrier()

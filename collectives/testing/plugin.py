@@ -18,7 +18,9 @@ import pytest
 from .pool import close_all_pools, get_pool
 
 
-@pytest.fixture
+# Session scope: pytest then orders the tests so that those sharing a world run together,
+# and each pool starts once.
+@pytest.fixture(scope="session")
 def world(request: pytest.FixtureRequest):
     param = getattr(request, "param", None)
     if param is None:

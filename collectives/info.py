@@ -1,0 +1,188 @@
+"""``python -m collectives.info``: what this machine can run, and why not.
+
+Prints, per backend, whether it is usable here and the reason when it is not; the MPI
+library and its version, and whether it takes CUDA memory; the NCCL versions CuPy and
+torch loaded (they can differ: cupy/cupy#8354); and the GPUs seen. Every transport is
+imported here, lazily, one at a time, and a failure is reported rather than raised.
+``--json`` prints the same as one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+from typing import Any
+
+from . import config
+from .launcher import detect_launcher
+
+
+def _version_text(version: tuple[int, ...] | None) -> str:
+    return "unknown" if version is None else ".".join(map(str, version))
+
+
+def torch_report() -> dict[str, Any]:
+    """torch, its CUDA and NCCL, and whether torch.distributed is there."""
+    if importlib.util.find_spec("torch") is None:
+        return {"usable": False, "why": "torch is not installed (pip install 'collectives[torch]')"}
+    try:
+        import torch  # noqa: PLC0415
+    except Exception as error:  # noqa: BLE001  (a broken install is a reason, not a crash)
+        return {"usable": False, "why": f"import torch failed: {error}"}
+    report: dict[str, Any] = {"version": torch.__version__, "cuda": torch.version.cuda,
+                              "cuda_available": bool(torch.cuda.is_available())}
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if not dist.is_available():
+        return {**report, "usable": False, "why": "this torch build has no torch.distributed"}
+    report["gloo"] = bool(dist.is_gloo_available())
+    report["nccl_available"] = bool(dist.is_nccl_available())
+    report["nccl"] = None
+    if dist.is_nccl_available():
+        try:
+            version = torch.cuda.nccl.version()
+            report["nccl"] = tuple(version) if isinstance(version, tuple) else version
+        except Exception as error:  # noqa: BLE001
+            report["nccl_error"] = str(error)
+    transports = ["gloo (CPU tensors)"] if report["gloo"] else []
+    if report["nccl_available"] and report["cuda_available"]:
+        transports.append("nccl (CUDA tensors)")
+    elif report["nccl_available"]:
+        report["cuda_why"] = "NCCL is built in, but no CUDA device is visible"
+    else:
+        report["cuda_why"] = "this torch build has no NCCL (CPU build): CUDA tensors cannot be reduced"
+    report["usable"] = bool(transports)
+    report["transports"] = transports
+    if not transports:
+        report["why"] = "neither Gloo nor NCCL is built into this torch"
+    return report
+
+
+def mpi_report() -> dict[str, Any]:
+    """mpi4py, the MPI library it loaded, and whether that library is CUDA-aware."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return {"usable": False, "why": "mpi4py is not installed (pip install 'collectives[mpi]')"}
+    try:
+        from mpi4py import MPI  # noqa: PLC0415
+    except Exception as error:  # noqa: BLE001
+        return {"usable": False, "why": f"mpi4py cannot load an MPI library: {error} "
+                                        "(pip install mpich, or set MPI4PY_LIBMPI)"}
+    from backends.mpi import mpi_cuda_aware  # noqa: PLC0415
+
+    library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    forced = os.environ.get(config.MPI_CUDA_AWARE, "").strip()
+    try:
+        aware = mpi_cuda_aware(MPI)
+    except ValueError as error:
+        aware, forced = False, f"invalid: {error}"
+    return {"usable": True, "library": library, "mpi_version": ".".join(map(str, MPI.Get_version())),
+            "mpi4py": importlib.import_module("mpi4py").__version__,
+            "cuda_aware": aware, "cuda_aware_source": f"{config.MPI_CUDA_AWARE}={forced}" if forced
+            else "MPIX_Query_cuda_support of the loaded libmpi"}
+
+
+def cupy_report() -> dict[str, Any]:
+    """CuPy, its CUDA runtime, the NCCL it loaded, and the devices it sees."""
+    if importlib.util.find_spec("cupy") is None:
+        return {"usable": False, "why": "cupy is not installed (pip install 'collectives[cupy]', "
+                                        "i.e. cupy-cuda13x; cupy-cuda12x for CUDA 12)"}
+    try:
+        from backends.cupy_nccl import decode_nccl_version, import_cupy_nccl  # noqa: PLC0415
+
+        cupy, nccl = import_cupy_nccl()
+    except Exception as error:  # noqa: BLE001  (BackendUnavailable, or a broken CUDA install)
+        return {"usable": False, "why": str(error)}
+    report: dict[str, Any] = {"version": cupy.__version__}
+    try:
+        report["nccl"] = decode_nccl_version(int(nccl.get_version()))
+        report["nccl_build"] = decode_nccl_version(int(nccl.get_build_version()))
+    except Exception as error:  # noqa: BLE001
+        return {**report, "usable": False, "why": f"CuPy cannot load libnccl: {error}"}
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as error:  # noqa: BLE001
+        return {**report, "usable": False, "why": f"CuPy sees no CUDA device: {error}"}
+    report["devices"] = count
+    if count == 0:
+        return {**report, "usable": False, "why": "CuPy sees no CUDA device"}
+    return {**report, "usable": True}
+
+
+def gpus_seen(torch_info: dict[str, Any]) -> list[str]:
+    """Names of the CUDA devices, through torch if it has CUDA, else through CuPy."""
+    if torch_info.get("cuda_available"):
+        import torch  # noqa: PLC0415
+
+        return [f"{i}: {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+    if "cupy" in sys.modules:
+        cupy = sys.modules["cupy"]
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+            return [f"{i}: {cupy.cuda.runtime.getDeviceProperties(i)['name'].decode()}"
+                    for i in range(count)]
+        except Exception:  # noqa: BLE001
+            return []
+    return []
+
+
+def collect() -> dict[str, Any]:
+    """Everything ``main`` prints, as a dict."""
+    launch = detect_launcher()
+    torch_info = torch_report()
+    mpi_info = mpi_report()
+    cupy_info = cupy_report()
+    backends = {
+        "local": {"usable": True, "note": "world size 1, no transport"},
+        "torch": torch_info,
+        "mpi": mpi_info,
+        "cupy": cupy_info,
+    }
+    return {"launcher": launch.launcher, "rank": launch.rank, "size": launch.size,
+            "backend_env": os.environ.get(config.BACKEND, ""),
+            "backends": backends, "gpus": gpus_seen(torch_info),
+            "nccl": {"cupy": cupy_info.get("nccl"), "torch": torch_info.get("nccl")}}
+
+
+def render(info: dict[str, Any]) -> str:
+    """The human-readable report."""
+    lines = [f"launcher: {info['launcher'] or 'none'} (rank {info['rank']} of {info['size']}); "
+             f"{config.BACKEND}={info['backend_env'] or '(unset: auto)'}"]
+    for name, entry in info["backends"].items():
+        state = "usable" if entry.get("usable") else "unavailable"
+        detail = entry.get("note") or entry.get("why") or ""
+        if name == "torch" and entry.get("usable"):
+            detail = (f"torch {entry['version']} (CUDA {entry['cuda'] or 'none'}); "
+                      f"{', '.join(entry['transports'])}")
+            if entry.get("cuda_why"):
+                detail += f"; {entry['cuda_why']}"
+        if name == "mpi" and entry.get("usable"):
+            aware = "yes" if entry["cuda_aware"] else "no (CUDA arrays staged through pinned host memory)"
+            detail = (f"{entry['library']} (MPI {entry['mpi_version']}, mpi4py {entry['mpi4py']}); "
+                      f"CUDA-aware: {aware} [{entry['cuda_aware_source']}]")
+        if name == "cupy" and entry.get("usable"):
+            detail = f"CuPy {entry['version']}, {entry['devices']} CUDA device(s)"
+        lines.append(f"  {name:6s} {state}: {detail}")
+    nccl = info["nccl"]
+    cupy_nccl = _version_text(nccl["cupy"]) if nccl["cupy"] else "not loaded (cupy unavailable)"
+    torch_nccl = _version_text(nccl["torch"]) if nccl["torch"] else "none (torch has no NCCL here)"
+    lines.append(f"NCCL: cupy {cupy_nccl}; torch {torch_nccl}")
+    if nccl["cupy"] and nccl["torch"] and tuple(nccl["cupy"]) != tuple(nccl["torch"]):
+        lines.append("  note: CuPy and torch loaded different libnccl builds (see README: wheel set)")
+    lines.append(f"GPUs: {', '.join(info['gpus']) if info['gpus'] else 'none seen'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m collectives.info", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    info = collect()
+    print(json.dumps(info, indent=2, default=str) if args.json else render(info))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The launcher matrix of DESIGN.md with the real launchers (mpiexec from the MPICH wheel,
+torchrun from torch), including the clear errors. Each run is a subprocess with a timeout."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).parent / "scripts"
+BIN = Path(sys.executable).parent
+TIMEOUT = 120
+
+
+def launch(launcher, n, script, backend):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "OMPI_", "SLURM_", "COLLECTIVES_POOL")) and
+           k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.pop("COLLECTIVES_BACKEND", None)
+    if backend is not None:
+        env["COLLECTIVES_BACKEND"] = backend
+    env["OMP_NUM_THREADS"] = "1"
+    python = [sys.executable, str(SCRIPTS / script)]
+    if launcher == "mpiexec":
+        command = [str(BIN / "mpiexec"), "-n", str(n), *python]
+    elif launcher == "torchrun":
+        command = [str(BIN / "torchrun"), "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
+                   "--master_port", "0", "--rdzv-backend", "c10d", str(SCRIPTS / script)]
+    else:
+        command = python
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL)
+
+
+# What each rank prints, found anywhere in the output: ranks share stdout, so one rank's line
+# can land in the middle of another's.
+RANK_RECORDS = {
+    "OK": r"OK backend=\w+ rank=\d+ size=\d+ local_rank=\d+",
+    "ERROR": r"ERROR \w+: [^\n]*?(?=ERROR |OK |\n|$)",
+    "rank ": r"rank \d+/\d+ backend=\w+ checked=\d+ failures=\[[^\]]*\]",
+    "REUSED": r"REUSED rank=\d+ size=\d+ sum=\d+",
+}
+
+
+def rank_lines(output, prefix):
+    return sorted(re.findall(RANK_RECORDS[prefix], output))
+
+
+# launcher, ranks, COLLECTIVES_BACKEND, the backend it must pick
+MATRIX = [
+    ("mpiexec", 3, "mpi", "mpi"),
+    ("mpiexec", 3, None, "mpi"),  # auto
+    ("mpiexec", 2, "torch", "torch"),
+    ("torchrun", 3, "torch", "torch"),
+    ("torchrun", 3, "auto", "torch"),
+    ("none", 1, None, "local"),
+    ("none", 1, "torch", "torch"),
+    ("none", 1, "mpi", "mpi"),
+    ("none", 1, "local", "local"),
+]
+
+
+@pytest.mark.parametrize("launcher, n, backend, expected", MATRIX)
+def test_every_launcher_and_backend_pair_gives_the_right_communicator(launcher, n, backend, expected):
+    result = launch(launcher, n, "which_backend.py", backend)
+    lines = rank_lines(result.stdout, "OK")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert lines == sorted(f"OK backend={expected} rank={r} size={n} local_rank={r}" for r in range(n))
+
+
+ERRORS = [
+    ("torchrun", 2, "mpi",
+     r"BackendUnavailable: backend 'mpi' needs an MPI launcher .mpiexec, mpirun or srun.*torchrun"),
+    ("mpiexec", 2, "local", r"BackendUnavailable: backend 'local' runs one rank, but mpi started 2"),
+    ("torchrun", 2, "local", r"BackendUnavailable: backend 'local' runs one rank, but torchrun started 2"),
+    ("none", 1, "nccl", r"ValueError: unknown backend 'nccl'.*valid: auto, local, torch, mpi, cupy"),
+]
+
+
+@pytest.mark.parametrize("launcher, n, backend, message", ERRORS)
+def test_a_backend_that_cannot_run_under_a_launcher_is_a_clear_error_on_every_rank(launcher, n, backend, message):
+    result = launch(launcher, n, "which_backend.py", backend)
+    assert result.returncode != 0
+    errors = rank_lines(result.stdout, "ERROR")
+    assert len(errors) == n, result.stdout + result.stderr
+    assert all(re.search(message, line) for line in errors), errors
+
+
+CONTRACT = [("mpiexec", "mpi"), ("mpiexec", None), ("torchrun", "torch"), ("torchrun", None)]
+
+
+@pytest.mark.parametrize("launcher, backend", CONTRACT)
+def test_every_allowed_pair_matches_numpy_through_the_public_contract_on_3_ranks(launcher, backend):
+    result = launch(launcher, 3, "contract_check.py", backend)
+    lines = rank_lines(result.stdout, "rank ")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert len(lines) == 3 and all(line.endswith("failures=[]") for line in lines), lines
+
+
+def test_the_torch_backend_reuses_a_process_group_the_user_initialized():
+    result = launch("torchrun", 2, "reuse_group.py", None)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert rank_lines(result.stdout, "REUSED") == [f"REUSED rank={r} size=2 sum=3" for r in range(2)]
