@@ -5,9 +5,10 @@ collective, an elementwise finish.
 
 Forward. Every rank subtracts a per-channel shift ``K`` (its own first sample of
 the channel) from its input, which is exact for data far from zero (1e4 + N(0, 1)
-in float32 keeps every bit) and keeps the mean small, then takes the mean and
-biased variance of the shifted values with torch's two-pass per-channel kernel
-(double accumulation on CPU). One ``all_gather`` of the rows ``[count, K, mean,
+in float32 keeps every bit) and keeps the mean small, then takes the per-channel sums
+of the shifted values and of their squares in one fused pass (float32 inputs:
+at least float32 accumulation; fp16/bf16 use torch's two-pass statistics kernel
+with float32 results instead, since they are not shifted). One ``all_gather`` of the rows ``[count, K, mean,
 var]`` (float64, so counts stay exact) gives every rank the same table, which
 every rank merges in the same order with Chan's formula -- exact for uneven
 counts, an empty rank is a row of zeros, and the result (and so the running
@@ -69,7 +70,15 @@ def local_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if x.dtype == stat:
         shift = x[(0, slice(None)) + (0,) * (x.dim() - 2)].to(stat)
         shifted = _affine(x, shift, None, None)
-        mean, var = torch.batch_norm_update_stats(shifted, None, None, 0.0)
+        # Σs and Σs² of s = x - K in ONE fused pass: torch's inference batch-norm backward
+        # with grad_output = input = s, mean 0, var 1, eps 0 returns exactly those as
+        # grad_bias and grad_weight (3-5x faster on CPU than the two-pass stats kernel;
+        # after the shift, Σs² - (Σs)²/n cancels little).
+        zeros, ones = torch.zeros_like(shift), torch.ones_like(shift)
+        _, sum_squares, sums = torch.ops.aten.native_batch_norm_backward(
+            shifted, shifted, ones, zeros, ones, None, None, False, 0.0, [False, True, True])
+        mean = sums.double() / count
+        var = (sum_squares.double() / count - mean * mean).clamp(min=0.0)
     else:
         # fp16/bf16: x - K would round to x's precision, and float32 statistics of x itself
         # are already far more precise than x; float32 buffers make torch accumulate and
