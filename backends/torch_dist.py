@@ -351,6 +351,12 @@ class TorchCommunicator(Communicator):
 
     @_on_cupy_stream
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+        if (adapter is _TORCH and dtype in _GATHER_DIRECT and x.dim() == 1 and not self._reordered
+                and not x.requires_grad and x.is_contiguous()):
+            # 1-d tensors of the dtypes every transport gathers: no byte views, one output
+            out = self._torch.empty((self.size * x.shape[0],), dtype=x.dtype, device=x.device)
+            self._all_gather_single(out, x, group=self._group)
+            return out.view(self.size, x.shape[0])
         gathered = self._gather_tensor(self._as_tensor(x, adapter))
         if adapter is arrays.TORCH:
             return gathered
@@ -363,6 +369,13 @@ class TorchCommunicator(Communicator):
     @_on_cupy_stream
     def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         torch = self._torch
+        if (adapter is _TORCH and x.dim() == 1 and not self._reordered and not x.requires_grad
+                and _DIRECT[dtype].get(op) is not None and x.is_contiguous()):
+            out = torch.empty((x.shape[0] // self.size,), dtype=x.dtype, device=x.device)
+            self._reduce_scatter_single(out, x, self._ops[op], group=self._group)
+            if op is _AVG:
+                out.div_(self.size)
+            return out
         t = self._as_tensor(x, adapter)
         staged, _ = self._staged(t, dtype)
         rows = t.shape[0] // self.size
@@ -430,6 +443,8 @@ _WIRE = {"bool": "uint8", "int16": "int32"}
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.
 _TORCH = arrays.TORCH
 _AVG = ReduceOp.AVG
+# dtypes every torch transport gathers as they are.
+_GATHER_DIRECT = frozenset({"int8", "uint8", "int32", "int64", "float16", "float32", "float64"})
 # dtype -> the ops every torch transport does on it as it is (no bitwise: NCCL has none).
 _DIRECT = {dtype: {op: op for op in allowed
                    if dtype not in _WIRE and op not in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)}

@@ -88,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--plot", default=None, metavar="PNG", help="write a plot of busbw and ours/raw")
     p.add_argument("--plot-only", nargs="+", default=None, metavar="JSON",
                    help="no benchmark: plot these JSON results (several backends in one figure)")
+    p.add_argument("--markdown-only", nargs="+", default=None, metavar="JSON",
+                   help="no benchmark: print these JSON results as markdown tables")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = p.parse_args(argv)
     args.ops = [name.strip() for name in args.ops.split(",") if name.strip()]
@@ -378,7 +380,7 @@ class Case:
             self.x_ours, self.x_raw = arr.full((count,), 0), arr.full((count,), 0)
         elif op == "all_gather":
             self.x_ours = self.x_raw = arr.full((count // n,), 0)
-            self.out_raw = arr.empty((n, count // n))
+            self.out_raw = arr.empty((count,))  # flat: what gloo's all_gather_single takes
         else:
             self.x_ours = self.x_raw = arr.full((count,), 0)
             self.out_raw = arr.empty((count // n,))
@@ -508,6 +510,28 @@ def table(doc: dict[str, Any]) -> str:
                          f" |{r['ratio']:>9.3f}{r['diff_us']:>+11.2f}")
             lines.append(line)
     return "\n".join(lines)
+
+
+def markdown(doc: dict[str, Any], ops: list[str] | None = None) -> str:
+    """One markdown table per collective: ours and raw median (p10-p90), busbw, ratio."""
+    meta = doc["meta"]
+    out = [f"**{meta['backend']}** ({meta['transport']}), {meta['ranks']} ranks, {meta['dtype']}, "
+           f"{meta['array']} arrays" + (f", thread level {meta['thread_level']}" if meta.get("thread_level") else "")
+           + f"; raw = {meta['raw']}; measured {meta['date']}"]
+    for op in dict.fromkeys(r["op"] for r in doc["results"]):
+        if ops and op not in ops:
+            continue
+        out += ["", f"`{op}`", "",
+                "| size | ours us (p10-p90) | raw us (p10-p90) | ours busbw GB/s | raw busbw GB/s "
+                "| ours/raw | diff us |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in (r for r in doc["results"] if r["op"] == op):
+            o, w = r["ours"], r.get("raw")
+            if w is None:
+                continue
+            out.append(f"| {human(r['bytes'])} | {o['median_us']:.2f} ({_spread(o)}) | "
+                       f"{w['median_us']:.2f} ({_spread(w)}) | {o['busbw_GBps']:.3f} | "
+                       f"{w['busbw_GBps']:.3f} | {r['ratio']:.3f} | {r['diff_us']:+.2f} |")
+    return "\n".join(out)
 
 
 def _spread(s: dict[str, float]) -> str:
@@ -643,7 +667,7 @@ def describe(comm: Any, arr: Arrays, raw: Raw | None, args: argparse.Namespace) 
     if comm.backend == "mpi":
         from mpi4py import MPI  # noqa: PLC0415
 
-        meta["transport"] = MPI.Get_library_version().splitlines()[0].strip()
+        meta["transport"] = " ".join(MPI.Get_library_version().splitlines()[0].split())
         meta["thread_level"] = THREAD_LEVELS[MPI.Query_thread()]
         import mpi4py  # noqa: PLC0415
 
@@ -674,6 +698,12 @@ def main(argv: list[str] | None = None) -> None:
             with open(path) as f:
                 docs.append(json.load(f))
         plot(docs, args.plot)
+        return
+    if args.markdown_only:
+        for path in args.markdown_only:
+            with open(path) as f:
+                print(markdown(json.load(f), args.ops if args.ops != list(OPS) else None))
+            print()
         return
     doc = run(args)
     if doc is None:

@@ -47,6 +47,10 @@ def _cases():
             yield dtype, op
 
 
+def _shape(layout, n):
+    return (6 * n,) if layout == "flat" else (2 * n, 3)
+
+
 def every_collective_job(comm, dtype, layout, as_torch):
     """All four collectives on each (dtype, op), twice (the second call hits the caches)."""
     out = {}
@@ -55,21 +59,21 @@ def every_collective_job(comm, dtype, layout, as_torch):
         if ldtype != dtype:
             continue
         for attempt in range(2):
-            base = _inputs(dtype, comm.rank, (2 * n, 3))
+            base = _inputs(dtype, comm.rank, _shape(layout, n))
             x = np.asfortranarray(base) if layout == "F" else base.copy()
             if layout == "strided":
-                x = np.repeat(base, 2, axis=1)[:, ::2]
+                x = np.repeat(base, 2, axis=-1)[..., ::2]
             x_in = torch.from_numpy(x) if as_torch else x
             comm.all_reduce(x_in, op)
             out[("all_reduce", op, attempt)] = np.asarray(x_in).copy()
             rs = comm.reduce_scatter(torch.from_numpy(base.copy()) if as_torch else base.copy(), op)
             out[("reduce_scatter", op, attempt)] = np.asarray(rs).copy()
-        y = _inputs(dtype, comm.rank, (2 * n, 3))
+        y = _inputs(dtype, comm.rank, _shape(layout, n))
         y = np.asfortranarray(y) if layout == "F" else y
         y_in = torch.from_numpy(y) if as_torch else y
         comm.broadcast(y_in, src=n - 1)
         out[("broadcast",)] = np.asarray(y_in).copy()
-        z = _inputs(dtype, comm.rank, (2 * n, 3))
+        z = _inputs(dtype, comm.rank, _shape(layout, n))
         z = np.asfortranarray(z) if layout == "F" else z
         g = comm.all_gather(torch.from_numpy(z) if as_torch else z)
         out[("all_gather",)] = np.asarray(g).copy()
@@ -79,13 +83,14 @@ def every_collective_job(comm, dtype, layout, as_torch):
 def _check_every_collective(world, dtype, layout, as_torch):
     n = world.size
     results = world.run(every_collective_job, [(dtype, layout, as_torch)] * n)
-    inputs = [_inputs(dtype, r, (2 * n, 3)) for r in range(n)]
+    inputs = [_inputs(dtype, r, _shape(layout, n)) for r in range(n)]
+    rows = _shape(layout, n)[0] // n
     for rank, got in enumerate(results):
         for (name, *rest), value in got.items():
             if name == "all_reduce":
                 want = _reference(rest[0], inputs)
             elif name == "reduce_scatter":
-                want = _reference(rest[0], inputs)[2 * rank:2 * rank + 2]
+                want = _reference(rest[0], inputs)[rows * rank:rows * (rank + 1)]
             elif name == "broadcast":
                 want = inputs[n - 1]
             else:
@@ -93,17 +98,18 @@ def _check_every_collective(world, dtype, layout, as_torch):
             np.testing.assert_array_equal(value, want, err_msg=f"{name} {rest} {dtype} rank {rank}")
 
 
-@pytest.mark.parametrize("layout", ["C", "F", "strided"])
+@pytest.mark.parametrize("layout", ["C", "F", "strided", "flat"])
 @pytest.mark.parametrize("dtype", NUMPY_DTYPES)
 @pytest.mark.parametrize("world", [("mpi", 2)], indirect=True)
 def test_mpi_numpy_collectives_match_numpy_on_every_layout(world, dtype, layout):
     _check_every_collective(world, dtype, layout, as_torch=False)
 
 
+@pytest.mark.parametrize("layout", ["C", "flat"])
 @pytest.mark.parametrize("dtype", NUMPY_DTYPES)
 @pytest.mark.parametrize("world", [("torch", 2)], indirect=True)
-def test_torch_tensor_collectives_match_numpy(world, dtype):
-    _check_every_collective(world, dtype, "C", as_torch=True)
+def test_torch_tensor_collectives_match_numpy(world, dtype, layout):
+    _check_every_collective(world, dtype, layout, as_torch=True)
 
 
 @pytest.mark.parametrize("world", [("torch", 2)], indirect=True)
