@@ -9,10 +9,12 @@ mpi4py or cupy, so the same module runs over every backend, on CPU and GPU.
 """
 
 from .batchnorm import BatchNormXd, SyncBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
+from .data_parallel import DataParallel
 from .function import SyncBatchNormFunction
 
 __all__ = [
     "BatchNormXd",
+    "DataParallel",
     "SyncBatchNorm",
     "SyncBatchNormFunction",
     "convert_sync_batchnorm",

@@ -3,8 +3,10 @@ adapters, and that importing collectives imports no transport."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,10 +85,23 @@ def test_a_non_integer_launcher_variable_is_named():
 
 
 def test_importing_collectives_imports_no_transport():
-    code = ("import sys, collectives, collectives.testing, syncbn; "
+    code = ("import sys, collectives, collectives.testing, collectives.info; "
             "print(sorted(m for m in ('torch', 'mpi4py', 'cupy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_syncbn_imports_only_torch_and_the_interface():
+    # torch is SyncBN's array library; the transports are the interface's business.
+    code = ("import sys, syncbn; print(sorted(m for m in ('mpi4py', 'cupy', 'backends') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    for path in (Path(__file__).parents[1] / "syncbn").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for name in names:
+                assert not name.startswith(("torch.distributed", "mpi4py", "cupy", "backends")), (path, name)
 
 
 @pytest.mark.parametrize("x", [[1, 2], (1.0,), 3.0, "abc", memoryview(b"ab")])

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import inspect
 import os
+import pickle
 import secrets
 import shutil
 import signal
@@ -82,6 +83,17 @@ class RankError(PoolError):
         details = "\n".join(f"--- rank {r}: {e.type_name}: {e.message}\n{e.traceback}"
                             for r, e in sorted(errors.items()))
         super().__init__(f"job failed on rank(s) {sorted(errors)}:\n{details}")
+
+
+def send(conn: Connection, message: Any) -> None:
+    """Send with the plain pickler. Connection.send uses multiprocessing's, for which torch
+    registers reductions that pass tensors as shared-memory handles: those cannot be opened
+    by a process that is not our child, so tensors must travel as bytes."""
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def receive(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
 
 
 def _free_port() -> int:
@@ -190,7 +202,7 @@ class RankPool:
                 conn = self._listener.accept()
             except TimeoutError:
                 continue
-            hello = conn.recv()
+            hello = receive(conn)
             connections[hello["rank"]] = conn
         sock.settimeout(None)
         self._connections = [connections[r] for r in range(self.size)]
@@ -209,7 +221,7 @@ class RankPool:
         """Stop the ranks (politely, then by force) and release the listener."""
         for conn in self._connections:
             try:
-                conn.send(("exit",))
+                send(conn, ("exit",))
             except OSError:
                 pass
         process, self._process = self._process, None
@@ -263,7 +275,7 @@ class RankPool:
         timeout = self.job_timeout if timeout is None else timeout
         try:
             for conn, rank_args in zip(self._connections, per_rank):
-                conn.send(("job", reference, tuple(rank_args)))
+                send(conn, ("job", reference, tuple(rank_args)))
         except OSError as error:
             output = self.output()
             self.kill()
@@ -298,7 +310,7 @@ class RankPool:
             for conn in ready:
                 rank = pending.pop(conn)
                 try:
-                    replies[rank] = conn.recv()
+                    replies[rank] = receive(conn)
                     if replies[rank][0] == "error":  # peers may now wait forever: cut it short
                         deadline = min(deadline, time.monotonic() + ERROR_GRACE)
                 except (EOFError, OSError):

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import collectives
-from collectives.testing.pool import connect_worker
+from collectives.testing.pool import connect_worker, receive, send
 
 _jobs: dict[tuple[str, str, str], Callable[..., Any]] = {}
 
@@ -44,10 +44,10 @@ def _resolve(module_name: str, path: str, qualname: str) -> Callable[..., Any]:
 def main() -> None:
     comm = collectives.init()
     conn = connect_worker()
-    conn.send({"rank": comm.rank, "size": comm.size, "pid": os.getpid()})
+    send(conn, {"rank": comm.rank, "size": comm.size, "pid": os.getpid()})
     while True:
         try:
-            message = conn.recv()
+            message = receive(conn)
         except EOFError:
             break
         if message[0] == "exit":
@@ -59,9 +59,9 @@ def main() -> None:
         except BaseException as error:  # noqa: BLE001  (every failure goes back to the pool)
             reply = ("error", type(error).__name__, str(error), traceback.format_exc())
         try:
-            conn.send(reply)
+            send(conn, reply)
         except Exception as error:  # noqa: BLE001  (an unpicklable result)
-            conn.send(("error", type(error).__name__, f"result could not be sent: {error}",
+            send(conn, ("error", type(error).__name__, f"result could not be sent: {error}",
                        traceback.format_exc()))
     conn.close()
 

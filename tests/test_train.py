@@ -1,0 +1,162 @@
+"""scripts/train.py: N ranks with SyncBatchNorm equal one process with BatchNorm on the global batch.
+
+The reference is recomputed here, in the test process (one process, plain
+torch.nn.BatchNorm2d, the concatenated per-step batches), independently of the
+check the ranks run themselves. Short runs: 101 training images, so shards are
+uneven and the last step of an epoch is short (or empty on some rank).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = ROOT / "scripts" / "train.py"
+SHORT = ["--epochs", "1", "--train-images", "101", "--batch", "16", "--no-progress"]
+
+
+def load_train():
+    """scripts/train.py as a module (scripts/ is not a package)."""
+    module = sys.modules.get("collectives_train_script")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("collectives_train_script", TRAIN)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def train_job(comm, argv):
+    train = load_train()
+    return train.run(comm, train.parse_args(argv))
+
+
+def reference_params(argv, size):
+    """Parameters and running stats of the one-process BatchNorm run, computed here."""
+    train = load_train()
+    cfg = train.parse_args(argv)
+    model = train.train_reference(cfg, train.load_digits(cfg.train_images), size, torch.device("cpu"))
+    return train._params(model).numpy(), train._running_stats(model).numpy()
+
+
+@pytest.mark.parametrize("world, batch", [(("mpi", 2), 16), (("mpi", 3), 11), (("torch", 2), 16),
+                                          (("torch", 3), 16)], indirect=["world"])
+def test_syncbn_training_equals_one_process_on_the_global_batch(world, batch, tmp_path):
+    # mpi 3 ranks, batch 11: shards 34/34/33 need 4 steps; rank 2's last batch is empty.
+    argv = [*SHORT, "--batch", str(batch), "--check", "--checkpoint", str(tmp_path / "ck.pt")]
+    results = world.run(train_job, args=(argv,), timeout=120)
+    want_params, want_stats = reference_params(argv, world.size)
+    for summary in results:
+        assert summary["ok"] is True
+        assert summary["ranks_disagree"] == 0.0
+        np.testing.assert_allclose(summary["params"], want_params, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(summary["running_stats"], want_stats, rtol=0, atol=1e-5)
+        assert max(summary["sync_param_diff"], summary["sync_stat_diff"]) <= 1e-5
+        # The unsynced control really differs: the check can tell the two apart.
+        assert max(summary["control_param_diff"], summary["control_stat_diff"]) > 1e-3
+    moved = np.abs(want_params - reference_params([*argv, "--steps-per-epoch", "1"], world.size)[0]).max()
+    assert moved > 1e-3, "training moved the parameters past the first step"
+
+
+@pytest.mark.parametrize("world", [("torch", 2)], indirect=True)
+def test_check_fails_with_per_rank_batchnorm(world, tmp_path):
+    argv = [*SHORT, "--check", "--norm", "local", "--checkpoint", str(tmp_path / "ck.pt")]
+    results = world.run(train_job, args=(argv,), timeout=120)
+    assert all(summary["ok"] is False for summary in results)
+
+
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True)
+def test_resume_from_checkpoint_equals_an_uninterrupted_run(world, tmp_path):
+    common = ["--epochs", "3", "--train-images", "101", "--batch", "16", "--steps-per-epoch", "2",
+              "--no-progress"]
+    whole = world.run(train_job, args=([*common, "--checkpoint", str(tmp_path / "a.pt")],), timeout=120)
+    first = [*common, "--checkpoint", str(tmp_path / "b.pt")]
+    first[1] = "1"  # --epochs 1, then resume to 3
+    world.run(train_job, args=(first,), timeout=120)
+    assert torch.load(tmp_path / "b.pt", weights_only=True)["epoch"] == 1
+    resumed = world.run(train_job, args=([*common, "--checkpoint", str(tmp_path / "b.pt"), "--resume"],),
+                        timeout=120)
+    for a, b in zip(whole, resumed):
+        np.testing.assert_array_equal(b["params"], a["params"])
+        np.testing.assert_array_equal(b["running_stats"], a["running_stats"])
+    assert sorted(os.listdir(tmp_path)) == ["a.pt", "b.pt"], "no temporary files left behind"
+    saved = torch.load(tmp_path / "b.pt", weights_only=True)
+    assert saved["epoch"] == 3
+
+
+def test_digits_are_read_as_scikit_learn_loads_them():
+    from sklearn.datasets import load_digits  # noqa: PLC0415
+
+    images, labels = load_train().digits_arrays()
+    data = load_digits()
+    np.testing.assert_array_equal(images, data.images)
+    np.testing.assert_array_equal(labels, data.target)
+
+
+def test_momentum_sgd_is_torch_sgd():
+    train = load_train()
+    torch.manual_seed(0)
+    ours = [torch.randn(4, 3, requires_grad=True), torch.randn(5, requires_grad=True)]
+    theirs = [p.detach().clone().requires_grad_() for p in ours]
+    opt_ours = train.MomentumSGD(ours, lr=0.05, momentum=0.9)
+    opt_theirs = torch.optim.SGD(theirs, lr=0.05, momentum=0.9)
+    for step in range(4):
+        for params, opt in ((ours, opt_ours), (theirs, opt_theirs)):
+            opt.zero_grad()
+            (params[0].sin().sum() * (step + 1) + params[1].square().sum()).backward()
+            opt.step()
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def _launch(command, tmp_path, backend):
+    env = {**os.environ, "COLLECTIVES_BACKEND": backend, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    # Its own session, so a timeout kills the launcher's ranks too, not just the launcher.
+    process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"{command[0]} did not finish in 180 s:\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _tool(name):
+    return str(Path(sys.executable).parent / name)
+
+
+def test_cli_under_torchrun_passes_the_check_and_exits_cleanly(tmp_path):
+    done = _launch([_tool("torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                    "--master_port", _free_port(), str(TRAIN), *SHORT, "--check"], tmp_path, "torch")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SyncBN check passed" in done.stdout
+
+
+def test_cli_exits_1_when_batchnorm_is_not_synced(tmp_path):
+    done = _launch([_tool("mpiexec"), "-n", "2", sys.executable, str(TRAIN), *SHORT, "--check",
+                    "--norm", "local"], tmp_path, "mpi")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "SyncBN check FAILED" in done.stdout
+    assert "epoch 1/1: train loss" in done.stdout
+    assert (tmp_path / "out" / "train_digits.pt").exists()  # the default checkpoint
