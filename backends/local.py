@@ -18,17 +18,19 @@ from collectives.ops import ReduceOp
 class LocalCommunicator(Communicator):
     backend = "local"
 
-    def __init__(self, local_rank: int = 0) -> None:
-        super().__init__(rank=0, size=1, local_rank=local_rank)
+    def __init__(self, local_rank: int = 0, *, timeout: Any = None) -> None:
+        # One rank waits for nobody: nothing here can time out, but the value is kept
+        # (and checked) like everywhere else.
+        super().__init__(rank=0, size=1, local_rank=local_rank, timeout=timeout)
 
     @classmethod
-    def from_launcher(cls, launch: LaunchInfo) -> LocalCommunicator:
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> LocalCommunicator:
         if launch.size != 1:
             raise BackendUnavailable(
                 f"backend 'local' runs one rank, but {launch.launcher} started {launch.size}; "
                 "use COLLECTIVES_BACKEND=mpi (mpiexec/mpirun/srun), torch or cupy, or auto"
             )
-        return cls(launch.local_rank)
+        return cls(launch.local_rank, timeout=timeout)
 
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Work | None:
@@ -52,4 +54,4 @@ class LocalCommunicator(Communicator):
         pass
 
     def _split(self, color: int | None, key: int) -> Communicator | None:
-        return None if color is None else LocalCommunicator(self.local_rank)
+        return None if color is None else LocalCommunicator(self.local_rank, timeout=self._timeout_arg)

@@ -11,14 +11,28 @@ CUDA arrays (torch CUDA tensors, CuPy arrays) are handed to MPI directly when th
 library is CUDA-aware, else staged through pinned host memory. Either way the
 stream that produced the data is synchronized first: MPI knows nothing of CUDA
 streams. ``COLLECTIVES_MPI_CUDA_AWARE=0|1`` overrides the detection.
+
+Timeouts: MPI has none, so with a timeout set every collective is the nonblocking
+call (``Iallreduce``, ``Ibcast``, ...) completed by polling ``Test`` against a
+deadline: a few tight polls first (small collectives finish there), then polls
+with ``sched_yield``, then after a second of waiting polls every millisecond (a
+hung job does not burn the CPU). A collective request cannot be cancelled, so
+after a timeout the communicator refuses further calls. With no timeout
+(``COLLECTIVES_TIMEOUT=0``) the blocking calls are used.
+
+Rank failure: an uncaught exception on one rank would leave the others waiting
+in a collective forever, so the world communicator installs a ``sys.excepthook``
+that prints the rank and calls ``MPI_Abort``; mpiexec then ends every rank.
 """
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import math
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,6 +49,12 @@ _MPI4PY_DEFAULT_THREAD_LEVEL = "multiple"
 
 #: Elements per MPI call: MPI counts are C ints unless the library has large counts.
 MAX_COUNT = 2**31 - 1
+
+#: Tests of a request before the deadline is looked at (no clock read on the fast path).
+FAST_POLLS = 16
+#: Seconds of polling (with sched_yield) before polls back off to one per POLL_INTERVAL.
+BUSY_POLL_SECONDS = 1.0
+POLL_INTERVAL = 0.001
 
 _NUMPY_DTYPES = {name: np.dtype(name) for name in
                  ("bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32",
@@ -96,18 +116,78 @@ def mpi_cuda_aware(MPI: Any) -> bool:
     return False
 
 
+def install_abort_on_uncaught_exception(MPI: Any) -> None:
+    """Make an uncaught exception on this rank end the whole MPI job (once per process).
+
+    Without it the other ranks wait in their next collective forever. The hook
+    prints the traceback as before, then which rank failed, then calls ``MPI_Abort``:
+    mpiexec kills every rank and exits non-zero. ``sys.exit(n)`` with ``n`` not 0
+    does the same at exit (``raise SystemExit(n)`` and ``os._exit`` are not seen:
+    the latter ends the process without MPI_Finalize, so mpiexec ends the job).
+    """
+    if getattr(sys.excepthook, "_collectives_abort", False):
+        return
+    previous = sys.excepthook
+
+    def abort(what: str, code: int) -> None:
+        if not MPI.Is_initialized() or MPI.Is_finalized():
+            return
+        world = MPI.COMM_WORLD
+        sys.stdout.flush()
+        sys.stderr.write(
+            f"collectives: {what} on rank {world.Get_rank()} of {world.Get_size()} (pid "
+            f"{os.getpid()}); calling MPI_Abort so that the other ranks do not wait for it "
+            "forever\n")
+        sys.stderr.flush()
+        world.Abort(code)
+
+    def abort_on_uncaught_exception(kind: Any, value: Any, tb: Any) -> None:
+        previous(kind, value, tb)
+        if not issubclass(kind, KeyboardInterrupt):
+            abort(f"uncaught {kind.__name__}", 1)
+
+    abort_on_uncaught_exception._collectives_abort = True  # type: ignore[attr-defined]
+    sys.excepthook = abort_on_uncaught_exception
+
+    # sys.exit(n) skips the excepthook, and MPI_Finalize at exit would then wait for
+    # peers that wait for this rank: a hang. Remember the status, abort at exit if non-zero.
+    # (Registered after mpi4py's finalizer, so it runs before it.)
+    exit_status: list[Any] = [0]
+    system_exit = sys.exit
+
+    def exit_recording_status(status: Any = None) -> None:
+        exit_status[0] = status
+        system_exit(status)
+
+    def abort_on_failing_exit() -> None:
+        status = exit_status[0]
+        if status not in (None, 0):
+            abort(f"sys.exit({status!r})", status if isinstance(status, int) else 1)
+
+    sys.exit = exit_recording_status
+    atexit.register(abort_on_failing_exit)
+
+
 class _Request(Work):
     """Nonblocking MPI requests, plus what must happen once they complete."""
 
-    def __init__(self, x: Any, MPI: Any, requests: list[Any], finish: Callable[[], None]):
+    def __init__(self, x: Any, MPI: Any, requests: list[Any], finish: Callable[[], None],
+                 comm: MPICommunicator | None = None):
         super().__init__(x)
         self._MPI = MPI
         self._requests = requests
         self._finish: Callable[[], None] | None = finish
+        self._comm = comm
+        # The call this is, for a timeout's message (the communicator moves on).
+        self._call = (comm._operation, comm._seq) if comm is not None else None
 
     def wait(self) -> Any:
         if self._finish is not None:
-            self._MPI.Request.Waitall(self._requests)
+            if self._comm is None or self._comm.timeout is None:
+                self._MPI.Request.Waitall(self._requests)
+            else:
+                for request in self._requests:
+                    self._comm._wait(request, self._call)
             finish, self._finish = self._finish, None
             finish()
         return self._x
@@ -123,7 +203,11 @@ class MPICommunicator(Communicator):
 
     backend = "mpi"
 
-    def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
+    def __init__(self, comm: Any = None, local_rank: int | None = None, *,
+                 timeout: Any = None) -> None:
+        """``comm``: the mpi4py communicator to duplicate (default COMM_WORLD).
+        ``timeout``: seconds (or timedelta) per blocking collective; ``None`` reads
+        ``COLLECTIVES_TIMEOUT``; 0 means none."""
         MPI = import_mpi()
         self._MPI = MPI
         self._comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
@@ -131,7 +215,10 @@ class MPICommunicator(Communicator):
             node = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
             local_rank = node.Get_rank()
             node.Free()
-        super().__init__(self._comm.Get_rank(), self._comm.Get_size(), local_rank)
+        super().__init__(self._comm.Get_rank(), self._comm.Get_size(), local_rank,
+                         timeout=timeout)
+        # Requests abandoned by a timeout: MPI may still write their buffers, so they live on.
+        self._abandoned: list[Any] = []
         float16 = MPI.FLOAT16_T if hasattr(MPI, "FLOAT16_T") else MPI.DATATYPE_NULL
         self._float16_native = float16 != MPI.DATATYPE_NULL
         self._types = {
@@ -156,14 +243,16 @@ class MPICommunicator(Communicator):
         self._byte = MPI.BYTE
 
     @classmethod
-    def from_launcher(cls, launch: LaunchInfo) -> MPICommunicator:
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPICommunicator:
         if launch.launcher == "torchrun":
             raise BackendUnavailable(
                 "backend 'mpi' needs an MPI launcher (mpiexec, mpirun or srun), but this "
                 "process was started by torchrun; launch with mpiexec -n N, or use "
                 "COLLECTIVES_BACKEND=torch (or cupy) under torchrun"
             )
-        return cls()
+        if launch.size > 1:
+            install_abort_on_uncaught_exception(import_mpi())
+        return cls(timeout=timeout)
 
     @property
     def mpi_comm(self) -> Any:
@@ -257,6 +346,32 @@ class MPICommunicator(Communicator):
 
         return host, writeback
 
+    # -- completion with a deadline ------------------------------------------------------
+
+    def _wait(self, request: Any, call: tuple[str, int] | None = None) -> None:
+        """Complete ``request`` within ``timeout``, else :class:`CollectiveTimeout`."""
+        for _ in range(FAST_POLLS):
+            if request.Test():
+                return
+        self._wait_slowly(request, call)
+
+    def _wait_slowly(self, request: Any, call: tuple[str, int] | None) -> None:
+        start = time.monotonic()
+        deadline = start + self.timeout
+        backoff = start + BUSY_POLL_SECONDS
+        polls = 0
+        while not request.Test():
+            polls += 1
+            if polls & 63:
+                os.sched_yield()  # two ranks on one core: let the other one run
+                continue
+            now = time.monotonic()
+            if now >= deadline:
+                self._abandoned.append(request)
+                raise self._timeout_error(call=call)
+            if now >= backoff:
+                time.sleep(POLL_INTERVAL)
+
     def _reduce_spec(self, dtype: str, op: ReduceOp) -> tuple[str, Any, Any]:
         wire = self._wire_dtype(dtype)
         mpi_op = self._bool_ops[op] if dtype == "bool" else self._ops[op]
@@ -270,7 +385,10 @@ class MPICommunicator(Communicator):
             # The common case in as few steps as raw mpi4py takes: x itself is the buffer.
             spec = self._native[dtype].get(op)
             if spec is not None and x.flags.c_contiguous and x.size <= MAX_COUNT:
-                self._comm.Allreduce(self._in_place, [x, spec[0]], spec[1])
+                if self.timeout is None:
+                    self._comm.Allreduce(self._in_place, [x, spec[0]], spec[1])
+                else:
+                    self._wait(self._comm.Iallreduce(self._in_place, [x, spec[0]], spec[1]))
                 if op is _AVG:
                     x /= self.size
                 return None
@@ -287,16 +405,23 @@ class MPICommunicator(Communicator):
 
         if async_op:
             requests = [self._comm.Iallreduce(IN_PLACE, [c, mpi_type], mpi_op) for c in chunks]
-            return _Request(x, self._MPI, requests, finish)
+            return _Request(x, self._MPI, requests, finish, self)
         for chunk in chunks:
-            self._comm.Allreduce(IN_PLACE, [chunk, mpi_type], mpi_op)
+            if self.timeout is None:
+                self._comm.Allreduce(IN_PLACE, [chunk, mpi_type], mpi_op)
+            else:
+                self._wait(self._comm.Iallreduce(IN_PLACE, [chunk, mpi_type], mpi_op))
         finish()
         return None
 
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
                    async_op: bool) -> Work | None:
         if adapter is _NUMPY and not async_op and x.flags.c_contiguous and x.nbytes <= MAX_COUNT:
-            self._comm.Bcast([x, self._byte], src)  # MPI counts x's bytes itself: no view
+            # MPI counts x's bytes itself: no uint8 view
+            if self.timeout is None:
+                self._comm.Bcast([x, self._byte], src)
+            else:
+                self._wait(self._comm.Ibcast([x, self._byte], src))
             return None
         buf, writeback = self._buffer(x, adapter, None)
         chunks = _chunks(_bytes(buf))
@@ -308,16 +433,22 @@ class MPICommunicator(Communicator):
 
         if async_op:
             requests = [self._comm.Ibcast([c, BYTE], root=src) for c in chunks]
-            return _Request(x, self._MPI, requests, finish)
+            return _Request(x, self._MPI, requests, finish, self)
         for chunk in chunks:
-            self._comm.Bcast([chunk, BYTE], root=src)
+            if self.timeout is None:
+                self._comm.Bcast([chunk, BYTE], root=src)
+            else:
+                self._wait(self._comm.Ibcast([chunk, BYTE], root=src))
         finish()
         return None
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
         if adapter is _NUMPY and x.flags.c_contiguous and x.nbytes <= MAX_COUNT:
             out = np.empty((self.size, *x.shape), dtype=x.dtype)
-            self._comm.Allgather([x, self._byte], [out, self._byte])
+            if self.timeout is None:
+                self._comm.Allgather([x, self._byte], [out, self._byte])
+            else:
+                self._wait(self._comm.Iallgather([x, self._byte], [out, self._byte]))
             return out
         out = adapter.empty(x, (self.size, *x.shape))
         send, _ = self._buffer(x, adapter, None)
@@ -325,7 +456,11 @@ class MPICommunicator(Communicator):
         send_bytes, recv_bytes = _bytes(send), _bytes(recv)
         count = _size(send_bytes)
         if count <= MAX_COUNT:
-            self._comm.Allgather([send_bytes, self._MPI.BYTE], [recv_bytes, self._MPI.BYTE])
+            if self.timeout is None:
+                self._comm.Allgather([send_bytes, self._MPI.BYTE], [recv_bytes, self._MPI.BYTE])
+            else:
+                self._wait(self._comm.Iallgather([send_bytes, self._MPI.BYTE],
+                                                 [recv_bytes, self._MPI.BYTE]))
         else:  # each rank's block in MAX_COUNT pieces, gathered into place
             blocks = recv_bytes.reshape(self.size, count)
             for start in range(0, count, MAX_COUNT):
@@ -334,8 +469,8 @@ class MPICommunicator(Communicator):
                 if piece is None:
                     raise ValueError("all_gather of more than 2**31-1 bytes per rank on CUDA "
                                      "arrays is not supported by the MPI backend")
-                self._comm.Allgather([send_bytes[start:stop], self._MPI.BYTE],
-                                     [piece, self._MPI.BYTE])
+                self._wait_or_block(self._comm.Iallgather([send_bytes[start:stop], self._MPI.BYTE],
+                                                          [piece, self._MPI.BYTE]))
                 blocks[:, start:stop] = piece
         if writeback is not None:
             writeback()
@@ -346,7 +481,11 @@ class MPICommunicator(Communicator):
             spec = self._native[dtype].get(op)
             if spec is not None and x.flags.c_contiguous and x.size // self.size <= MAX_COUNT:
                 out = np.empty((x.shape[0] // self.size, *x.shape[1:]), dtype=x.dtype)
-                self._comm.Reduce_scatter_block([x, spec[0]], [out, spec[0]], spec[1])
+                if self.timeout is None:
+                    self._comm.Reduce_scatter_block([x, spec[0]], [out, spec[0]], spec[1])
+                else:
+                    self._wait(self._comm.Ireduce_scatter_block([x, spec[0]], [out, spec[0]],
+                                                                spec[1]))
                 if op is _AVG:
                     out /= self.size
                 return out
@@ -357,11 +496,16 @@ class MPICommunicator(Communicator):
         recv, writeback = self._buffer(out, adapter, wire)
         block = _size(recv)
         if block <= MAX_COUNT:
-            self._comm.Reduce_scatter_block([send, mpi_type], [recv, mpi_type], mpi_op)
+            if self.timeout is None:
+                self._comm.Reduce_scatter_block([send, mpi_type], [recv, mpi_type], mpi_op)
+            else:
+                self._wait(self._comm.Ireduce_scatter_block([send, mpi_type], [recv, mpi_type],
+                                                            mpi_op))
         else:  # reduce the whole thing in pieces, keep this rank's rows
             reduced = send.clone() if _is_torch(send) else send.copy()
             for chunk in _chunks(reduced):
-                self._comm.Allreduce(self._MPI.IN_PLACE, [chunk, mpi_type], mpi_op)
+                self._wait_or_block(self._comm.Iallreduce(self._MPI.IN_PLACE, [chunk, mpi_type],
+                                                          mpi_op))
             recv.reshape(-1)[...] = reduced.reshape(-1)[self.rank * block:(self.rank + 1) * block]
         if op is _AVG:
             _divide(recv, self.size)
@@ -369,16 +513,28 @@ class MPICommunicator(Communicator):
             writeback()
         return out
 
+    def _wait_or_block(self, request: Any) -> None:
+        if self.timeout is None:
+            request.Wait()
+        else:
+            self._wait(request)
+
     def _barrier(self) -> None:
-        self._comm.Barrier()
+        if self.timeout is None:
+            self._comm.Barrier()
+        else:
+            self._wait(self._comm.Ibarrier())
 
     def _split(self, color: int | None, key: int) -> Communicator | None:
         MPI = self._MPI
+        # MPI has no nonblocking split: once every rank is through this barrier, Split
+        # (and the new communicator's Dup) completes without waiting on anyone.
+        self._barrier()
         new = self._comm.Split(MPI.UNDEFINED if color is None else color, key)
         if new == MPI.COMM_NULL:
             return None
         try:
-            return MPICommunicator(new, local_rank=self.local_rank)
+            return MPICommunicator(new, local_rank=self.local_rank, timeout=self._timeout_arg)
         finally:
             new.Free()  # MPICommunicator keeps its own Dup
 

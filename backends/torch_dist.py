@@ -13,6 +13,16 @@ What the transports lack is emulated, never approximated:
   gather every rank's tensor and reduce locally.
 - AVG is SUM, then a division by size, on every transport.
 Broadcast and all_gather move raw bytes (uint8 views), so they need no staging.
+
+Timeouts are torch's own: the communicator's timeout is the process group's (and the
+bootstrap store's), and torch's timeout errors become ``CollectiveTimeout``.
+
+Bootstrap security: the store rank 0 serves under an MPI launcher listens on the
+launcher's address only (loopback on one node; TCPStore alone would listen on every
+interface), and on one node Gloo's sockets use the loopback interface unless
+``GLOO_SOCKET_IFNAME`` says otherwise. The store speaks torch's fixed binary protocol;
+nothing the project sends is pickled. Under an MPI launcher an uncaught exception
+calls ``MPI_Abort`` (see :func:`backends.mpi.install_abort_on_uncaught_exception`).
 """
 
 from __future__ import annotations
@@ -29,12 +39,18 @@ from typing import Any
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work
-from collectives.errors import BackendUnavailable
+from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
 # Minutes torch waits in a collective before it raises (torch's own default).
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
+# What "no timeout" is for torch, which always wants one: ten years.
+NO_TIMEOUT = datetime.timedelta(days=3650)
+
+
+def _timedelta(seconds: float | None) -> datetime.timedelta:
+    return NO_TIMEOUT if seconds is None else datetime.timedelta(seconds=seconds)
 
 
 def import_torch_distributed() -> Any:
@@ -70,29 +86,44 @@ def _destroy_created_groups() -> None:
         dist.destroy_process_group()
 
 
-def _bootstrap_process_group(dist: Any, launch: LaunchInfo) -> None:
+def _bootstrap_process_group(dist: Any, launch: LaunchInfo,
+                             timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> None:
     """Initialize torch's default group for a process started as ``launch`` says."""
     import torch  # noqa: PLC0415
 
     global _created_default
     _created_default = True
+    if launch.size > 1 and launch.local_size == launch.size and "GLOO_SOCKET_IFNAME" not in os.environ \
+            and _has_interface("lo"):
+        # One node: Gloo's pairs need not listen on the host's public address.
+        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
 
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         # Bind the GPU before any communicator exists (NCCL picks it up from here).
         torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
     if launch.launcher == "torchrun":
-        dist.init_process_group(backend, init_method="env://", timeout=DEFAULT_TIMEOUT)
+        dist.init_process_group(backend, init_method="env://", timeout=timeout)
         return
     if launch.size == 1:
         store = dist.HashStore()
-        dist.init_process_group(backend, store=store, rank=0, world_size=1,
-                                timeout=DEFAULT_TIMEOUT)
+        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         return
-    # MPI launcher: rank 0's store address travels over MPI.
-    store = mpi_shared_tcp_store(launch)
+    # MPI launcher: rank 0's store address travels over MPI. From here on an uncaught
+    # exception (even one in this bootstrap) ends the job instead of leaving peers waiting.
+    from backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
+
+    install_abort_on_uncaught_exception(import_mpi())
+    store = mpi_shared_tcp_store(launch, timeout)
     dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.size,
-                            timeout=DEFAULT_TIMEOUT)
+                            timeout=timeout)
+
+
+def _has_interface(name: str) -> bool:
+    try:
+        return any(interface == name for _, interface in socket.if_nameindex())
+    except OSError:
+        return False
 
 
 def store_host(launch: LaunchInfo) -> str:
@@ -104,8 +135,12 @@ def store_host(launch: LaunchInfo) -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
-def mpi_shared_tcp_store(launch: LaunchInfo) -> Any:
-    """A TCPStore served by rank 0 on a free port; the port is broadcast over MPI."""
+def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Any:
+    """A TCPStore served by rank 0 on a free port of :func:`store_host`; the port is
+    broadcast over MPI (one int64, nothing unpickled).
+
+    Rank 0 binds the listening socket itself and hands it to the store, because
+    TCPStore given only a port listens on every interface."""
     import numpy as np  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
@@ -117,21 +152,27 @@ def mpi_shared_tcp_store(launch: LaunchInfo) -> Any:
     port = np.zeros(1, dtype=np.int64)
     store = None
     if comm.Get_rank() == 0:
-        store = dist.TCPStore(host, 0, launch.size, is_master=True, timeout=DEFAULT_TIMEOUT,
-                              wait_for_workers=False)
-        port[0] = store.port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.bind((host, 0))
+        listener.listen(max(128, launch.size))
+        port[0] = listener.getsockname()[1]
+        # detach(): the store serves on the descriptor from now on, not the Python object.
+        store = dist.TCPStore(host, int(port[0]), launch.size, is_master=True, timeout=timeout,
+                              wait_for_workers=False, master_listen_fd=listener.detach())
     comm.Bcast(port, root=0)
     if comm.Get_rank() != 0:
-        store = dist.TCPStore(host, int(port[0]), launch.size, is_master=False,
-                              timeout=DEFAULT_TIMEOUT)
+        store = dist.TCPStore(host, int(port[0]), launch.size, is_master=False, timeout=timeout)
     return store
 
 
 class _TorchWork(Work):
-    def __init__(self, x: Any, work: Any, finish: Any = None) -> None:
+    def __init__(self, x: Any, work: Any, finish: Any = None,
+                 comm: TorchCommunicator | None = None) -> None:
         super().__init__(x)
         self._work = work
         self._finish = finish
+        self._comm = comm
         #: For CuPy arrays: the torch view of CuPy's stream, which wait() orders.
         self.stream: Any = None
 
@@ -139,7 +180,12 @@ class _TorchWork(Work):
         if self._work is not None:
             torch = sys.modules["torch"]
             with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-                self._work.wait()
+                try:
+                    self._work.wait()
+                except RuntimeError as error:
+                    if self._comm is None:
+                        raise
+                    raise self._comm._transport_error(error) from error
                 self._work = None
                 if self._finish is not None:
                     self._finish()
@@ -187,9 +233,11 @@ class TorchCommunicator(Communicator):
     backend = "torch"
 
     def __init__(self, group: Any = None, ranks: list[int] | None = None,
-                 local_rank: int | None = None) -> None:
+                 local_rank: int | None = None, *, timeout: Any = None) -> None:
         """``group``: a torch ProcessGroup (None: the default group). ``ranks``: the
-        group's global ranks in this communicator's rank order (None: torch's order)."""
+        group's global ranks in this communicator's rank order (None: torch's order).
+        ``timeout``: the timeout the group was made with (torch enforces it; ``None``
+        reads ``COLLECTIVES_TIMEOUT``): for messages and for the groups of ``split``."""
         import torch  # noqa: PLC0415
 
         dist = import_torch_distributed()
@@ -209,7 +257,7 @@ class TorchCommunicator(Communicator):
         me = self._global_ranks.index(dist.get_rank())
         if local_rank is None:
             local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
-        super().__init__(me, len(self._global_ranks), local_rank)
+        super().__init__(me, len(self._global_ranks), local_rank, timeout=timeout)
         # The single-tensor forms (torch >= 2.12 names; the older ones are deprecated there).
         self._all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
@@ -222,11 +270,36 @@ class TorchCommunicator(Communicator):
                      ReduceOp.BOR: R.BOR, ReduceOp.BXOR: R.BXOR}
 
     @classmethod
-    def from_launcher(cls, launch: LaunchInfo) -> TorchCommunicator:
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> TorchCommunicator:
+        """The world communicator; ``timeout`` (else ``COLLECTIVES_TIMEOUT``) becomes the
+        default process group's timeout, unless the user initialized that group already."""
+        from collectives import config  # noqa: PLC0415
+
         dist = import_torch_distributed()
+        seconds = config.timeout_seconds(timeout)
         if not dist.is_initialized():
-            _bootstrap_process_group(dist, launch)
-        return cls(local_rank=launch.local_rank)
+            _bootstrap_process_group(dist, launch, _timedelta(seconds))
+        return cls(local_rank=launch.local_rank, timeout=0 if seconds is None else seconds)
+
+    def _transport_error(self, error: Exception) -> Exception:
+        """torch's timeout errors become ``CollectiveTimeout``, its transport failures
+        (a peer's connection closed: it died) ``CollectiveError``; the rest propagate."""
+        if not isinstance(error, RuntimeError):
+            return error
+        text = str(error)
+        first_line = text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
+        lowered = text.lower()
+        # Gloo: "Timed out waiting 5000ms for recv operation to complete"; NCCL's
+        # watchdog: "Watchdog caught collective operation timeout".
+        if "timed out" in lowered or "timeout" in lowered:
+            return self._timeout_error(detail="torch: " + first_line)
+        dist_error = getattr(self._dist, "DistError", ())
+        if isinstance(error, dist_error) or any(
+                phrase in lowered for phrase in ("connection closed", "connection reset",
+                                                 "broken pipe", "connection refused")):
+            return CollectiveError(f"{self._call_name()} failed in torch.distributed (a peer "
+                                   f"rank may have died): {first_line}")
+        return error
 
     @property
     def process_group(self) -> Any:
@@ -270,7 +343,8 @@ class TorchCommunicator(Communicator):
             # x itself goes to the transport (check_writable ruled out autograd).
             work = self._dist.all_reduce(x, self._ops[op], self._group, async_op)
             if async_op:
-                return _TorchWork(x, work, (lambda: x.div_(self.size)) if op is _AVG else None)
+                return _TorchWork(x, work, (lambda: x.div_(self.size)) if op is _AVG else None,
+                                  self)
             if op is _AVG:
                 x.div_(self.size)
             return None
@@ -295,7 +369,7 @@ class TorchCommunicator(Communicator):
                 t.copy_(copy)
 
         if work is not None and async_op:
-            return _TorchWork(x, work, finish)
+            return _TorchWork(x, work, finish, self)
         finish()
         return Work(x) if async_op else None
 
@@ -320,7 +394,7 @@ class TorchCommunicator(Communicator):
         if adapter is _TORCH and dtype not in _WIRE and x.is_contiguous():
             # dtypes every torch transport moves as they are: no uint8 view to make.
             work = self._dist.broadcast(x, self._global_ranks[src], self._group, async_op)
-            return _TorchWork(x, work) if async_op else None
+            return _TorchWork(x, work, None, self) if async_op else None
         if _negative_strides(x, adapter):
             copy = x.copy()
             self._broadcast(copy, adapter, dtype, src, False)
@@ -336,7 +410,7 @@ class TorchCommunicator(Communicator):
                 t.copy_(staged)
 
         if async_op:
-            return _TorchWork(x, work, finish)
+            return _TorchWork(x, work, finish, self)
         finish()
         return None
 
@@ -423,9 +497,11 @@ class TorchCommunicator(Communicator):
         # forever): the name is ours instead, the same on every member by construction.
         name = f"collectives/{self._name}/{self._splits}/{color}"
         with _group_named(name):
-            group = self._dist.new_group(sorted(global_ranks), use_local_synchronization=True)
+            group = self._dist.new_group(sorted(global_ranks), use_local_synchronization=True,
+                                         timeout=_timedelta(self.timeout))
         _created_groups.append(group)
-        child = TorchCommunicator(group, ranks=global_ranks, local_rank=self.local_rank)
+        child = TorchCommunicator(group, ranks=global_ranks, local_rank=self.local_rank,
+                                  timeout=self._timeout_arg)
         child._name = name
         return child
 

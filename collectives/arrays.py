@@ -115,6 +115,18 @@ class TorchAdapter(ArrayAdapter):
             self._table = {getattr(torch, name): name for name in DTYPES}
         return self._table
 
+    def dtype_name(self, x: Any) -> str:
+        name = super().dtype_name(x)
+        # Memory a transport can address: CPU or CUDA, dense. (meta, mps, xpu... and
+        # sparse layouts would fail halfway inside a backend otherwise.)
+        if not (x.is_cpu or x.is_cuda):
+            raise ValueError(f"x is a torch tensor on device {x.device}; collectives take "
+                             "CPU or CUDA tensors: move it with x.to('cpu') or x.to('cuda')")
+        if x.layout != sys.modules["torch"].strided:
+            raise TypeError(f"x is a torch tensor with layout {x.layout}; collectives take "
+                            "dense (torch.strided) tensors: pass x.to_dense()")
+        return name
+
     def is_cuda(self, x: Any) -> bool:
         return bool(x.is_cuda)
 

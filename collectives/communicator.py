@@ -6,6 +6,12 @@ every argument first, through the rules of :mod:`collectives.ops` and the
 adapters of :mod:`collectives.arrays`, so a bad call raises the same
 ``TypeError``/``ValueError`` on every backend, before anything is sent and with
 the input untouched. Backends only ever see arguments that passed.
+
+Reliability lives here too, once for every backend (see :mod:`collectives.debug`):
+every collective gets a per-communicator sequence number; with ``COLLECTIVES_DEBUG=1``
+the ranks compare a fingerprint of each call before it runs (``CollectiveMismatch``);
+backends enforce ``timeout`` (``CollectiveTimeout``), after which the communicator
+is unusable.
 """
 
 from __future__ import annotations
@@ -14,9 +20,9 @@ import abc
 import operator
 from typing import Any
 
-from . import arrays
+from . import arrays, config
 from .arrays import ArrayAdapter
-from .errors import CollectiveError
+from .errors import CollectiveError, CollectiveTimeout
 from .launcher import LaunchInfo
 from .ops import ReduceOp, check_reduction
 
@@ -47,6 +53,12 @@ class Communicator(abc.ABC):
     type, device and dtype. Every rank must call the same collectives in the
     same order with the same dtype, shape, op and root. Non-contiguous inputs are
     handled through a contiguous copy (results are written back into ``x``).
+
+    ``timeout`` is the seconds a blocking collective may take before it raises
+    :class:`CollectiveTimeout` (``None``: no timeout); it comes from the
+    constructor's ``timeout`` argument, else ``COLLECTIVES_TIMEOUT``, else 1800 s,
+    and a ``split`` inherits it. ``debug`` is whether calls are fingerprinted
+    (``COLLECTIVES_DEBUG=1``).
     """
 
     backend: str = ""
@@ -57,11 +69,20 @@ class Communicator(abc.ABC):
         super().__init_subclass__(**kwargs)
         cls._checks_device = cls._check_device is not Communicator._check_device
 
-    def __init__(self, rank: int, size: int, local_rank: int) -> None:
+    def __init__(self, rank: int, size: int, local_rank: int, *,
+                 timeout: Any = None) -> None:
         self.rank = rank
         self.size = size
         self.local_rank = local_rank
+        self.timeout: float | None = config.timeout_seconds(timeout)
+        # One rank has nobody to disagree with: debug costs nothing at size 1.
+        self.debug: bool = bool(config.env_flag(config.DEBUG)) and size > 1
         self._closed = False
+        # Why the communicator cannot be used any more (after a timeout), else None.
+        self._broken: str | None = None
+        # The running call, for error messages: its operation and sequence number.
+        self._seq = 0
+        self._operation = ""
 
     # -- the public interface ------------------------------------------------------------
 
@@ -72,8 +93,8 @@ class Communicator(abc.ABC):
         (see :data:`collectives.ops.ALLOWED_OPS`), else ``TypeError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        if self._closed:
-            self._raise_closed()
+        if self._closed or self._broken:
+            self._check_open()
         try:  # the checks that depend only on the kind of x and on op passed before
             adapter, dtype, reduce_op = _REDUCTION_KINDS[type(x), x.dtype, op]
         except (KeyError, TypeError, AttributeError):
@@ -82,7 +103,16 @@ class Communicator(abc.ABC):
             adapter.check_writable(x)
             if self._checks_device:
                 self._check_device(x, adapter)
-        work = self._all_reduce(x, adapter, dtype, reduce_op, async_op)
+        self._seq += 1
+        self._operation = "all_reduce"
+        if self.debug:
+            self._compare_fingerprints(reduce_op, -1, dtype, x.shape)
+        try:
+            work = self._all_reduce(x, adapter, dtype, reduce_op, async_op)
+        except CollectiveError:
+            raise
+        except Exception as error:
+            raise self._transport_error(error) from error
         return work if async_op else x
 
     def broadcast(self, x: Any, src: int = 0, *, async_op: bool = False) -> Any:
@@ -92,8 +122,8 @@ class Communicator(abc.ABC):
         of this communicator (``0 <= src < size``), else ``ValueError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        if self._closed:
-            self._raise_closed()
+        if self._closed or self._broken:
+            self._check_open()
         try:
             adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
         except (KeyError, TypeError, AttributeError):
@@ -104,7 +134,16 @@ class Communicator(abc.ABC):
                 self._check_device(x, adapter)
         if type(src) is not int or not 0 <= src < self.size:  # noqa: E721  (a bool is no rank)
             self._check_rank(src, "src")
-        work = self._broadcast(x, adapter, dtype, src, async_op)
+        self._seq += 1
+        self._operation = "broadcast"
+        if self.debug:
+            self._compare_fingerprints(None, src, dtype, x.shape)
+        try:
+            work = self._broadcast(x, adapter, dtype, src, async_op)
+        except CollectiveError:
+            raise
+        except Exception as error:
+            raise self._transport_error(error) from error
         return work if async_op else x
 
     def all_gather(self, x: Any) -> Any:
@@ -112,8 +151,8 @@ class Communicator(abc.ABC):
 
         Row ``r`` of the result is rank ``r``'s ``x``. ``x`` is not modified.
         """
-        if self._closed:
-            self._raise_closed()
+        if self._closed or self._broken:
+            self._check_open()
         try:
             adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
         except (KeyError, TypeError, AttributeError):
@@ -121,7 +160,16 @@ class Communicator(abc.ABC):
         else:
             if self._checks_device:
                 self._check_device(x, adapter)
-        return self._all_gather(x, adapter, dtype)
+        self._seq += 1
+        self._operation = "all_gather"
+        if self.debug:
+            self._compare_fingerprints(None, -1, dtype, x.shape)
+        try:
+            return self._all_gather(x, adapter, dtype)
+        except CollectiveError:
+            raise
+        except Exception as error:
+            raise self._transport_error(error) from error
 
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum") -> Any:
         """Reduce ``x`` over all ranks and return this rank's block of rows.
@@ -131,8 +179,8 @@ class Communicator(abc.ABC):
         holding rows ``rank * n // size`` to ``(rank + 1) * n // size`` of the
         reduction. ``x`` is not modified.
         """
-        if self._closed:
-            self._raise_closed()
+        if self._closed or self._broken:
+            self._check_open()
         try:
             adapter, dtype, reduce_op = _REDUCTION_KINDS[type(x), x.dtype, op]
         except (KeyError, TypeError, AttributeError):
@@ -148,12 +196,30 @@ class Communicator(abc.ABC):
                 f"reduce_scatter needs x.shape[0] divisible by size={self.size}; "
                 f"got x.shape={shape}"
             )
-        return self._reduce_scatter(x, adapter, dtype, reduce_op)
+        self._seq += 1
+        self._operation = "reduce_scatter"
+        if self.debug:
+            self._compare_fingerprints(reduce_op, -1, dtype, shape)
+        try:
+            return self._reduce_scatter(x, adapter, dtype, reduce_op)
+        except CollectiveError:
+            raise
+        except Exception as error:
+            raise self._transport_error(error) from error
 
     def barrier(self) -> None:
         """Block until every rank of this communicator has called ``barrier``."""
         self._check_open()
-        self._barrier()
+        self._seq += 1
+        self._operation = "barrier"
+        if self.debug:
+            self._compare_fingerprints(None, -1, None, ())
+        try:
+            self._barrier()
+        except CollectiveError:
+            raise
+        except Exception as error:
+            raise self._transport_error(error) from error
 
     def split(self, color: int | None, key: int | None = None) -> Communicator | None:
         """A new communicator over the ranks that passed the same ``color``.
@@ -169,8 +235,17 @@ class Communicator(abc.ABC):
                 raise TypeError(f"{name} must be an int or None; got {type(value).__name__}")
         if color is not None and int(color) < 0:
             raise ValueError(f"color must be >= 0 (or None to join no group); got {color}")
-        return self._split(None if color is None else int(color),
-                           self.rank if key is None else int(key))
+        self._seq += 1
+        self._operation = "split"
+        if self.debug:  # colors and keys differ by design: only the call itself is compared
+            self._compare_fingerprints(None, -1, None, ())
+        try:
+            return self._split(None if color is None else int(color),
+                               self.rank if key is None else int(key))
+        except CollectiveError:
+            raise
+        except Exception as error:
+            raise self._transport_error(error) from error
 
     def close(self) -> None:
         """Release the transport's resources; the communicator can no longer be used."""
@@ -185,7 +260,7 @@ class Communicator(abc.ABC):
         self.close()
 
     def __repr__(self) -> str:
-        state = ", closed" if self._closed else ""
+        state = ", closed" if self._closed else ", unusable" if self._broken else ""
         return (f"<{type(self).__name__} backend={self.backend} rank={self.rank} "
                 f"size={self.size}{state}>")
 
@@ -197,12 +272,9 @@ class Communicator(abc.ABC):
     # yet goes through the full checks below. The order of the checks, and so which
     # error a call with several faults gets, is the same on both paths.
 
-    def _raise_closed(self) -> None:
-        raise ValueError(f"{self!r} is closed; create a new communicator")
-
     def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
-        if self._closed:
-            self._raise_closed()
+        if self._closed or self._broken:
+            self._check_open()
         try:
             adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
         except (KeyError, TypeError, AttributeError):
@@ -234,6 +306,69 @@ class Communicator(abc.ABC):
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError(f"{self!r} is closed; create a new communicator")
+        if self._broken:
+            raise CollectiveError(self._broken)
+
+    # -- reliability: sequence numbers, fingerprints, timeouts ---------------------------
+
+    @property
+    def sequence_number(self) -> int:
+        """How many collectives this communicator has started (the running one's number)."""
+        return self._seq
+
+    @property
+    def _timeout_arg(self) -> float:
+        """``timeout`` as a constructor argument, for a split to inherit (0: none)."""
+        return 0.0 if self.timeout is None else self.timeout
+
+    def _call_name(self, call: tuple[str, int] | None = None) -> str:
+        operation, seq = call or (self._operation, self._seq)
+        return f"{operation or 'collective'} (call #{seq}) on {self!r}"
+
+    def _timeout_error(self, detail: str = "", call: tuple[str, int] | None = None) -> CollectiveTimeout:
+        """A :class:`CollectiveTimeout` for the running call (or ``call``: operation and
+        sequence number of an asynchronous one); the communicator becomes unusable.
+
+        Backends call this when their deadline passes (or their transport timed out).
+        """
+        call_name = self._call_name(call)
+        self._broken = (f"{self!r} is unusable: {call_name} timed out, and the transport cannot "
+                        "take it back (some ranks may still be inside it); create a new "
+                        "communicator, or end the job")
+        source = f"timeout={self.timeout:g}s" if self.timeout is not None else "the transport's timeout"
+        return CollectiveTimeout(
+            f"{call_name} did not complete within {source} ({config.TIMEOUT}): another rank "
+            f"skipped this call, called a different collective, or is stuck or dead"
+            f"{'; ' + detail if detail else ''}. This communicator is now unusable: "
+            "every later call on it raises."
+        )
+
+    def _transport_error(self, error: Exception) -> Exception:
+        """What a transport exception raised inside the running call becomes.
+
+        Backends override this to turn their transport's timeout into
+        :meth:`_timeout_error`; anything else propagates unchanged.
+        """
+        return error
+
+    def _compare_fingerprints(self, reduce_op: ReduceOp | None, root: int, dtype: str | None,
+                              shape: tuple[int, ...]) -> None:
+        """Debug mode: ``CollectiveMismatch`` on every rank unless every rank makes this call.
+
+        One all_gather of a fixed-size int64 vector over this communicator's own transport.
+        """
+        from .debug import fingerprint, mismatch  # noqa: PLC0415  (debug mode only)
+
+        mine = fingerprint(self._operation, self._seq, reduce_op, root, dtype, tuple(shape))
+        try:
+            everyone = self._all_gather(mine, arrays.NUMPY, "int64")
+        except CollectiveError:
+            raise
+        except Exception as error:
+            raise self._transport_error(error) from error
+        error = mismatch(everyone, self)
+        if error is not None:
+            raise error
 
     def _split_groups(self, color: int | None, key: int) -> list[list[int]] | None:
         """Every rank's group for ``split``, through one all_gather of (color, key).

@@ -9,6 +9,46 @@ BACKEND = "COLLECTIVES_BACKEND"
 #: MPI backend: 1 hands CUDA memory to MPI directly, 0 stages it through pinned host
 #: memory; unset detects whether the MPI library is CUDA-aware.
 MPI_CUDA_AWARE = "COLLECTIVES_MPI_CUDA_AWARE"
+#: Seconds a blocking collective may take before it raises CollectiveTimeout (default
+#: DEFAULT_TIMEOUT); 0, "none" or "inf" turns timeouts off.
+TIMEOUT = "COLLECTIVES_TIMEOUT"
+#: 1 makes every collective compare a fingerprint of the call across ranks first
+#: (CollectiveMismatch on a difference); costs one small all_gather per collective.
+DEBUG = "COLLECTIVES_DEBUG"
+
+#: Seconds, like torch.distributed's own default.
+DEFAULT_TIMEOUT = 1800.0
+
+
+def timeout_seconds(timeout: float | None = None) -> float | None:
+    """The timeout in seconds a communicator uses: ``timeout`` if given, else
+    ``COLLECTIVES_TIMEOUT``, else :data:`DEFAULT_TIMEOUT`; ``None`` means no timeout.
+
+    ``timeout`` may be a number of seconds or a ``datetime.timedelta``; 0 (or
+    ``math.inf``) turns timeouts off. A negative or non-numeric value is a ``ValueError``.
+    """
+    source = "timeout"
+    if timeout is None:
+        text = os.environ.get(TIMEOUT, "").strip()
+        if not text:
+            return DEFAULT_TIMEOUT
+        source = TIMEOUT
+        if text.lower() in ("none", "inf", "infinity"):
+            return None
+        try:
+            timeout = float(text)
+        except ValueError:
+            raise ValueError(f"{TIMEOUT}={text!r} is not a number of seconds; use e.g. 600, "
+                             "or 0 / none for no timeout") from None
+    if hasattr(timeout, "total_seconds"):  # datetime.timedelta
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be seconds (int or float) or a timedelta; "
+                        f"got {type(timeout).__name__}")
+    seconds = float(timeout)
+    if seconds != seconds or seconds < 0:
+        raise ValueError(f"{source}={timeout!r}: a timeout is >= 0 seconds (0: none)")
+    return None if seconds in (0.0, float("inf")) else seconds
 
 
 def env_flag(name: str) -> bool | None:

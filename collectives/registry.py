@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import os
 import threading
+from typing import Any
 
 from . import config
 from .communicator import Communicator
@@ -51,22 +52,34 @@ def backend_class(name: str) -> type[Communicator]:
     return getattr(module, class_name)
 
 
-def init(backend: str | None = None) -> Communicator:
+def init(backend: str | None = None, *, timeout: Any = None) -> Communicator:
     """The process's default communicator, created on the first call.
 
     ``backend`` is "auto", "local", "torch", "mpi" or "cupy"; ``None`` reads
     ``COLLECTIVES_BACKEND`` (auto when unset). auto picks torch under torchrun,
     mpi under mpiexec/mpirun/srun and local without a launcher. Later calls return
-    the same communicator; naming another backend then is a ``ValueError``.
+    the same communicator; naming another backend (or another timeout) then is a
+    ``ValueError``.
+
+    ``timeout``: seconds (or a ``datetime.timedelta``) a blocking collective may
+    take before it raises ``CollectiveTimeout``; 0 means none; ``None`` reads
+    ``COLLECTIVES_TIMEOUT`` (default 1800 s).
     """
     global _default
     with _lock:
         launch = detect_launcher()
         name = resolve_backend(backend, launch)
+        seconds = config.timeout_seconds(timeout)  # a bad value fails before anything starts
         if _default is not None and not _default._closed:
             if backend is not None and name != _default.backend:
                 raise ValueError(f"collectives is already initialized with backend "
                                  f"{_default.backend!r}; cannot switch to {name!r}")
+            if timeout is not None and seconds != _default.timeout:
+                raise ValueError(f"collectives is already initialized with timeout="
+                                 f"{_default.timeout}; cannot change it to {seconds}")
             return _default
-        _default = backend_class(name).from_launcher(launch)
+        cls = backend_class(name)
+        # Backends that predate timeouts take no such argument: pass it only when given.
+        kwargs = {} if timeout is None else {"timeout": timeout}
+        _default = cls.from_launcher(launch, **kwargs)
         return _default

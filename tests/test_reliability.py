@@ -1,0 +1,501 @@
+"""Reliability: the bad-input catalogue, mismatched calls (debug mode), timeouts, rank failure.
+
+Every row of the catalogue runs on every backend (local, mpi, torch), with the
+same bad call on every rank: each rank must raise the documented TypeError /
+ValueError before anything is sent (its sequence number did not move), leave the
+input untouched, and the communicator must still work afterwards (a real
+all_reduce agrees with numpy). Mismatch and timeout tests use pools of their own
+(COLLECTIVES_DEBUG=1, short COLLECTIVES_TIMEOUT) and a fresh split per job, so a
+communicator they break is never the pool's. Rank-failure tests start a job under
+mpiexec and torchrun in a subprocess. Times they measure are printed (``-s``) as
+``TIMING ...`` lines: that is where the README's numbers come from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from collectives import CollectiveError, CollectiveMismatch, CollectiveTimeout, config
+from collectives.testing import RankPool
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = [("local", 1), ("mpi", 2), ("torch", 2)]
+# Communicators a job must keep alive after it returns (a peer may still be waiting on them).
+_KEEP: list = []
+
+
+def _timing(name: str, seconds: float) -> None:
+    print(f"TIMING {name}: {seconds:.3f} s")
+
+
+# -- the bad-input catalogue: row -> this rank's bad calls ---------------------------------
+# A row returns the arrays it passes (to check they are untouched) and its calls, each
+# (thunk, expected exception type, a phrase the message must contain).
+
+def _row_dtype_x_op(comm):
+    f = np.arange(2 * comm.size, dtype=np.float32)
+    b = np.ones(2 * comm.size, dtype=bool)
+    i = np.arange(3, dtype=np.int32)
+    return [f, b, i], [
+        (lambda: comm.all_reduce(f, "bxor"), TypeError, "op=BXOR is not allowed on dtype float32"),
+        (lambda: comm.reduce_scatter(b, "sum"), TypeError, "op=SUM is not allowed on dtype bool"),
+        (lambda: comm.all_reduce(i, "avg"), TypeError, "op=AVG is not allowed on dtype int32"),
+    ]
+
+
+def _row_root_out_of_range(comm):
+    x = np.arange(3.0)
+    return [x], [
+        (lambda: comm.broadcast(x, src=comm.size), ValueError, f"src={comm.size} is out of range"),
+        (lambda: comm.broadcast(x, src=-1), ValueError, "src=-1 is out of range"),
+        (lambda: comm.broadcast(x, src=0.0), TypeError, "src must be an int rank"),
+    ]
+
+
+def _row_unknown_op(comm):
+    x = np.arange(2.0 * comm.size)
+    return [x], [
+        (lambda: comm.all_reduce(x, "mean"), ValueError, "op='mean' is not a reduce op; valid: SUM"),
+        (lambda: comm.reduce_scatter(x, "average"), ValueError, "op='average' is not a reduce op"),
+        (lambda: comm.all_reduce(x, 3), ValueError, "op=3 is not a reduce op"),
+    ]
+
+
+def _row_array_type(comm):
+    values = [1.0, 2.0]
+    return [], [
+        (lambda: comm.all_reduce(values), TypeError, "x of type builtins.list is not supported"),
+        (lambda: comm.all_gather(3.0), TypeError, "x of type builtins.float is not supported"),
+    ]
+
+
+def _row_device(comm):
+    import torch
+
+    meta = torch.empty(3, device="meta")
+    sparse = torch.eye(2).to_sparse()
+    return [sparse.to_dense()], [
+        (lambda: comm.all_reduce(meta), ValueError, "on device meta; collectives take CPU or CUDA"),
+        (lambda: comm.all_gather(sparse), TypeError, "layout torch.sparse_coo"),
+    ]
+
+
+def _row_read_only(comm):
+    x = np.arange(3.0)
+    x.setflags(write=False)
+    return [x], [
+        (lambda: comm.all_reduce(x), ValueError, "x is a read-only numpy array"),
+        (lambda: comm.broadcast(x, 0), ValueError, "x is a read-only numpy array"),
+    ]
+
+
+def _row_split_color(comm):
+    return [], [
+        (lambda: comm.split(1.5), TypeError, "color must be an int or None; got float"),
+        (lambda: comm.split("a"), TypeError, "color must be an int or None; got str"),
+        (lambda: comm.split(-1), ValueError, "color must be >= 0"),
+        (lambda: comm.split(0, key=0.5), TypeError, "key must be an int or None; got float"),
+    ]
+
+
+def _row_closed(comm):
+    sub = comm.split(0)
+    sub.close()
+    x = np.arange(3.0)
+    return [x], [
+        (lambda: sub.all_reduce(x), ValueError, "is closed; create a new communicator"),
+        (lambda: sub.all_gather(x), ValueError, "is closed"),
+        (lambda: sub.barrier(), ValueError, "is closed"),
+        (lambda: sub.split(0), ValueError, "is closed"),
+    ]
+
+
+def _row_reduce_scatter_rows(comm):
+    scalar = np.array(1.0)
+    calls = [(lambda: comm.reduce_scatter(scalar), ValueError, "at least one dimension")]
+    uneven = np.arange(2.0 * (comm.size + 1)).reshape(comm.size + 1, 2)
+    if comm.size > 1:  # with one rank every first dimension is divisible
+        calls.append((lambda: comm.reduce_scatter(uneven), ValueError,
+                      f"x.shape[0] divisible by size={comm.size}; got x.shape=({comm.size + 1}, 2)"))
+    return [scalar, uneven], calls
+
+
+def _row_object_dtype(comm):
+    objects = np.array([1, "a"], dtype=object)
+    complex_ = np.ones(2, dtype=np.complex128)
+    return [objects, complex_], [
+        (lambda: comm.all_reduce(objects), TypeError, "dtype object of this numpy array is not supported"),
+        (lambda: comm.all_gather(objects), TypeError, "dtype object"),
+        (lambda: comm.broadcast(complex_), TypeError, "dtype complex128"),
+    ]
+
+
+def _row_requires_grad(comm):
+    import torch
+
+    x = torch.ones(3, requires_grad=True)
+    return [x], [
+        (lambda: comm.all_reduce(x), ValueError, "x requires grad; in-place collectives"),
+        (lambda: comm.broadcast(x, 0), ValueError, "x requires grad"),
+    ]
+
+
+CATALOGUE = {
+    "dtype_x_op": _row_dtype_x_op,
+    "root_out_of_range": _row_root_out_of_range,
+    "unknown_op": _row_unknown_op,
+    "array_type": _row_array_type,
+    "device": _row_device,
+    "read_only": _row_read_only,
+    "split_color": _row_split_color,
+    "closed_communicator": _row_closed,
+    "reduce_scatter_rows": _row_reduce_scatter_rows,
+    "object_dtype": _row_object_dtype,
+    "requires_grad_in_place": _row_requires_grad,
+}
+
+
+def _snapshot(x):
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    return x.detach().clone()
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and bool((a == b).all())
+    import torch
+
+    return bool(torch.equal(a.detach(), b))
+
+
+def catalogue_job(comm, row):
+    passed, calls = CATALOGUE[row](comm)
+    before = [_snapshot(x) for x in passed]
+    outcomes = []
+    for thunk, expected, phrase in calls:
+        seq = comm.sequence_number
+        try:
+            thunk()
+            outcome = ("no error", "")
+        except (TypeError, ValueError) as error:
+            outcome = (type(error).__name__, str(error))
+        outcomes.append((outcome, expected.__name__, phrase, comm.sequence_number - seq))
+    untouched = [_same(x, b) for x, b in zip(passed, before)]
+    # Nothing was half-sent: a real collective right after still agrees on every rank.
+    check = comm.all_reduce(np.full(2, comm.rank + 1.0))
+    return outcomes, untouched, check.tolist()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("row", list(CATALOGUE))
+@pytest.mark.parametrize("world", BACKENDS, indirect=True, ids=[b for b, _ in BACKENDS])
+def test_bad_input_raises_before_sending_on_every_rank(world, row):
+    results = world.run(catalogue_job, args=(row,), timeout=30)
+    expected_sum = sum(range(1, world.size + 1))
+    for rank, (outcomes, untouched, check) in enumerate(results):
+        for (kind, message), expected, phrase, seq_moved in outcomes:
+            assert kind == expected, f"rank {rank}: {phrase!r}: got {kind}: {message}"
+            assert phrase in message, f"rank {rank}: {phrase!r} not in {message!r}"
+            assert seq_moved == 0, f"rank {rank}: the rejected call {phrase!r} was started"
+        assert all(untouched), f"rank {rank}: an input was modified"
+        assert check == [expected_sum] * 2
+
+
+# -- debug mode: mismatched calls ------------------------------------------------------------
+
+def _pool(backend: str, env: dict[str, str]):
+    pool = RankPool(backend, 2, env=env, job_timeout=30)
+    pool.start()
+    return pool
+
+
+@pytest.fixture(scope="module", params=["mpi", "torch"])
+def debug_world(request):
+    pool = _pool(request.param, {config.DEBUG: "1", config.TIMEOUT: "3"})
+    yield pool
+    pool.close()
+
+
+def _case_operation(comm, x):
+    return (lambda: comm.all_reduce(x)) if comm.rank == 0 else (lambda: comm.broadcast(x, 0))
+
+
+def _case_reduce_op(comm, x):
+    return lambda: comm.all_reduce(x, "sum" if comm.rank == 0 else "max")
+
+
+def _case_root(comm, x):
+    return lambda: comm.broadcast(x, src=comm.rank)
+
+
+def _case_dtype(comm, x):
+    y = x.astype(np.float32 if comm.rank == 0 else np.float64)
+    return lambda: comm.all_reduce(y)
+
+
+def _case_shape(comm, x):
+    y = np.ones(3 + comm.rank)
+    return lambda: comm.all_reduce(y)
+
+
+def _case_sequence_number(comm, x):
+    # White-box: a rank whose count of calls drifted (the other fields agree).
+    if comm.rank == 1:
+        comm._seq += 1
+    return lambda: comm.all_reduce(x)
+
+
+def _case_extra_call(comm, x):
+    # Rank 1 makes one all_reduce more than rank 0, whose next call is a broadcast.
+    if comm.rank == 0:
+        return lambda: (comm.all_reduce(x), comm.broadcast(x, 0))
+    return lambda: (comm.all_reduce(x), comm.all_reduce(x), comm.broadcast(x, 0))
+
+
+MISMATCHES = {  # case -> (this rank's calls, the field reported, rank 0's and rank 1's value)
+    "operation": (_case_operation, "operation", "all_reduce", "broadcast"),
+    "reduce_op": (_case_reduce_op, "reduce op", "SUM", "MAX"),
+    "root": (_case_root, "root", "0", "1"),
+    "dtype": (_case_dtype, "dtype", "float32", "float64"),
+    "shape": (_case_shape, "shape", "(3,)", "(4,)"),
+    "sequence_number": (_case_sequence_number, "sequence number", "#1", "#2"),
+    "extra_call": (_case_extra_call, "operation", "broadcast", "all_reduce"),
+}
+
+
+def mismatch_job(comm, case):
+    sub = comm.split(0)  # sequence numbers from 0, and the pool's communicator stays clean
+    calls = MISMATCHES[case][0](sub, np.ones(3))
+    start = time.perf_counter()
+    try:
+        calls()
+        outcome = ("no error", "")
+    except CollectiveMismatch as error:
+        outcome = ("CollectiveMismatch", str(error))
+    elapsed = time.perf_counter() - start
+    ok = None
+    if case != "sequence_number":  # still in step: a real collective works
+        ok = sub.all_reduce(np.ones(1)).tolist() == [2.0]
+    sub.close()
+    return outcome, elapsed, ok
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(MISMATCHES))
+def test_mismatched_calls_raise_on_every_rank(debug_world, case):
+    _, field, value0, value1 = MISMATCHES[case]
+    results = debug_world.run(mismatch_job, args=(case,), timeout=20)
+    for rank, ((kind, message), _, ok) in enumerate(results):
+        assert kind == "CollectiveMismatch", f"rank {rank}: {kind} {message}"
+        assert f"{field} differs: {value0} on rank 0; {value1} on rank 1" in message, message
+        others = [f for f in ("operation", "reduce op", "root", "dtype", "shape")
+                  if f != field and f"{f} differs" in message]
+        if field != "operation":  # different operations differ in reduce op and root too
+            assert not others, message
+        assert ok in (True, None)
+    _timing(f"mismatch {case} [{debug_world.backend}]", max(r[1] for r in results))
+
+
+def skipped_call_job(comm):
+    """Rank 0 makes a second all_reduce that rank 1 skips; then rank 1 returns."""
+    sub = comm.split(0)
+    _KEEP.append(sub)  # rank 1 must not tear sub down under rank 0's feet
+    sub.all_reduce(np.ones(2))
+    if comm.rank == 1:
+        return None
+    start = time.perf_counter()
+    try:
+        sub.all_reduce(np.ones(2))
+        return ("no error", "", time.perf_counter() - start)
+    except CollectiveTimeout as error:
+        return ("CollectiveTimeout", str(error), time.perf_counter() - start)
+
+
+@pytest.mark.timeout(60)
+def test_skipped_call_with_nothing_after_times_out(debug_world):
+    kind, message, elapsed = debug_world.run(skipped_call_job, timeout=20)[0]
+    assert kind == "CollectiveTimeout", message
+    assert "all_reduce (call #2)" in message and "timeout=3s" in message
+    assert 3 <= elapsed < 10
+    _timing(f"skipped call, timeout 3 s [{debug_world.backend}]", elapsed)
+
+
+# -- timeouts --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module", params=["mpi", "torch"])
+def timeout_world(request):
+    pool = _pool(request.param, {config.TIMEOUT: "2"})
+    yield pool
+    pool.close()
+
+
+def timeout_job(comm, explicit):
+    """Rank 0 calls all_reduce on a communicator where rank 1 never does."""
+    if explicit:  # the per-communicator argument beats COLLECTIVES_TIMEOUT=2
+        from backends.mpi import MPICommunicator
+
+        sub = MPICommunicator(comm.mpi_comm, timeout=1.0)
+    else:
+        sub = comm.split(0)  # inherits the parent's timeout
+    _KEEP.append(sub)
+    if comm.rank == 1:
+        return sub.timeout, None, None, None
+    start = time.perf_counter()
+    try:
+        sub.all_reduce(np.ones(3))
+        outcome = ("no error", "")
+    except CollectiveTimeout as error:
+        outcome = ("CollectiveTimeout", str(error))
+    elapsed = time.perf_counter() - start
+    try:
+        sub.all_reduce(np.ones(3))
+        after = ("no error", "")
+    except CollectiveError as error:
+        after = (type(error).__name__, str(error))
+    return sub.timeout, outcome, elapsed, after
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("explicit", [False, True], ids=["inherited", "argument"])
+def test_collective_that_never_completes_times_out(timeout_world, explicit):
+    if explicit and timeout_world.backend != "mpi":
+        pytest.skip("a per-communicator timeout on an existing torch group is torch's own")
+    seconds = 1.0 if explicit else 2.0
+    results = timeout_world.run(timeout_job, args=(explicit,), timeout=20)
+    assert results[1][0] == seconds  # rank 1's communicator has the same timeout
+    timeout, (kind, message), elapsed, (after_kind, after) = results[0]
+    assert timeout == seconds
+    assert kind == "CollectiveTimeout", message
+    backend = timeout_world.backend
+    assert "all_reduce (call #1) on <" in message and f"backend={backend}" in message, message
+    assert f"timeout={seconds:g}s" in message and "now unusable" in message, message
+    assert seconds <= elapsed < seconds + 5
+    assert after_kind == "CollectiveError" and "is unusable" in after, after
+    _timing(f"timeout {seconds:g} s [{backend}, {'argument' if explicit else 'env'}]", elapsed)
+
+
+def test_timeout_setting_parses_env_and_argument(monkeypatch):
+    from backends.local import LocalCommunicator
+
+    monkeypatch.delenv(config.TIMEOUT, raising=False)
+    assert config.timeout_seconds() == config.DEFAULT_TIMEOUT == 1800
+    assert LocalCommunicator(timeout=5).timeout == 5.0
+    import datetime
+
+    assert config.timeout_seconds(datetime.timedelta(minutes=2)) == 120
+    assert LocalCommunicator(timeout=0).timeout is None
+    for text, expected in (("60", 60.0), ("0", None), ("none", None), (" 2.5 ", 2.5)):
+        monkeypatch.setenv(config.TIMEOUT, text)
+        assert config.timeout_seconds() == expected
+        assert LocalCommunicator().split(0).timeout == expected  # a split inherits
+    for text in ("soon", "-1", "nan"):
+        monkeypatch.setenv(config.TIMEOUT, text)
+        with pytest.raises(ValueError, match=config.TIMEOUT):
+            config.timeout_seconds()
+    with pytest.raises(TypeError, match="timeout must be seconds"):
+        LocalCommunicator(timeout="10")
+    with pytest.raises(ValueError, match="timeout=-2"):
+        LocalCommunicator(timeout=-2)
+
+
+# -- rank failure under each launcher --------------------------------------------------------
+
+CRASHES = [("mpiexec", "mpi", "raise"), ("mpiexec", "mpi", "exit"), ("mpiexec", "mpi", "kill"),
+           ("mpiexec", "torch", "raise"), ("mpiexec", "torch", "kill"),
+           ("torchrun", "torch", "raise"), ("torchrun", "torch", "kill")]
+
+
+def _launcher(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    return str(path) if path.exists() else name
+
+
+def _processes_with(token: str) -> list[int]:
+    """Pids of live processes whose environment holds ``token``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if token.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def _describe(pids: list[int]) -> str:
+    lines = []
+    for pid in pids:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()[:3]
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            lines.append(f"{pid}: {cmd} {status}")
+        except OSError:
+            lines.append(f"{pid}: gone")
+    return "; ".join(lines)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("launcher,backend,mode", CRASHES, ids=["-".join(c) for c in CRASHES])
+def test_failing_rank_ends_the_job(launcher, backend, mode):
+    from collectives.testing.pool import _free_port
+
+    script = str(ROOT / "tests" / "reliability_crash.py")
+    if launcher == "mpiexec":
+        command = [_launcher("mpiexec"), "-n", "2", sys.executable, script, mode]
+    else:
+        command = [_launcher("torchrun"), "--nnodes", "1", "--nproc_per_node", "2",
+                   "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), script, mode]
+    token = f"COLLECTIVES_CRASH_TEST={secrets.token_hex(8)}"
+    env = {**os.environ, "COLLECTIVES_BACKEND": backend, "COLLECTIVES_TIMEOUT": "600",
+           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           token.split("=")[0]: token.split("=")[1]}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(name, None)
+    process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"the job did not end within 60 s:\n{output.decode(errors='replace')}")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    ended = time.time()
+    text = output.decode(errors="replace")
+    assert process.returncode != 0, text
+    failing = re.search(r"FAILING AT ([0-9.]+) rank 1 pid (\d+)", text)
+    assert failing, text
+    assert "the second all_reduce returned" not in text, text
+    if launcher == "torchrun":  # torchrun's failure report names the rank and its exit
+        assert re.search(r"rank\s*: 1 \(local_rank: 1\)\s*\n\s*exitcode\s*: -?[1-9]", text), text
+    elif mode == "raise":  # the excepthook's line, printed before MPI_Abort
+        assert "uncaught RuntimeError on rank 1 of 2" in text, text
+    elif mode == "exit":  # the atexit hook's line, printed before MPI_Abort
+        assert "sys.exit(3) on rank 1 of 2" in text, text
+    elif "BAD TERMINATION" in text:  # Hydra names a process killed by a signal by its pid
+        assert f"PID {failing.group(2)} RUNNING AT" in text, text
+    else:  # torch: the survivor lost its connection first, said so, and aborted
+        assert backend == "torch" and "(a peer rank may have died)" in text, text
+    # Nothing of the job is left running (a zombie has no readable environment). Hydra
+    # may exit while the SIGKILLs it sent are still being delivered: allow a moment.
+    deadline = time.monotonic() + 5
+    while (left := _processes_with(token)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not left, f"processes left running 5 s after the launcher exited: {_describe(left)}"
+    _timing(f"rank 1 {mode} -> job ended [{backend} under {launcher}]",
+            ended - float(failing.group(1)))
