@@ -100,6 +100,8 @@ class Communicator(abc.ABC):
         except (KeyError, TypeError, AttributeError):
             adapter, dtype, reduce_op = self._check_reduction(x, op, in_place=True)
         else:
+            if adapter.checks_memory:
+                adapter.check_memory(x)
             adapter.check_writable(x)
             if self._checks_device:
                 self._check_device(x, adapter)
@@ -129,6 +131,8 @@ class Communicator(abc.ABC):
         except (KeyError, TypeError, AttributeError):
             adapter, dtype = self._check_array(x, in_place=True)
         else:
+            if adapter.checks_memory:
+                adapter.check_memory(x)
             adapter.check_writable(x)
             if self._checks_device:
                 self._check_device(x, adapter)
@@ -158,6 +162,8 @@ class Communicator(abc.ABC):
         except (KeyError, TypeError, AttributeError):
             adapter, dtype = self._check_array(x, in_place=False)
         else:
+            if adapter.checks_memory:
+                adapter.check_memory(x)
             if self._checks_device:
                 self._check_device(x, adapter)
         self._seq += 1
@@ -186,6 +192,8 @@ class Communicator(abc.ABC):
         except (KeyError, TypeError, AttributeError):
             adapter, dtype, reduce_op = self._check_reduction(x, op, in_place=False)
         else:
+            if adapter.checks_memory:
+                adapter.check_memory(x)
             if self._checks_device:
                 self._check_device(x, adapter)
         shape = tuple(x.shape)
@@ -268,7 +276,7 @@ class Communicator(abc.ABC):
 
     # The checks run on every call. The public methods above first look the kind of x
     # (its type and dtype, and op) up among the kinds that passed before, and then check
-    # only what can differ from one array to the next (writable, device); a kind not seen
+    # only what can differ from one array to the next (memory, writable, device); a kind not seen
     # yet goes through the full checks below. The order of the checks, and so which
     # error a call with several faults gets, is the same on both paths.
 
@@ -281,6 +289,9 @@ class Communicator(abc.ABC):
             adapter = arrays.adapter_for(x)
             dtype = adapter.dtype_name(x)
             _remember(_ARRAY_KINDS, (type(x), x.dtype), (adapter, dtype))
+        else:
+            if adapter.checks_memory:
+                adapter.check_memory(x)
         if in_place:
             adapter.check_writable(x)
         if self._checks_device:

@@ -150,6 +150,10 @@ def test_a_kind_seen_before_still_gets_every_per_array_check():
     comm.all_reduce(torch.zeros(3))
     with pytest.raises(ValueError, match="requires grad"):
         comm.all_reduce(t)
+    for call in (comm.all_reduce, comm.broadcast, comm.all_gather, comm.reduce_scatter):
+        call(torch.zeros(2))  # remembered: CPU float32 tensors, for every collective
+        with pytest.raises(ValueError, match="on device meta"):
+            call(torch.empty(2, device="meta"))  # same type and dtype, other memory
     with pytest.raises(TypeError, match="not allowed on dtype float32"):
         comm.all_reduce(x, "band")
     with pytest.raises(ValueError, match="not a reduce op"):
