@@ -554,6 +554,7 @@ def plot(docs: list[dict[str, Any]], path: str) -> None:
         label = (f"{meta['backend']} ({meta['array']}"
                  + (f" {meta['device']}" if meta["array"] == "torch" else "")
                  + (f", {meta['thread_level']}" if meta.get("thread_level") else "")
+                 + (", no timeout" if "timeout_s" in meta and meta["timeout_s"] is None else "")
                  + f", {meta['ranks']} ranks)")
         for col, op in enumerate(ops):
             rows = [r for r in doc["results"] if r["op"] == op]
@@ -663,6 +664,7 @@ def describe(comm: Any, arr: Arrays, raw: Raw | None, args: argparse.Namespace) 
         "numpy": np.__version__, "collectives": getattr(collectives, "__version__", None),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "argv": sys.argv[1:], "time_per_size_s": args.time_per_size,
+        "timeout_s": getattr(comm, "timeout", None),
     }
     if comm.backend == "mpi":
         from mpi4py import MPI  # noqa: PLC0415
