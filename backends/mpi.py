@@ -45,6 +45,8 @@ from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
+from . import _float_order
+
 _MPI4PY_DEFAULT_THREAD_LEVEL = "multiple"
 
 #: Elements per MPI call: MPI counts are C ints unless the library has large counts.
@@ -233,11 +235,13 @@ class MPICommunicator(Communicator):
                           ReduceOp.MAX: MPI.LOR, ReduceOp.BOR: MPI.LOR, ReduceOp.BXOR: MPI.LXOR}
         self._cuda_aware: bool | None = None
         # The fast path's table: dtype -> {op: (MPI datatype, MPI op)} for every allowed
-        # pair whose dtype MPI reduces as it is (no staging through float32); nested
-        # because a (str, ReduceOp) tuple key costs twice as much to look up.
+        # pair MPI reduces as it is: no staging through float32, and not the float MIN/MAX
+        # that go through order keys (NaN). Nested: a (str, ReduceOp) tuple key costs
+        # twice as much to look up.
         self._native = {dtype: {op: (self._types[dtype], self._reduce_spec(dtype, op)[2])
                                 for op in allowed
-                                if dtype in self._types and self._wire_dtype(dtype) == dtype}
+                                if dtype in self._types and self._wire_dtype(dtype) == dtype
+                                and not _nan_ordered(dtype, op)}
                         for dtype, allowed in ALLOWED_OPS.items()}
         self._in_place = MPI.IN_PLACE
         self._byte = MPI.BYTE
@@ -372,6 +376,19 @@ class MPICommunicator(Communicator):
             if now >= backoff:
                 time.sleep(POLL_INTERVAL)
 
+    def _order_keys(self, buf: Any, wire: str, op: ReduceOp) -> Any:
+        """For MIN/MAX of floats: ``buf``'s memory as integer order keys (encoded in place),
+        which MPI's integer MIN/MAX reduce exactly and with NaN propagated; else ``None``.
+
+        MPI's float MIN/MAX compare with ``<`` and lose NaNs (see backends/_float_order.py).
+        """
+        if not _nan_ordered(wire, op):
+            return None
+        isnan = buf != buf
+        keys = _int_view(buf)
+        _float_order.encode(keys, isnan, op, 8 * _itemsize(buf))
+        return keys
+
     def _reduce_spec(self, dtype: str, op: ReduceOp) -> tuple[str, Any, Any]:
         wire = self._wire_dtype(dtype)
         mpi_op = self._bool_ops[op] if dtype == "bool" else self._ops[op]
@@ -395,9 +412,14 @@ class MPICommunicator(Communicator):
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         buf, writeback = self._buffer(x, adapter, wire)
         IN_PLACE = self._MPI.IN_PLACE
-        chunks = _chunks(buf)
+        keys = self._order_keys(buf, wire, op)
+        if keys is not None:  # float MIN/MAX: integer keys that propagate NaN
+            mpi_type = self._types[_INT_OF_WIDTH[_itemsize(buf)]]
+        chunks = _chunks(buf if keys is None else keys)
 
         def finish() -> None:
+            if keys is not None:
+                _float_order.decode(keys, 8 * _itemsize(buf))
             if op is _AVG:
                 _divide(buf, self.size)
             if writeback is not None:
@@ -494,6 +516,11 @@ class MPICommunicator(Communicator):
         out = adapter.empty(x, (rows, *x.shape[1:]))
         send, _ = self._buffer(x, adapter, wire)
         recv, writeback = self._buffer(out, adapter, wire)
+        recv_floats = recv
+        if _nan_ordered(wire, op):  # float MIN/MAX: see _order_keys
+            send = self._order_keys(_clone(send), wire, op)  # never change the caller's x
+            recv = _int_view(recv)
+            mpi_type = self._types[_INT_OF_WIDTH[_itemsize(recv)]]
         block = _size(recv)
         if block <= MAX_COUNT:
             if self.timeout is None:
@@ -507,6 +534,9 @@ class MPICommunicator(Communicator):
                 self._wait_or_block(self._comm.Iallreduce(self._MPI.IN_PLACE, [chunk, mpi_type],
                                                           mpi_op))
             recv.reshape(-1)[...] = reduced.reshape(-1)[self.rank * block:(self.rank + 1) * block]
+        if recv is not recv_floats:
+            _float_order.decode(recv, 8 * _itemsize(recv))
+            recv = recv_floats
         if op is _AVG:
             _divide(recv, self.size)
         if writeback is not None:
@@ -551,6 +581,31 @@ _NUMPY = arrays.NUMPY
 
 def _size(buf: Any) -> int:
     return math.prod(buf.shape)
+
+
+_INT_OF_WIDTH = {2: "int16", 4: "int32", 8: "int64"}
+
+
+def _nan_ordered(wire: str, op: ReduceOp) -> bool:
+    return op in _float_order.NAN_ORDERED_OPS and wire.startswith("float")
+
+
+def _itemsize(buf: Any) -> int:
+    """Bytes per element of a numpy/CuPy array or torch tensor."""
+    return int(buf.itemsize) if hasattr(buf, "itemsize") else int(buf.element_size())
+
+
+def _int_view(buf: Any) -> Any:
+    """``buf``'s memory as signed integers of the same width (numpy, CuPy or torch)."""
+    name = _INT_OF_WIDTH[_itemsize(buf)]
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(buf, torch.Tensor):
+        return buf.view(getattr(torch, name))
+    return buf.view(name)
+
+
+def _clone(buf: Any) -> Any:
+    return buf.clone() if hasattr(buf, "clone") else buf.copy()
 
 
 def _chunks(buf: Any) -> list[Any]:

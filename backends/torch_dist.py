@@ -43,6 +43,8 @@ from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
+from . import _float_order
+
 # Minutes torch waits in a collective before it raises (torch's own default).
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 # What "no timeout" is for torch, which always wants one: ten years.
@@ -355,14 +357,17 @@ class TorchCommunicator(Communicator):
             return Work(x) if async_op else None
         t = self._as_tensor(x, adapter)
         staged, copy = self._staged(t, dtype)
+        keys = self._order_keys(staged, op)
         if staged.is_cuda and op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
             self._bitwise_on_nccl(staged, op)
             work = None
         else:
-            work = self._dist.all_reduce(staged, self._ops[op], group=self._group,
-                                         async_op=async_op)
+            work = self._dist.all_reduce(staged if keys is None else keys, self._ops[op],
+                                         group=self._group, async_op=async_op)
 
         def finish() -> None:
+            if keys is not None:
+                staged.copy_(self._from_keys(keys, staged.dtype))
             if op is _AVG:
                 staged.div_(self.size)
             if copy is not None:
@@ -372,6 +377,29 @@ class TorchCommunicator(Communicator):
             return _TorchWork(x, work, finish, self)
         finish()
         return Work(x) if async_op else None
+
+    def _order_keys(self, t: Any, op: ReduceOp) -> Any:
+        """For MIN/MAX of floats: a new tensor of integer order keys of ``t`` that the
+        transport's integer MIN/MAX reduce exactly, NaN propagated; else ``None``.
+
+        Gloo's float MIN/MAX compare with ``<`` and lose NaNs (backends/_float_order.py).
+        16-bit floats get int32 keys: Gloo and NCCL have no int16.
+        """
+        if op not in _float_order.NAN_ORDERED_OPS or not t.is_floating_point():
+            return None
+        torch = self._torch
+        bits = 8 * t.element_size()
+        contiguous = t.contiguous()
+        keys = contiguous.view(getattr(torch, f"int{bits}")).clone()
+        _float_order.encode(keys, contiguous != contiguous, op, bits)
+        return keys.to(torch.int32) if bits == 16 else keys
+
+    def _from_keys(self, keys: Any, dtype: Any) -> Any:
+        """The float tensor of ``dtype`` whose order keys ``keys`` are (see ``_order_keys``)."""
+        bits = 8 * self._torch.empty((), dtype=dtype).element_size()
+        ints = keys.to(getattr(self._torch, f"int{bits}")) if bits == 16 else keys
+        _float_order.decode(ints, bits)
+        return ints.view(dtype)
 
     def _bitwise_on_nccl(self, staged: Any, op: ReduceOp) -> None:
         torch = self._torch
@@ -464,6 +492,10 @@ class TorchCommunicator(Communicator):
             self._bitwise_on_nccl(full, op)
             mine = self._torch_rank[self.rank]
             out = full[mine * rows:(mine + 1) * rows].clone()
+        elif (keys := self._order_keys(staged, op)) is not None:
+            out_keys = torch.empty((rows, *t.shape[1:]), dtype=keys.dtype, device=t.device)
+            self._dist.reduce_scatter_tensor(out_keys, keys, self._ops[op], group=self._group)
+            out = self._from_keys(out_keys, staged.dtype)
         else:
             out = torch.empty((rows, *t.shape[1:]), dtype=staged.dtype, device=t.device)
             self._reduce_scatter_single(out, staged, self._ops[op], group=self._group)
@@ -522,8 +554,10 @@ _AVG = ReduceOp.AVG
 # dtypes every torch transport gathers as they are.
 _GATHER_DIRECT = frozenset({"int8", "uint8", "int32", "int64", "float16", "float32", "float64"})
 # dtype -> the ops every torch transport does on it as it is (no bitwise: NCCL has none).
+# Not float MIN/MAX either: those go through order keys (NaN propagates).
 _DIRECT = {dtype: {op: op for op in allowed
-                   if dtype not in _WIRE and op not in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)}
+                   if dtype not in _WIRE and op not in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+                   and not (dtype.startswith(("float", "bfloat")) and op in _float_order.NAN_ORDERED_OPS)}
            for dtype, allowed in ALLOWED_OPS.items()}
 
 
@@ -533,6 +567,8 @@ def _bytes(t: Any) -> Any:
     if t.numel() == 0:  # torch cannot reinterpret an empty view; nothing moves anyway
         return torch.empty(0, dtype=torch.uint8, device=t.device)
     flat = t.reshape(-1)
+    if flat.stride(0) != 1:  # 0 or 1 elements count as contiguous with any stride; .view refuses
+        flat = flat.as_strided(flat.shape, (1,))
     return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
 
 

@@ -61,3 +61,19 @@ def env_flag(name: str) -> bool | None:
     if value in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"{name}={os.environ[name]!r} is not a flag; use 1 or 0")
+
+# -- collectives.testing (the rank pool and its pytest plugin) -----------------------------
+#: Hypothesis profile of the property tests: ci (default) or dev.
+HYPOTHESIS_PROFILE = "COLLECTIVES_HYPOTHESIS_PROFILE"
+#: Backend and size of the ``world`` fixture when a test does not parametrize it.
+TEST_BACKEND = "COLLECTIVES_TEST_BACKEND"
+TEST_SIZE = "COLLECTIVES_TEST_SIZE"
+#: Seconds a pool waits for its ranks to start and connect (default 120).
+POOL_START_TIMEOUT = "COLLECTIVES_POOL_START_TIMEOUT"
+#: Seconds one pool job may take before the pool is killed (default 60).
+POOL_JOB_TIMEOUT = "COLLECTIVES_POOL_JOB_TIMEOUT"
+#: How many pools a test session keeps warm at once (default 4).
+POOL_MAX_LIVE = "COLLECTIVES_POOL_MAX_LIVE"
+#: Set by a pool in its ranks' environment: where to connect back, and the key.
+POOL_ADDRESS = "COLLECTIVES_POOL_ADDRESS"
+POOL_AUTHKEY = "COLLECTIVES_POOL_AUTHKEY"

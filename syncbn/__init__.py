@@ -4,19 +4,38 @@
     model = syncbn.convert_sync_batchnorm(model)        # before or after collectives.init()
     y = syncbn.SyncBatchNorm(64, comm=comm)(x)          # x: (N, 64, H, W), N may differ per rank
 
-Imports torch (the array library) and collectives only: no torch.distributed,
+Imports torch (the array library, on first use of a name) and collectives only: no torch.distributed,
 mpi4py or cupy, so the same module runs over every backend, on CPU and GPU.
 """
 
-from .batchnorm import BatchNormXd, SyncBatchNorm, convert_sync_batchnorm, revert_sync_batchnorm
-from .data_parallel import DataParallel
-from .function import SyncBatchNormFunction
+from __future__ import annotations
 
-__all__ = [
-    "BatchNormXd",
-    "DataParallel",
-    "SyncBatchNorm",
-    "SyncBatchNormFunction",
-    "convert_sync_batchnorm",
-    "revert_sync_batchnorm",
-]
+from typing import Any
+
+# The names load on first use, so that `import syncbn` alone imports no torch (the
+# interface's import-hygiene rule); `from syncbn import SyncBatchNorm` works as usual.
+_EXPORTS = {
+    "BatchNormXd": "batchnorm",
+    "DataParallel": "data_parallel",
+    "SyncBatchNorm": "batchnorm",
+    "convert_sync_batchnorm": "batchnorm",
+    "revert_sync_batchnorm": "batchnorm",
+    "SyncBatchNormFunction": "function",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'syncbn' has no attribute {name!r}")
+    import importlib  # noqa: PLC0415
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -1,8 +1,7 @@
 """SyncBatchNorm against plain torch BatchNorm on one process over the concatenated batch (float64).
 
-Ranks get their part of the batch as numpy arrays (torch tensors would travel
-through torch's shared-memory pickling, which only works between forked
-processes), run our SyncBatchNorm for several training steps and send back
+Ranks get their part of the batch as numpy arrays (float64, cast on the rank to
+the dtype under test), run our SyncBatchNorm for several training steps and send back
 outputs, input gradients, parameter gradients and running stats. The test
 process computes the reference from the same data. Job functions live at module
 level: the ranks import this file.

@@ -1,15 +1,31 @@
-"""Test real ranks from pytest: a pool of ranks started once with the real launcher.
+"""Test collectives (ours and yours) on real ranks from pytest and Hypothesis.
 
+    import numpy as np
     from collectives.testing import get_pool
 
-    def job(comm, x):                 # runs on every rank
+    def job(comm, x):                 # a module-level function: runs on every rank
         return comm.all_reduce(x)
 
     def test_sum():
-        pool = get_pool("mpi", 4)     # mpiexec -n 4, started once per session
-        results = pool.run(job, [(np.full(3, r),) for r in range(4)])
+        pool = get_pool("mpi", 4)     # mpiexec -n 4, started once per session, then warm
+        results = pool.run(job, [(np.full(3, r),) for r in range(4)])   # one entry per rank
 
-Nothing here imports a transport; the ranks do.
+What lives here:
+
+- :class:`RankPool` / :func:`get_pool`: N ranks of a backend started with the real launcher
+  (mpiexec, torchrun, or none for local) that run jobs ``fn(comm, *args)`` sent by the
+  test process and send back per-rank results. A job that raises comes back as
+  :class:`RankError` with every failing rank's traceback; one that hangs past its
+  timeout or kills its rank is :class:`RankTimeout` / :class:`RankCrashed`, and the pool
+  restarts on the next job.
+- The pytest plugin (:mod:`.plugin`, loaded automatically): the ``world`` fixture and the
+  Hypothesis profiles ``ci`` / ``dev`` (``COLLECTIVES_HYPOTHESIS_PROFILE``).
+- :mod:`.strategies` (needs hypothesis; imported explicitly): dtypes, ops, shapes,
+  per-rank arrays with edge values, roots, world sizes.
+- :mod:`.reference`: numpy references and error bounds for reductions, and the
+  conversions between the numpy arrays tests draw and the arrays ranks use.
+
+Nothing here imports a transport or hypothesis; the ranks import their transport.
 """
 
 from .pool import (
@@ -23,6 +39,7 @@ from .pool import (
     close_all_pools,
     get_pool,
 )
+from .reference import as_array, check_reduction_result, reference_reduce, same_bits, to_numpy
 
 __all__ = [
     "LAUNCHERS",
@@ -32,6 +49,11 @@ __all__ = [
     "RankPool",
     "RankTimeout",
     "RemoteError",
+    "as_array",
+    "check_reduction_result",
     "close_all_pools",
     "get_pool",
+    "reference_reduce",
+    "same_bits",
+    "to_numpy",
 ]

@@ -34,14 +34,15 @@ from multiprocessing.connection import Client, Connection, Listener, wait
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from ..errors import CollectiveError
 
-POOL_ADDRESS_ENV = "COLLECTIVES_POOL_ADDRESS"
-POOL_AUTHKEY_ENV = "COLLECTIVES_POOL_AUTHKEY"
+POOL_ADDRESS_ENV = config.POOL_ADDRESS
+POOL_AUTHKEY_ENV = config.POOL_AUTHKEY
 #: Seconds a pool waits for its ranks to start and connect.
-START_TIMEOUT = float(os.environ.get("COLLECTIVES_POOL_START_TIMEOUT", 120))
+START_TIMEOUT = float(os.environ.get(config.POOL_START_TIMEOUT, 120))
 #: Seconds one job may take before its pool is killed.
-DEFAULT_JOB_TIMEOUT = float(os.environ.get("COLLECTIVES_POOL_JOB_TIMEOUT", 60))
+DEFAULT_JOB_TIMEOUT = float(os.environ.get(config.POOL_JOB_TIMEOUT, 60))
 
 #: Seconds the other ranks get to finish once one rank raised.
 ERROR_GRACE = 5.0
@@ -335,7 +336,7 @@ def _kill_session(process: subprocess.Popen[bytes]) -> None:
 # -- pools shared by a test session ---------------------------------------------------------
 
 #: How many pools stay alive at once; the least recently used one is closed beyond that.
-MAX_LIVE_POOLS = int(os.environ.get("COLLECTIVES_POOL_MAX_LIVE", 4))
+MAX_LIVE_POOLS = int(os.environ.get(config.POOL_MAX_LIVE, 4))
 _pools: OrderedDict[tuple[str, int, str | None], RankPool] = OrderedDict()
 
 

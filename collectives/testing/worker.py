@@ -20,6 +20,8 @@ def _resolve(module_name: str, path: str, qualname: str) -> Callable[..., Any]:
     key = (module_name, path, qualname)
     if key in _jobs:
         return _jobs[key]
+    if module_name == "__main__":  # a job in the caller's script: ours is this worker
+        module_name = "_collectives_job_script"
     module = sys.modules.get(module_name)
     if module is None:
         try:
@@ -27,7 +29,8 @@ def _resolve(module_name: str, path: str, qualname: str) -> Callable[..., Any]:
         except ImportError:
             module = None
         if module is None or os.path.abspath(getattr(module, "__file__", "") or "") != path:
-            # A test file pytest imported by path (rootdir-relative name): load it the same way.
+            # A test file pytest imported by path (rootdir-relative name), or the caller's
+            # script (its `if __name__ == "__main__":` part does not run here): load by path.
             sys.path.insert(0, os.path.dirname(path))
             spec = importlib.util.spec_from_file_location(module_name, path)
             assert spec is not None and spec.loader is not None, path
