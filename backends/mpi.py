@@ -43,9 +43,11 @@ from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work
 from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
-from collectives.ops import ReduceOp
+from collectives.ops import ALLOWED_OPS, ReduceOp
 
 from . import _float_order
+
+_MPI4PY_DEFAULT_THREAD_LEVEL = "multiple"
 
 #: Elements per MPI call: MPI counts are C ints unless the library has large counts.
 MAX_COUNT = 2**31 - 1
@@ -61,9 +63,28 @@ _NUMPY_DTYPES = {name: np.dtype(name) for name in
                   "float64")}
 
 
+#: The MPI thread level MPI is initialized with when this backend initializes it.
+#: Measured with the MPICH wheel on 2 ranks of one node (docs/performance.md): "single"
+#: (and funneled/serialized) lets MPICH use its shared-memory collectives, ~1 us faster
+#: below ~4 KiB, but 2.5-7x slower from 64 KiB up; "multiple" costs ~1 us at 4 B and wins
+#: everywhere else, and it is what threaded callers need. mpi4py's default too.
+THREAD_LEVEL = "multiple"
+
+
 def import_mpi() -> Any:
-    """mpi4py's MPI module, or ``BackendUnavailable`` saying how to install it."""
+    """mpi4py's MPI module, or ``BackendUnavailable`` saying how to install it.
+
+    When MPI is not initialized yet, it will be at :data:`THREAD_LEVEL`, unless the user
+    chose a level already: ``MPI4PY_RC_THREAD_LEVEL`` in the environment, or
+    ``mpi4py.rc.thread_level`` set to something else before this call. A program that
+    imported ``mpi4py.MPI`` itself keeps the level it got.
+    """
     try:
+        import mpi4py  # noqa: PLC0415
+
+        if "mpi4py.MPI" not in sys.modules and not os.environ.get("MPI4PY_RC_THREAD_LEVEL"):
+            if mpi4py.rc.thread_level == _MPI4PY_DEFAULT_THREAD_LEVEL:
+                mpi4py.rc.thread_level = THREAD_LEVEL
         from mpi4py import MPI  # noqa: PLC0415
     except ImportError as error:
         raise BackendUnavailable(
@@ -216,6 +237,17 @@ class MPICommunicator(Communicator):
         self._bool_ops = {ReduceOp.MIN: MPI.LAND, ReduceOp.BAND: MPI.LAND,
                           ReduceOp.MAX: MPI.LOR, ReduceOp.BOR: MPI.LOR, ReduceOp.BXOR: MPI.LXOR}
         self._cuda_aware: bool | None = None
+        # The fast path's table: dtype -> {op: (MPI datatype, MPI op)} for every allowed
+        # pair MPI reduces as it is: no staging through float32, and not the float MIN/MAX
+        # that go through order keys (NaN). Nested: a (str, ReduceOp) tuple key costs
+        # twice as much to look up.
+        self._native = {dtype: {op: (self._types[dtype], self._reduce_spec(dtype, op)[2])
+                                for op in allowed
+                                if dtype in self._types and self._wire_dtype(dtype) == dtype
+                                and not _nan_ordered(dtype, op)}
+                        for dtype, allowed in ALLOWED_OPS.items()}
+        self._in_place = MPI.IN_PLACE
+        self._byte = MPI.BYTE
 
     @classmethod
     def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPICommunicator:
@@ -369,6 +401,17 @@ class MPICommunicator(Communicator):
 
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Work | None:
+        if adapter is _NUMPY and not async_op:
+            # The common case in as few steps as raw mpi4py takes: x itself is the buffer.
+            spec = self._native[dtype].get(op)
+            if spec is not None and x.flags.c_contiguous and x.size <= MAX_COUNT:
+                if self.timeout is None:
+                    self._comm.Allreduce(self._in_place, [x, spec[0]], spec[1])
+                else:
+                    self._wait(self._comm.Iallreduce(self._in_place, [x, spec[0]], spec[1]))
+                if op is _AVG:
+                    x /= self.size
+                return None
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         buf, writeback = self._buffer(x, adapter, wire)
         IN_PLACE = self._MPI.IN_PLACE
@@ -380,7 +423,7 @@ class MPICommunicator(Communicator):
         def finish() -> None:
             if keys is not None:
                 _float_order.decode(keys, 8 * _itemsize(buf))
-            if op is ReduceOp.AVG:
+            if op is _AVG:
                 _divide(buf, self.size)
             if writeback is not None:
                 writeback()
@@ -398,6 +441,13 @@ class MPICommunicator(Communicator):
 
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
                    async_op: bool) -> Work | None:
+        if adapter is _NUMPY and not async_op and x.flags.c_contiguous and x.nbytes <= MAX_COUNT:
+            # MPI counts x's bytes itself: no uint8 view
+            if self.timeout is None:
+                self._comm.Bcast([x, self._byte], src)
+            else:
+                self._wait(self._comm.Ibcast([x, self._byte], src))
+            return None
         buf, writeback = self._buffer(x, adapter, None)
         chunks = _chunks(_bytes(buf))
         BYTE = self._MPI.BYTE
@@ -418,6 +468,13 @@ class MPICommunicator(Communicator):
         return None
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+        if adapter is _NUMPY and x.flags.c_contiguous and x.nbytes <= MAX_COUNT:
+            out = np.empty((self.size, *x.shape), dtype=x.dtype)
+            if self.timeout is None:
+                self._comm.Allgather([x, self._byte], [out, self._byte])
+            else:
+                self._wait(self._comm.Iallgather([x, self._byte], [out, self._byte]))
+            return out
         out = adapter.empty(x, (self.size, *x.shape))
         send, _ = self._buffer(x, adapter, None)
         recv, writeback = self._buffer(out, adapter, None)
@@ -445,6 +502,18 @@ class MPICommunicator(Communicator):
         return out
 
     def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+        if adapter is _NUMPY:
+            spec = self._native[dtype].get(op)
+            if spec is not None and x.flags.c_contiguous and x.size // self.size <= MAX_COUNT:
+                out = np.empty((x.shape[0] // self.size, *x.shape[1:]), dtype=x.dtype)
+                if self.timeout is None:
+                    self._comm.Reduce_scatter_block([x, spec[0]], [out, spec[0]], spec[1])
+                else:
+                    self._wait(self._comm.Ireduce_scatter_block([x, spec[0]], [out, spec[0]],
+                                                                spec[1]))
+                if op is _AVG:
+                    out /= self.size
+                return out
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         rows = x.shape[0] // self.size
         out = adapter.empty(x, (rows, *x.shape[1:]))
@@ -471,7 +540,7 @@ class MPICommunicator(Communicator):
         if recv is not recv_floats:
             _float_order.decode(recv, 8 * _itemsize(recv))
             recv = recv_floats
-        if op is ReduceOp.AVG:
+        if op is _AVG:
             _divide(recv, self.size)
         if writeback is not None:
             writeback()
@@ -506,6 +575,11 @@ class MPICommunicator(Communicator):
         MPI = self._MPI
         if not MPI.Is_finalized() and self._comm != MPI.COMM_NULL:
             self._comm.Free()
+
+
+# Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.
+_AVG = ReduceOp.AVG
+_NUMPY = arrays.NUMPY
 
 
 def _size(buf: Any) -> int:

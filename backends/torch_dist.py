@@ -41,7 +41,7 @@ from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
-from collectives.ops import ReduceOp
+from collectives.ops import ALLOWED_OPS, ReduceOp
 
 from . import _float_order
 
@@ -339,6 +339,17 @@ class TorchCommunicator(Communicator):
     @_on_cupy_stream
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Work | None:
+        direct = _DIRECT[dtype].get(op) if adapter is _TORCH else None
+        if direct is not None and x.is_contiguous():
+            # The common case, kept free of any extra tensor op (each costs microseconds):
+            # x itself goes to the transport (check_writable ruled out autograd).
+            work = self._dist.all_reduce(x, self._ops[op], self._group, async_op)
+            if async_op:
+                return _TorchWork(x, work, (lambda: x.div_(self.size)) if op is _AVG else None,
+                                  self)
+            if op is _AVG:
+                x.div_(self.size)
+            return None
         if _negative_strides(x, adapter):  # torch.from_numpy refuses these: reduce a copy
             copy = x.copy()
             self._all_reduce(copy, adapter, dtype, op, False)
@@ -357,7 +368,7 @@ class TorchCommunicator(Communicator):
         def finish() -> None:
             if keys is not None:
                 staged.copy_(self._from_keys(keys, staged.dtype))
-            if op is ReduceOp.AVG:
+            if op is _AVG:
                 staged.div_(self.size)
             if copy is not None:
                 t.copy_(copy)
@@ -408,6 +419,10 @@ class TorchCommunicator(Communicator):
     @_on_cupy_stream
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
                    async_op: bool) -> Work | None:
+        if adapter is _TORCH and dtype not in _WIRE and x.is_contiguous():
+            # dtypes every torch transport moves as they are: no uint8 view to make.
+            work = self._dist.broadcast(x, self._global_ranks[src], self._group, async_op)
+            return _TorchWork(x, work, None, self) if async_op else None
         if _negative_strides(x, adapter):
             copy = x.copy()
             self._broadcast(copy, adapter, dtype, src, False)
@@ -438,6 +453,12 @@ class TorchCommunicator(Communicator):
 
     @_on_cupy_stream
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+        if (adapter is _TORCH and dtype in _GATHER_DIRECT and x.dim() == 1 and not self._reordered
+                and not x.requires_grad and x.is_contiguous()):
+            # 1-d tensors of the dtypes every transport gathers: no byte views, one output
+            out = self._torch.empty((self.size * x.shape[0],), dtype=x.dtype, device=x.device)
+            self._all_gather_single(out, x, group=self._group)
+            return out.view(self.size, x.shape[0])
         gathered = self._gather_tensor(self._as_tensor(x, adapter))
         if adapter is arrays.TORCH:
             return gathered
@@ -450,6 +471,13 @@ class TorchCommunicator(Communicator):
     @_on_cupy_stream
     def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         torch = self._torch
+        if (adapter is _TORCH and x.dim() == 1 and not self._reordered and not x.requires_grad
+                and _DIRECT[dtype].get(op) is not None and x.is_contiguous()):
+            out = torch.empty((x.shape[0] // self.size,), dtype=x.dtype, device=x.device)
+            self._reduce_scatter_single(out, x, self._ops[op], group=self._group)
+            if op is _AVG:
+                out.div_(self.size)
+            return out
         t = self._as_tensor(x, adapter)
         staged, _ = self._staged(t, dtype)
         rows = t.shape[0] // self.size
@@ -471,7 +499,7 @@ class TorchCommunicator(Communicator):
         else:
             out = torch.empty((rows, *t.shape[1:]), dtype=staged.dtype, device=t.device)
             self._reduce_scatter_single(out, staged, self._ops[op], group=self._group)
-        if op is ReduceOp.AVG:
+        if op is _AVG:
             out.div_(self.size)
         out = out.to(t.dtype)
         if adapter is arrays.TORCH:
@@ -519,6 +547,18 @@ class TorchCommunicator(Communicator):
 # dtypes no torch transport reduces, and the type they are reduced in instead: 0/1 bytes
 # keep MIN=AND, MAX=OR, BXOR=XOR; int32 keeps int16's wrapping SUM/PROD and bit patterns.
 _WIRE = {"bool": "uint8", "int16": "int32"}
+
+# Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.
+_TORCH = arrays.TORCH
+_AVG = ReduceOp.AVG
+# dtypes every torch transport gathers as they are.
+_GATHER_DIRECT = frozenset({"int8", "uint8", "int32", "int64", "float16", "float32", "float64"})
+# dtype -> the ops every torch transport does on it as it is (no bitwise: NCCL has none).
+# Not float MIN/MAX either: those go through order keys (NaN propagates).
+_DIRECT = {dtype: {op: op for op in allowed
+                   if dtype not in _WIRE and op not in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+                   and not (dtype.startswith(("float", "bfloat")) and op in _float_order.NAN_ORDERED_OPS)}
+           for dtype, allowed in ALLOWED_OPS.items()}
 
 
 def _bytes(t: Any) -> Any:

@@ -41,6 +41,15 @@ class ArrayAdapter:
         """CUDA device ordinal of ``x``, or ``None`` for host memory."""
         return None
 
+    #: Whether ``check_memory`` checks anything (the call path skips it when not).
+    checks_memory = False
+
+    def check_memory(self, x: Any) -> None:
+        """``TypeError``/``ValueError`` unless a transport can address ``x``'s memory.
+
+        Part of ``dtype_name``; called on its own for kinds of arrays already seen,
+        since two arrays of one type and dtype may live on different devices."""
+
     def check_writable(self, x: Any) -> None:
         """``ValueError`` unless ``x`` may be overwritten in place."""
 
@@ -115,8 +124,14 @@ class TorchAdapter(ArrayAdapter):
             self._table = {getattr(torch, name): name for name in DTYPES}
         return self._table
 
+    checks_memory = True
+
     def dtype_name(self, x: Any) -> str:
         name = super().dtype_name(x)
+        self.check_memory(x)
+        return name
+
+    def check_memory(self, x: Any) -> None:
         # Memory a transport can address: CPU or CUDA, dense. (meta, mps, xpu... and
         # sparse layouts would fail halfway inside a backend otherwise.)
         if not (x.is_cpu or x.is_cuda):
@@ -125,7 +140,6 @@ class TorchAdapter(ArrayAdapter):
         if x.layout != sys.modules["torch"].strided:
             raise TypeError(f"x is a torch tensor with layout {x.layout}; collectives take "
                             "dense (torch.strided) tensors: pass x.to_dense()")
-        return name
 
     def is_cuda(self, x: Any) -> bool:
         return bool(x.is_cuda)

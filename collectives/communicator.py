@@ -62,6 +62,12 @@ class Communicator(abc.ABC):
     """
 
     backend: str = ""
+    #: Whether this class overrides ``_check_device`` (the call path skips it when not).
+    _checks_device: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._checks_device = cls._check_device is not Communicator._check_device
 
     def __init__(self, rank: int, size: int, local_rank: int, *,
                  timeout: Any = None) -> None:
@@ -87,8 +93,18 @@ class Communicator(abc.ABC):
         (see :data:`collectives.ops.ALLOWED_OPS`), else ``TypeError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        adapter, dtype = self._check_array(x, in_place=True)
-        reduce_op = check_reduction(dtype, op)
+        if self._closed or self._broken:
+            self._check_open()
+        try:  # the checks that depend only on the kind of x and on op passed before
+            adapter, dtype, reduce_op = _REDUCTION_KINDS[type(x), x.dtype, op]
+        except (KeyError, TypeError, AttributeError):
+            adapter, dtype, reduce_op = self._check_reduction(x, op, in_place=True)
+        else:
+            if adapter.checks_memory:
+                adapter.check_memory(x)
+            adapter.check_writable(x)
+            if self._checks_device:
+                self._check_device(x, adapter)
         self._seq += 1
         self._operation = "all_reduce"
         if self.debug:
@@ -108,8 +124,20 @@ class Communicator(abc.ABC):
         of this communicator (``0 <= src < size``), else ``ValueError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        adapter, dtype = self._check_array(x, in_place=True)
-        self._check_rank(src, "src")
+        if self._closed or self._broken:
+            self._check_open()
+        try:
+            adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
+        except (KeyError, TypeError, AttributeError):
+            adapter, dtype = self._check_array(x, in_place=True)
+        else:
+            if adapter.checks_memory:
+                adapter.check_memory(x)
+            adapter.check_writable(x)
+            if self._checks_device:
+                self._check_device(x, adapter)
+        if type(src) is not int or not 0 <= src < self.size:  # noqa: E721  (a bool is no rank)
+            self._check_rank(src, "src")
         self._seq += 1
         self._operation = "broadcast"
         if self.debug:
@@ -127,7 +155,17 @@ class Communicator(abc.ABC):
 
         Row ``r`` of the result is rank ``r``'s ``x``. ``x`` is not modified.
         """
-        adapter, dtype = self._check_array(x, in_place=False)
+        if self._closed or self._broken:
+            self._check_open()
+        try:
+            adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
+        except (KeyError, TypeError, AttributeError):
+            adapter, dtype = self._check_array(x, in_place=False)
+        else:
+            if adapter.checks_memory:
+                adapter.check_memory(x)
+            if self._checks_device:
+                self._check_device(x, adapter)
         self._seq += 1
         self._operation = "all_gather"
         if self.debug:
@@ -147,8 +185,17 @@ class Communicator(abc.ABC):
         holding rows ``rank * n // size`` to ``(rank + 1) * n // size`` of the
         reduction. ``x`` is not modified.
         """
-        adapter, dtype = self._check_array(x, in_place=False)
-        reduce_op = check_reduction(dtype, op)
+        if self._closed or self._broken:
+            self._check_open()
+        try:
+            adapter, dtype, reduce_op = _REDUCTION_KINDS[type(x), x.dtype, op]
+        except (KeyError, TypeError, AttributeError):
+            adapter, dtype, reduce_op = self._check_reduction(x, op, in_place=False)
+        else:
+            if adapter.checks_memory:
+                adapter.check_memory(x)
+            if self._checks_device:
+                self._check_device(x, adapter)
         shape = tuple(x.shape)
         if not shape:
             raise ValueError("reduce_scatter needs x with at least one dimension; got a 0-d array")
@@ -227,15 +274,36 @@ class Communicator(abc.ABC):
 
     # -- argument checks shared by every backend ----------------------------------------
 
+    # The checks run on every call. The public methods above first look the kind of x
+    # (its type and dtype, and op) up among the kinds that passed before, and then check
+    # only what can differ from one array to the next (memory, writable, device); a kind not seen
+    # yet goes through the full checks below. The order of the checks, and so which
+    # error a call with several faults gets, is the same on both paths.
+
     def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
         if self._closed or self._broken:
             self._check_open()
-        adapter = arrays.adapter_for(x)
-        dtype = adapter.dtype_name(x)
+        try:
+            adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
+        except (KeyError, TypeError, AttributeError):
+            adapter = arrays.adapter_for(x)
+            dtype = adapter.dtype_name(x)
+            _remember(_ARRAY_KINDS, (type(x), x.dtype), (adapter, dtype))
+        else:
+            if adapter.checks_memory:
+                adapter.check_memory(x)
         if in_place:
             adapter.check_writable(x)
-        self._check_device(x, adapter)
+        if self._checks_device:
+            self._check_device(x, adapter)
         return adapter, dtype
+
+    def _check_reduction(self, x: Any, op: Any, in_place: bool) -> tuple[ArrayAdapter, str, ReduceOp]:
+        """``_check_array``, then ``check_reduction``; remembers the kind of x with op."""
+        adapter, dtype = self._check_array(x, in_place)
+        reduce_op = check_reduction(dtype, op)
+        _remember(_REDUCTION_KINDS, (type(x), x.dtype, op), (adapter, dtype, reduce_op))
+        return adapter, dtype, reduce_op
 
     def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
         """``TypeError``/``ValueError`` if this backend cannot take ``x`` (device, kind)."""
@@ -366,6 +434,19 @@ class Communicator(abc.ABC):
 
     def _close(self) -> None:
         """Release transport resources (called once)."""
+
+
+# (type(x), x.dtype) -> (adapter, dtype name) for kinds of arrays that passed before, and
+# (type(x), x.dtype, op as spelled) -> (adapter, dtype name, ReduceOp) for reductions.
+_ARRAY_KINDS: dict[tuple[Any, ...], tuple[ArrayAdapter, str]] = {}
+_REDUCTION_KINDS: dict[tuple[Any, ...], tuple[ArrayAdapter, str, ReduceOp]] = {}
+
+
+def _remember(cache: dict[Any, Any], key: tuple[Any, ...], value: Any) -> None:
+    try:
+        cache[key] = value
+    except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered
+        pass
 
 
 def _is_int(value: Any) -> bool:
