@@ -26,7 +26,9 @@ test: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(VENV)/bin/mpiexec -n 2 $(PY) scripts/bench.py
+	$(VENV)/bin/mpiexec -n 2 $(PY) scripts/bench.py --json docs/bench/mpi-multiple.json
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/torchrun --nproc_per_node 2 scripts/bench.py --json docs/bench/torch-gloo.json
+	$(PY) scripts/bench.py --plot-only docs/bench/mpi-multiple.json docs/bench/torch-gloo.json --plot docs/bench.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
