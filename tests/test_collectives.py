@@ -5,20 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from grid import (
-    SHAPE,
-    allowed_pairs,
-    disallowed_pairs,
-    dtypes_for,
-    make_input,
-    numpy_dtype,
-    reference,
-    to_kind,
-    to_numpy,
-    tolerance,
-)
+from grid import SHAPE, allowed_pairs, disallowed_pairs, dtypes_for, make_input, tolerance
 
 from collectives.ops import ReduceOp
+from collectives.testing.reference import as_array, carrier_dtype, reference_reduce, to_numpy
 
 WORLDS = [("local", 1)] + [(backend, size) for backend in ("mpi", "torch") for size in (1, 2, 3, 4)]
 KINDS = ["torch", "numpy"]
@@ -35,58 +25,58 @@ def all_reduce_job(comm, kind, cases):
     """cases: [(dtype, op, values)] -> [(result as numpy, raw bytes)] or the error raised."""
     out = []
     for dtype, op, values in cases:
-        x = to_kind(values, dtype, kind)
-        before = to_numpy(x, dtype)
+        x = as_array(values, dtype, kind)
+        before = to_numpy(x)
         try:
             returned = comm.all_reduce(x, op)
         except (TypeError, ValueError) as error:
             out.append(("error", type(error).__name__, str(error),
-                        np.array_equal(before, to_numpy(x, dtype))))
+                        np.array_equal(before, to_numpy(x))))
             continue
         assert returned is x, "all_reduce must return its input"
-        out.append(("ok", to_numpy(x, dtype)))
+        out.append(("ok", to_numpy(x)))
     return out
 
 
 def broadcast_job(comm, kind, cases):
     out = []
     for dtype, src, values in cases:
-        x = to_kind(values, dtype, kind)
+        x = as_array(values, dtype, kind)
         assert comm.broadcast(x, src=src) is x
-        out.append(to_numpy(x, dtype))
+        out.append(to_numpy(x))
     return out
 
 
 def all_gather_job(comm, kind, cases):
     out = []
     for dtype, values in cases:
-        x = to_kind(values, dtype, kind)
-        before = to_numpy(x, dtype)
+        x = as_array(values, dtype, kind)
+        before = to_numpy(x)
         gathered = comm.all_gather(x)
         assert type(gathered) is type(x) and gathered.dtype == x.dtype, (type(gathered), gathered.dtype)
-        assert np.array_equal(before, to_numpy(x, dtype)), "all_gather modified its input"
-        out.append(to_numpy(gathered, dtype))
+        assert np.array_equal(before, to_numpy(x)), "all_gather modified its input"
+        out.append(to_numpy(gathered))
     return out
 
 
 def reduce_scatter_job(comm, kind, cases):
     out = []
     for dtype, op, values in cases:
-        x = to_kind(values, dtype, kind)
+        x = as_array(values, dtype, kind)
         try:
             result = comm.reduce_scatter(x, op)
         except (TypeError, ValueError) as error:
             out.append(("error", type(error).__name__, str(error)))
             continue
         assert type(result) is type(x) and result.dtype == x.dtype
-        out.append(("ok", to_numpy(result, dtype)))
+        out.append(("ok", to_numpy(result)))
     return out
 
 
 # -- checks in the test process --------------------------------------------------------------
 
 def assert_reduced(results, inputs, dtype, op, where):
-    ref = reference(inputs, dtype, op)
+    ref = reference_reduce(inputs, dtype, op)
     tol = tolerance(inputs, dtype, op, ref)
     first = results[0]
     for rank, got in enumerate(results):
@@ -138,7 +128,7 @@ def test_broadcast_from_every_root_copies_the_roots_bytes(world, kind):
                 for r in range(world.size)]
     results = world.run(broadcast_job, per_rank)
     for index, (dtype, src) in enumerate(cases):
-        expected = per_rank[src][1][index][2].astype(numpy_dtype(dtype))
+        expected = per_rank[src][1][index][2].astype(carrier_dtype(dtype))
         for rank in range(world.size):
             assert results[rank][index].tobytes() == expected.tobytes(), (dtype, src, rank)
 
@@ -150,7 +140,7 @@ def test_all_gather_stacks_every_ranks_input_in_rank_order(world, kind):
     per_rank = [(kind, [(d, make_input(SEED, r, d, None)) for d in dtypes]) for r in range(world.size)]
     results = world.run(all_gather_job, per_rank)
     for index, dtype in enumerate(dtypes):
-        expected = np.stack([per_rank[r][1][index][1] for r in range(world.size)]).astype(numpy_dtype(dtype))
+        expected = np.stack([per_rank[r][1][index][1] for r in range(world.size)]).astype(carrier_dtype(dtype))
         for rank in range(world.size):
             assert results[rank][index].shape == (world.size, *SHAPE)
             assert results[rank][index].tobytes() == expected.tobytes(), (dtype, rank)

@@ -53,10 +53,6 @@ def round_to_bfloat16(values: np.ndarray) -> np.ndarray:
     return rounded.astype(np.uint32).view(np.float32).reshape(f32.shape)
 
 
-def _torch_dtype(dtype: str) -> Any:
-    return getattr(sys.modules["torch"], dtype)
-
-
 def as_array(values: np.ndarray, dtype: str, library: str = "numpy",
              layout: str = "contiguous") -> Any:
     """The array a rank hands to a collective: ``values`` (a carrier) as ``library``'s array.

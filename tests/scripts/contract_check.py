@@ -13,9 +13,10 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from grid import allowed_pairs, make_input, reference, to_kind, to_numpy, tolerance  # noqa: E402
+from grid import allowed_pairs, make_input, tolerance  # noqa: E402
 
 import collectives  # noqa: E402
+from collectives.testing.reference import as_array, reference_reduce, to_numpy  # noqa: E402
 
 
 def main() -> int:
@@ -26,9 +27,9 @@ def main() -> int:
             if kind == "numpy" and dtype == "bfloat16":
                 continue
             inputs = [make_input(7, r, dtype, op) for r in range(comm.size)]
-            x = to_kind(inputs[comm.rank], dtype, kind)
-            got = to_numpy(comm.all_reduce(x, op.value), dtype)
-            ref = reference(inputs, dtype, op)
+            x = as_array(inputs[comm.rank], dtype, kind)
+            got = to_numpy(comm.all_reduce(x, op.value))
+            ref = reference_reduce(inputs, dtype, op)
             tol = tolerance(inputs, dtype, op, ref)
             ok = np.all(np.abs(got.astype(np.float64) - ref) <= tol) if tol.any() else np.array_equal(got, ref)
             if not ok:
