@@ -40,6 +40,22 @@ LAUNCHER_VARIABLES: tuple[tuple[str, tuple[str, str, str, str | None]], ...] = (
 )
 
 
+# Whole families of variables a launcher sets for its ranks (MPI process managers, Slurm).
+_LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "SLURM_")
+# torchrun's, which carry no common prefix.
+_TORCHRUN_NAMES = frozenset({*LAUNCHER_VARIABLES[0][1], "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+                             "ROLE_RANK", "TORCHELASTIC_RUN_ID"})
+_OTHER_NAMES = frozenset(name for _, names in LAUNCHER_VARIABLES for name in names if name)
+
+
+def without_launcher_variables(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` less every launcher variable :func:`detect_launcher` reads (and their
+    families), for starting a new job from inside a process that may be a rank itself."""
+    return {name: value for name, value in env.items()
+            if not name.startswith(_LAUNCHER_PREFIXES) and name not in _TORCHRUN_NAMES
+            and name not in _OTHER_NAMES}
+
+
 def _int(env: Mapping[str, str], name: str | None) -> int | None:
     if name is None or name not in env:
         return None

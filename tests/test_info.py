@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 import collectives
+from collectives.launcher import without_launcher_variables
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_info(*args):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    for name in ("RANK", "WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK"):
-        env.pop(name, None)
+    env = {**without_launcher_variables(os.environ),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, "-m", "collectives.info", *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -15,7 +15,7 @@ import torch
 import collectives
 from collectives import ALLOWED_OPS, DTYPES, ReduceOp
 from collectives.arrays import adapter_for
-from collectives.launcher import detect_launcher
+from collectives.launcher import detect_launcher, without_launcher_variables
 from collectives.ops import check_reduction, resolve_op
 
 # DESIGN.md's table, written out again by hand: the independent reference for ops.py.
@@ -126,3 +126,10 @@ def test_torch_parameters_are_tensors_and_in_place_use_is_refused():
         comm.all_reduce(weight)
     assert comm.all_gather(weight).shape == (1, 3)  # reading is fine
     comm.all_reduce(weight.detach())
+
+
+def test_without_launcher_variables_leaves_nothing_detect_launcher_would_read():
+    for env, _ in LAUNCH_ENVIRONMENTS:
+        cleaned = without_launcher_variables({**env, "PATH": "/bin", "PMI_FD": "9"})
+        assert cleaned == {"PATH": "/bin"}
+        assert detect_launcher(cleaned).launcher is None

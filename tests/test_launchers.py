@@ -11,15 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from collectives.launcher import without_launcher_variables
+
 SCRIPTS = Path(__file__).parent / "scripts"
 BIN = Path(sys.executable).parent
 TIMEOUT = 120
 
 
 def launch(launcher, n, script, backend):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "OMPI_", "SLURM_", "COLLECTIVES_POOL")) and
-           k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env = {k: v for k, v in without_launcher_variables(os.environ).items()
+           if not k.startswith("COLLECTIVES_POOL")}
     env.pop("COLLECTIVES_BACKEND", None)
     if backend is not None:
         env["COLLECTIVES_BACKEND"] = backend

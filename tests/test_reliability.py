@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from collectives import CollectiveError, CollectiveMismatch, CollectiveTimeout, config
+from collectives.launcher import without_launcher_variables
 from collectives.testing import RankPool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -462,8 +463,7 @@ def test_failing_rank_ends_the_job(launcher, backend, mode):
     env = {**os.environ, "COLLECTIVES_BACKEND": backend, "COLLECTIVES_TIMEOUT": "600",
            "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            token.split("=")[0]: token.split("=")[1]}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
+    env = without_launcher_variables(env)
     process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, start_new_session=True)
     try:

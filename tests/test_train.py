@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 import torch
 
+from collectives.launcher import without_launcher_variables
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "scripts" / "train.py"
 SHORT = ["--epochs", "1", "--train-images", "101", "--batch", "16", "--no-progress"]
@@ -122,8 +124,7 @@ def test_momentum_sgd_is_torch_sgd():
 def _launch(command, tmp_path, backend):
     env = {**os.environ, "COLLECTIVES_BACKEND": backend, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
+    env = without_launcher_variables(env)
     # Its own session, so a timeout kills the launcher's ranks too, not just the launcher.
     process = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -36,6 +36,7 @@ from typing import Any
 
 from .. import config
 from ..errors import CollectiveError
+from ..launcher import without_launcher_variables
 
 POOL_ADDRESS_ENV = config.POOL_ADDRESS
 POOL_AUTHKEY_ENV = config.POOL_AUTHKEY
@@ -180,9 +181,7 @@ class RankPool:
                "PYTHONPATH": os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]),
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "PYTHONUNBUFFERED": "1"}
-        if self.launcher != "torchrun":
-            for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-                env.pop(name, None)
+        env = without_launcher_variables(env)  # the launcher sets this job's own
         self._log = tempfile.TemporaryFile()
         self._process = subprocess.Popen(self._command(), env=env, stdin=subprocess.DEVNULL,
                                          stdout=self._log, stderr=subprocess.STDOUT,
