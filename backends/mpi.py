@@ -118,24 +118,6 @@ def mpi_cuda_aware(MPI: Any) -> bool:
     return False
 
 
-def _wait_until_output_is_read(deadline: float) -> None:
-    """Until ``deadline``, wait while stdout's or stderr's pipe holds bytes its reader
-    (the launcher's proxy) has not read yet. Not a pipe, or no FIONREAD: no wait."""
-    import fcntl  # noqa: PLC0415  (POSIX only, and only on this failure path)
-    import struct  # noqa: PLC0415
-    import termios  # noqa: PLC0415
-
-    for fd in (1, 2):
-        while time.monotonic() < deadline:
-            try:
-                unread = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-            except OSError:
-                break
-            if unread == 0:
-                break
-            time.sleep(0.005)
-
-
 def install_abort_on_uncaught_exception(MPI: Any) -> None:
     """Make an uncaught exception on this rank end the whole MPI job (once per process).
 
@@ -159,10 +141,8 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
             f"{os.getpid()}); calling MPI_Abort so that the other ranks do not wait for it "
             "forever\n")
         sys.stderr.flush()
-        # Abort kills the launcher's output forwarding too, and what the launcher has not
-        # read from our pipes by then is lost: wait until it has read the traceback and
-        # this line, then give it a moment to pass them on (a failing job can spare it).
-        _wait_until_output_is_read(deadline=time.monotonic() + 2.0)
+        # Abort kills the launcher's output forwarding too: give it a moment to pass on
+        # the traceback and this line (a failing job can spare 0.2 s).
         time.sleep(0.2)
         world.Abort(code)
 
