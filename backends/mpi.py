@@ -118,6 +118,9 @@ def mpi_cuda_aware(MPI: Any) -> bool:
     return False
 
 
+_exit_hook_installed: list[bool] = []  # the sys.exit hook, installed once per process
+
+
 def install_abort_on_uncaught_exception(MPI: Any) -> None:
     """Make an uncaught exception on this rank end the whole MPI job (once per process).
 
@@ -129,7 +132,7 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
     """
     if getattr(sys.excepthook, "_collectives_abort", False):
         return
-    previous = sys.excepthook
+    previous = sys.excepthook  # may be an earlier one of ours, wrapped by someone else
 
     def abort(what: str, code: int) -> None:
         if not MPI.Is_initialized() or MPI.Is_finalized():
@@ -148,11 +151,19 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
 
     def abort_on_uncaught_exception(kind: Any, value: Any, tb: Any) -> None:
         previous(kind, value, tb)
+        outer = sys.excepthook
+        if outer is not abort_on_uncaught_exception and getattr(outer, "_collectives_abort", False):
+            # Installed again later around another hook (torch's init_process_group wraps
+            # the hook and buffers what it prints): the outer one aborts, once the wrapper
+            # has printed; aborting here would lose the traceback in that buffer.
+            return
         if not issubclass(kind, KeyboardInterrupt):
             abort(f"uncaught {kind.__name__}", 1)
 
     abort_on_uncaught_exception._collectives_abort = True  # type: ignore[attr-defined]
     sys.excepthook = abort_on_uncaught_exception
+    if _exit_hook_installed:
+        return
 
     # sys.exit(n) skips the excepthook, and MPI_Finalize at exit would then wait for
     # peers that wait for this rank: a hang. Remember the status, abort at exit if non-zero.
@@ -171,6 +182,7 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
 
     sys.exit = exit_recording_status
     atexit.register(abort_on_failing_exit)
+    _exit_hook_installed.append(True)
 
 
 class _Request(Work):

@@ -119,6 +119,9 @@ def _bootstrap_process_group(dist: Any, launch: LaunchInfo,
     store = mpi_shared_tcp_store(launch, timeout)
     dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.size,
                             timeout=timeout)
+    # init_process_group wrapped our hook in its own (which buffers the traceback to prefix
+    # it with the rank): ours goes around it again, so the traceback is printed before MPI_Abort.
+    install_abort_on_uncaught_exception(import_mpi())
 
 
 def _has_interface(name: str) -> bool:
