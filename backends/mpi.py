@@ -189,10 +189,14 @@ class _Request(Work):
     """Nonblocking MPI requests, plus what must happen once they complete."""
 
     def __init__(self, x: Any, MPI: Any, requests: list[Any], finish: Callable[[], None],
-                 comm: MPICommunicator | None = None):
+                 comm: MPICommunicator | None = None, statuses: list[Any] | None = None,
+                 buffers: Any = None):
         super().__init__(x)
         self._MPI = MPI
         self._requests = requests
+        self._statuses = statuses
+        # Memory MPI reads or writes until the requests complete (staging copies).
+        self._buffers = buffers
         self._finish: Callable[[], None] | None = finish
         self._comm = comm
         # The call this is, for a timeout's message (the communicator moves on).
@@ -200,19 +204,30 @@ class _Request(Work):
 
     def wait(self) -> Any:
         if self._finish is not None:
+            statuses = self._statuses or [None] * len(self._requests)
             if self._comm is None or self._comm.timeout is None:
-                self._MPI.Request.Waitall(self._requests)
+                for request, status in zip(self._requests, statuses):
+                    request.Wait(status)
             else:
-                for request in self._requests:
-                    self._comm._wait(request, self._call)
-            finish, self._finish = self._finish, None
-            finish()
+                for request, status in zip(self._requests, statuses):
+                    self._comm._wait(request, self._call, status)
+            self._complete()
         return self._x
+
+    def _complete(self) -> None:
+        # Once: a completed request is inactive, and waiting on it again would reset its status.
+        finish, self._finish, self._buffers = self._finish, None, None
+        if finish is not None:
+            finish()
 
     def is_completed(self) -> bool:
         if self._finish is None:
             return True
-        return bool(self._MPI.Request.Testall(self._requests)) and (self.wait() is not None)
+        statuses = self._statuses or [None] * len(self._requests)
+        if not all(request.Test(status) for request, status in zip(self._requests, statuses)):
+            return False
+        self._complete()
+        return True
 
 
 class MPICommunicator(Communicator):
@@ -367,19 +382,19 @@ class MPICommunicator(Communicator):
 
     # -- completion with a deadline ------------------------------------------------------
 
-    def _wait(self, request: Any, call: tuple[str, int] | None = None) -> None:
+    def _wait(self, request: Any, call: tuple[str, int] | None = None, status: Any = None) -> None:
         """Complete ``request`` within ``timeout``, else :class:`CollectiveTimeout`."""
         for _ in range(FAST_POLLS):
-            if request.Test():
+            if request.Test(status):
                 return
-        self._wait_slowly(request, call)
+        self._wait_slowly(request, call, status)
 
-    def _wait_slowly(self, request: Any, call: tuple[str, int] | None) -> None:
+    def _wait_slowly(self, request: Any, call: tuple[str, int] | None, status: Any = None) -> None:
         start = time.monotonic()
         deadline = start + self.timeout
         backoff = start + BUSY_POLL_SECONDS
         polls = 0
-        while not request.Test():
+        while not request.Test(status):
             polls += 1
             if polls & 63:
                 os.sched_yield()  # two ranks on one core: let the other one run
@@ -479,15 +494,18 @@ class MPICommunicator(Communicator):
         finish()
         return None
 
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
+                    async_op: bool = False) -> Any:
         if adapter is _NUMPY and x.flags.c_contiguous and x.nbytes <= MAX_COUNT:
-            out = np.empty((self.size, *x.shape), dtype=x.dtype)
+            if out is None:
+                out = np.empty((self.size, *x.shape), dtype=x.dtype)
             if self.timeout is None:
                 self._comm.Allgather([x, self._byte], [out, self._byte])
             else:
                 self._wait(self._comm.Iallgather([x, self._byte], [out, self._byte]))
-            return out
-        out = adapter.empty(x, (self.size, *x.shape))
+            return Work(out) if async_op else out
+        if out is None:
+            out = adapter.empty(x, (self.size, *x.shape))
         send, _ = self._buffer(x, adapter, None)
         recv, writeback = self._buffer(out, adapter, None)
         send_bytes, recv_bytes = _bytes(send), _bytes(recv)
@@ -511,13 +529,20 @@ class MPICommunicator(Communicator):
                 blocks[:, start:stop] = piece
         if writeback is not None:
             writeback()
-        return out
+        return Work(out) if async_op else out
 
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                        out: Any = None, async_op: bool = False) -> Any:
+        result = self._reduce_scatter_into(x, adapter, dtype, op, out)
+        return Work(result) if async_op else result
+
+    def _reduce_scatter_into(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                             given: Any) -> Any:
         if adapter is _NUMPY:
             spec = self._native[dtype].get(op)
             if spec is not None and x.flags.c_contiguous and x.size // self.size <= MAX_COUNT:
-                out = np.empty((x.shape[0] // self.size, *x.shape[1:]), dtype=x.dtype)
+                out = given if given is not None else \
+                    np.empty((x.shape[0] // self.size, *x.shape[1:]), dtype=x.dtype)
                 if self.timeout is None:
                     self._comm.Reduce_scatter_block([x, spec[0]], [out, spec[0]], spec[1])
                 else:
@@ -528,7 +553,7 @@ class MPICommunicator(Communicator):
                 return out
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         rows = x.shape[0] // self.size
-        out = adapter.empty(x, (rows, *x.shape[1:]))
+        out = given if given is not None else adapter.empty(x, (rows, *x.shape[1:]))
         send, _ = self._buffer(x, adapter, wire)
         recv, writeback = self._buffer(out, adapter, wire)
         recv_floats = recv
@@ -563,6 +588,42 @@ class MPICommunicator(Communicator):
             request.Wait()
         else:
             self._wait(request)
+
+    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
+              async_op: bool) -> Work | None:
+        buf, _ = self._buffer(x, adapter, None)
+        data = [_bytes(buf), self._byte]
+        if async_op:  # buf (maybe a staging copy) lives as long as the request
+            return _Request(x, self._MPI, [self._comm.Isend(data, dst, tag)], lambda: None, self,
+                            buffers=buf)
+        if self.timeout is None:
+            self._comm.Send(data, dst, tag)
+        else:
+            self._wait(self._comm.Isend(data, dst, tag))
+        return None
+
+    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
+              async_op: bool) -> Work | None:
+        buf, writeback = self._buffer(x, adapter, None)
+        data = _bytes(buf)
+        status = self._MPI.Status()
+        request = self._comm.Irecv([data, self._byte], src, tag)
+
+        def finish() -> None:
+            # MPI refuses a longer message (MPI_ERR_TRUNCATE) but takes a shorter one.
+            got = status.Get_count(self._byte)
+            if got != _size(data):
+                raise ValueError(f"recv from rank {src} (tag {tag}) got {got} bytes, but x "
+                                 f"holds {_size(data)} (shape {tuple(x.shape)}, {dtype}): the "
+                                 "sender's array has another shape or dtype")
+            if writeback is not None:
+                writeback()
+
+        work = _Request(x, self._MPI, [request], finish, self, statuses=[status], buffers=buf)
+        if async_op:
+            return work
+        work.wait()
+        return None
 
     def _barrier(self) -> None:
         if self.timeout is None:

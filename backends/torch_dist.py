@@ -38,7 +38,7 @@ from typing import Any
 
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
-from collectives.communicator import Communicator, Work
+from collectives.communicator import Communicator, Work, deliver
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
@@ -454,8 +454,12 @@ class TorchCommunicator(Communicator):
             out = out[self._torch_rank]
         return out
 
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
+                    async_op: bool = False) -> Any:
+        return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
+
     @_on_cupy_stream
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+    def _all_gather_new(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
         if (adapter is _TORCH and dtype in _GATHER_DIRECT and x.dim() == 1 and not self._reordered
                 and not x.requires_grad and x.is_contiguous()):
             # 1-d tensors of the dtypes every transport gathers: no byte views, one output
@@ -471,8 +475,12 @@ class TorchCommunicator(Communicator):
 
         return cupy.asarray(gathered)
 
+    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                        out: Any = None, async_op: bool = False) -> Any:
+        return deliver(adapter, self._reduce_scatter_new(x, adapter, dtype, op), out, async_op)
+
     @_on_cupy_stream
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+    def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         torch = self._torch
         if (adapter is _TORCH and x.dim() == 1 and not self._reordered and not x.requires_grad
                 and _DIRECT[dtype].get(op) is not None and x.is_contiguous()):
@@ -512,6 +520,35 @@ class TorchCommunicator(Communicator):
         import cupy  # noqa: PLC0415
 
         return cupy.asarray(out)
+
+    @_on_cupy_stream
+    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
+              async_op: bool) -> Work | None:
+        t = self._as_tensor(x, adapter)
+        staged = _bytes(t if t.is_contiguous() else t.contiguous())
+        peer = self._global_ranks[dst]
+        if async_op:
+            return _TorchWork(x, self._dist.isend(staged, peer, self._group, tag), None, self)
+        self._dist.send(staged, peer, self._group, tag)
+        return None
+
+    @_on_cupy_stream
+    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
+              async_op: bool) -> Work | None:
+        t = self._as_tensor(x, adapter)
+        staged = t if t.is_contiguous() else t.contiguous()
+        peer = self._global_ranks[src]
+
+        def finish() -> None:
+            if staged is not t:
+                t.copy_(staged)
+
+        if async_op:
+            return _TorchWork(x, self._dist.irecv(_bytes(staged), peer, self._group, tag), finish,
+                              self)
+        self._dist.recv(_bytes(staged), peer, self._group, tag)
+        finish()
+        return None
 
     def _barrier(self) -> None:
         # A tiny all_reduce rather than dist.barrier(): it works on every group without
