@@ -290,7 +290,7 @@ class TorchCommunicator(Communicator):
         """torch's timeout errors become ``CollectiveTimeout``, its transport failures
         (a peer's connection closed: it died) ``CollectiveError``; the rest propagate."""
         if not isinstance(error, RuntimeError):
-            return error
+            return super()._transport_error(error)
         text = str(error)
         first_line = text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
         lowered = text.lower()
@@ -304,7 +304,7 @@ class TorchCommunicator(Communicator):
                                                  "broken pipe", "connection refused")):
             return CollectiveError(f"{self._call_name()} failed in torch.distributed (a peer "
                                    f"rank may have died): {first_line}")
-        return error
+        return super()._transport_error(error)
 
     @property
     def process_group(self) -> Any:
