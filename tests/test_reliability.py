@@ -202,8 +202,12 @@ def catalogue_job(comm, row):
 @pytest.mark.parametrize("row", list(CATALOGUE))
 @pytest.mark.parametrize("world", BACKENDS, indirect=True, ids=[b for b, _ in BACKENDS])
 def test_bad_input_raises_before_sending_on_every_rank(world, row):
-    results = world.run(catalogue_job, args=(row,), timeout=30)
-    expected_sum = sum(range(1, world.size + 1))
+    assert_catalogue(world.run(catalogue_job, args=(row,), timeout=30), world.size)
+
+
+def assert_catalogue(results, size):
+    """Every rank raised each row's documented error, nothing started, input untouched."""
+    expected_sum = sum(range(1, size + 1))
     for rank, (outcomes, untouched, check) in enumerate(results):
         for (kind, message), expected, phrase, seq_moved in outcomes:
             assert kind == expected, f"rank {rank}: {phrase!r}: got {kind}: {message}"
