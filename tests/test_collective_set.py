@@ -384,3 +384,42 @@ def test_all_gather_v_disagreements_are_the_same_error_on_every_rank(world):
         messages = {text for text, _ in results}
         assert len(messages) == 1 and phrase in messages.pop(), (phrase, results)
         assert all(probe == world.size for _, probe in results)
+
+
+def reordered_split_job(comm, kind):
+    """On a split whose ranks run in reverse order, every new collective keeps the new order."""
+    sub = comm.split(0, key=-comm.rank)
+    r, n = sub.rank, sub.size
+    x = as_array(np.full((n, 2), r, np.int64) + np.arange(n)[:, None] * 100, "int64", kind)
+    reply = {"rank": r}
+    g = sub.gather(as_array(np.array([r, r]), "int64", kind), dst=n - 1)
+    reply["gather"] = None if g is None else to_numpy(g)
+    reply["scatter"] = to_numpy(sub.scatter(x, src=0))
+    reply["all_to_all"] = to_numpy(sub.all_to_all(x))
+    splits = [1] * n
+    reply["all_to_all_v"] = to_numpy(sub.all_to_all(x, splits))
+    y = as_array(np.array([r + 1, 10 * (r + 1)]), "int64", kind)
+    sub.reduce(y, "sum", dst=0)
+    reply["reduce"] = to_numpy(y)
+    reply["all_gather_v"] = to_numpy(sub.all_gather_v(as_array(np.full((r, 1), r), "int64", kind))[0])
+    sub.close()
+    return reply
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("world", [("mpi", 3), ("torch", 3)], indirect=True, ids=world_id)
+def test_new_collectives_follow_the_rank_order_of_a_reordered_split(world, kind):
+    results = world.run(reordered_split_job, [(kind,)] * world.size)
+    n = world.size
+    for reply in results:
+        r = reply["rank"]
+        if r == n - 1:
+            np.testing.assert_array_equal(reply["gather"], [[s, s] for s in range(n)])
+        else:
+            assert reply["gather"] is None
+        np.testing.assert_array_equal(reply["scatter"], [0 + 100 * r, 0 + 100 * r])
+        np.testing.assert_array_equal(reply["all_to_all"], [[s + 100 * r] * 2 for s in range(n)])
+        np.testing.assert_array_equal(reply["all_to_all_v"], [[s + 100 * r] * 2 for s in range(n)])
+        expected = [sum(range(1, n + 1)), 10 * sum(range(1, n + 1))] if r == 0 else [r + 1, 10 * (r + 1)]
+        np.testing.assert_array_equal(reply["reduce"], expected)
+        np.testing.assert_array_equal(reply["all_gather_v"], [[s] for s in range(n) for _ in range(s)])
