@@ -249,9 +249,9 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' 
                  *(["rate", rate] if rate else [])]
         tbf = ["tbf", "rate", rate or "100gbit", "burst", "256kb", "latency", "50ms"]
         chosen = None
+        # Without netem (some kernels lack sch_netem) only the rate is shaped: the returned
+        # qdisc says which was set.
         for qdisc in (netem, tbf):
-            if qdisc is tbf and delay_ms:
-                pass  # no delay without netem: the caller is told through the return value
             results = [_ip_tc(self.namespaces[name], qdisc) for name in self.names]
             if all(r.returncode == 0 for r in results):
                 chosen = qdisc
