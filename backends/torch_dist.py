@@ -35,6 +35,7 @@ import math
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from collectives import arrays
@@ -44,7 +45,7 @@ from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _float_order
+from . import _float_order, _network
 
 # Minutes torch waits in a collective before it raises (torch's own default).
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -106,6 +107,7 @@ def _bootstrap_process_group(dist: Any, launch: LaunchInfo,
         # Bind the GPU before any communicator exists (NCCL picks it up from here).
         torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
     if launch.launcher == "torchrun":
+        _choose_gloo_interface(launch, os.environ.get("MASTER_ADDR"))
         dist.init_process_group(backend, init_method="env://", timeout=timeout)
         return
     if launch.size == 1:
@@ -118,6 +120,7 @@ def _bootstrap_process_group(dist: Any, launch: LaunchInfo,
 
     install_abort_on_uncaught_exception(import_mpi())
     store = mpi_shared_tcp_store(launch, timeout)
+    _choose_gloo_interface(launch, store.host)
     dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.size,
                             timeout=timeout)
     # init_process_group wrapped our hook in its own (which buffers the traceback to prefix
@@ -132,21 +135,67 @@ def _has_interface(name: str) -> bool:
         return False
 
 
-def store_host(launch: LaunchInfo) -> str:
-    """The address rank 0's store listens on: MASTER_ADDR if set, loopback on one node."""
+def _choose_gloo_interface(launch: LaunchInfo, store_address: str | None) -> None:
+    """Across hosts Gloo binds (and advertises) the address this host's name resolves to;
+    where that is a loopback address (Debian's ``127.0.1.1 <hostname>``) no other host could
+    connect, so Gloo is given the interface this host reaches the store over instead."""
+    if launch.size == 1 or launch.local_size == launch.size or "GLOO_SOCKET_IFNAME" in os.environ \
+            or not store_address:
+        return
+    own = _network.own_address()
+    if own is not None and not _network.is_loopback(own):
+        return
+    source = _network.address_towards([store_address])
+    interface = _network.interface_with_address(source) if source else None
+    if interface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+
+
+def store_host(launch: LaunchInfo, peers: Sequence[str] = ()) -> str:
+    """The address rank 0's store listens on and advertises: MASTER_ADDR if set; loopback on
+    one node; else this host's address as its name resolves, unless that is a loopback
+    address (no other host reaches it): then the address this host reaches ``peers`` (the
+    other hosts' names) from."""
     if os.environ.get("MASTER_ADDR"):
         return os.environ["MASTER_ADDR"]
     if launch.local_size is not None and launch.local_size == launch.size:
         return "127.0.0.1"
-    return socket.gethostbyname(socket.gethostname())
+    own = _network.own_address()
+    if own is not None and not _network.is_loopback(own):
+        return own
+    reachable = _network.address_towards(peers)
+    if reachable is None:
+        raise BackendUnavailable(
+            f"backend 'torch': this host's name {socket.gethostname()!r} resolves to {own or 'nothing'}, "
+            f"which the other hosts ({', '.join(peers) or 'unknown'}) cannot reach, and no route to them "
+            "was found; set MASTER_ADDR to an address of rank 0's host that they reach")
+    return reachable
+
+
+# Bytes of a host name or address on the wire (DNS names are at most 253).
+_HOST_BYTES = 256
+
+
+def _host_bytes(name: str) -> Any:
+    import numpy as np  # noqa: PLC0415
+
+    raw = np.zeros(_HOST_BYTES, dtype=np.uint8)
+    encoded = name.encode()[:_HOST_BYTES - 1]
+    raw[:len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
+    return raw
+
+
+def _host_from_bytes(raw: Any) -> str:
+    return raw.tobytes().split(b"\0", 1)[0].decode()
 
 
 def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Any:
-    """A TCPStore served by rank 0 on a free port of :func:`store_host`; the port is
-    broadcast over MPI (one int64, nothing unpickled).
+    """A TCPStore served by rank 0 on a free port of :func:`store_host`.
 
-    Rank 0 binds the listening socket itself and hands it to the store, because
-    TCPStore given only a port listens on every interface."""
+    Every rank's host name goes to rank 0 (fixed-size bytes over ``MPI_Gather``) so that it
+    can pick an address the other hosts reach; rank 0's address (bytes) and port (one int64)
+    go back over ``MPI_Bcast``. Nothing is pickled. Rank 0 binds the listening socket itself
+    and hands it to the store, because TCPStore given only a port listens on every interface."""
     import numpy as np  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
 
@@ -154,10 +203,14 @@ def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAU
 
     MPI = import_mpi()
     comm = MPI.COMM_WORLD
-    host = store_host(launch)
+    me = socket.gethostname()
+    names = np.zeros((comm.Get_size(), _HOST_BYTES), dtype=np.uint8) if comm.Get_rank() == 0 else None
+    comm.Gather(_host_bytes(me), names, root=0)
     port = np.zeros(1, dtype=np.int64)
     store = None
     if comm.Get_rank() == 0:
+        peers = list(dict.fromkeys(name for name in map(_host_from_bytes, names) if name != me))
+        host = store_host(launch, peers)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.bind((host, 0))
@@ -166,9 +219,14 @@ def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAU
         # detach(): the store serves on the descriptor from now on, not the Python object.
         store = dist.TCPStore(host, int(port[0]), launch.size, is_master=True, timeout=timeout,
                               wait_for_workers=False, master_listen_fd=listener.detach())
+        host_raw = _host_bytes(host)
+    else:
+        host_raw = np.zeros(_HOST_BYTES, dtype=np.uint8)
+    comm.Bcast(host_raw, root=0)
     comm.Bcast(port, root=0)
     if comm.Get_rank() != 0:
-        store = dist.TCPStore(host, int(port[0]), launch.size, is_master=False, timeout=timeout)
+        store = dist.TCPStore(_host_from_bytes(host_raw), int(port[0]), launch.size, is_master=False,
+                              timeout=timeout)
     return store
 
 
