@@ -12,7 +12,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from backends.mpi import MPICommunicator
+from collectives.backends.mpi import MPICommunicator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import time_interleaved  # noqa: E402

@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 import collectives
-import syncbn
-from syncbn import function as sbf
+from collectives import syncbn
+from collectives.syncbn import function as sbf
 
 SHAPES = [(64, 56, 56), (256, 56, 56), (512, 28, 28), (1024, 14, 14), (2048, 7, 7)]
 

@@ -64,7 +64,7 @@ def raw_all_reduce(comm, library: str):
         import cupy
         import torch
 
-        from backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS
+        from collectives.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS
 
         nccl = comm.nccl_comm
 

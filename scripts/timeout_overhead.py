@@ -16,7 +16,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from backends.mpi import MPICommunicator
+from collectives.backends.mpi import MPICommunicator
 
 
 def per_call_us(fn, buf, calls: int) -> float:

@@ -1,1 +1,4 @@
-"""Shared fixtures: the rank pools come from collectives.testing (its pytest plugin)."""
+"""Shared fixtures: the rank pools come from collectives.testing's pytest plugin, which a
+project enables for itself (it is not loaded into every pytest run of an environment)."""
+
+pytest_plugins = ["collectives.testing.plugin"]

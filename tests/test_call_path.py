@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from backends.local import LocalCommunicator
+from collectives.backends.local import LocalCommunicator
 from collectives.ops import ALLOWED_OPS
 
 # dtype -> numpy dtype for the inputs, float16 included (MPI reduces it natively or in float32).

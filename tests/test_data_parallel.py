@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from backends.local import LocalCommunicator
-from syncbn.data_parallel import DataParallel
+from collectives.backends.local import LocalCommunicator
+from collectives.syncbn.data_parallel import DataParallel
 
 # -- models and data, built identically in the ranks and in the test process ----------------
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import collectives
-import syncbn
-from backends.local import LocalCommunicator
+from collectives import syncbn
+from collectives.backends.local import LocalCommunicator
 from collectives import Communicator
 
 # The key case runs on every world; the others on a sample. The matrix's last four

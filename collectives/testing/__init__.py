@@ -18,7 +18,8 @@ What lives here:
   :class:`RankError` with every failing rank's traceback; one that hangs past its
   timeout or kills its rank is :class:`RankTimeout` / :class:`RankCrashed`, and the pool
   restarts on the next job.
-- The pytest plugin (:mod:`.plugin`, loaded automatically): the ``world`` fixture and the
+- The pytest plugin (:mod:`.plugin`, opt-in: ``pytest_plugins = ["collectives.testing.plugin"]``
+  in your conftest.py): the ``world`` fixture and the
   Hypothesis profiles ``ci`` / ``dev`` (``COLLECTIVES_HYPOTHESIS_PROFILE``).
 - :mod:`.strategies` (needs hypothesis; imported explicitly): dtypes, ops, shapes,
   per-rank arrays with edge values, roots, world sizes.

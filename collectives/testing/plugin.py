@@ -1,5 +1,9 @@
-"""pytest plugin (registered by the package's ``pytest11`` entry point): the ``world`` fixture
-and the project's Hypothesis profiles.
+"""pytest plugin: the ``world`` fixture and the project's Hypothesis profiles.
+
+Opt-in, so that installing the package changes no other project's pytest runs (it loads a
+Hypothesis profile): enable it in your ``conftest.py`` with
+``pytest_plugins = ["collectives.testing.plugin"]``, or per run with
+``pytest -p collectives.testing.plugin``.
 
     @pytest.mark.parametrize("world", [("mpi", 4), ("torch", 2)], indirect=True)
     def test_something(world):
