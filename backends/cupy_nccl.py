@@ -32,6 +32,7 @@ from functools import reduce
 from typing import Any
 
 from collectives.backends.nccl_id import UNIQUE_ID_BYTES, exchange_unique_id, id_from_bytes, id_to_bytes
+
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work

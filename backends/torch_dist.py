@@ -148,7 +148,6 @@ def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAU
     TCPStore given only a port listens on every interface."""
     import numpy as np  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
-
     from collectives.backends.mpi import import_mpi  # noqa: PLC0415
 
     MPI = import_mpi()

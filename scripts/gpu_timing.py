@@ -63,7 +63,6 @@ def raw_all_reduce(comm, library: str):
     if comm.backend == "cupy":
         import cupy
         import torch
-
         from collectives.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS
 
         nccl = comm.nccl_comm

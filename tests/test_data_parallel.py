@@ -12,10 +12,9 @@ import copy
 import numpy as np
 import pytest
 import torch
-from torch import nn
-
 from collectives.backends.local import LocalCommunicator
 from collectives.syncbn.data_parallel import DataParallel
+from torch import nn
 
 # -- models and data, built identically in the ranks and in the test process ----------------
 
