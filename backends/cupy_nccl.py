@@ -35,7 +35,7 @@ from collectives.backends.nccl_id import UNIQUE_ID_BYTES, exchange_unique_id, id
 
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
-from collectives.communicator import Communicator, Work
+from collectives.communicator import Communicator, Work, deliver
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ReduceOp
@@ -413,12 +413,17 @@ class CupyNcclCommunicator(Communicator):
             writeback()
         return self._finish(lib, x, stream, async_op)
 
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
+                    async_op: bool = False) -> Any:
         lib = self._library(adapter)
         buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
-        return self._gather(lib, buf, lib.stream(x))
+        return deliver(adapter, self._gather(lib, buf, lib.stream(x)), out, async_op)
 
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                        out: Any = None, async_op: bool = False) -> Any:
+        return deliver(adapter, self._reduce_scatter_new(x, adapter, dtype, op), out, async_op)
+
+    def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         lib = self._library(adapter)
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
@@ -440,6 +445,27 @@ class CupyNcclCommunicator(Communicator):
         if _ITEMSIZE[plan.wire] == _ITEMSIZE[dtype]:
             return lib.view(out, dtype)
         return lib.cast(out, dtype)
+
+    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
+              async_op: bool) -> Work | None:
+        # NCCL has no tags: calls between two ranks match in the order they are made.
+        lib = self._library(adapter)
+        stream = lib.stream(x)
+        buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
+        self._comm.send(lib.ptr(buf), lib.nbytes(buf), NCCL_DTYPES["uint8"], dst,
+                        lib.stream_ptr(stream))
+        return self._finish(lib, x, stream, async_op)
+
+    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
+              async_op: bool) -> Work | None:
+        lib = self._library(adapter)
+        stream = lib.stream(x)
+        buf, writeback = self._prepare(lib, x, adapter, dtype, dtype)
+        self._comm.recv(lib.ptr(buf), lib.nbytes(buf), NCCL_DTYPES["uint8"], src,
+                        lib.stream_ptr(stream))
+        if writeback is not None:
+            writeback()
+        return self._finish(lib, x, stream, async_op)
 
     def _barrier(self) -> None:
         # A one-element all_reduce, waited for on the host: returns once every rank got there.

@@ -40,15 +40,24 @@ class LocalCommunicator(Communicator):
                    async_op: bool) -> Work | None:
         return Work(x) if async_op else None
 
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
-        out = adapter.empty(x, (1, *x.shape))
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
+                    async_op: bool = False) -> Any:
+        out = adapter.empty(x, (1, *x.shape)) if out is None else out
         adapter.copy_(out, x)  # broadcasts x over the leading axis of length 1
-        return out
+        return Work(out) if async_op else out
 
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
-        out = adapter.empty(x, tuple(x.shape))
+    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                        out: Any = None, async_op: bool = False) -> Any:
+        out = adapter.empty(x, tuple(x.shape)) if out is None else out
         adapter.copy_(out, x)
-        return out
+        return Work(out) if async_op else out
+
+    # One rank has no peer: the call path refuses send/recv to this rank before it gets here.
+    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
+              async_op: bool) -> Work | None:
+        raise AssertionError("unreachable: the only rank of a local communicator has no peer")
+
+    _recv = _send
 
     def _barrier(self) -> None:
         pass

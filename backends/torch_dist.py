@@ -31,6 +31,7 @@ import atexit
 import contextlib
 import datetime
 import functools
+import math
 import os
 import socket
 import sys
@@ -38,7 +39,7 @@ from typing import Any
 
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
-from collectives.communicator import Communicator, Work
+from collectives.communicator import Communicator, Work, deliver
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
@@ -453,8 +454,117 @@ class TorchCommunicator(Communicator):
             out = out[self._torch_rank]
         return out
 
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
+                    async_op: bool = False) -> Any:
+        if (out is None and not async_op) or self._reordered:
+            return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
+        result = out if out is not None else adapter.empty(x, (self.size, *x.shape))
+        return self._move_bytes(x, adapter, result, result, async_op,
+                                lambda send, recv, asy: self._all_gather_single(
+                                    recv, send, group=self._group, async_op=asy))
+
+    # -- the rest of the set ------------------------------------------------------------
+
     @_on_cupy_stream
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+    def _move_bytes(self, x: Any, adapter: ArrayAdapter, result: Any, value: Any, async_op: bool,
+                    start: Any) -> Any:
+        """One torch.distributed call that moves raw bytes (flat uint8 views) from ``x`` into
+        ``result`` (``None`` on a rank that sends or receives nothing); returns ``value``, or a
+        handle whose ``wait()`` does. ``start(send_bytes, recv_bytes, async_op)`` calls torch.
+        Memory is shared with x and result where they are contiguous (numpy and CuPy arrays
+        too, through torch.from_numpy / the CUDA array interface), else staged."""
+        send = None if x is None else self._as_tensor(x, adapter)
+        if send is not None and not send.is_contiguous():
+            send = send.contiguous()
+        recv = target = None
+        if result is not None:
+            target = self._as_tensor(result, adapter)
+            recv = target if target.is_contiguous() else target.contiguous()
+
+        def finish() -> None:
+            if recv is not target:
+                target.copy_(recv)
+
+        work = start(None if send is None else _bytes(send), None if recv is None else _bytes(recv),
+                     async_op)
+        if async_op:
+            return _TorchWork(value, work, finish, self)
+        finish()
+        return value
+
+    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
+                async_op: bool) -> Any:
+        # Reordered split groups (rows would arrive in torch's rank order) and empty arrays
+        # (Gloo refuses zero-byte lists) take the emulation.
+        if self._reordered or not math.prod(x.shape):
+            return super()._gather(x, adapter, dtype, dst, out, async_op)
+        here = self.rank == dst
+        result = (out if out is not None else adapter.empty(x, (self.size, *x.shape))) if here else None
+        root = self._global_ranks[dst]
+        return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy: self._dist.gather(
+            send, list(recv.view(self.size, -1).unbind(0)) if here else None, root, self._group, asy))
+
+    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
+                 async_op: bool) -> Any:
+        if self._reordered or not math.prod(x.shape):
+            return super()._scatter(x, adapter, dtype, src, out, async_op)
+        here = self.rank == src
+        result = out if out is not None else adapter.empty(x, tuple(x.shape[1:]))
+        root = self._global_ranks[src]
+        return self._move_bytes(x if here else None, adapter, result, result, async_op,
+                                lambda send, recv, asy: self._dist.scatter(
+                                    recv, list(send.view(self.size, -1).unbind(0)) if here else None,
+                                    root, self._group, asy))
+
+    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
+                    async_op: bool) -> Any:
+        if self._reordered or not math.prod(x.shape):
+            return super()._all_to_all(x, adapter, dtype, out, async_op)
+        result = out if out is not None else adapter.empty(x, tuple(x.shape))
+        return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
+                                self._dist.all_to_all_single(recv, send, group=self._group,
+                                                             async_op=asy))
+
+    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
+                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+        if self._reordered:
+            return super()._all_to_all_v(x, adapter, dtype, splits, out, async_op)
+        received = [row[self.rank] for row in splits]
+        result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
+        row = math.prod(x.shape[1:]) * _itemsize(x)
+        sent = [count * row for count in splits[self.rank]]
+        got = [count * row for count in received]
+        return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
+                                self._dist.all_to_all_single(recv, send, got, sent, group=self._group,
+                                                             async_op=asy))
+
+    @_on_cupy_stream
+    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
+                async_op: bool) -> Work | None:
+        direct = _DIRECT[dtype].get(op)
+        if direct is None:  # staged dtypes, NaN-ordered MIN/MAX, bitwise on NCCL: emulated
+            return super()._reduce(x, adapter, dtype, op, dst, async_op)
+        t = self._as_tensor(x, adapter)
+        here = self.rank == dst
+        # Off dst the transport may use its buffer as scratch: it gets a copy (x stays as it was).
+        staged = t if here and t.is_contiguous() else t.contiguous() if here else t.clone()
+        work = self._dist.reduce(staged, self._global_ranks[dst], self._ops[op], self._group, async_op)
+
+        def finish() -> None:
+            if not here:
+                return
+            if op is _AVG:
+                staged.div_(self.size)
+            if staged is not t:
+                t.copy_(staged)
+
+        if async_op:
+            return _TorchWork(x, work, finish, self)
+        finish()
+        return None
+
+    @_on_cupy_stream
+    def _all_gather_new(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
         if (adapter is _TORCH and dtype in _GATHER_DIRECT and x.dim() == 1 and not self._reordered
                 and not x.requires_grad and x.is_contiguous()):
             # 1-d tensors of the dtypes every transport gathers: no byte views, one output
@@ -470,8 +580,12 @@ class TorchCommunicator(Communicator):
 
         return cupy.asarray(gathered)
 
+    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                        out: Any = None, async_op: bool = False) -> Any:
+        return deliver(adapter, self._reduce_scatter_new(x, adapter, dtype, op), out, async_op)
+
     @_on_cupy_stream
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+    def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         torch = self._torch
         if (adapter is _TORCH and x.dim() == 1 and not self._reordered and not x.requires_grad
                 and _DIRECT[dtype].get(op) is not None and x.is_contiguous()):
@@ -511,6 +625,35 @@ class TorchCommunicator(Communicator):
         import cupy  # noqa: PLC0415
 
         return cupy.asarray(out)
+
+    @_on_cupy_stream
+    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
+              async_op: bool) -> Work | None:
+        t = self._as_tensor(x, adapter)
+        staged = _bytes(t if t.is_contiguous() else t.contiguous())
+        peer = self._global_ranks[dst]
+        if async_op:
+            return _TorchWork(x, self._dist.isend(staged, peer, self._group, tag), None, self)
+        self._dist.send(staged, peer, self._group, tag)
+        return None
+
+    @_on_cupy_stream
+    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
+              async_op: bool) -> Work | None:
+        t = self._as_tensor(x, adapter)
+        staged = t if t.is_contiguous() else t.contiguous()
+        peer = self._global_ranks[src]
+
+        def finish() -> None:
+            if staged is not t:
+                t.copy_(staged)
+
+        if async_op:
+            return _TorchWork(x, self._dist.irecv(_bytes(staged), peer, self._group, tag), finish,
+                              self)
+        self._dist.recv(_bytes(staged), peer, self._group, tag)
+        finish()
+        return None
 
     def _barrier(self) -> None:
         # A tiny all_reduce rather than dist.barrier(): it works on every group without
@@ -593,3 +736,7 @@ def _group_named(name: str):
 
 def _negative_strides(x: Any, adapter: ArrayAdapter) -> bool:
     return adapter is not arrays.TORCH and any(stride < 0 for stride in x.strides)
+
+
+def _itemsize(x: Any) -> int:
+    return int(x.element_size()) if hasattr(x, "element_size") else int(x.itemsize)

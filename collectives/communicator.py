@@ -1,44 +1,85 @@
 """The Communicator interface every backend implements. Read this file first.
 
 A backend subclasses :class:`Communicator` and implements the underscored
-methods (``_all_reduce``, ``_broadcast``, ...). The public methods here check
-every argument first, through the rules of :mod:`collectives.ops` and the
-adapters of :mod:`collectives.arrays`, so a bad call raises the same
-``TypeError``/``ValueError`` on every backend, before anything is sent and with
-the input untouched. Backends only ever see arguments that passed.
+methods (``_all_reduce``, ``_broadcast``, ..., ``_send``, ``_recv``). Every public
+collective hands its arguments to ONE call path, :meth:`Communicator._run`, driven by
+the table of :mod:`collectives.calls` (one row per collective). That path checks every
+argument first, through the rules of :mod:`collectives.ops` and the adapters of
+:mod:`collectives.arrays`, so a bad call raises the same ``TypeError``/``ValueError``
+on every backend, before anything is sent and with the input untouched. Backends only
+ever see arguments that passed.
 
-Reliability lives here too, once for every backend (see :mod:`collectives.debug`):
+Reliability lives on that path too, once for every backend (see :mod:`collectives.debug`):
 every collective gets a per-communicator sequence number; with ``COLLECTIVES_DEBUG=1``
 the ranks compare a fingerprint of each call before it runs (``CollectiveMismatch``);
 backends enforce ``timeout`` (``CollectiveTimeout``), after which the communicator
-is unusable.
+is unusable. Asynchronous handles (``async_op=True``) are kept by the communicator
+until they complete, so a handle the caller drops still completes correctly (its
+buffers stay alive), and ``close()`` completes them all.
+
+Where a backend's transport has no primitive for a collective, the base class here
+provides a correct emulation from the backend's other methods (``reduce`` from
+``all_reduce``, ``gather`` from ``all_gather``, ...); backends override it with their
+transport's own call where there is one.
 """
 
 from __future__ import annotations
 
 import abc
+import collections
 import operator
+from collections.abc import Sequence
 from typing import Any
 
-from . import arrays, config
+from . import arrays, calls, config
 from .arrays import ArrayAdapter
+from .calls import Call
 from .errors import CollectiveError, CollectiveTimeout
 from .launcher import LaunchInfo
 from .ops import ReduceOp, check_reduction
 
+#: Handles kept at most for a communicator; one more waits for the oldest first, so a
+#: program that drops handles in a loop runs in bounded memory.
+MAX_PENDING = 1024
+
 
 class Work:
-    """Handle of an asynchronous collective. ``wait()`` completes it and returns the array."""
+    """Handle of an asynchronous collective. ``wait()`` completes it and returns the result
+    (``x`` for the in-place collectives, the new array for the others)."""
 
     def __init__(self, x: Any) -> None:
         self._x = x
 
     def wait(self) -> Any:
-        """Block until the collective has completed; return its (in-place) result."""
+        """Block until the collective has completed; return its result."""
         return self._x
 
     def is_completed(self) -> bool:
+        """Whether the collective has completed (once true, ``wait()`` does not block)."""
         return True
+
+
+class _Then(Work):
+    """A handle whose result is ``then(inner.wait())``: finishing work after the transport's."""
+
+    def __init__(self, inner: Work, then: Any) -> None:
+        super().__init__(None)
+        self._inner: Work | None = inner
+        self._then = then
+
+    def wait(self) -> Any:
+        if self._inner is not None:
+            self._x = self._then(self._inner.wait())
+            self._inner = None
+        return self._x
+
+    def is_completed(self) -> bool:
+        if self._inner is None:
+            return True
+        if self._inner.is_completed():
+            self.wait()
+            return True
+        return False
 
 
 class Communicator(abc.ABC):
@@ -59,6 +100,11 @@ class Communicator(abc.ABC):
     constructor's ``timeout`` argument, else ``COLLECTIVES_TIMEOUT``, else 1800 s,
     and a ``split`` inherits it. ``debug`` is whether calls are fingerprinted
     (``COLLECTIVES_DEBUG=1``).
+
+    Every collective takes ``async_op=True``: it then returns a :class:`Work` whose
+    ``wait()`` returns what the call would have returned. The collectives that return
+    an array take ``out=``: an array of the result's type, dtype, device and shape
+    (contiguous, writable) that the result is written into and returned.
     """
 
     backend: str = ""
@@ -83,8 +129,10 @@ class Communicator(abc.ABC):
         # The running call, for error messages: its operation and sequence number.
         self._seq = 0
         self._operation = ""
+        # Handles of asynchronous calls not known to be complete, oldest first.
+        self._pending: collections.deque[Work] = collections.deque()
 
-    # -- the public interface ------------------------------------------------------------
+    # -- the public interface: every method hands its arguments to _run ------------------
 
     def all_reduce(self, x: Any, op: ReduceOp | str = "sum", *, async_op: bool = False) -> Any:
         """Reduce ``x`` elementwise over all ranks, in place; every rank gets the result.
@@ -93,29 +141,7 @@ class Communicator(abc.ABC):
         (see :data:`collectives.ops.ALLOWED_OPS`), else ``TypeError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        if self._closed or self._broken:
-            self._check_open()
-        try:  # the checks that depend only on the kind of x and on op passed before
-            adapter, dtype, reduce_op = _REDUCTION_KINDS[type(x), x.dtype, op]
-        except (KeyError, TypeError, AttributeError):
-            adapter, dtype, reduce_op = self._check_reduction(x, op, in_place=True)
-        else:
-            if adapter.checks_memory:
-                adapter.check_memory(x)
-            adapter.check_writable(x)
-            if self._checks_device:
-                self._check_device(x, adapter)
-        self._seq += 1
-        self._operation = "all_reduce"
-        if self.debug:
-            self._compare_fingerprints(reduce_op, -1, dtype, x.shape)
-        try:
-            work = self._all_reduce(x, adapter, dtype, reduce_op, async_op)
-        except CollectiveError:
-            raise
-        except Exception as error:
-            raise self._transport_error(error) from error
-        return work if async_op else x
+        return self._run(ALL_REDUCE, x, op, -1, None, async_op)
 
     def broadcast(self, x: Any, src: int = 0, *, async_op: bool = False) -> Any:
         """Copy rank ``src``'s ``x`` into ``x`` on every rank, in place.
@@ -124,60 +150,38 @@ class Communicator(abc.ABC):
         of this communicator (``0 <= src < size``), else ``ValueError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        if self._closed or self._broken:
-            self._check_open()
-        try:
-            adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
-        except (KeyError, TypeError, AttributeError):
-            adapter, dtype = self._check_array(x, in_place=True)
-        else:
-            if adapter.checks_memory:
-                adapter.check_memory(x)
-            adapter.check_writable(x)
-            if self._checks_device:
-                self._check_device(x, adapter)
-        if type(src) is not int or not 0 <= src < self.size:  # noqa: E721  (a bool is no rank)
-            self._check_rank(src, "src")
-        self._seq += 1
-        self._operation = "broadcast"
-        if self.debug:
-            self._compare_fingerprints(None, src, dtype, x.shape)
-        try:
-            work = self._broadcast(x, adapter, dtype, src, async_op)
-        except CollectiveError:
-            raise
-        except Exception as error:
-            raise self._transport_error(error) from error
-        return work if async_op else x
+        return self._run(BROADCAST, x, None, src, None, async_op)
 
-    def all_gather(self, x: Any) -> Any:
+    def reduce(self, x: Any, op: ReduceOp | str = "sum", dst: int = 0, *,
+               async_op: bool = False) -> Any:
+        """Reduce ``x`` elementwise over all ranks into ``x`` on rank ``dst``, in place.
+
+        On the other ranks ``x`` is left untouched. ``op`` as for :meth:`all_reduce`.
+        Returns ``x`` (or a :class:`Work` whose ``wait()`` returns ``x``).
+        """
+        return self._run(REDUCE, x, op, dst, None, async_op)
+
+    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
         """Gather every rank's ``x``: a new array of shape ``(size, *x.shape)``.
 
-        Row ``r`` of the result is rank ``r``'s ``x``. ``x`` is not modified.
+        Row ``r`` of the result is rank ``r``'s ``x``. ``x`` is not modified. With
+        ``out=`` the rows are written into ``out`` (shape ``(size, *x.shape)``).
         """
-        if self._closed or self._broken:
-            self._check_open()
-        try:
-            adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
-        except (KeyError, TypeError, AttributeError):
-            adapter, dtype = self._check_array(x, in_place=False)
-        else:
-            if adapter.checks_memory:
-                adapter.check_memory(x)
-            if self._checks_device:
-                self._check_device(x, adapter)
-        self._seq += 1
-        self._operation = "all_gather"
-        if self.debug:
-            self._compare_fingerprints(None, -1, dtype, x.shape)
-        try:
-            return self._all_gather(x, adapter, dtype)
-        except CollectiveError:
-            raise
-        except Exception as error:
-            raise self._transport_error(error) from error
+        return self._run(ALL_GATHER, x, None, -1, out, async_op)
 
-    def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum") -> Any:
+    def all_gather_v(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
+        """Gather arrays whose first dimension may differ between ranks.
+
+        Returns ``(gathered, counts)``: every rank's ``x`` concatenated in rank order
+        along dimension 0, and the list of each rank's ``x.shape[0]``. The other
+        dimensions and the dtype must be the same on every rank, else ``ValueError``
+        on every rank. ``out=`` (shape ``(sum(counts), *x.shape[1:])``) receives the
+        concatenation. The counts travel first, in one small all_gather.
+        """
+        return self._run(ALL_GATHER_V, x, None, -1, out, async_op)
+
+    def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None,
+                       async_op: bool = False) -> Any:
         """Reduce ``x`` over all ranks and return this rank's block of rows.
 
         ``x.shape[0]`` must be divisible by ``size`` (else ``ValueError``); the
@@ -185,41 +189,62 @@ class Communicator(abc.ABC):
         holding rows ``rank * n // size`` to ``(rank + 1) * n // size`` of the
         reduction. ``x`` is not modified.
         """
-        if self._closed or self._broken:
-            self._check_open()
-        try:
-            adapter, dtype, reduce_op = _REDUCTION_KINDS[type(x), x.dtype, op]
-        except (KeyError, TypeError, AttributeError):
-            adapter, dtype, reduce_op = self._check_reduction(x, op, in_place=False)
-        else:
-            if adapter.checks_memory:
-                adapter.check_memory(x)
-            if self._checks_device:
-                self._check_device(x, adapter)
-        shape = tuple(x.shape)
-        if not shape:
-            raise ValueError("reduce_scatter needs x with at least one dimension; got a 0-d array")
-        if shape[0] % self.size:
-            raise ValueError(
-                f"reduce_scatter needs x.shape[0] divisible by size={self.size}; "
-                f"got x.shape={shape}"
-            )
-        self._seq += 1
-        self._operation = "reduce_scatter"
-        if self.debug:
-            self._compare_fingerprints(reduce_op, -1, dtype, shape)
-        try:
-            return self._reduce_scatter(x, adapter, dtype, reduce_op)
-        except CollectiveError:
-            raise
-        except Exception as error:
-            raise self._transport_error(error) from error
+        return self._run(REDUCE_SCATTER, x, op, -1, out, async_op)
+
+    def gather(self, x: Any, dst: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+        """Gather every rank's ``x`` on rank ``dst``: there a new ``(size, *x.shape)``
+        array (row ``r`` is rank ``r``'s ``x``), ``None`` on the other ranks.
+
+        ``out=`` is used on ``dst`` only (the other ranks may pass ``None``).
+        """
+        return self._run(GATHER, x, None, dst, out, async_op)
+
+    def scatter(self, x: Any, src: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+        """Hand row ``r`` of rank ``src``'s ``x`` to rank ``r``.
+
+        Every rank passes ``x`` of the same shape ``(size, *rest)`` and dtype (only
+        ``src``'s content is read; ``x`` is never modified). Returns a new array of
+        shape ``rest`` (or ``out``).
+        """
+        return self._run(SCATTER, x, None, src, out, async_op)
+
+    def all_to_all(self, x: Any, send_splits: Sequence[int] | None = None, *, out: Any = None,
+                   async_op: bool = False) -> Any:
+        """Every rank sends a block of rows to every rank.
+
+        Equal form (``send_splits=None``): ``x`` has shape ``(size, *rest)``; row ``j``
+        goes to rank ``j``, and row ``j`` of the result is what rank ``j`` sent here.
+        Uneven form: ``send_splits`` is a list of ``size`` ints that sum to
+        ``x.shape[0]``; rows ``[sum(send_splits[:j]), sum(send_splits[:j+1]))`` go to
+        rank ``j``; the result is the concatenation, in rank order, of what every rank
+        sent here. The counts travel first, in one small all_gather (every rank learns
+        every rank's splits, so a wrong ``out`` or a shape mismatch is an error on every
+        rank).
+        """
+        if send_splits is None:
+            return self._run(ALL_TO_ALL, x, None, -1, out, async_op)
+        return self._run(ALL_TO_ALL_V, x, None, -1, out, async_op, send_splits)
+
+    def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False) -> Any:
+        """Send ``x`` to rank ``dst`` (matched by a :meth:`recv` there with the same ``tag``).
+
+        Returns ``None``, or with ``async_op=True`` a :class:`Work`; ``x`` must not be
+        changed until that has completed.
+        """
+        return self._run(SEND, x, None, dst, None, async_op, tag)
+
+    def recv(self, x: Any, src: int, *, tag: int = 0, async_op: bool = False) -> Any:
+        """Receive into ``x``, in place, what rank ``src`` sent with ``tag``; returns ``x``.
+
+        ``x`` must have the shape and dtype of the sender's array (in debug mode a
+        difference is :class:`CollectiveMismatch`; otherwise the transport's error).
+        """
+        return self._run(RECV, x, None, src, None, async_op, tag)
 
     def barrier(self) -> None:
         """Block until every rank of this communicator has called ``barrier``."""
         self._check_open()
-        self._seq += 1
-        self._operation = "barrier"
+        self._begin(BARRIER)
         if self.debug:
             self._compare_fingerprints(None, -1, None, ())
         try:
@@ -243,8 +268,7 @@ class Communicator(abc.ABC):
                 raise TypeError(f"{name} must be an int or None; got {type(value).__name__}")
         if color is not None and int(color) < 0:
             raise ValueError(f"color must be >= 0 (or None to join no group); got {color}")
-        self._seq += 1
-        self._operation = "split"
+        self._begin(SPLIT)
         if self.debug:  # colors and keys differ by design: only the call itself is compared
             self._compare_fingerprints(None, -1, None, ())
         try:
@@ -256,10 +280,15 @@ class Communicator(abc.ABC):
             raise self._transport_error(error) from error
 
     def close(self) -> None:
-        """Release the transport's resources; the communicator can no longer be used."""
+        """Complete outstanding asynchronous calls, then release the transport's resources;
+        the communicator can no longer be used."""
         if not self._closed:
-            self._closed = True
-            self._close()
+            try:
+                if not self._broken:
+                    self._complete_pending()
+            finally:
+                self._closed = True
+                self._close()
 
     def __enter__(self) -> Communicator:
         return self
@@ -272,38 +301,146 @@ class Communicator(abc.ABC):
         return (f"<{type(self).__name__} backend={self.backend} rank={self.rank} "
                 f"size={self.size}{state}>")
 
-    # -- argument checks shared by every backend ----------------------------------------
+    # -- the one call path ---------------------------------------------------------------
 
-    # The checks run on every call. The public methods above first look the kind of x
-    # (its type and dtype, and op) up among the kinds that passed before, and then check
-    # only what can differ from one array to the next (memory, writable, device); a kind not seen
-    # yet goes through the full checks below. The order of the checks, and so which
-    # error a call with several faults gets, is the same on both paths.
+    def _run(self, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: Any,
+             extra: Any = None) -> Any:
+        """Check, number, fingerprint, run and map the errors of one call of ``call``'s kind.
 
-    def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
+        Everything before the backend's method is local: a bad argument raises on this
+        rank with nothing sent and ``x`` untouched.
+        """
         if self._closed or self._broken:
             self._check_open()
-        try:
-            adapter, dtype = _ARRAY_KINDS[type(x), x.dtype]
+        if async_op is not False and async_op is not True:
+            raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
+        try:  # the checks that depend only on the kind of x (and op) passed before
+            adapter, dtype, reduce_op = _KINDS[type(x), x.dtype, op]
         except (KeyError, TypeError, AttributeError):
-            adapter = arrays.adapter_for(x)
-            dtype = adapter.dtype_name(x)
-            _remember(_ARRAY_KINDS, (type(x), x.dtype), (adapter, dtype))
+            adapter, dtype, reduce_op = self._check_kind(x, op, call.reduces, call.in_place)
         else:
             if adapter.checks_memory:
                 adapter.check_memory(x)
+            if call.in_place:
+                adapter.check_writable(x)
+            if self._checks_device:
+                self._check_device(x, adapter)
+        if call.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
+            self._check_rank(root, call.root)  # (a bool is no rank)
+        if call.check is not None:
+            call.check(self, tuple(x.shape), extra, root)
+        if out is not None:
+            self._check_out(call, x, adapter, out, extra, root)
+        if self._pending:
+            self._reap()
+        if call.collective:
+            self._seq += 1
+            self._operation = call.name
+            if self.debug:
+                self._compare_fingerprints(reduce_op, root, dtype, call.fingerprint_shape(x.shape))
+        else:
+            self._operation = call.name
+        try:
+            result = call.run(self, x, adapter, dtype, reduce_op, root, out, async_op, extra)
+        except CollectiveError:
+            raise
+        except Exception as error:
+            raise self._transport_error(error) from error
+        if async_op:
+            if type(result) is not Work:  # a handle that may still be running: keep it
+                self._keep(result)
+            return result
+        return x if call.in_place else result
+
+    def _begin(self, call: Call) -> None:
+        """Number a call that takes no array (barrier, split)."""
+        if self._pending:
+            self._reap()
+        self._seq += 1
+        self._operation = call.name
+
+    # -- asynchronous handles ------------------------------------------------------------
+
+    def _keep(self, work: Work) -> None:
+        if len(self._pending) >= MAX_PENDING:
+            self._pending.popleft().wait()
+        self._pending.append(work)
+
+    def _reap(self) -> None:
+        """Forget the handles that have completed, oldest first (transports complete
+        calls in the order they were made; a still-running one ends the scan)."""
+        pending = self._pending
+        while pending and pending[0].is_completed():
+            pending.popleft()
+
+    def _complete_pending(self) -> None:
+        while self._pending:
+            self._pending.popleft().wait()
+
+    # -- argument checks shared by every backend ----------------------------------------
+
+    # The checks run on every call. _run first looks the kind of x (its type and dtype,
+    # and op) up among the kinds that passed before, and then checks only what can differ
+    # from one array to the next (memory, writable, device); a kind not seen yet goes
+    # through the full checks below. The order of the checks, and so which error a call
+    # with several faults gets, is the same on both paths.
+
+    def _check_kind(self, x: Any, op: Any, reduces: bool, in_place: bool
+                    ) -> tuple[ArrayAdapter, str, ReduceOp | None]:
+        """The adapter and dtype name of ``x`` and, for a reduction, the ReduceOp (the kind is
+        remembered); for ``in_place`` also that x is writable."""
+        adapter = arrays.adapter_for(x)
+        dtype = adapter.dtype_name(x)
+        if adapter.checks_memory:
+            adapter.check_memory(x)
         if in_place:
             adapter.check_writable(x)
         if self._checks_device:
             self._check_device(x, adapter)
+        reduce_op = check_reduction(dtype, op) if reduces else None
+        try:
+            _KINDS[type(x), x.dtype, op] = (adapter, dtype, reduce_op)
+        except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered
+            pass
+        return adapter, dtype, reduce_op
+
+    def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
+        """For backends and helpers: the checks of ``_run`` for an array argument."""
+        if self._closed or self._broken:
+            self._check_open()
+        adapter, dtype, _ = self._check_kind(x, None, False, in_place)
         return adapter, dtype
 
-    def _check_reduction(self, x: Any, op: Any, in_place: bool) -> tuple[ArrayAdapter, str, ReduceOp]:
-        """``_check_array``, then ``check_reduction``; remembers the kind of x with op."""
-        adapter, dtype = self._check_array(x, in_place)
-        reduce_op = check_reduction(dtype, op)
-        _remember(_REDUCTION_KINDS, (type(x), x.dtype, op), (adapter, dtype, reduce_op))
-        return adapter, dtype, reduce_op
+    def _check_out(self, call: Call, x: Any, adapter: ArrayAdapter, out: Any, extra: Any,
+                   root: Any) -> None:
+        """``out=`` must be an array of x's kind, dtype and device, contiguous and writable,
+        of the result's shape (``ValueError``/``TypeError`` naming expected and got)."""
+        if call.out_shape is None and call.name not in _OUT_SHAPE_AFTER_COUNTS:
+            raise TypeError(f"{call.name} takes no out= argument")
+        try:
+            out_adapter = arrays.adapter_for(out)
+        except TypeError:
+            raise TypeError(f"out must be an array of x's type ({adapter.name}); got "
+                            f"{type(out).__module__}.{type(out).__qualname__}") from None
+        if out_adapter is not adapter:
+            raise TypeError(f"out must be a {adapter.name} array like x; got a {out_adapter.name} array")
+        if out.dtype != x.dtype:
+            raise ValueError(f"out has dtype {out.dtype}; expected x's dtype {x.dtype}")
+        if adapter.device_index(out) != adapter.device_index(x) or \
+                (adapter is arrays.TORCH and out.device != x.device):
+            raise ValueError(f"out is on device {getattr(out, 'device', 'cpu')}; expected x's "
+                             f"device {getattr(x, 'device', 'cpu')}")
+        if call.out_shape is not None:
+            expected = call.out_shape(self, tuple(x.shape), extra)
+            if tuple(out.shape) != expected:
+                raise ValueError(f"out has shape {tuple(out.shape)}; {call.name} of x.shape="
+                                 f"{tuple(x.shape)} on size={self.size} needs out.shape={expected}")
+        elif len(out.shape) != len(x.shape) or tuple(out.shape[1:]) != tuple(x.shape[1:]):
+            raise ValueError(f"out has shape {tuple(out.shape)}; {call.name} of x.shape="
+                             f"{tuple(x.shape)} needs out.shape=(total rows, *x.shape[1:])")
+        if not adapter.is_contiguous(out):
+            raise ValueError("out must be contiguous (C order)")
+        adapter.check_writable(out)
 
     def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
         """``TypeError``/``ValueError`` if this backend cannot take ``x`` (device, kind)."""
@@ -362,6 +499,13 @@ class Communicator(abc.ABC):
         """
         return error
 
+    def _exchange_small(self, vector: Any) -> Any:
+        """Every rank's small int64 numpy ``vector`` (same length everywhere), as a numpy
+        ``(size, len)`` array: the fingerprints of debug mode and the counts of the uneven
+        collectives travel this way. Backends whose transport takes no host memory
+        override it (the vector goes through device memory)."""
+        return self._all_gather(vector, arrays.NUMPY, "int64", None, False)
+
     def _compare_fingerprints(self, reduce_op: ReduceOp | None, root: int, dtype: str | None,
                               shape: tuple[int, ...]) -> None:
         """Debug mode: ``CollectiveMismatch`` on every rank unless every rank makes this call.
@@ -372,7 +516,7 @@ class Communicator(abc.ABC):
 
         mine = fingerprint(self._operation, self._seq, reduce_op, root, dtype, tuple(shape))
         try:
-            everyone = self._all_gather(mine, arrays.NUMPY, "int64")
+            everyone = self._exchange_small(mine)
         except CollectiveError:
             raise
         except Exception as error:
@@ -391,11 +535,112 @@ class Communicator(abc.ABC):
         import numpy as np  # noqa: PLC0415  (numpy is a dependency of the interface)
 
         mine = np.array([-1 if color is None else color, key], dtype=np.int64)
-        everyone = self._all_gather(mine, arrays.NUMPY, "int64")
+        everyone = self._exchange_small(mine)
         if color is None:
             return None
         members = [r for r in range(self.size) if everyone[r, 0] == color]
         return sorted(members, key=lambda r: (int(everyone[r, 1]), r))
+
+    # -- the uneven collectives: counts first -------------------------------------------
+
+    def _rows_of_everyone(self, x: Any, dtype: str, out: Any, splits: Sequence[int] | None
+                          ) -> Any:
+        """One small exchange before an uneven collective: every rank's rows, the rest of its
+        shape, its dtype, its ``out`` rows and (all_to_all) its splits, as a numpy array of
+        one row per rank. A disagreement is the same ``ValueError`` on every rank, before any
+        of the data moves."""
+        from .debug import uneven_header, uneven_mismatch  # noqa: PLC0415
+
+        mine = uneven_header(tuple(x.shape), dtype, None if out is None else int(out.shape[0]),
+                             splits, self.size)
+        everyone = self._exchange_small(mine)
+        error = uneven_mismatch(everyone, self, self._operation, splits is not None)
+        if error is not None:
+            raise error
+        return everyone
+
+    def _all_gather_v_counted(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
+                              async_op: bool) -> Any:
+        from .debug import header_rows  # noqa: PLC0415
+
+        counts = [int(c) for c in header_rows(self._rows_of_everyone(x, dtype, out, None))]
+        return self._all_gather_v(x, adapter, dtype, counts, out, async_op)
+
+    def _all_to_all_counted(self, x: Any, adapter: ArrayAdapter, dtype: str,
+                            send_splits: Sequence[int], out: Any, async_op: bool) -> Any:
+        from .debug import header_splits  # noqa: PLC0415
+
+        splits = header_splits(self._rows_of_everyone(x, dtype, out, send_splits), self.size)
+        return self._all_to_all_v(x, adapter, dtype, splits, out, async_op)
+
+    # -- emulations: correct on any backend, overridden where the transport does better ---
+
+    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
+                async_op: bool) -> Work | None:
+        """Reduce into ``x`` on ``dst``. Emulated: all_reduce of a copy, kept on ``dst``."""
+        copy = adapter.empty(x, tuple(x.shape))
+        adapter.copy_(copy, x)
+        self._all_reduce(copy, adapter, dtype, op, False)
+        if self.rank == dst:
+            adapter.copy_(x, copy)
+        return Work(x) if async_op else None
+
+    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
+                async_op: bool) -> Any:
+        """``(size, *x.shape)`` on ``dst``, ``None`` elsewhere. Emulated: all_gather."""
+        gathered = self._all_gather(x, adapter, dtype, out if self.rank == dst else None, False)
+        result = gathered if self.rank == dst else None
+        return Work(result) if async_op else result
+
+    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
+                 async_op: bool) -> Any:
+        """Row ``rank`` of ``src``'s ``x``. Emulated: broadcast of a copy (x stays untouched)."""
+        copy = adapter.empty(x, tuple(x.shape))
+        adapter.copy_(copy, x)
+        self._broadcast(copy, adapter, dtype, src, False)
+        result = _into(adapter, out, copy[self.rank])
+        return Work(result) if async_op else result
+
+    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
+                    async_op: bool) -> Any:
+        """Row ``j`` of the result is rank ``j``'s row ``rank``. Emulated: all_gather."""
+        gathered = self._all_gather(x, adapter, dtype, None, False)
+        result = _into(adapter, out, gathered[:, self.rank])
+        return Work(result) if async_op else result
+
+    def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
+                      out: Any, async_op: bool) -> Any:
+        """``(concatenation, counts)``. Emulated: all_gather of x padded to the most rows."""
+        most = max(counts)
+        padded = adapter.empty(x, (most, *x.shape[1:]))
+        if x.shape[0]:
+            adapter.copy_(padded[:x.shape[0]], x)
+        gathered = self._all_gather(padded, adapter, dtype, None, False)
+        result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
+        start = 0
+        for rank, count in enumerate(counts):
+            if count:
+                adapter.copy_(result[start:start + count], gathered[rank, :count])
+            start += count
+        return Work((result, counts)) if async_op else (result, counts)
+
+    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
+                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+        """Uneven all_to_all; ``splits[i][j]`` is how many rows rank ``i`` sends to rank ``j``
+        (so this rank sends ``splits[rank]`` and receives ``[s[rank] for s in splits]``).
+        Emulated: all_gather_v of x, then each rank keeps the rows addressed to it."""
+        rows = [sum(row) for row in splits]
+        everyone, _ = self._all_gather_v(x, adapter, dtype, rows, None, False)
+        received = [row[self.rank] for row in splits]
+        result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
+        position = offset = 0
+        for sender, count in enumerate(received):
+            start = offset + sum(splits[sender][:self.rank])
+            if count:
+                adapter.copy_(result[position:position + count], everyone[start:start + count])
+            position += count
+            offset += rows[sender]
+        return Work(result) if async_op else result
 
     # -- what a backend implements --------------------------------------------------------
 
@@ -419,12 +664,26 @@ class Communicator(abc.ABC):
         """Broadcast in place; return a Work when ``async_op``."""
 
     @abc.abstractmethod
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
-        """Return the gathered ``(size, *x.shape)`` array."""
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
+                    async_op: bool = False) -> Any:
+        """Return the gathered ``(size, *x.shape)`` array (``out`` when given, its shape
+        checked), or a Work whose ``wait()`` returns it."""
 
     @abc.abstractmethod
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
-        """Return this rank's reduced block (shape already checked)."""
+    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                        out: Any = None, async_op: bool = False) -> Any:
+        """Return this rank's reduced block (shape already checked), into ``out`` when given,
+        or a Work whose ``wait()`` returns it."""
+
+    @abc.abstractmethod
+    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
+              async_op: bool) -> Work | None:
+        """Send ``x`` to ``dst`` (another rank); a Work when ``async_op``."""
+
+    @abc.abstractmethod
+    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
+              async_op: bool) -> Work | None:
+        """Receive into ``x`` from ``src`` (another rank); a Work when ``async_op``."""
 
     @abc.abstractmethod
     def _barrier(self) -> None: ...
@@ -436,17 +695,21 @@ class Communicator(abc.ABC):
         """Release transport resources (called once)."""
 
 
-# (type(x), x.dtype) -> (adapter, dtype name) for kinds of arrays that passed before, and
-# (type(x), x.dtype, op as spelled) -> (adapter, dtype name, ReduceOp) for reductions.
-_ARRAY_KINDS: dict[tuple[Any, ...], tuple[ArrayAdapter, str]] = {}
-_REDUCTION_KINDS: dict[tuple[Any, ...], tuple[ArrayAdapter, str, ReduceOp]] = {}
+def deliver(adapter: ArrayAdapter, result: Any, out: Any, async_op: bool) -> Any:
+    """For backends: ``result`` (copied into ``out`` when the caller passed one), or a
+    completed :class:`Work` holding it when ``async_op``."""
+    if out is not None and result is not out:
+        adapter.copy_(out, result)
+        result = out
+    return Work(result) if async_op else result
 
 
-def _remember(cache: dict[Any, Any], key: tuple[Any, ...], value: Any) -> None:
-    try:
-        cache[key] = value
-    except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered
-        pass
+def _into(adapter: ArrayAdapter, out: Any, value: Any) -> Any:
+    """``value`` copied into ``out``, or into a new array of its shape when ``out`` is None."""
+    if out is None:
+        out = adapter.empty(value, tuple(value.shape))
+    adapter.copy_(out, value)
+    return out
 
 
 def _is_int(value: Any) -> bool:
@@ -457,4 +720,60 @@ def _is_int(value: Any) -> bool:
     return True
 
 
-__all__ = ["Communicator", "Work", "CollectiveError"]
+# (type(x), x.dtype, op as spelled or None) -> (adapter, dtype name, ReduceOp or None) for
+# kinds of arrays (and reduce ops) that passed the checks before.
+_KINDS: dict[tuple[Any, ...], tuple[ArrayAdapter, str, ReduceOp | None]] = {}
+
+# -- the table: one row per collective (see collectives/calls.py) ---------------------------
+# Each row's ``run`` maps the call path's arguments to the backend's method:
+# (comm, x, adapter, dtype, reduce_op, root, out, async_op, extra).
+
+ALL_REDUCE = Call(
+    "all_reduce", reduces=True, in_place=True,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_reduce(x, a, d, op, asy))
+BROADCAST = Call(
+    "broadcast", in_place=True, root="src",
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._broadcast(x, a, d, root, asy))
+REDUCE = Call(
+    "reduce", reduces=True, in_place=True, root="dst",
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._reduce(x, a, d, op, root, asy))
+ALL_GATHER = Call(
+    "all_gather", out_shape=calls.stacked,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_gather(x, a, d, out, asy))
+ALL_GATHER_V = Call(
+    "all_gather_v", check=calls.at_least_one_dim("all_gather_v"),
+    fingerprint_shape=calls.rows_free,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_gather_v_counted(x, a, d, out, asy))
+REDUCE_SCATTER = Call(
+    "reduce_scatter", reduces=True, check=calls.rows_divisible, out_shape=calls.block_of_rows,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._reduce_scatter(x, a, d, op, out, asy))
+GATHER = Call(
+    "gather", root="dst", out_shape=calls.stacked,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._gather(x, a, d, root, out, asy))
+SCATTER = Call(
+    "scatter", root="src", check=calls.rows_equal_size("scatter"), out_shape=calls.one_row,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._scatter(x, a, d, root, out, asy))
+ALL_TO_ALL = Call(
+    "all_to_all", check=calls.rows_equal_size("all_to_all"), out_shape=calls.same_shape,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_to_all(x, a, d, out, asy))
+ALL_TO_ALL_V = Call(
+    "all_to_all", check=calls.check_splits, fingerprint_shape=calls.rows_free,
+    run=lambda c, x, a, d, op, root, out, asy, splits: c._all_to_all_counted(x, a, d, splits, out, asy))
+SEND = Call(
+    "send", root="dst", collective=False, check=calls.peer_and_tag("dst"),
+    run=lambda c, x, a, d, op, root, out, asy, tag: c._send(x, a, d, root, tag, asy))
+RECV = Call(
+    "recv", in_place=True, root="src", collective=False, check=calls.peer_and_tag("src"),
+    run=lambda c, x, a, d, op, root, out, asy, tag: c._recv(x, a, d, root, tag, asy))
+BARRIER = Call("barrier")
+SPLIT = Call("split")
+
+#: Every row, by name (the uneven all_to_all shares its public name with the equal one).
+CALLS = {call.name: call for call in (ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, ALL_GATHER_V,
+                                      REDUCE_SCATTER, GATHER, SCATTER, ALL_TO_ALL, SEND, RECV,
+                                      BARRIER, SPLIT)}
+# Calls whose out= rows are known only once the counts have travelled (checked then).
+_OUT_SHAPE_AFTER_COUNTS = frozenset({"all_gather_v", "all_to_all"})
+
+
+__all__ = ["Communicator", "Work", "CollectiveError", "deliver"]

@@ -27,7 +27,9 @@ MAGIC = 0x436F6C6C  # "Coll": tells a fingerprint from stray data
 MAX_DIMS = 8
 LENGTH = 7 + MAX_DIMS + 1
 
-OPERATIONS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "split")
+# Codes are positions: new operations go at the end.
+OPERATIONS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "split",
+              "reduce", "gather", "scatter", "all_to_all", "all_gather_v", "send", "recv")
 _OPERATION_CODES = {name: code for code, name in enumerate(OPERATIONS)}
 _REDUCE_OPS = tuple(ReduceOp)
 _REDUCE_CODES = {op: code for code, op in enumerate(_REDUCE_OPS)}
@@ -98,3 +100,83 @@ def mismatch(everyone: np.ndarray, comm: Any) -> CollectiveMismatch | None:
         + ". Every rank must make the same collectives in the same order, with the same "
         "reduce op, root, dtype and shape. Nothing of this call was sent."
     )
+
+
+# -- the uneven collectives' counts ------------------------------------------------------
+# all_gather_v and the uneven all_to_all exchange one small vector per rank before the
+# data: [rows, dtype, ndim, dims[1..MAX_DIMS-1] (padded with -1), hash of the dims beyond,
+# rows of out (-1: none), then for all_to_all the rank's send_splits]. Every rank sees
+# every rank's vector, so every rank finds the same disagreement and raises the same error.
+
+_HEADER = 4 + MAX_DIMS  # rows, dtype, ndim, MAX_DIMS - 1 dims, tail hash, out rows
+
+
+def uneven_header(shape: tuple[int, ...], dtype: str, out_rows: int | None,
+                  splits: Any, size: int) -> np.ndarray:
+    vector = np.full(_HEADER + (size if splits is not None else 0), -1, dtype=np.int64)
+    vector[0] = shape[0]
+    vector[1] = _DTYPE_CODES[dtype]
+    vector[2] = len(shape)
+    rest = shape[1:MAX_DIMS]
+    vector[3:3 + len(rest)] = rest
+    if len(shape) > MAX_DIMS:
+        vector[2 + MAX_DIMS] = zlib.crc32(repr(shape[MAX_DIMS:]).encode())
+    vector[3 + MAX_DIMS] = -1 if out_rows is None else out_rows
+    if splits is not None:
+        vector[_HEADER:] = [int(count) for count in splits]
+    return vector
+
+
+def header_rows(everyone: np.ndarray) -> list[int]:
+    """Each rank's x.shape[0], from the exchanged vectors."""
+    return [int(rows) for rows in everyone[:, 0]]
+
+
+def header_splits(everyone: np.ndarray, size: int) -> list[list[int]]:
+    """``splits[i][j]``: rows rank i sends to rank j, from the exchanged vectors."""
+    return [[int(count) for count in row[_HEADER:_HEADER + size]] for row in everyone]
+
+
+def _rest_shape(row: np.ndarray) -> str:
+    ndim = int(row[2])
+    dims = [int(d) for d in row[3:3 + max(0, min(ndim, MAX_DIMS) - 1)]]
+    if ndim > MAX_DIMS:
+        return f"({', '.join(map(str, dims))}, ... {ndim - 1} dims)"
+    return str(tuple(dims))
+
+
+def _held(values: list[str]) -> str:
+    ranks: dict[str, list[int]] = {}
+    for rank, value in enumerate(values):
+        ranks.setdefault(value, []).append(rank)
+    return "; ".join(f"{value} on rank{'s' if len(held) > 1 else ''} {', '.join(map(str, held))}"
+                     for value, held in ranks.items())
+
+
+def uneven_mismatch(everyone: np.ndarray, comm: Any, operation: str,
+                    with_splits: bool) -> ValueError | None:
+    """``ValueError`` when the ranks' dtypes or trailing shapes differ, or some rank's ``out``
+    has the wrong number of rows; else ``None``. The same message on every rank."""
+    # (no rank in it: every rank raises the very same message)
+    where = f"{operation} (call #{comm._seq}, backend {comm.backend}, size {comm.size})"
+    dtypes = [DTYPES[int(row[1])] for row in everyone]
+    if len(set(dtypes)) > 1:
+        return ValueError(f"{where} needs the same dtype on every rank; dtype differs: "
+                          f"{_held(dtypes)}. Nothing of the data was sent.")
+    rests = [_rest_shape(row) for row in everyone]
+    if len({tuple(row[2:3 + MAX_DIMS]) for row in everyone}) > 1:
+        return ValueError(f"{where} needs x.shape[1:] equal on every rank; x.shape[1:] differs: "
+                          f"{_held(rests)}. Nothing of the data was sent.")
+    if with_splits:
+        splits = header_splits(everyone, comm.size)
+        totals = [sum(row[rank] for row in splits) for rank in range(comm.size)]
+    else:
+        totals = [int(everyone[:, 0].sum())] * comm.size
+    wrong = [(rank, int(row[3 + MAX_DIMS]), totals[rank]) for rank, row in enumerate(everyone)
+             if row[3 + MAX_DIMS] >= 0 and row[3 + MAX_DIMS] != totals[rank]]
+    if wrong:
+        described = "; ".join(f"out.shape[0]={got} on rank {rank}, which receives {need} rows"
+                              for rank, got, need in wrong)
+        return ValueError(f"{where}: out has the wrong number of rows: {described}. "
+                          "Nothing of the data was sent.")
+    return None

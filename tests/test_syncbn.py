@@ -60,13 +60,21 @@ class CountingCommunicator(Communicator):
         self.calls.append("broadcast")
         return self.inner._broadcast(x, adapter, dtype, src, async_op)
 
-    def _all_gather(self, x, adapter, dtype):
+    def _all_gather(self, x, adapter, dtype, out=None, async_op=False):
         self.calls.append("all_gather")
-        return self.inner._all_gather(x, adapter, dtype)
+        return self.inner._all_gather(x, adapter, dtype, out, async_op)
 
-    def _reduce_scatter(self, x, adapter, dtype, op):
+    def _reduce_scatter(self, x, adapter, dtype, op, out=None, async_op=False):
         self.calls.append("reduce_scatter")
-        return self.inner._reduce_scatter(x, adapter, dtype, op)
+        return self.inner._reduce_scatter(x, adapter, dtype, op, out, async_op)
+
+    def _send(self, x, adapter, dtype, dst, tag, async_op):
+        self.calls.append("send")
+        return self.inner._send(x, adapter, dtype, dst, tag, async_op)
+
+    def _recv(self, x, adapter, dtype, src, tag, async_op):
+        self.calls.append("recv")
+        return self.inner._recv(x, adapter, dtype, src, tag, async_op)
 
     def _barrier(self):
         self.calls.append("barrier")
