@@ -89,7 +89,7 @@ def import_mpi() -> Any:
     except ImportError as error:
         raise BackendUnavailable(
             f"backend 'mpi' needs mpi4py and an MPI library ({error}); "
-            "install them with: pip install 'collectives[mpi]'"
+            "install them with: pip install 'pycollectives[mpi,mpich]' (only [mpi] where the cluster has an MPI)"
         ) from error
     return MPI
 

@@ -22,7 +22,7 @@ launcher's address only (loopback on one node; TCPStore alone would listen on ev
 interface), and on one node Gloo's sockets use the loopback interface unless
 ``GLOO_SOCKET_IFNAME`` says otherwise. The store speaks torch's fixed binary protocol;
 nothing the project sends is pickled. Under an MPI launcher an uncaught exception
-calls ``MPI_Abort`` (see :func:`backends.mpi.install_abort_on_uncaught_exception`).
+calls ``MPI_Abort`` (see :func:`collectives.backends.mpi.install_abort_on_uncaught_exception`).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def _bootstrap_process_group(dist: Any, launch: LaunchInfo,
         return
     # MPI launcher: rank 0's store address travels over MPI. From here on an uncaught
     # exception (even one in this bootstrap) ends the job instead of leaving peers waiting.
-    from backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
+    from collectives.backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
 
     install_abort_on_uncaught_exception(import_mpi())
     store = mpi_shared_tcp_store(launch, timeout)
@@ -198,8 +198,7 @@ def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAU
     and hands it to the store, because TCPStore given only a port listens on every interface."""
     import numpy as np  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
-
-    from backends.mpi import import_mpi  # noqa: PLC0415
+    from collectives.backends.mpi import import_mpi  # noqa: PLC0415
 
     MPI = import_mpi()
     comm = MPI.COMM_WORLD
