@@ -15,10 +15,10 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from collectives.backends import cupy_nccl, nccl_id
+from collectives.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS, check_cuda_array, reduce_plan, split_members
 from reference_ops import FLOAT_TOLERANCE, random_rank_tensors, reference
 
-from backends import cupy_nccl, nccl_id
-from backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS, check_cuda_array, reduce_plan, split_members
 from collectives import ALLOWED_OPS, DTYPES, BackendUnavailable, CollectiveError, ReduceOp, arrays
 from collectives.launcher import LaunchInfo, detect_launcher
 from collectives.registry import backend_class

@@ -348,7 +348,7 @@ def timeout_world(request):
 def timeout_job(comm, explicit):
     """Rank 0 calls all_reduce on a communicator where rank 1 never does."""
     if explicit:  # the per-communicator argument beats COLLECTIVES_TIMEOUT=2
-        from backends.mpi import MPICommunicator
+        from collectives.backends.mpi import MPICommunicator
 
         sub = MPICommunicator(comm.mpi_comm, timeout=1.0)
     else:
@@ -391,7 +391,7 @@ def test_collective_that_never_completes_times_out(timeout_world, explicit):
 
 
 def test_timeout_setting_parses_env_and_argument(monkeypatch):
-    from backends.local import LocalCommunicator
+    from collectives.backends.local import LocalCommunicator
 
     monkeypatch.delenv(config.TIMEOUT, raising=False)
     assert config.timeout_seconds() == config.DEFAULT_TIMEOUT == 1800
