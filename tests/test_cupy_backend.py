@@ -36,7 +36,7 @@ def test_importing_the_backend_imports_no_cupy():
 
 @pytest.mark.skipif(HAS_CUPY, reason="CuPy is installed here: the missing-CuPy error cannot happen")
 def test_missing_cupy_is_backend_unavailable_with_install_hint():
-    with pytest.raises(BackendUnavailable, match=r"backend 'cupy' needs CuPy.*pip install 'collectives\[cupy\]'"):
+    with pytest.raises(BackendUnavailable, match=r"backend 'cupy' needs CuPy.*pip install 'pycollectives\[cupy\]'"):
         backend_class("cupy").from_launcher(SINGLE)
     with pytest.raises(BackendUnavailable, match="cupy-cuda13x"):
         cupy_nccl.nccl_runtime_version()
