@@ -133,6 +133,10 @@ class Communicator(abc.ABC):
         self._operation = ""
         # Handles of asynchronous calls not known to be complete, oldest first.
         self._pending: collections.deque[Work] = collections.deque()
+        # Point-to-point handles apart: one may wait for a send the peer makes only later, so
+        # they are never waited for to make room (that could deadlock) and never block the
+        # reaping of collective handles.
+        self._pending_p2p: collections.deque[Work] = collections.deque()
 
     # -- the public interface: every method hands its arguments to _run ------------------
 
@@ -355,7 +359,11 @@ class Communicator(abc.ABC):
             raise self._transport_error(error) from error
         if async_op:
             if type(result) is not Work:  # a handle that may still be running: keep it
-                self._keep(result)
+                if call.collective:
+                    self._keep(result)
+                else:
+                    self._pending_p2p.append(result)
+                    _reap(self._pending_p2p)
             return result
         return x if call.in_place else result
 
@@ -374,15 +382,14 @@ class Communicator(abc.ABC):
         self._pending.append(work)
 
     def _reap(self) -> None:
-        """Forget the handles that have completed, oldest first (transports complete
-        calls in the order they were made; a still-running one ends the scan)."""
-        pending = self._pending
-        while pending and pending[0].is_completed():
-            pending.popleft()
+        """Forget the collective handles that have completed, oldest first (collectives
+        complete in the order they were made; a still-running one ends the scan)."""
+        _reap(self._pending)
 
     def _complete_pending(self) -> None:
-        while self._pending:
-            self._pending.popleft().wait()
+        for pending in (self._pending, self._pending_p2p):
+            while pending:
+                pending.popleft().wait()
 
     # -- argument checks shared by every backend ----------------------------------------
 
@@ -707,6 +714,11 @@ class Communicator(abc.ABC):
 
     def _close(self) -> None:
         """Release transport resources (called once)."""
+
+
+def _reap(pending: collections.deque[Work]) -> None:
+    while pending and pending[0].is_completed():
+        pending.popleft()
 
 
 def deliver(adapter: ArrayAdapter, result: Any, out: Any, async_op: bool) -> Any:
