@@ -34,8 +34,9 @@ def _run(tmp_path: Path, conftest: str | None, *options: str) -> dict[str, str]:
     (tmp_path / "pytest.ini").write_text("[pytest]\n")  # its own rootdir, not ours
     if conftest is not None:
         (tmp_path / "conftest.py").write_text(conftest)
+    # CI is dropped too: Hypothesis itself loads a built-in "ci" profile when CI is set.
     env = {name: value for name, value in os.environ.items()
-           if not name.startswith(("COLLECTIVES_", "PYTEST_", "HYPOTHESIS"))}
+           if not name.startswith(("COLLECTIVES_", "PYTEST_", "HYPOTHESIS")) and name != "CI"}
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                              *options, "test_probe.py"], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=120)
