@@ -446,15 +446,7 @@ class MPICommunicator(Communicator):
         if keys is not None:  # float MIN/MAX: integer keys that propagate NaN
             mpi_type = self._types[_INT_OF_WIDTH[_itemsize(buf)]]
         chunks = _chunks(buf if keys is None else keys)
-
-        def finish() -> None:
-            if keys is not None:
-                _float_order.decode(keys, 8 * _itemsize(buf))
-            if op is _AVG:
-                _divide(buf, self.size)
-            if writeback is not None:
-                writeback()
-
+        finish = self._finish_reduction(buf, keys, op, writeback)
         if async_op:
             requests = [self._comm.Iallreduce(IN_PLACE, [c, mpi_type], mpi_op) for c in chunks]
             return _Request(x, self._MPI, requests, finish, self)
