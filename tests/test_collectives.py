@@ -478,3 +478,88 @@ def test_send_recv_rings_and_pairs_deliver_every_dtype(world, pattern, mode):
             continue
         for dtype in dtypes:
             assert results[r][dtype].tobytes() == _bytes_of(values[frm][dtype], dtype), (r, dtype)
+
+
+# -- debug mode: a recv that does not match its send is CollectiveMismatch, never garbage -----
+
+@pytest.fixture(scope="module", params=["mpi", "torch"])
+def debug_world(request):
+    from collectives import config
+    from collectives.testing import RankPool
+
+    pool = RankPool(request.param, 2, env={config.DEBUG: "1", config.TIMEOUT: "20"}, job_timeout=60)
+    pool.start()
+    yield pool
+    pool.close()
+
+
+def p2p_mismatch_job(comm):
+    """Rank 0 sends; rank 1 receives some messages into arrays of another shape or dtype.
+    Returns rank 1's outcomes: (error type, message, x untouched) or the values received."""
+    sub = comm.split(0)
+    sends = [np.arange(3, dtype=np.float32), np.arange(4, dtype=np.float32),
+             np.arange(4, dtype=np.int64).reshape(2, 2), np.arange(5, dtype=np.int32),
+             np.arange(6, dtype=np.int32) * 2, np.arange(2, dtype=np.float64)]
+    boxes = [np.full(4, -1, np.float32), np.full(4, -1, np.float32),
+             np.full((2, 2), -1, np.float64), np.full(5, -1, np.int32),
+             np.full(6, -1, np.int32), np.full(2, -1, np.float64)]
+    outcomes = []
+    if sub.rank == 0:
+        works = [sub.send(x, 1, tag=0, async_op=True) for x in sends]
+        for work in reversed(works):
+            work.wait()
+    else:
+        def take(box, work):
+            try:
+                work.wait()
+                outcomes.append(("ok", box.tolist()))
+            except Exception as error:  # noqa: BLE001  (which one is what the test checks)
+                outcomes.append((type(error).__name__, str(error), bool((box == -1).all())))
+
+        # synchronous: a shape mismatch, then a match (the stream is in step)
+        for i in (0, 1):
+            take(boxes[i], _Done(lambda i=i: sub.recv(boxes[i], 0, tag=0)))
+        # asynchronous, waited in reverse: dtype mismatch (waited last), then two matches
+        works = [sub.recv(boxes[i], 0, tag=0, async_op=True) for i in (2, 3, 4, 5)]
+        for i, work in reversed(list(zip((2, 3, 4, 5), works))):
+            take(boxes[i], work)
+    after = sub.all_reduce(np.ones(1))
+    sub.close()
+    return outcomes, float(after[0])
+
+
+class _Done:
+    def __init__(self, run):
+        self._run = run
+
+    def wait(self):
+        return self._run()
+
+
+@pytest.mark.timeout(120)
+def test_debug_recv_of_another_shape_or_dtype_raises_and_stays_in_step(debug_world):
+    results = debug_world.run(p2p_mismatch_job, timeout=60)
+    assert results[0] == ([], 2.0)
+    outcomes, after = results[1]
+    assert after == 2.0
+    first, second = outcomes[0], outcomes[1]
+    assert first[0] == "CollectiveMismatch" and first[2], first
+    assert "(3,), float32" in first[1] and "(4,), float32" in first[1], first[1]
+    assert second == ("ok", [0.0, 1.0, 2.0, 3.0])
+    by_index = dict(zip((5, 4, 3, 2), outcomes[2:]))
+    assert by_index[5] == ("ok", [0.0, 1.0])
+    assert by_index[4] == ("ok", [0, 2, 4, 6, 8, 10])
+    assert by_index[3] == ("ok", [0, 1, 2, 3, 4])
+    assert by_index[2][0] == "CollectiveMismatch" and by_index[2][2], by_index[2]
+    assert "int64" in by_index[2][1] and "float64" in by_index[2][1], by_index[2][1]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["sync", "async-recv-first", "async-send-first"])
+def test_debug_mode_send_recv_delivers_in_every_wait_order(debug_world, mode):
+    values = [{d: make_input(SEED + 9, r, d, None) for d in dtypes_for("torch")} for r in range(2)]
+    results = debug_world.run(p2p_job, [("torch", values[r], "pairs", mode) for r in range(2)],
+                              timeout=60)
+    for r in range(2):
+        for dtype, got in results[r].items():
+            assert got.tobytes() == _bytes_of(values[1 - r][dtype], dtype), (r, dtype)
