@@ -12,6 +12,9 @@ $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	@# The distribution was called `collectives` before: drop it, or pytest loads its old plugin entry point too.
+	$(PY) -m pip uninstall --quiet --yes collectives 2>/dev/null || true
+	rm -rf collectives.egg-info
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 

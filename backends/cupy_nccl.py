@@ -2,7 +2,7 @@
 
 One NCCL communicator per process, on device ``local_rank % device_count`` (bound
 before the communicator exists). Rank 0's NCCL unique id reaches the other ranks as
-:mod:`backends.nccl_id` says (MPI broadcast under mpiexec, TCP store under torchrun).
+:mod:`collectives.backends.nccl_id` says (MPI broadcast under mpiexec, TCP store under torchrun).
 
 Arrays: CuPy arrays and torch CUDA tensors, zero-copy: NCCL gets their device
 pointers. Every NCCL call and every local step runs on the caller's current stream
@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
-from backends.nccl_id import UNIQUE_ID_BYTES, exchange_unique_id, id_from_bytes, id_to_bytes
+from collectives.backends.nccl_id import UNIQUE_ID_BYTES, exchange_unique_id, id_from_bytes, id_to_bytes
+
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work, deliver
@@ -41,7 +42,7 @@ from collectives.ops import ReduceOp
 
 log = logging.getLogger("collectives")
 
-INSTALL_HINT = ("install CuPy for your CUDA: pip install 'collectives[cupy]' (cupy-cuda13x), "
+INSTALL_HINT = ("install CuPy for your CUDA: pip install 'pycollectives[cupy]' (cupy-cuda13x), "
                 "or cupy-cuda12x for CUDA 12")
 
 #: ncclDataType_t values of nccl.h (a stable ABI); bfloat16 needs NCCL >= 2.10.

@@ -89,7 +89,7 @@ def import_mpi() -> Any:
     except ImportError as error:
         raise BackendUnavailable(
             f"backend 'mpi' needs mpi4py and an MPI library ({error}); "
-            "install them with: pip install 'collectives[mpi]'"
+            "install them with: pip install 'pycollectives[mpi,mpich]' (only [mpi] where the cluster has an MPI)"
         ) from error
     return MPI
 
@@ -492,6 +492,9 @@ class MPICommunicator(Communicator):
             # The common case in as few steps as raw mpi4py takes (out= is written directly).
             if out is None:
                 out = np.empty((self.size, *x.shape), dtype=x.dtype)
+            if async_op:
+                return _Request(out, self._MPI, [self._comm.Iallgather([x, self._byte], [out, self._byte])],
+                                _nothing, self, buffers=x)
             if self.timeout is None:
                 self._comm.Allgather([x, self._byte], [out, self._byte])
             else:
@@ -499,6 +502,9 @@ class MPICommunicator(Communicator):
             return out
         if out is None:
             out = adapter.empty(x, (self.size, *x.shape))
+        if x.nbytes <= MAX_COUNT:
+            return self._move_bytes(x, adapter, out, out, async_op, lambda send, recv: self._comm.Iallgather(
+                [send, self._byte], [recv, self._byte]))
         send, _ = self._buffer(x, adapter, None)
         recv, writeback = self._buffer(out, adapter, None)
         send_bytes, recv_bytes = _bytes(send), _bytes(recv)
@@ -679,6 +685,106 @@ class MPICommunicator(Communicator):
                 writeback()
         return finish
 
+    # -- the rest of the set: byte-moving collectives, and reduce ------------------------
+
+    def _move_bytes(self, x: Any, adapter: ArrayAdapter, result: Any, value: Any, async_op: bool,
+                    start: Callable[[Any, Any], Any], counts: tuple[int, ...] = ()) -> Any:
+        """One nonblocking MPI call that moves raw bytes from ``x`` into ``result`` (either may
+        be ``None`` on ranks that send or receive nothing); returns ``value`` once it has
+        completed, or a handle whose ``wait()`` does. ``start(send_bytes, recv_bytes)`` makes
+        the request. ``counts``: the byte counts and displacements the call uses (C ints)."""
+        if any(count > MAX_COUNT for count in counts) or (x is not None and _nbytes(x) > MAX_COUNT) \
+                or (result is not None and _nbytes(result) > MAX_COUNT):
+            raise ValueError(f"{self._operation} of more than 2**31-1 bytes per message is not "
+                             "supported by the MPI backend; split the array")
+        send = None if x is None else self._buffer(x, adapter, None)[0]
+        recv, writeback = (None, None) if result is None else self._buffer(result, adapter, None)
+        request = start(None if send is None else _bytes(send), None if recv is None else _bytes(recv))
+        work = _Request(value, self._MPI, [request], writeback or _nothing, self, buffers=(send, recv))
+        if async_op:
+            return work
+        return work.wait()
+
+    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
+                async_op: bool) -> Any:
+        here = self.rank == dst
+        result = (out if out is not None else adapter.empty(x, (self.size, *x.shape))) if here else None
+        byte = self._byte
+        return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv: self._comm.Igather(
+            [send, byte], [recv, byte] if here else None, root=dst))
+
+    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
+                 async_op: bool) -> Any:
+        here = self.rank == src
+        result = out if out is not None else adapter.empty(x, tuple(x.shape[1:]))
+        byte = self._byte
+        return self._move_bytes(x if here else None, adapter, result, result, async_op,
+                                lambda send, recv: self._comm.Iscatter(
+                                    [send, byte] if here else None, [recv, byte], root=src))
+
+    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
+                    async_op: bool) -> Any:
+        result = out if out is not None else adapter.empty(x, tuple(x.shape))
+        byte = self._byte
+        return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv: self._comm.Ialltoall(
+            [send, byte], [recv, byte]))
+
+    def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
+                      out: Any, async_op: bool) -> Any:
+        result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
+        row = _row_bytes(x)
+        sizes, offsets = _layout([count * row for count in counts])
+        byte = self._byte
+        return self._move_bytes(x, adapter, result, (result, counts), async_op,
+                                lambda send, recv: self._comm.Iallgatherv(
+                                    [send, byte], [recv, (sizes, offsets), byte]),
+                                counts=(*sizes, *offsets))
+
+    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
+                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+        received = [row[self.rank] for row in splits]
+        result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
+        row = _row_bytes(x)
+        send_sizes, send_offsets = _layout([count * row for count in splits[self.rank]])
+        recv_sizes, recv_offsets = _layout([count * row for count in received])
+        byte = self._byte
+        return self._move_bytes(x, adapter, result, result, async_op,
+                                lambda send, recv: self._comm.Ialltoallv(
+                                    [send, (send_sizes, send_offsets), byte],
+                                    [recv, (recv_sizes, recv_offsets), byte]),
+                                counts=(*send_sizes, *send_offsets, *recv_sizes, *recv_offsets))
+
+    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
+                async_op: bool) -> Work | None:
+        wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
+        here = self.rank == dst
+        buf, writeback = self._buffer(x, adapter, wire)
+        keys = None
+        if _nan_ordered(wire, op):  # float MIN/MAX: integer order keys (see _order_keys)
+            keys = self._order_keys(buf if here else _clone(buf), wire, op)  # x stays off dst
+            mpi_type = self._types[_INT_OF_WIDTH[_itemsize(buf)]]
+        data = buf if keys is None else keys
+        IN_PLACE = self._MPI.IN_PLACE
+        requests = [self._comm.Ireduce(IN_PLACE, [chunk, mpi_type], mpi_op, dst) if here
+                    else self._comm.Ireduce([chunk, mpi_type], None, mpi_op, dst)
+                    for chunk in _chunks(data)]
+
+        def finish() -> None:
+            if not here:
+                return  # the other ranks' x is left as it was
+            if keys is not None:
+                _float_order.decode(keys, 8 * _itemsize(buf))
+            if op is _AVG:
+                _divide(buf, self.size)
+            if writeback is not None:
+                writeback()
+
+        work = _Request(x, self._MPI, requests, finish, self, buffers=data)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
     def _wait_or_block(self, request: Any) -> None:
         if self.timeout is None:
             request.Wait()
@@ -753,6 +859,27 @@ _NUMPY = arrays.NUMPY
 
 def _size(buf: Any) -> int:
     return math.prod(buf.shape)
+
+
+def _nbytes(x: Any) -> int:
+    return _size(x) * _itemsize(x)
+
+
+def _row_bytes(x: Any) -> int:
+    """Bytes of one row (x.shape[1:]) of ``x``."""
+    return math.prod(x.shape[1:]) * _itemsize(x)
+
+
+def _layout(sizes: list[int]) -> tuple[list[int], list[int]]:
+    """Byte counts and their displacements, back to back."""
+    offsets = [0] * len(sizes)
+    for index in range(1, len(sizes)):
+        offsets[index] = offsets[index - 1] + sizes[index - 1]
+    return sizes, offsets
+
+
+def _nothing() -> None:
+    pass
 
 
 _INT_OF_WIDTH = {2: "int16", 4: "int32", 8: "int64"}

@@ -104,7 +104,7 @@ def _checked(raw: bytes) -> bytes:
 def mpi_broadcast_bytes(raw: bytes | None, comm: Any = None, root: int = 0) -> bytes:
     """Rank ``root``'s 128 bytes on every rank of ``comm`` (default MPI.COMM_WORLD)."""
     if comm is None:
-        from backends.mpi import import_mpi  # noqa: PLC0415
+        from collectives.backends.mpi import import_mpi  # noqa: PLC0415
 
         comm = import_mpi().COMM_WORLD
     buf = np.zeros(UNIQUE_ID_BYTES, dtype=np.uint8)

@@ -22,7 +22,7 @@ launcher's address only (loopback on one node; TCPStore alone would listen on ev
 interface), and on one node Gloo's sockets use the loopback interface unless
 ``GLOO_SOCKET_IFNAME`` says otherwise. The store speaks torch's fixed binary protocol;
 nothing the project sends is pickled. Under an MPI launcher an uncaught exception
-calls ``MPI_Abort`` (see :func:`backends.mpi.install_abort_on_uncaught_exception`).
+calls ``MPI_Abort`` (see :func:`collectives.backends.mpi.install_abort_on_uncaught_exception`).
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ import atexit
 import contextlib
 import datetime
 import functools
+import math
 import os
 import socket
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from collectives import arrays
@@ -43,7 +45,7 @@ from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _float_order
+from . import _float_order, _network
 
 # Minutes torch waits in a collective before it raises (torch's own default).
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -105,6 +107,7 @@ def _bootstrap_process_group(dist: Any, launch: LaunchInfo,
         # Bind the GPU before any communicator exists (NCCL picks it up from here).
         torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
     if launch.launcher == "torchrun":
+        _choose_gloo_interface(launch, os.environ.get("MASTER_ADDR"))
         dist.init_process_group(backend, init_method="env://", timeout=timeout)
         return
     if launch.size == 1:
@@ -113,10 +116,11 @@ def _bootstrap_process_group(dist: Any, launch: LaunchInfo,
         return
     # MPI launcher: rank 0's store address travels over MPI. From here on an uncaught
     # exception (even one in this bootstrap) ends the job instead of leaving peers waiting.
-    from backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
+    from collectives.backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
 
     install_abort_on_uncaught_exception(import_mpi())
     store = mpi_shared_tcp_store(launch, timeout)
+    _choose_gloo_interface(launch, store.host)
     dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.size,
                             timeout=timeout)
     # init_process_group wrapped our hook in its own (which buffers the traceback to prefix
@@ -131,32 +135,81 @@ def _has_interface(name: str) -> bool:
         return False
 
 
-def store_host(launch: LaunchInfo) -> str:
-    """The address rank 0's store listens on: MASTER_ADDR if set, loopback on one node."""
+def _choose_gloo_interface(launch: LaunchInfo, store_address: str | None) -> None:
+    """Across hosts Gloo binds (and advertises) the address this host's name resolves to;
+    where that is a loopback address (Debian's ``127.0.1.1 <hostname>``) no other host could
+    connect, so Gloo is given the interface this host reaches the store over instead."""
+    if launch.size == 1 or launch.local_size == launch.size or "GLOO_SOCKET_IFNAME" in os.environ \
+            or not store_address:
+        return
+    own = _network.own_address()
+    if own is not None and not _network.is_loopback(own):
+        return
+    source = _network.address_towards([store_address])
+    interface = _network.interface_with_address(source) if source else None
+    if interface is not None:
+        os.environ["GLOO_SOCKET_IFNAME"] = interface
+
+
+def store_host(launch: LaunchInfo, peers: Sequence[str] = ()) -> str:
+    """The address rank 0's store listens on and advertises: MASTER_ADDR if set; loopback on
+    one node; else this host's address as its name resolves, unless that is a loopback
+    address (no other host reaches it): then the address this host reaches ``peers`` (the
+    other hosts' names) from."""
     if os.environ.get("MASTER_ADDR"):
         return os.environ["MASTER_ADDR"]
     if launch.local_size is not None and launch.local_size == launch.size:
         return "127.0.0.1"
-    return socket.gethostbyname(socket.gethostname())
+    own = _network.own_address()
+    if own is not None and not _network.is_loopback(own):
+        return own
+    reachable = _network.address_towards(peers)
+    if reachable is None:
+        raise BackendUnavailable(
+            f"backend 'torch': this host's name {socket.gethostname()!r} resolves to {own or 'nothing'}, "
+            f"which the other hosts ({', '.join(peers) or 'unknown'}) cannot reach, and no route to them "
+            "was found; set MASTER_ADDR to an address of rank 0's host that they reach")
+    return reachable
+
+
+# Bytes of a host name or address on the wire (DNS names are at most 253).
+_HOST_BYTES = 256
+
+
+def _host_bytes(name: str) -> Any:
+    import numpy as np  # noqa: PLC0415
+
+    raw = np.zeros(_HOST_BYTES, dtype=np.uint8)
+    encoded = name.encode()[:_HOST_BYTES - 1]
+    raw[:len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
+    return raw
+
+
+def _host_from_bytes(raw: Any) -> str:
+    return raw.tobytes().split(b"\0", 1)[0].decode()
 
 
 def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Any:
-    """A TCPStore served by rank 0 on a free port of :func:`store_host`; the port is
-    broadcast over MPI (one int64, nothing unpickled).
+    """A TCPStore served by rank 0 on a free port of :func:`store_host`.
 
-    Rank 0 binds the listening socket itself and hands it to the store, because
-    TCPStore given only a port listens on every interface."""
+    Every rank's host name goes to rank 0 (fixed-size bytes over ``MPI_Gather``) so that it
+    can pick an address the other hosts reach; rank 0's address (bytes) and port (one int64)
+    go back over ``MPI_Bcast``. Nothing is pickled. Rank 0 binds the listening socket itself
+    and hands it to the store, because TCPStore given only a port listens on every interface."""
     import numpy as np  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
-
-    from backends.mpi import import_mpi  # noqa: PLC0415
+    from collectives.backends.mpi import import_mpi  # noqa: PLC0415
 
     MPI = import_mpi()
     comm = MPI.COMM_WORLD
-    host = store_host(launch)
+    me = socket.gethostname()
+    names = np.zeros((comm.Get_size(), _HOST_BYTES), dtype=np.uint8) if comm.Get_rank() == 0 else None
+    comm.Gather(_host_bytes(me), names, root=0)
     port = np.zeros(1, dtype=np.int64)
     store = None
     if comm.Get_rank() == 0:
+        peers = list(dict.fromkeys(name for name in map(_host_from_bytes, names) if name != me))
+        host = store_host(launch, peers)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.bind((host, 0))
@@ -165,9 +218,14 @@ def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAU
         # detach(): the store serves on the descriptor from now on, not the Python object.
         store = dist.TCPStore(host, int(port[0]), launch.size, is_master=True, timeout=timeout,
                               wait_for_workers=False, master_listen_fd=listener.detach())
+        host_raw = _host_bytes(host)
+    else:
+        host_raw = np.zeros(_HOST_BYTES, dtype=np.uint8)
+    comm.Bcast(host_raw, root=0)
     comm.Bcast(port, root=0)
     if comm.Get_rank() != 0:
-        store = dist.TCPStore(host, int(port[0]), launch.size, is_master=False, timeout=timeout)
+        store = dist.TCPStore(_host_from_bytes(host_raw), int(port[0]), launch.size, is_master=False,
+                              timeout=timeout)
     return store
 
 
@@ -290,7 +348,7 @@ class TorchCommunicator(Communicator):
         """torch's timeout errors become ``CollectiveTimeout``, its transport failures
         (a peer's connection closed: it died) ``CollectiveError``; the rest propagate."""
         if not isinstance(error, RuntimeError):
-            return error
+            return super()._transport_error(error)
         text = str(error)
         first_line = text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
         lowered = text.lower()
@@ -304,7 +362,7 @@ class TorchCommunicator(Communicator):
                                                  "broken pipe", "connection refused")):
             return CollectiveError(f"{self._call_name()} failed in torch.distributed (a peer "
                                    f"rank may have died): {first_line}")
-        return error
+        return super()._transport_error(error)
 
     @property
     def process_group(self) -> Any:
@@ -456,7 +514,112 @@ class TorchCommunicator(Communicator):
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
                     async_op: bool = False) -> Any:
-        return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
+        if (out is None and not async_op) or self._reordered:
+            return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
+        result = out if out is not None else adapter.empty(x, (self.size, *x.shape))
+        return self._move_bytes(x, adapter, result, result, async_op,
+                                lambda send, recv, asy: self._all_gather_single(
+                                    recv, send, group=self._group, async_op=asy))
+
+    # -- the rest of the set ------------------------------------------------------------
+
+    @_on_cupy_stream
+    def _move_bytes(self, x: Any, adapter: ArrayAdapter, result: Any, value: Any, async_op: bool,
+                    start: Any) -> Any:
+        """One torch.distributed call that moves raw bytes (flat uint8 views) from ``x`` into
+        ``result`` (``None`` on a rank that sends or receives nothing); returns ``value``, or a
+        handle whose ``wait()`` does. ``start(send_bytes, recv_bytes, async_op)`` calls torch.
+        Memory is shared with x and result where they are contiguous (numpy and CuPy arrays
+        too, through torch.from_numpy / the CUDA array interface), else staged."""
+        send = None if x is None else self._as_tensor(x, adapter)
+        if send is not None and not send.is_contiguous():
+            send = send.contiguous()
+        recv = target = None
+        if result is not None:
+            target = self._as_tensor(result, adapter)
+            recv = target if target.is_contiguous() else target.contiguous()
+
+        def finish() -> None:
+            if recv is not target:
+                target.copy_(recv)
+
+        work = start(None if send is None else _bytes(send), None if recv is None else _bytes(recv),
+                     async_op)
+        if async_op:
+            return _TorchWork(value, work, finish, self)
+        finish()
+        return value
+
+    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
+                async_op: bool) -> Any:
+        # Reordered split groups (rows would arrive in torch's rank order) and empty arrays
+        # (Gloo refuses zero-byte lists) take the emulation.
+        if self._reordered or not math.prod(x.shape):
+            return super()._gather(x, adapter, dtype, dst, out, async_op)
+        here = self.rank == dst
+        result = (out if out is not None else adapter.empty(x, (self.size, *x.shape))) if here else None
+        root = self._global_ranks[dst]
+        return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy: self._dist.gather(
+            send, list(recv.view(self.size, -1).unbind(0)) if here else None, root, self._group, asy))
+
+    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
+                 async_op: bool) -> Any:
+        if self._reordered or not math.prod(x.shape):
+            return super()._scatter(x, adapter, dtype, src, out, async_op)
+        here = self.rank == src
+        result = out if out is not None else adapter.empty(x, tuple(x.shape[1:]))
+        root = self._global_ranks[src]
+        return self._move_bytes(x if here else None, adapter, result, result, async_op,
+                                lambda send, recv, asy: self._dist.scatter(
+                                    recv, list(send.view(self.size, -1).unbind(0)) if here else None,
+                                    root, self._group, asy))
+
+    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
+                    async_op: bool) -> Any:
+        if self._reordered or not math.prod(x.shape):
+            return super()._all_to_all(x, adapter, dtype, out, async_op)
+        result = out if out is not None else adapter.empty(x, tuple(x.shape))
+        return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
+                                self._dist.all_to_all_single(recv, send, group=self._group,
+                                                             async_op=asy))
+
+    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
+                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+        if self._reordered:
+            return super()._all_to_all_v(x, adapter, dtype, splits, out, async_op)
+        received = [row[self.rank] for row in splits]
+        result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
+        row = math.prod(x.shape[1:]) * _itemsize(x)
+        sent = [count * row for count in splits[self.rank]]
+        got = [count * row for count in received]
+        return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
+                                self._dist.all_to_all_single(recv, send, got, sent, group=self._group,
+                                                             async_op=asy))
+
+    @_on_cupy_stream
+    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
+                async_op: bool) -> Work | None:
+        direct = _DIRECT[dtype].get(op)
+        if direct is None:  # staged dtypes, NaN-ordered MIN/MAX, bitwise on NCCL: emulated
+            return super()._reduce(x, adapter, dtype, op, dst, async_op)
+        t = self._as_tensor(x, adapter)
+        here = self.rank == dst
+        # Off dst the transport may use its buffer as scratch: it gets a copy (x stays as it was).
+        staged = t if here and t.is_contiguous() else t.contiguous() if here else t.clone()
+        work = self._dist.reduce(staged, self._global_ranks[dst], self._ops[op], self._group, async_op)
+
+        def finish() -> None:
+            if not here:
+                return
+            if op is _AVG:
+                staged.div_(self.size)
+            if staged is not t:
+                t.copy_(staged)
+
+        if async_op:
+            return _TorchWork(x, work, finish, self)
+        finish()
+        return None
 
     @_on_cupy_stream
     def _all_gather_new(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
@@ -631,3 +794,7 @@ def _group_named(name: str):
 
 def _negative_strides(x: Any, adapter: ArrayAdapter) -> bool:
     return adapter is not arrays.TORCH and any(stride < 0 for stride in x.strides)
+
+
+def _itemsize(x: Any) -> int:
+    return int(x.element_size()) if hasattr(x, "element_size") else int(x.itemsize)

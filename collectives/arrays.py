@@ -91,6 +91,9 @@ class NumpyAdapter(ArrayAdapter):
                 "x is a read-only numpy array; in-place collectives (all_reduce, broadcast) "
                 "need a writable array: pass x.copy()"
             )
+        if 0 in x.strides and x.size > 1:
+            raise ValueError(_OVERLAPPING.format(kind="numpy array", strides=x.strides,
+                                                 copy="x.copy()"))
 
     def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
         return sys.modules["numpy"].empty(shape, dtype=like.dtype)
@@ -106,7 +109,10 @@ class CupyAdapter(NumpyAdapter):
         return int(x.device.id)
 
     def check_writable(self, x: Any) -> None:
-        pass  # CuPy arrays have no read-only flag
+        # CuPy arrays have no read-only flag; zero strides as for numpy.
+        if 0 in x.strides and x.size > 1:
+            raise ValueError(_OVERLAPPING.format(kind="cupy array", strides=x.strides,
+                                                 copy="x.copy()"))
 
     def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
         cupy = sys.modules["cupy"]
@@ -140,6 +146,13 @@ class TorchAdapter(ArrayAdapter):
         if x.layout != sys.modules["torch"].strided:
             raise TypeError(f"x is a torch tensor with layout {x.layout}; collectives take "
                             "dense (torch.strided) tensors: pass x.to_dense()")
+        if x.is_nested:  # layout torch.strided too: the check above misses it
+            raise TypeError("x is a nested torch tensor; collectives take dense tensors of one "
+                            "shape: pass x.to_padded_tensor(0), or each component separately")
+        if x.is_neg():  # transports read the raw memory: the lazy negation would be lost
+            raise ValueError("x is a torch tensor with its negative bit set (a lazy view such as "
+                             "x._neg_view() or torch.conj of a real view); pass "
+                             "x.resolve_neg() and use the tensor it returns")
 
     def is_cuda(self, x: Any) -> bool:
         return bool(x.is_cuda)
@@ -153,6 +166,9 @@ class TorchAdapter(ArrayAdapter):
                 "x requires grad; in-place collectives (all_reduce, broadcast) would break "
                 "autograd: pass x.detach() (it shares memory) or a tensor that does not require grad"
             )
+        if 0 in x.stride() and x.numel() > 1:
+            raise ValueError(_OVERLAPPING.format(kind="torch tensor", strides=tuple(x.stride()),
+                                                 copy="x.clone()"))
 
     def is_contiguous(self, x: Any) -> bool:
         return bool(x.is_contiguous())
@@ -163,6 +179,12 @@ class TorchAdapter(ArrayAdapter):
     def copy_(self, dst: Any, src: Any) -> None:
         dst.copy_(src)
 
+
+# In-place results need one memory location per element; read-only inputs may overlap.
+_OVERLAPPING = ("x is a {kind} with a zero stride (strides {strides}: several elements share "
+                "one memory location, e.g. from expand/broadcast_to/as_strided); in-place "
+                "collectives (all_reduce, broadcast, reduce, recv) cannot write a result into "
+                "it: pass {copy}")
 
 NUMPY = NumpyAdapter()
 TORCH = TorchAdapter()
@@ -179,6 +201,12 @@ def adapter_for(x: Any) -> ArrayAdapter:
     except KeyError:
         pass
     adapter = _find_adapter(x)
+    if adapter is not None and adapter is not TORCH and type(x).__name__ != "ndarray":
+        raise TypeError(
+            f"x is a {type(x).__module__}.{type(x).__qualname__}, a subclass of ndarray; "
+            "collectives take plain arrays (a subclass's extra state, such as a mask, would "
+            f"not travel): pass {adapter.name}.asarray(x)"
+            + (" (its data) and reduce the mask separately" if hasattr(x, "mask") else ""))
     if adapter is None:
         raise TypeError(
             f"x of type {type(x).__module__}.{type(x).__qualname__} is not supported; "

@@ -39,6 +39,8 @@ from .errors import CollectiveError, CollectiveTimeout
 from .launcher import LaunchInfo
 from .ops import ReduceOp, check_reduction
 
+_C_INT_MAX = 2**31 - 1
+
 #: Handles kept at most for a communicator; one more waits for the oldest first, so a
 #: program that drops handles in a loop runs in bounded memory.
 MAX_PENDING = 1024
@@ -195,6 +197,10 @@ class Communicator(abc.ABC):
         self._operation = ""
         # Handles of asynchronous calls not known to be complete, oldest first.
         self._pending: collections.deque[Work] = collections.deque()
+        # Point-to-point handles apart: one may wait for a send the peer makes only later, so
+        # they are never waited for to make room (that could deadlock) and never block the
+        # reaping of collective handles.
+        self._pending_p2p: collections.deque[Work] = collections.deque()
 
     # -- the public interface: every method hands its arguments to _run ------------------
 
@@ -332,6 +338,11 @@ class Communicator(abc.ABC):
                 raise TypeError(f"{name} must be an int or None; got {type(value).__name__}")
         if color is not None and int(color) < 0:
             raise ValueError(f"color must be >= 0 (or None to join no group); got {color}")
+        # One range on every backend: MPI takes C ints (torch's int64 would allow more).
+        if color is not None and int(color) > _C_INT_MAX:
+            raise ValueError(f"color must be at most 2**31 - 1 = {_C_INT_MAX}; got {color}")
+        if key is not None and not -_C_INT_MAX - 1 <= int(key) <= _C_INT_MAX:
+            raise ValueError(f"key must be between -2**31 and 2**31 - 1; got {key}")
         self._begin(SPLIT)
         if self.debug:  # colors and keys differ by design: only the call itself is compared
             self._compare_fingerprints(None, -1, None, ())
@@ -415,7 +426,11 @@ class Communicator(abc.ABC):
             raise self._transport_error(error) from error
         if async_op:
             if type(result) is not Work:  # a handle that may still be running: keep it
-                self._keep(result)
+                if call.collective:
+                    self._keep(result)
+                else:
+                    self._pending_p2p.append(result)
+                    _reap(self._pending_p2p)
             return result
         return x if call.in_place else result
 
@@ -434,15 +449,14 @@ class Communicator(abc.ABC):
         self._pending.append(work)
 
     def _reap(self) -> None:
-        """Forget the handles that have completed, oldest first (transports complete
-        calls in the order they were made; a still-running one ends the scan)."""
-        pending = self._pending
-        while pending and pending[0].is_completed():
-            pending.popleft()
+        """Forget the collective handles that have completed, oldest first (collectives
+        complete in the order they were made; a still-running one ends the scan)."""
+        _reap(self._pending)
 
     def _complete_pending(self) -> None:
-        while self._pending:
-            self._pending.popleft().wait()
+        for pending in (self._pending, self._pending_p2p):
+            while pending:
+                pending.popleft().wait()
 
     # -- argument checks shared by every backend ----------------------------------------
 
@@ -559,12 +573,19 @@ class Communicator(abc.ABC):
         )
 
     def _transport_error(self, error: Exception) -> Exception:
-        """What a transport exception raised inside the running call becomes.
+        """What an exception raised inside the running call becomes.
 
-        Backends override this to turn their transport's timeout into
-        :meth:`_timeout_error`; anything else propagates unchanged.
+        Our own ``TypeError``/``ValueError`` (and ``MemoryError``) propagate unchanged;
+        anything else came from the transport and becomes :class:`CollectiveError` naming
+        the call. Backends override this to turn their transport's timeout into
+        :meth:`_timeout_error` first, and end with this.
         """
-        return error
+        if isinstance(error, (TypeError, ValueError, MemoryError)):
+            return error
+        text = str(error).strip()
+        first_line = text.splitlines()[0][:300] if text else ""
+        return CollectiveError(f"{self._call_name()} failed in the {self.backend} transport: "
+                               f"{type(error).__module__}.{type(error).__qualname__}: {first_line}")
 
     def _exchange_small(self, vector: Any) -> Any:
         """Every rank's small int64 numpy ``vector`` (same length everywhere), as a numpy
@@ -817,6 +838,11 @@ class Communicator(abc.ABC):
 
     def _close(self) -> None:
         """Release transport resources (called once)."""
+
+
+def _reap(pending: collections.deque[Work]) -> None:
+    while pending and pending[0].is_completed():
+        pending.popleft()
 
 
 def deliver(adapter: ArrayAdapter, result: Any, out: Any, async_op: bool) -> Any:

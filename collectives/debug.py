@@ -157,7 +157,8 @@ def uneven_mismatch(everyone: np.ndarray, comm: Any, operation: str,
                     with_splits: bool) -> ValueError | None:
     """``ValueError`` when the ranks' dtypes or trailing shapes differ, or some rank's ``out``
     has the wrong number of rows; else ``None``. The same message on every rank."""
-    where = f"{operation} (call #{comm._seq}) on {comm!r}"
+    # (no rank in it: every rank raises the very same message)
+    where = f"{operation} (call #{comm._seq}, backend {comm.backend}, size {comm.size})"
     dtypes = [DTYPES[int(row[1])] for row in everyone]
     if len(set(dtypes)) > 1:
         return ValueError(f"{where} needs the same dtype on every rank; dtype differs: "

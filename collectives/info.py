@@ -4,7 +4,9 @@ Prints, per backend, whether it is usable here and the reason when it is not; th
 library and its version, and whether it takes CUDA memory; the NCCL versions CuPy and
 torch loaded (they can differ: cupy/cupy#8354); and the GPUs seen. Every transport is
 imported here, lazily, one at a time, and a failure is reported rather than raised.
-``--json`` prints the same as one JSON object.
+``--json`` prints the same as one JSON object; ``--require mpi,torch`` exits with status 1
+when one of the named backends is unusable here (a check for job scripts, like
+``horovodrun --check-build``). Installed as the ``collectives-info`` command.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ def _version_text(version: tuple[int, ...] | None) -> str:
 def torch_report() -> dict[str, Any]:
     """torch, its CUDA and NCCL, and whether torch.distributed is there."""
     if importlib.util.find_spec("torch") is None:
-        return {"usable": False, "why": "torch is not installed (pip install 'collectives[torch]')"}
+        return {"usable": False, "why": "torch is not installed (pip install 'pycollectives[torch]')"}
     try:
         import torch  # noqa: PLC0415
     except Exception as error:  # noqa: BLE001  (a broken install is a reason, not a crash)
@@ -64,13 +66,14 @@ def torch_report() -> dict[str, Any]:
 def mpi_report() -> dict[str, Any]:
     """mpi4py, the MPI library it loaded, and whether that library is CUDA-aware."""
     if importlib.util.find_spec("mpi4py") is None:
-        return {"usable": False, "why": "mpi4py is not installed (pip install 'collectives[mpi]')"}
+        return {"usable": False, "why": "mpi4py is not installed (pip install 'pycollectives[mpi,mpich]'; "
+                                        "only [mpi] with a cluster MPI)"}
     try:
         from mpi4py import MPI  # noqa: PLC0415
     except Exception as error:  # noqa: BLE001
         return {"usable": False, "why": f"mpi4py cannot load an MPI library: {error} "
                                         "(pip install mpich, or set MPI4PY_LIBMPI)"}
-    from backends.mpi import mpi_cuda_aware  # noqa: PLC0415
+    from collectives.backends.mpi import mpi_cuda_aware  # noqa: PLC0415
 
     library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
     forced = os.environ.get(config.MPI_CUDA_AWARE, "").strip()
@@ -87,10 +90,10 @@ def mpi_report() -> dict[str, Any]:
 def cupy_report() -> dict[str, Any]:
     """CuPy, its CUDA runtime, the NCCL it loaded, and the devices it sees."""
     if importlib.util.find_spec("cupy") is None:
-        return {"usable": False, "why": "cupy is not installed (pip install 'collectives[cupy]', "
+        return {"usable": False, "why": "cupy is not installed (pip install 'pycollectives[cupy]', "
                                         "i.e. cupy-cuda13x; cupy-cuda12x for CUDA 12)"}
     try:
-        from backends.cupy_nccl import decode_nccl_version, import_cupy_nccl  # noqa: PLC0415
+        from collectives.backends.cupy_nccl import decode_nccl_version, import_cupy_nccl  # noqa: PLC0415
 
         cupy, nccl = import_cupy_nccl()
     except Exception as error:  # noqa: BLE001  (BackendUnavailable, or a broken CUDA install)
@@ -175,13 +178,32 @@ def render(info: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _backend_names(text: str) -> list[str]:
+    from .registry import BACKENDS  # noqa: PLC0415
+
+    names = [name.strip().lower() for name in text.split(",") if name.strip()]
+    unknown = [name for name in names if name not in BACKENDS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names no backend of: {', '.join(BACKENDS)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m collectives.info", description=__doc__.split("\n")[0])
+    """The ``collectives-info`` command (also ``python -m collectives.info``); returns the exit status."""
+    command = os.path.basename(sys.argv[0]) if argv is None else ""
+    parser = argparse.ArgumentParser(
+        prog=command if command.startswith("collectives-info") else "python -m collectives.info",
+        description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--require", type=_backend_names, default=[], metavar="NAME[,NAME]",
+                        help="exit with status 1 unless every named backend is usable here")
     args = parser.parse_args(argv)
     info = collect()
     print(json.dumps(info, indent=2, default=str) if args.json else render(info))
-    return 0
+    missing = [name for name in args.require if not info["backends"][name]["usable"]]
+    for name in missing:
+        print(f"required backend {name!r} is unavailable: {info['backends'][name]['why']}", file=sys.stderr)
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

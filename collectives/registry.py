@@ -14,10 +14,10 @@ from .launcher import LaunchInfo, detect_launcher
 
 #: backend name -> "module:class" of its Communicator, imported only when chosen.
 BACKENDS: dict[str, str] = {
-    "local": "backends.local:LocalCommunicator",
-    "torch": "backends.torch_dist:TorchCommunicator",
-    "mpi": "backends.mpi:MPICommunicator",
-    "cupy": "backends.cupy_nccl:CupyNcclCommunicator",
+    "local": "collectives.backends.local:LocalCommunicator",
+    "torch": "collectives.backends.torch_dist:TorchCommunicator",
+    "mpi": "collectives.backends.mpi:MPICommunicator",
+    "cupy": "collectives.backends.cupy_nccl:CupyNcclCommunicator",
 }
 #: What "auto" picks for each launcher (None: no launcher).
 AUTO_BACKEND: dict[str | None, str] = {"torchrun": "torch", "mpi": "mpi", "slurm": "mpi",

@@ -9,10 +9,10 @@ import os
 import sys
 
 import numpy as np
+from collectives.backends.mpi import MPICommunicator
 from mpi4py import MPI
 
 import collectives
-from backends.mpi import MPICommunicator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import time_interleaved  # noqa: E402

@@ -20,10 +20,10 @@ import time
 
 import numpy as np
 import torch
+from collectives.syncbn import function as sbf
 
 import collectives
-import syncbn
-from syncbn import function as sbf
+from collectives import syncbn
 
 SHAPES = [(64, 56, 56), (256, 56, 56), (512, 28, 28), (1024, 14, 14), (2048, 7, 7)]
 

@@ -127,7 +127,7 @@ if sys.argv[1] == "torch":
     import torch
     v = tuple(torch.cuda.nccl.version())
 else:
-    from backends.cupy_nccl import nccl_runtime_version
+    from collectives.backends.cupy_nccl import nccl_runtime_version
     v = nccl_runtime_version()
 print(int(v >= (2, 30, 0)))
 EOF
@@ -158,7 +158,7 @@ EOF
         for n in 2 4; do
             COLLECTIVES_MPI_CUDA_AWARE=0 timed mpiexec -n $n $PY scripts/gpu_timing.py --backend mpi
         done
-        if $PY -c 'from mpi4py import MPI; from backends.mpi import mpi_cuda_aware; import sys; sys.exit(0 if mpi_cuda_aware(MPI) else 1)' 2>/dev/null; then
+        if $PY -c 'from mpi4py import MPI; from collectives.backends.mpi import mpi_cuda_aware; import sys; sys.exit(0 if mpi_cuda_aware(MPI) else 1)' 2>/dev/null; then
             for n in 2 4; do
                 COLLECTIVES_MPI_CUDA_AWARE=1 timed mpiexec -n $n $PY scripts/gpu_timing.py --backend mpi
             done

@@ -63,8 +63,7 @@ def raw_all_reduce(comm, library: str):
     if comm.backend == "cupy":
         import cupy
         import torch
-
-        from backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS
+        from collectives.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS
 
         nccl = comm.nccl_comm
 

@@ -14,9 +14,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from collectives.backends.mpi import MPICommunicator
 from mpi4py import MPI
-
-from backends.mpi import MPICommunicator
 
 
 def per_call_us(fn, buf, calls: int) -> float:

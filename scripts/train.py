@@ -46,12 +46,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from collectives.syncbn import convert_sync_batchnorm
+from collectives.syncbn.data_parallel import DataParallel
 from torch import nn
 
 import collectives
 from collectives.communicator import Communicator
-from syncbn import convert_sync_batchnorm
-from syncbn.data_parallel import DataParallel
 
 TEST_IMAGES = 360  # of 1797: 1437 for training
 NORMS = ("sync", "local")

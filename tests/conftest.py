@@ -1,1 +1,4 @@
-"""Shared fixtures: the rank pools come from collectives.testing (its pytest plugin)."""
+"""Shared fixtures: the rank pools come from collectives.testing's pytest plugin, which is
+opt-in (no entry point: it must not load in other projects' test runs); this suite opts in."""
+
+pytest_plugins = ["collectives.testing.plugin"]

@@ -8,8 +8,8 @@ inputs of every rank, computed here in the test process.
 import numpy as np
 import pytest
 import torch
+from collectives.backends.local import LocalCommunicator
 
-from backends.local import LocalCommunicator
 from collectives.ops import ALLOWED_OPS
 
 # dtype -> numpy dtype for the inputs, float16 included (MPI reduces it natively or in float32).

@@ -15,10 +15,10 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from collectives.backends import cupy_nccl, nccl_id
+from collectives.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS, check_cuda_array, reduce_plan, split_members
 from reference_ops import FLOAT_TOLERANCE, random_rank_tensors, reference
 
-from backends import cupy_nccl, nccl_id
-from backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS, check_cuda_array, reduce_plan, split_members
 from collectives import ALLOWED_OPS, DTYPES, BackendUnavailable, CollectiveError, ReduceOp, arrays
 from collectives.launcher import LaunchInfo, detect_launcher
 from collectives.registry import backend_class
@@ -36,7 +36,7 @@ def test_importing_the_backend_imports_no_cupy():
 
 @pytest.mark.skipif(HAS_CUPY, reason="CuPy is installed here: the missing-CuPy error cannot happen")
 def test_missing_cupy_is_backend_unavailable_with_install_hint():
-    with pytest.raises(BackendUnavailable, match=r"backend 'cupy' needs CuPy.*pip install 'collectives\[cupy\]'"):
+    with pytest.raises(BackendUnavailable, match=r"backend 'cupy' needs CuPy.*pip install 'pycollectives\[cupy\]'"):
         backend_class("cupy").from_launcher(SINGLE)
     with pytest.raises(BackendUnavailable, match="cupy-cuda13x"):
         cupy_nccl.nccl_runtime_version()

@@ -12,10 +12,9 @@ import copy
 import numpy as np
 import pytest
 import torch
+from collectives.backends.local import LocalCommunicator
+from collectives.syncbn.data_parallel import DataParallel
 from torch import nn
-
-from backends.local import LocalCommunicator
-from syncbn.data_parallel import DataParallel
 
 # -- models and data, built identically in the ranks and in the test process ----------------
 

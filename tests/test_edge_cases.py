@@ -126,7 +126,7 @@ def test_a_64_mib_all_reduce_is_exact_and_identical_on_every_rank(world):
 # -- MPI's pieces of at most MAX_COUNT elements (2**31-1 in production) ------------------------
 
 def chunked_job(comm, max_count):
-    import backends.mpi as mpi_backend
+    import collectives.backends.mpi as mpi_backend
 
     saved, mpi_backend.MAX_COUNT = mpi_backend.MAX_COUNT, max_count
     try:

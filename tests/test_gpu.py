@@ -60,7 +60,7 @@ def _torch_nccl_version():
 
 
 def _cupy_nccl_version():
-    from backends.cupy_nccl import nccl_runtime_version
+    from collectives.backends.cupy_nccl import nccl_runtime_version
 
     return nccl_runtime_version()
 
@@ -72,9 +72,8 @@ def _mpi_problem(need_cuda_aware):
     if not report["usable"]:
         return f"MPI is unavailable: {report['why']}"
     if need_cuda_aware:
+        from collectives.backends.mpi import mpi_cuda_aware
         from mpi4py import MPI
-
-        from backends.mpi import mpi_cuda_aware
 
         saved = os.environ.pop("COLLECTIVES_MPI_CUDA_AWARE", None)
         try:
@@ -89,7 +88,7 @@ def _mpi_problem(need_cuda_aware):
 
 def skip_reason(backend, size, launcher, env):
     """Why this machine cannot run the world, or None."""
-    from backends.cupy_nccl import MULTI_RANK_GPU_SINCE
+    from collectives.backends.cupy_nccl import MULTI_RANK_GPU_SINCE
 
     if backend == "cupy" and not HAS_CUPY:
         return "CuPy is not installed"
@@ -277,7 +276,7 @@ def stream_order_job(comm, library, n, async_op):
 
 def syncbn_job(comm, x_part, dy_part, with_torch_syncbn, device="cuda"):
     """Training forward/backward of syncbn.SyncBatchNorm on ``device`` (and torch's, if asked)."""
-    import syncbn
+    from collectives import syncbn
 
     channels = x_part.shape[1]
     outputs = {}
@@ -375,7 +374,7 @@ def test_split_groups_reduce_among_themselves(gpu_world, library):
 
 def _syncbn_available():
     try:
-        module = importlib.import_module("syncbn")
+        module = importlib.import_module("collectives.syncbn")
     except ImportError:
         return False
     return hasattr(module, "SyncBatchNorm")

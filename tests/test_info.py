@@ -40,7 +40,7 @@ def test_every_backend_is_reported_with_usable_and_a_reason(report):
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
 def test_cupy_unavailable_says_why_and_how_to_install():
     text = run_info()
-    assert "cupy   unavailable: cupy is not installed (pip install 'collectives[cupy]'" in text
+    assert "cupy   unavailable: cupy is not installed (pip install 'pycollectives[cupy]'" in text
     assert "NCCL: cupy not loaded" in text
 
 
@@ -75,3 +75,38 @@ def test_importing_collectives_imports_no_transport_and_not_info():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def run_command(*args):
+    """The installed ``collectives-info`` console script (pyproject's [project.scripts])."""
+    command = Path(sys.executable).with_name("collectives-info")
+    assert command.is_file(), f"{command} is not installed: reinstall the package (make .venv/.installed)"
+    return subprocess.run([str(command), *args], env=without_launcher_variables(os.environ), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_collectives_info_command_reports_what_the_module_does(report):
+    done = run_command("--json")
+    assert done.returncode == 0, done.stderr
+    command_report = json.loads(done.stdout)
+    assert {name: entry["usable"] for name, entry in command_report["backends"].items()} == {
+        name: entry["usable"] for name, entry in report["backends"].items()}
+    assert command_report["launcher"] is None
+    assert "usage: collectives-info" in run_command("--help").stdout
+
+
+def test_require_exits_1_naming_the_unavailable_backend(report):
+    usable = [name for name, entry in report["backends"].items() if entry["usable"]]
+    unusable = [name for name, entry in report["backends"].items() if not entry["usable"]]
+    assert run_command("--require", ",".join(usable)).returncode == 0
+    if not unusable:
+        pytest.skip("every backend is usable here")
+    done = run_command("--require", f"local,{unusable[0]}")
+    assert done.returncode == 1
+    assert f"required backend {unusable[0]!r} is unavailable: {report['backends'][unusable[0]]['why']}" in done.stderr
+
+
+def test_require_rejects_an_unknown_backend_listing_the_valid_ones():
+    done = run_command("--require", "nccl")
+    assert done.returncode == 2
+    assert "'nccl' names no backend of: local, torch, mpi, cupy" in done.stderr

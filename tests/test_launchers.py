@@ -87,7 +87,12 @@ def test_a_backend_that_cannot_run_under_a_launcher_is_a_clear_error_on_every_ra
     result = launch(launcher, n, "which_backend.py", backend)
     assert result.returncode != 0
     errors = rank_lines(result.stdout, "ERROR")
-    assert len(errors) == n, result.stdout + result.stderr
+    # torchrun stops the other workers as soon as one exits non-zero, so under torchrun a
+    # slower rank may be stopped before it prints; mpiexec lets every rank report.
+    if launcher == "torchrun":
+        assert 1 <= len(errors) <= n, result.stdout + result.stderr
+    else:
+        assert len(errors) == n, result.stdout + result.stderr
     assert all(re.search(message, line) for line in errors), errors
 
 

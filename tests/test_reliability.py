@@ -202,8 +202,12 @@ def catalogue_job(comm, row):
 @pytest.mark.parametrize("row", list(CATALOGUE))
 @pytest.mark.parametrize("world", BACKENDS, indirect=True, ids=[b for b, _ in BACKENDS])
 def test_bad_input_raises_before_sending_on_every_rank(world, row):
-    results = world.run(catalogue_job, args=(row,), timeout=30)
-    expected_sum = sum(range(1, world.size + 1))
+    assert_catalogue(world.run(catalogue_job, args=(row,), timeout=30), world.size)
+
+
+def assert_catalogue(results, size):
+    """Every rank raised each row's documented error, nothing started, input untouched."""
+    expected_sum = sum(range(1, size + 1))
     for rank, (outcomes, untouched, check) in enumerate(results):
         for (kind, message), expected, phrase, seq_moved in outcomes:
             assert kind == expected, f"rank {rank}: {phrase!r}: got {kind}: {message}"
@@ -344,7 +348,7 @@ def timeout_world(request):
 def timeout_job(comm, explicit):
     """Rank 0 calls all_reduce on a communicator where rank 1 never does."""
     if explicit:  # the per-communicator argument beats COLLECTIVES_TIMEOUT=2
-        from backends.mpi import MPICommunicator
+        from collectives.backends.mpi import MPICommunicator
 
         sub = MPICommunicator(comm.mpi_comm, timeout=1.0)
     else:
@@ -387,7 +391,7 @@ def test_collective_that_never_completes_times_out(timeout_world, explicit):
 
 
 def test_timeout_setting_parses_env_and_argument(monkeypatch):
-    from backends.local import LocalCommunicator
+    from collectives.backends.local import LocalCommunicator
 
     monkeypatch.delenv(config.TIMEOUT, raising=False)
     assert config.timeout_seconds() == config.DEFAULT_TIMEOUT == 1800

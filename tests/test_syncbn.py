@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from collectives.backends.local import LocalCommunicator
 
 import collectives
-import syncbn
-from backends.local import LocalCommunicator
-from collectives import Communicator
+from collectives import Communicator, syncbn
 
 # The key case runs on every world; the others on a sample. The matrix's last four
 # worlds are the ones the rest of the file uses, so they stay warm (the session keeps 4).

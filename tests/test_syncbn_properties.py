@@ -13,7 +13,7 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-import syncbn
+from collectives import syncbn
 
 WORLDS = [("mpi", 2), ("torch", 3), ("mpi", 4)]
 TOL = {"y": (1e-5, 1e-5), "grad": (1e-4, 1e-5), "stats": (1e-5, 1e-5)}

@@ -18,8 +18,10 @@ What lives here:
   :class:`RankError` with every failing rank's traceback; one that hangs past its
   timeout or kills its rank is :class:`RankTimeout` / :class:`RankCrashed`, and the pool
   restarts on the next job.
-- The pytest plugin (:mod:`.plugin`, loaded automatically): the ``world`` fixture and the
-  Hypothesis profiles ``ci`` / ``dev`` (``COLLECTIVES_HYPOTHESIS_PROFILE``).
+- The pytest plugin (:mod:`.plugin`, opt-in: ``pytest_plugins = ["collectives.testing.plugin"]``
+  in your conftest.py, or ``pytest -p collectives.testing.plugin``): the ``world`` fixture,
+  the Hypothesis profiles ``ci`` / ``dev`` (``COLLECTIVES_HYPOTHESIS_PROFILE``), and a check
+  that no pool process outlives the session.
 - :mod:`.strategies` (needs hypothesis; imported explicitly): dtypes, ops, shapes,
   per-rank arrays with edge values, roots, world sizes.
 - :mod:`.reference`: numpy references and error bounds for reductions, and the

@@ -12,11 +12,21 @@ so only the processes this pool started can talk to it.
 A rank that hangs past the job's timeout, or dies, ends the pool (every rank is
 killed) and the job raises :class:`RankTimeout` / :class:`RankCrashed`; the next
 job starts a fresh pool, so one bad job never poisons the ones after it.
+
+No rank outlives its pool, its launcher or the test process. Killing the launcher's
+process group is not enough: torchrun starts each worker in a session of its own, so
+a rank stuck in a job would survive, re-parented to PID 1. So the pool kills every
+process whose environment carries its key (the ranks' pids from their hello first),
+the launcher (or a local rank) gets ``PR_SET_PDEATHSIG``, each rank sets it for itself
+(it dies with its launcher), and a watchdog thread in each rank ends it when the pool's
+connection closes (the test process died). :func:`leftover_processes` lists what is
+still alive; the pytest plugin fails the session if anything is.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import inspect
 import os
 import pickle
@@ -27,9 +37,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from multiprocessing.connection import Client, Connection, Listener, wait
 from pathlib import Path
 from typing import Any
@@ -148,6 +159,8 @@ class RankPool:
         self._connections: list[Connection] = []
         self._listener: Listener | None = None
         self._log: Any = None
+        self._authkey = ""  # hex; every process of the running pool carries it in its environment
+        self._pids: list[int] = []  # the ranks' pids, from their hello
         self.jobs_run = 0
         self.starts = 0
 
@@ -173,10 +186,12 @@ class RankPool:
             return
         self.close()
         authkey = secrets.token_bytes(32)
+        self._authkey = authkey.hex()
+        _authkeys.add(self._authkey)
         self._listener = Listener(("127.0.0.1", 0), authkey=authkey)
         host, port = self._listener.address
         env = {**os.environ, **self.env,
-               POOL_ADDRESS_ENV: f"{host}:{port}", POOL_AUTHKEY_ENV: authkey.hex(),
+               POOL_ADDRESS_ENV: f"{host}:{port}", POOL_AUTHKEY_ENV: self._authkey,
                "COLLECTIVES_BACKEND": self.backend,
                "PYTHONPATH": os.pathsep.join([_ROOT, *filter(None, [os.environ.get("PYTHONPATH")])]),
                "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -185,7 +200,7 @@ class RankPool:
         self._log = tempfile.TemporaryFile()
         self._process = subprocess.Popen(self._command(), env=env, stdin=subprocess.DEVNULL,
                                          stdout=self._log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_this_thread())
         self.starts += 1
         connections: dict[int, Connection] = {}
         deadline = time.monotonic() + START_TIMEOUT
@@ -204,6 +219,7 @@ class RankPool:
                 continue
             hello = receive(conn)
             connections[hello["rank"]] = conn
+            self._pids.append(hello["pid"])
         sock.settimeout(None)
         self._connections = [connections[r] for r in range(self.size)]
 
@@ -232,8 +248,11 @@ class RankPool:
                 pass
             _kill_session(process)
         for conn in self._connections:
-            conn.close()
+            conn.close()  # a rank still stuck in a job sees its pool go and exits
         self._connections = []
+        if self._authkey:
+            _kill_processes_of(self._authkey, self._pids)
+        self._authkey, self._pids = "", []
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -245,6 +264,8 @@ class RankPool:
         """Kill every rank at once (what a timeout or crash does)."""
         if self._process is not None:
             _kill_session(self._process)
+        for conn in self._connections:
+            conn.close()
         self._connections = []
         self.close()
 
@@ -329,6 +350,112 @@ def _kill_session(process: subprocess.Popen[bytes]) -> None:
     try:
         process.wait(timeout=10)
     except subprocess.TimeoutExpired:
+        pass
+
+
+# -- no process of a pool outlives it ------------------------------------------------------
+
+#: The keys of every pool this process started: their processes carry one in their environment.
+_authkeys: set[str] = set()
+_PR_SET_PDEATHSIG = 1
+try:  # looked up now: a preexec_fn must not dlopen between fork and exec
+    _prctl: Any = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send ``sig`` to this process when the thread that started it ends
+    (Linux ``prctl(PR_SET_PDEATHSIG)``; it survives exec). False where it is unavailable."""
+    return _prctl is not None and _prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def _die_with_this_thread() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that ties the child's life to the calling thread, if that is the main
+    thread (the death signal follows the thread that forked, not the process: a pool started
+    from a short-lived thread would lose its ranks when the thread ends)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        set_parent_death_signal()
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+    return preexec
+
+
+def _environment_value(pid: int | str, name: str) -> str | None:
+    """``name``'s value in the environment process ``pid`` started with (None: unset,
+    gone, a zombie or not ours)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix):].decode(errors="replace")
+    return None
+
+
+def processes_with(variable: str, values: Iterable[str]) -> list[int]:
+    """Pids of live processes (other than this one) whose environment sets ``variable`` to
+    one of ``values``."""
+    wanted = set(values)
+    if not wanted:
+        return []
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and int(entry.name) != os.getpid()
+            and _environment_value(entry.name, variable) in wanted]
+
+
+def processes_of(authkeys: Iterable[str]) -> list[int]:
+    """Pids of live processes started by the pools with these keys: launchers, their
+    helpers and ranks all carry the pool's key in their environment."""
+    return processes_with(POOL_AUTHKEY_ENV, authkeys)
+
+
+def leftover_processes() -> list[int]:
+    """Pids of processes that any pool of this process started and that are still alive."""
+    return processes_of(_authkeys)
+
+
+def describe_processes(pids: Iterable[int]) -> str:
+    """One line per pid: its command line and parent, for an error message."""
+    lines = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            parent = next(line.split()[1] for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if line.startswith("PPid:"))
+            lines.append(f"  pid {pid} (parent {parent}): {command}")
+        except (OSError, StopIteration):
+            lines.append(f"  pid {pid}: gone")
+    return "\n".join(lines)
+
+
+def _kill_processes_of(authkey: str, pids: Iterable[int] = (), grace: float = 5.0) -> list[int]:
+    """SIGKILL every process of the pool with ``authkey`` (``pids`` first: the ranks' own,
+    which may have left the launcher's session) until none is left or ``grace`` seconds
+    passed; returns those still alive then."""
+    deadline = time.monotonic() + grace
+    for pid in pids:
+        if _environment_value(pid, POOL_AUTHKEY_ENV) == authkey:  # not a reused pid
+            _signal(pid, signal.SIGKILL)
+    while left := processes_of([authkey]):
+        if time.monotonic() > deadline:
+            return left
+        for pid in left:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.01)  # the kernel is tearing them down
+    return []
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
         pass
 
 

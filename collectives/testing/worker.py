@@ -1,17 +1,29 @@
-"""A rank of a :class:`~collectives.testing.pool.RankPool`: run by the launcher, never by hand."""
+"""A rank of a :class:`~collectives.testing.pool.RankPool`: run by the launcher, never by hand.
+
+A rank never outlives its pool: it dies with its launcher (``PR_SET_PDEATHSIG``), and a
+watchdog thread ends it when the pool's connection closes, even while a job is stuck.
+"""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
+import select
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
 
 import collectives
-from collectives.testing.pool import connect_worker, receive, send
+from collectives.launcher import detect_launcher
+from collectives.testing.pool import connect_worker, receive, send, set_parent_death_signal
+
+#: Seconds an idle rank whose pool went away gets to exit on its own (MPI_Finalize, Gloo
+#: teardown) before the watchdog ends it.
+EXIT_GRACE = 10.0
+_HANGUP = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
 
 _jobs: dict[tuple[str, str, str], Callable[..., Any]] = {}
 
@@ -44,9 +56,34 @@ def _resolve(module_name: str, path: str, qualname: str) -> Callable[..., Any]:
     return target
 
 
+def _die_with_launcher() -> None:
+    """Under torchrun or mpiexec: die when the launcher's process that started us dies
+    (a local rank's pool arms this itself, from the thread that starts it)."""
+    if detect_launcher().launcher is None:
+        return
+    parent = os.getppid()
+    if set_parent_death_signal() and os.getppid() != parent:
+        os._exit(1)  # it died before the signal was armed
+
+
+def _watch(conn: Any, busy: threading.Event) -> None:
+    """End this rank once the pool's end of ``conn`` closes: at once when a job is running
+    (no one waits for its result), else after EXIT_GRACE if the normal exit did not finish."""
+    poller = select.poll()
+    poller.register(conn.fileno(), _HANGUP)  # no POLLIN: pending jobs do not wake us
+    while not any(events & _HANGUP for _, events in poller.poll()):
+        pass
+    if not busy.is_set():
+        threading.Event().wait(EXIT_GRACE)
+    os._exit(1)
+
+
 def main() -> None:
+    _die_with_launcher()
     comm = collectives.init()
     conn = connect_worker()
+    busy = threading.Event()
+    threading.Thread(target=_watch, args=(conn, busy), name="pool-watchdog", daemon=True).start()
     send(conn, {"rank": comm.rank, "size": comm.size, "pid": os.getpid()})
     while True:
         try:
@@ -56,11 +93,13 @@ def main() -> None:
         if message[0] == "exit":
             break
         _, reference, args = message
+        busy.set()
         try:
             result = _resolve(*reference)(comm, *args)
             reply: tuple[Any, ...] = ("ok", result)
         except BaseException as error:  # noqa: BLE001  (every failure goes back to the pool)
             reply = ("error", type(error).__name__, str(error), traceback.format_exc())
+        busy.clear()
         try:
             send(conn, reply)
         except Exception as error:  # noqa: BLE001  (an unpicklable result)

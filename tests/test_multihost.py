@@ -1,0 +1,196 @@
+"""Jobs over two hosts: the launchers (mpiexec with a hostfile, one torchrun per host with the
+c10d rendezvous) and every backend, on the test bed of :mod:`collectives.testing.hosts`
+(network namespaces on one machine; needs root, skipped with the reason elsewhere).
+
+The hosts resolve their own names to 127.0.1.1, as Debian installs do: an address no other
+host reaches. One bed serves the module; every launch is bounded by a timeout, and every
+wait is on the processes' exit or on a line of their output.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_launchers import rank_lines
+
+from collectives.launcher import without_launcher_variables
+from collectives.testing.hosts import TestBed, unavailable_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "tests" / "scripts"
+BIN = Path(sys.executable).parent
+LAUNCH_TIMEOUT = 120
+# The store/collective timeout of the ranks: bounds how long a rank waits for a lost peer
+# when nothing tells it the peer is gone (a cable pulled rather than a process killed).
+RANK_TIMEOUT = 30
+RENDEZVOUS_PORT = 29400  # inside the bed's own namespaces: no other process can hold it
+RANKS_PER_HOST = 2
+HOSTS = ("host-a", "host-b")
+_run_ids = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def bed():
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    made = TestBed(len(HOSTS))
+    yield made
+    made.close()
+
+
+def job_env(backend):
+    env = {k: v for k, v in without_launcher_variables(os.environ).items()
+           if not k.startswith("COLLECTIVES_POOL") and k != "GLOO_SOCKET_IFNAME"}
+    env.pop("COLLECTIVES_BACKEND", None)
+    if backend is not None:
+        env["COLLECTIVES_BACKEND"] = backend
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1",
+               COLLECTIVES_TIMEOUT=str(RANK_TIMEOUT))
+    return env
+
+
+class Job:
+    """A job's launcher processes (one per host for torchrun, one for mpiexec), their output
+    gathered line by line as it comes."""
+
+    def __init__(self, bed, launcher, argv, backend):
+        self.bed = bed
+        self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
+        self.output: list[str] = []
+        self.procs: dict[str, subprocess.Popen] = {}
+        env = job_env(backend)
+        if launcher == "mpiexec":
+            commands = {HOSTS[0]: [str(BIN / "mpiexec"), *bed.mpiexec_args(RANKS_PER_HOST, HOSTS),
+                                   sys.executable, *argv]}
+        else:
+            run_id = f"multihost{os.getpid()}x{next(_run_ids)}"
+            commands = {host: [str(BIN / "torchrun"), "--nnodes", str(len(HOSTS)),
+                               "--nproc_per_node", str(RANKS_PER_HOST), "--rdzv-backend", "c10d",
+                               "--rdzv-endpoint", f"{bed.addresses[HOSTS[0]]}:{RENDEZVOUS_PORT}",
+                               "--rdzv-id", run_id, "--max-restarts", "0", "--monitor-interval", "0.2",
+                               *argv] for host in HOSTS}
+        for host, command in commands.items():
+            proc = bed.popen(host, command, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            self.procs[host] = proc
+            threading.Thread(target=self._read, args=(host, proc), daemon=True).start()
+
+    def _read(self, host, proc):
+        for line in proc.stdout:
+            self.lines.put((host, line))
+
+    def _drain(self):
+        while True:
+            try:
+                host, line = self.lines.get_nowait()
+            except queue.Empty:
+                return
+            self.output.append(f"[{host}] {line}")
+
+    def wait_for(self, pattern, count, timeout=LAUNCH_TIMEOUT):
+        """Block until ``count`` output lines match ``pattern`` (or fail after ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while len(re.findall(pattern, self.text)) < count:
+            try:
+                host, line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                self.kill()
+                pytest.fail(f"no {count} lines {pattern!r} in {timeout}s:\n{self.text}")
+            self.output.append(f"[{host}] {line}")
+
+    def wait(self, hosts=None, timeout=LAUNCH_TIMEOUT):
+        """Wait for the launchers on ``hosts`` (default: all) to end; their exit statuses."""
+        deadline = time.monotonic() + timeout
+        codes = {}
+        for host in hosts or self.procs:
+            try:
+                codes[host] = self.procs[host].wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                pytest.fail(f"the job on {host} did not end within {timeout}s:\n{self.text}")
+        return codes
+
+    def kill(self):
+        for host in self.bed.names:
+            self.bed.kill_host(host)
+        for proc in self.procs.values():
+            proc.wait(timeout=30)
+
+    @property
+    def text(self):
+        self._drain()
+        return "".join(self.output)
+
+
+def run_job(bed, launcher, argv, backend, timeout=LAUNCH_TIMEOUT):
+    """Run a job to its end; the launchers' exit statuses and their output (after EOF)."""
+    job = Job(bed, launcher, argv, backend)
+    try:
+        codes = job.wait(timeout=timeout)
+        for proc in job.procs.values():
+            proc.stdout.close()  # the readers saw EOF: the launcher ended
+    finally:
+        job.kill()
+    return codes, job.text
+
+
+# -- the test bed itself ---------------------------------------------------------------------------
+
+def test_each_host_has_its_name_address_and_hosts_file(bed):
+    resolve = ("import socket; print(socket.gethostname(), *(socket.gethostbyname(h) for h in "
+               f"{HOSTS!r}))")
+    for host in HOSTS:
+        result = bed.run(host, [sys.executable, "-c", resolve])
+        name, *addresses = result.stdout.split()
+        assert name == host, result
+        # Debian's habit: a host's own name is 127.0.1.1, the others' their addresses.
+        assert addresses == [("127.0.1.1" if other == host else bed.addresses[other]) for other in HOSTS]
+        assert bed.addresses[host] in bed.run(host, ["ip", "-4", "addr", "show", "eth0"]).stdout
+
+
+# -- the public contract over two hosts --------------------------------------------------------------
+
+# launcher, COLLECTIVES_BACKEND, the backend it must pick
+CONTRACT = [("mpiexec", "mpi", "mpi"), ("mpiexec", "torch", "torch"), ("mpiexec", None, "mpi"),
+            ("torchrun", "torch", "torch"), ("torchrun", "auto", "torch")]
+
+
+@pytest.mark.parametrize("launcher, backend, expected", CONTRACT)
+def test_the_public_contract_holds_with_two_ranks_on_each_of_two_hosts(bed, launcher, backend, expected):
+    codes, text = run_job(bed, launcher, [str(SCRIPTS / "contract_check.py")], backend)
+    size = RANKS_PER_HOST * len(HOSTS)
+    lines = rank_lines(text, "rank ")
+    assert set(codes.values()) == {0}, text
+    assert len(lines) == size and all(line.endswith("failures=[]") for line in lines), text
+    assert all(f"backend={expected}" in line for line in lines)
+    assert_ranks_fill_each_host_in_order(text, size)
+
+
+def assert_ranks_fill_each_host_in_order(text, size):
+    """Each host holds RANKS_PER_HOST consecutive ranks, whose local ranks count from 0 and
+    whose local size is the host's (which host gets rank 0 is the launcher's choice)."""
+    places = re.findall(r"PLACE rank=(\d+) host=(\S+) local_rank=(\d+) local_size=(\d+) "
+                        r"host_ranks=\[([^\]]*)\]", text)
+    assert sorted(int(p[0]) for p in places) == list(range(size)), text
+    by_host = {}
+    for rank, host, local_rank, local_size, host_ranks in places:
+        by_host.setdefault(host, []).append((int(rank), int(local_rank), int(local_size), host_ranks))
+    assert sorted(by_host) == sorted(HOSTS), text
+    for host, ranks in by_host.items():
+        ranks.sort()
+        first = ranks[0][0]
+        block = list(range(first, first + RANKS_PER_HOST))
+        assert [r[0] for r in ranks] == block, (host, ranks)
+        assert [r[1] for r in ranks] == list(range(RANKS_PER_HOST)), (host, ranks)
+        assert {r[2] for r in ranks} == {RANKS_PER_HOST}, (host, ranks)
+        assert {r[3] for r in ranks} == {", ".join(map(str, block))}, (host, ranks)
