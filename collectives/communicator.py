@@ -117,6 +117,8 @@ class _CheckedRecv(Work):
         self._payload = comm._recv(self._staging, adapter, dtype, src, tag, True) or Work(self._staging)
         self._done = False
         self._error: Exception | None = None
+        # An error the payload's handle raised while polled (it raises it only once).
+        self._payload_error: Exception | None = None
 
     def wait(self) -> Any:
         if not self._done:
@@ -125,6 +127,8 @@ class _CheckedRecv(Work):
             self._header_work.wait()
             error = p2p_mismatch(self._header, self._theirs, self._comm, self._src, self._tag)
             try:
+                if self._payload_error is not None:
+                    raise self._payload_error
                 self._payload.wait()
             except CollectiveError:
                 raise
@@ -135,6 +139,10 @@ class _CheckedRecv(Work):
                 raise error from transport
             finally:
                 self._done = True
+                try:  # waited: close() need not wait (and raise) again
+                    self._comm._pending_p2p.remove(self)
+                except ValueError:
+                    pass
             if error is None:
                 self._adapter.copy_(self._x, self._staging)
             self._error, self._staging = error, None
@@ -143,9 +151,15 @@ class _CheckedRecv(Work):
         return self._x
 
     def is_completed(self) -> bool:
-        if not self._done and not (self._header_work.is_completed() and self._payload.is_completed()):
-            return False
-        return True
+        if self._done or self._payload_error is not None:
+            return True
+        try:
+            return self._header_work.is_completed() and self._payload.is_completed()
+        except CollectiveError:
+            raise
+        except Exception as error:  # kept for wait(), which says what it means
+            self._payload_error = error
+            return True
 
 
 class Communicator(abc.ABC):
@@ -650,8 +664,8 @@ class Communicator(abc.ABC):
             payload = self._send(x, adapter, dtype, peer, tag, async_op)
             if async_op:
                 return _Both(sent, payload)
-            if type(sent) is not Work:  # completes later: kept like a dropped handle
-                self._keep(sent)
+            if type(sent) is not Work:  # completes later: kept like a dropped p2p handle
+                self._pending_p2p.append(sent)
             return None
         if async_op:
             return _CheckedRecv(self, x, adapter, dtype, peer, tag, header)
