@@ -446,15 +446,7 @@ class MPICommunicator(Communicator):
         if keys is not None:  # float MIN/MAX: integer keys that propagate NaN
             mpi_type = self._types[_INT_OF_WIDTH[_itemsize(buf)]]
         chunks = _chunks(buf if keys is None else keys)
-
-        def finish() -> None:
-            if keys is not None:
-                _float_order.decode(keys, 8 * _itemsize(buf))
-            if op is _AVG:
-                _divide(buf, self.size)
-            if writeback is not None:
-                writeback()
-
+        finish = self._finish_reduction(buf, keys, op, writeback)
         if async_op:
             requests = [self._comm.Iallreduce(IN_PLACE, [c, mpi_type], mpi_op) for c in chunks]
             return _Request(x, self._MPI, requests, finish, self)
@@ -496,7 +488,8 @@ class MPICommunicator(Communicator):
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
                     async_op: bool = False) -> Any:
-        if adapter is _NUMPY and x.flags.c_contiguous and x.nbytes <= MAX_COUNT:
+        if adapter is _NUMPY and not async_op and x.flags.c_contiguous and x.nbytes <= MAX_COUNT:
+            # The common case in as few steps as raw mpi4py takes (out= is written directly).
             if out is None:
                 out = np.empty((self.size, *x.shape), dtype=x.dtype)
             if async_op:
@@ -517,38 +510,30 @@ class MPICommunicator(Communicator):
         send_bytes, recv_bytes = _bytes(send), _bytes(recv)
         count = _size(send_bytes)
         if count <= MAX_COUNT:
-            if self.timeout is None:
-                self._comm.Allgather([send_bytes, self._MPI.BYTE], [recv_bytes, self._MPI.BYTE])
-            else:
-                self._wait(self._comm.Iallgather([send_bytes, self._MPI.BYTE],
-                                                 [recv_bytes, self._MPI.BYTE]))
-        else:  # each rank's block in MAX_COUNT pieces, gathered into place
-            blocks = recv_bytes.reshape(self.size, count)
-            for start in range(0, count, MAX_COUNT):
-                stop = min(start + MAX_COUNT, count)
-                piece = np.empty((self.size, stop - start), dtype=np.uint8) if not adapter.is_cuda(x) else None
-                if piece is None:
-                    raise ValueError("all_gather of more than 2**31-1 bytes per rank on CUDA "
-                                     "arrays is not supported by the MPI backend")
-                self._wait_or_block(self._comm.Iallgather([send_bytes[start:stop], self._MPI.BYTE],
-                                                          [piece, self._MPI.BYTE]))
-                blocks[:, start:stop] = piece
+            return self._collective("Allgather", [([send_bytes, self._byte], [recv_bytes, self._byte])],
+                                    out, async_op, writeback, (send, recv))
+        # Each rank's block in MAX_COUNT pieces, gathered into place (blocking, even async).
+        if adapter.is_cuda(x):
+            raise ValueError("all_gather of more than 2**31-1 bytes per rank on CUDA "
+                             "arrays is not supported by the MPI backend")
+        blocks = recv_bytes.reshape(self.size, count)
+        for start in range(0, count, MAX_COUNT):
+            stop = min(start + MAX_COUNT, count)
+            piece = np.empty((self.size, stop - start), dtype=np.uint8)
+            self._wait_or_block(self._comm.Iallgather([send_bytes[start:stop], self._byte],
+                                                      [piece, self._byte]))
+            blocks[:, start:stop] = piece
         if writeback is not None:
             writeback()
         return Work(out) if async_op else out
 
     def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                         out: Any = None, async_op: bool = False) -> Any:
-        result = self._reduce_scatter_into(x, adapter, dtype, op, out)
-        return Work(result) if async_op else result
-
-    def _reduce_scatter_into(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                             given: Any) -> Any:
-        if adapter is _NUMPY:
+        if adapter is _NUMPY and not async_op:
             spec = self._native[dtype].get(op)
             if spec is not None and x.flags.c_contiguous and x.size // self.size <= MAX_COUNT:
-                out = given if given is not None else \
-                    np.empty((x.shape[0] // self.size, *x.shape[1:]), dtype=x.dtype)
+                if out is None:
+                    out = np.empty((x.shape[0] // self.size, *x.shape[1:]), dtype=x.dtype)
                 if self.timeout is None:
                     self._comm.Reduce_scatter_block([x, spec[0]], [out, spec[0]], spec[1])
                 else:
@@ -559,35 +544,146 @@ class MPICommunicator(Communicator):
                 return out
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         rows = x.shape[0] // self.size
-        out = given if given is not None else adapter.empty(x, (rows, *x.shape[1:]))
+        if out is None:
+            out = adapter.empty(x, (rows, *x.shape[1:]))
         send, _ = self._buffer(x, adapter, wire)
         recv, writeback = self._buffer(out, adapter, wire)
-        recv_floats = recv
-        if _nan_ordered(wire, op):  # float MIN/MAX: see _order_keys
-            send = self._order_keys(_clone(send), wire, op)  # never change the caller's x
-            recv = _int_view(recv)
+        keyed = _nan_ordered(wire, op)
+        if keyed:  # float MIN/MAX: see _order_keys; never change the caller's x
+            send = self._order_keys(_clone(send), wire, op)
             mpi_type = self._types[_INT_OF_WIDTH[_itemsize(recv)]]
+        wire_recv = _int_view(recv) if keyed else recv
+        finish = self._finish_reduction(recv, wire_recv if keyed else None, op, writeback)
         block = _size(recv)
         if block <= MAX_COUNT:
-            if self.timeout is None:
-                self._comm.Reduce_scatter_block([send, mpi_type], [recv, mpi_type], mpi_op)
-            else:
-                self._wait(self._comm.Ireduce_scatter_block([send, mpi_type], [recv, mpi_type],
-                                                            mpi_op))
-        else:  # reduce the whole thing in pieces, keep this rank's rows
-            reduced = send.clone() if _is_torch(send) else send.copy()
-            for chunk in _chunks(reduced):
-                self._wait_or_block(self._comm.Iallreduce(self._MPI.IN_PLACE, [chunk, mpi_type],
-                                                          mpi_op))
-            recv.reshape(-1)[...] = reduced.reshape(-1)[self.rank * block:(self.rank + 1) * block]
-        if recv is not recv_floats:
-            _float_order.decode(recv, 8 * _itemsize(recv))
-            recv = recv_floats
-        if op is _AVG:
-            _divide(recv, self.size)
-        if writeback is not None:
-            writeback()
-        return out
+            return self._collective("Reduce_scatter_block",
+                                    [([send, mpi_type], [wire_recv, mpi_type], mpi_op)],
+                                    out, async_op, finish, (send, recv))
+        # Reduce the whole thing in pieces, keep this rank's rows (blocking, even async).
+        reduced = _clone(send)
+        for chunk in _chunks(reduced):
+            self._wait_or_block(self._comm.Iallreduce(self._in_place, [chunk, mpi_type], mpi_op))
+        wire_recv.reshape(-1)[...] = reduced.reshape(-1)[self.rank * block:(self.rank + 1) * block]
+        finish()
+        return Work(out) if async_op else out
+
+    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
+                async_op: bool) -> Any:
+        wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
+        root = self.rank == dst
+        buf, writeback = self._buffer(x, adapter, wire)
+        keys = None
+        if _nan_ordered(wire, op):  # float MIN/MAX; a non-root encodes a copy: x stays as it is
+            keys = self._order_keys(buf if root else _clone(buf), wire, op)
+            mpi_type = self._types[_INT_OF_WIDTH[_itemsize(buf)]]
+        data = buf if keys is None else keys
+        if root:  # the reduction lands in x (MPI.IN_PLACE); the other ranks' x is only read
+            calls = [(self._in_place, [c, mpi_type], mpi_op, dst) for c in _chunks(data)]
+            finish = self._finish_reduction(buf, keys, op, writeback)
+        else:
+            calls = [([c, mpi_type], None, mpi_op, dst) for c in _chunks(data)]
+            finish = None
+        return self._collective("Reduce", calls, x, async_op, finish, (buf, data))
+
+    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
+                async_op: bool) -> Any:
+        send, _ = self._buffer(x, adapter, None)
+        send_bytes = _bytes(send)
+        _check_bytes("gather", _size(send_bytes))
+        result = recv = writeback = recv_spec = None
+        if self.rank == dst:
+            result = out if out is not None else adapter.empty(x, (self.size, *x.shape))
+            recv, writeback = self._buffer(result, adapter, None)
+            recv_spec = [_bytes(recv), self._byte]
+        return self._collective("Gather", [([send_bytes, self._byte], recv_spec, dst)], result,
+                                async_op, writeback, (send, recv))
+
+    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
+                 async_op: bool) -> Any:
+        result = out if out is not None else adapter.empty(x, tuple(x.shape[1:]))
+        recv, writeback = self._buffer(result, adapter, None)
+        recv_bytes = _bytes(recv)
+        _check_bytes("scatter", _size(recv_bytes))
+        send = send_spec = None
+        if self.rank == src:  # only src's x is read
+            send, _ = self._buffer(x, adapter, None)
+            send_spec = [_bytes(send), self._byte]
+        return self._collective("Scatter", [(send_spec, [recv_bytes, self._byte], src)], result,
+                                async_op, writeback, (send, recv))
+
+    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
+                    async_op: bool) -> Any:
+        result = out if out is not None else adapter.empty(x, tuple(x.shape))
+        send, _ = self._buffer(x, adapter, None)
+        recv, writeback = self._buffer(result, adapter, None)
+        send_bytes, recv_bytes = _bytes(send), _bytes(recv)
+        _check_bytes("all_to_all", _size(send_bytes))
+        return self._collective("Alltoall", [([send_bytes, self._byte], [recv_bytes, self._byte])],
+                                result, async_op, writeback, (send, recv))
+
+    def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
+                      out: Any, async_op: bool) -> Any:
+        result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
+        send, _ = self._buffer(x, adapter, None)
+        recv, writeback = self._buffer(result, adapter, None)
+        row = _itemsize(send) * math.prod(x.shape[1:])
+        _check_bytes("all_gather_v", sum(counts) * row)  # the same total on every rank
+        recv_spec = [_bytes(recv), _counts_and_displacements(counts, row), self._byte]
+        return self._collective("Allgatherv", [([_bytes(send), self._byte], recv_spec)],
+                                (result, counts), async_op, writeback, (send, recv))
+
+    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
+                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+        received = [row[self.rank] for row in splits]
+        result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
+        send, _ = self._buffer(x, adapter, None)
+        recv, writeback = self._buffer(result, adapter, None)
+        row = _itemsize(send) * math.prod(x.shape[1:])
+        # Every rank knows every rank's splits: the same check, the same error everywhere.
+        _check_bytes("all_to_all", row * max(max(sum(r) for r in splits),
+                                             max(sum(c) for c in zip(*splits))))
+        send_spec = [_bytes(send), _counts_and_displacements(splits[self.rank], row), self._byte]
+        recv_spec = [_bytes(recv), _counts_and_displacements(received, row), self._byte]
+        return self._collective("Alltoallv", [(send_spec, recv_spec)], result, async_op,
+                                writeback, (send, recv))
+
+    # -- one MPI call, blocking, with a deadline, or as a handle ---------------------------
+
+    def _collective(self, name: str, calls: list[tuple[Any, ...]], result: Any, async_op: bool,
+                    finish: Callable[[], None] | None = None, buffers: Any = None) -> Any:
+        """Run the MPI collective ``name`` (``"Gather"``, ...) once per argument tuple of
+        ``calls``, then ``finish``; return ``result``. With ``async_op`` the nonblocking
+        call (``Igather``): a handle whose ``wait()`` finishes and returns ``result``
+        (``buffers``, staging copies, live until then). Without, under a timeout, the
+        nonblocking call waited against the deadline; with none, the blocking call."""
+        if async_op:
+            start = getattr(self._comm, _nonblocking(name))
+            return _Request(result, self._MPI, [start(*args) for args in calls],
+                            finish or _nothing, self, buffers=buffers)
+        if self.timeout is None:
+            run = getattr(self._comm, name)
+            for args in calls:
+                run(*args)
+        else:
+            start = getattr(self._comm, _nonblocking(name))
+            for args in calls:
+                self._wait(start(*args))
+        if finish is not None:
+            finish()
+        return result
+
+    def _finish_reduction(self, buf: Any, keys: Any, op: ReduceOp,
+                          writeback: Callable[[], None] | None) -> Callable[[], None]:
+        """What follows a reduction into ``buf``: order keys decoded, AVG divided, the
+        staging copy written back."""
+        def finish() -> None:
+            if keys is not None:
+                _float_order.decode(keys, 8 * _itemsize(buf))
+            if op is _AVG:
+                _divide(buf, self.size)
+            if writeback is not None:
+                writeback()
+        return finish
 
     # -- the rest of the set: byte-moving collectives, and reduce ------------------------
 
@@ -807,6 +903,30 @@ def _int_view(buf: Any) -> Any:
     return buf.view(name)
 
 
+def _nonblocking(name: str) -> str:
+    """mpi4py's name of the nonblocking form of a collective: Gather -> Igather."""
+    return "I" + name[0].lower() + name[1:]
+
+
+def _nothing() -> None:
+    pass
+
+
+def _check_bytes(name: str, count: int) -> None:
+    """MPI counts are C ints: more bytes per rank is a clear error, not an overflow."""
+    if count > MAX_COUNT:
+        raise ValueError(f"{name} moves {count} bytes per rank in one piece on the MPI backend, "
+                         f"more than MPI's count limit of 2**31-1; split the array")
+
+
+def _counts_and_displacements(rows: list[int], row_bytes: int) -> tuple[list[int], list[int]]:
+    counts = [r * row_bytes for r in rows]
+    displacements = [0] * len(counts)
+    for i in range(1, len(counts)):
+        displacements[i] = displacements[i - 1] + counts[i - 1]
+    return counts, displacements
+
+
 def _clone(buf: Any) -> Any:
     return buf.clone() if hasattr(buf, "clone") else buf.copy()
 
@@ -828,11 +948,6 @@ def _bytes(buf: Any) -> Any:
     if torch is not None and isinstance(buf, torch.Tensor):
         return buf.reshape(-1).view(torch.uint8)
     return buf.reshape(-1).view("uint8")  # cupy
-
-
-def _is_torch(buf: Any) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(buf, torch.Tensor)
 
 
 def cupyx_empty_pinned(shape: tuple[int, ...], dtype: Any) -> Any:

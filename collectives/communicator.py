@@ -28,6 +28,7 @@ from __future__ import annotations
 import abc
 import collections
 import operator
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -82,6 +83,83 @@ class _Then(Work):
             self.wait()
             return True
         return False
+
+
+class _Both(Work):
+    """Two handles as one (a debug-mode send: its header and its payload)."""
+
+    def __init__(self, first: Work, second: Work | None) -> None:
+        super().__init__(None)
+        self._works = [first] if second is None else [first, second]
+
+    def wait(self) -> Any:
+        for work in self._works:
+            work.wait()
+        return None
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+
+class _CheckedRecv(Work):
+    """An asynchronous debug-mode recv (see ``Communicator._checked_p2p``): the header and the
+    payload recvs are both posted when the recv is made (so the sender's handles complete in
+    any wait order), the payload into a staging array of x's shape; ``wait()`` compares the
+    header and copies the payload into ``x`` only when it matches."""
+
+    def __init__(self, comm: Communicator, x: Any, adapter: ArrayAdapter, dtype: str,
+                 src: int, tag: int, header: Any) -> None:
+        super().__init__(x)
+        self._comm, self._adapter, self._src, self._tag = comm, adapter, src, tag
+        self._header, self._theirs = header, header.copy()
+        self._header_work = comm._recv_small(self._theirs, src, tag)
+        self._staging = adapter.empty(x, tuple(x.shape))
+        self._payload = comm._recv(self._staging, adapter, dtype, src, tag, True) or Work(self._staging)
+        self._done = False
+        self._error: Exception | None = None
+        # An error the payload's handle raised while polled (it raises it only once).
+        self._payload_error: Exception | None = None
+
+    def wait(self) -> Any:
+        if not self._done:
+            from .debug import p2p_mismatch  # noqa: PLC0415
+
+            self._header_work.wait()
+            error = p2p_mismatch(self._header, self._theirs, self._comm, self._src, self._tag)
+            try:
+                if self._payload_error is not None:
+                    raise self._payload_error
+                self._payload.wait()
+            except CollectiveError:
+                raise
+            except Exception as transport:  # the sizes differ: the transport refused it
+                if error is None:
+                    raise
+                self._error = error
+                raise error from transport
+            finally:
+                self._done = True
+                try:  # waited: close() need not wait (and raise) again
+                    self._comm._pending_p2p.remove(self)
+                except ValueError:
+                    pass
+            if error is None:
+                self._adapter.copy_(self._x, self._staging)
+            self._error, self._staging = error, None
+        if self._error is not None:
+            raise self._error
+        return self._x
+
+    def is_completed(self) -> bool:
+        if self._done or self._payload_error is not None:
+            return True
+        try:
+            return self._header_work.is_completed() and self._payload.is_completed()
+        except CollectiveError:
+            raise
+        except Exception as error:  # kept for wait(), which says what it means
+            self._payload_error = error
+            return True
 
 
 class Communicator(abc.ABC):
@@ -352,7 +430,10 @@ class Communicator(abc.ABC):
         else:
             self._operation = call.name
         try:
-            result = call.run(self, x, adapter, dtype, reduce_op, root, out, async_op, extra)
+            if self.debug and not call.collective:
+                result = self._checked_p2p(call, x, adapter, dtype, root, async_op, extra)
+            else:
+                result = call.run(self, x, adapter, dtype, reduce_op, root, out, async_op, extra)
         except CollectiveError:
             raise
         except Exception as error:
@@ -562,6 +643,63 @@ class Communicator(abc.ABC):
         members = [r for r in range(self.size) if everyone[r, 0] == color]
         return sorted(members, key=lambda r: (int(everyone[r, 1]), r))
 
+    # -- point-to-point in debug mode: a header ahead of each payload ----------------------
+
+    def _checked_p2p(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, peer: int,
+                     async_op: bool, tag: int) -> Any:
+        """Debug mode: a send sends a small header (dtype, shape, tag, bytes) ahead of its
+        payload, without blocking; a recv receives the header first and compares it. On a
+        mismatch the recv still takes the payload (into scratch memory) so that the stream
+        stays in step, and raises :class:`CollectiveMismatch` naming both sides, ``x``
+        untouched. Every recv posts its transport recvs when it is made, in the order made,
+        so headers meet headers and no order of waits deadlocks. A synchronous recv waits for
+        the header before it receives the payload (scratch of the sender's size on a
+        mismatch); an asynchronous one receives both at once (see :class:`_CheckedRecv`: a
+        payload of another size is the transport's error, raised as the mismatch)."""
+        from .debug import p2p_header  # noqa: PLC0415  (debug mode only)
+
+        header = p2p_header(dtype, tuple(x.shape), tag, _nbytes(x))
+        if call is SEND:
+            sent = self._send_small(header, peer, tag)
+            payload = self._send(x, adapter, dtype, peer, tag, async_op)
+            if async_op:
+                return _Both(sent, payload)
+            if type(sent) is not Work:  # completes later: kept like a dropped p2p handle
+                self._pending_p2p.append(sent)
+            return None
+        if async_op:
+            return _CheckedRecv(self, x, adapter, dtype, peer, tag, header)
+        from .debug import p2p_mismatch, p2p_nbytes  # noqa: PLC0415
+
+        theirs = header.copy()
+        self._recv_small(theirs, peer, tag).wait()
+        error = p2p_mismatch(header, theirs, self, peer, tag)
+        if error is None:
+            self._recv(x, adapter, dtype, peer, tag, False)
+            return None
+        # Take the payload anyway, into scratch memory of the size the header says, so
+        # that the stream stays in step; x is untouched.
+        scratch = self._scratch_bytes(x, adapter, p2p_nbytes(theirs))
+        self._recv(scratch, adapter, "uint8", peer, tag, False)
+        raise error
+
+    def _send_small(self, vector: Any, dst: int, tag: int) -> Work:
+        """Send a small int64 numpy vector to ``dst``, nonblocking (the debug-mode header of a
+        send). Backends whose transport takes no host memory override it and
+        :meth:`_recv_small`."""
+        return self._send(vector, arrays.NUMPY, "int64", dst, tag, True) or Work(vector)
+
+    def _recv_small(self, vector: Any, src: int, tag: int) -> Work:
+        """Receive into a small int64 numpy vector from ``src``, nonblocking."""
+        return self._recv(vector, arrays.NUMPY, "int64", src, tag, True) or Work(vector)
+
+    def _scratch_bytes(self, x: Any, adapter: ArrayAdapter, nbytes: int) -> Any:
+        """``nbytes`` of uninitialized uint8 memory of x's kind and device."""
+        memory = adapter.empty(x, (nbytes,))
+        if adapter is arrays.TORCH:
+            return memory.view(sys.modules["torch"].uint8)[:nbytes]
+        return memory.view("uint8")[:nbytes]
+
     # -- the uneven collectives: counts first -------------------------------------------
 
     def _rows_of_everyone(self, x: Any, dtype: str, out: Any, splits: Sequence[int] | None
@@ -736,6 +874,11 @@ def _into(adapter: ArrayAdapter, out: Any, value: Any) -> Any:
         out = adapter.empty(value, tuple(value.shape))
     adapter.copy_(out, value)
     return out
+
+
+def _nbytes(x: Any) -> int:
+    """Bytes of a numpy/CuPy array or a torch tensor."""
+    return int(x.nbytes) if hasattr(x, "nbytes") else int(x.numel() * x.element_size())
 
 
 def _is_int(value: Any) -> bool:

@@ -180,3 +180,38 @@ def uneven_mismatch(everyone: np.ndarray, comm: Any, operation: str,
         return ValueError(f"{where}: out has the wrong number of rows: {described}. "
                           "Nothing of the data was sent.")
     return None
+
+
+# -- point-to-point (debug mode): a header before each payload --------------------------------
+
+def p2p_header(dtype: str, shape: tuple[int, ...], tag: int, nbytes: int) -> np.ndarray:
+    """What a debug-mode send sends ahead of its payload (and a recv expects): the
+    fingerprint of a ``send`` with the tag as root, then the payload's size in bytes."""
+    return np.append(fingerprint("send", 0, None, tag, dtype, shape), np.int64(nbytes))
+
+
+def p2p_nbytes(header: np.ndarray) -> int:
+    return int(header[-1])
+
+
+def _p2p_side(header: np.ndarray) -> str:
+    ndim = int(header[6])
+    dims = [int(d) for d in header[7:7 + min(ndim, MAX_DIMS)]]
+    shape = "(" + ", ".join(map(str, dims)) + ("," if ndim == 1 else "") + \
+        (", ..." if ndim > MAX_DIMS else "") + ")"
+    return f"shape {shape}, {DTYPES[int(header[5])]}, {int(header[-1])} bytes"
+
+
+def p2p_mismatch(mine: np.ndarray, theirs: np.ndarray, comm: Any, src: int,
+                 tag: int) -> CollectiveMismatch | None:
+    """``CollectiveMismatch`` naming both sides unless the sender's header matches this recv."""
+    if int(theirs[0]) != MAGIC:
+        return CollectiveMismatch(
+            f"recv from rank {src} (tag {tag}) on {comm!r}: the message there is no debug-mode "
+            "header; is COLLECTIVES_DEBUG=1 set on every rank?")
+    if np.array_equal(mine[5:], theirs[5:]):
+        return None
+    return CollectiveMismatch(
+        f"recv from rank {src} (tag {tag}) on {comm!r} does not match the send: rank {src} sent "
+        f"{_p2p_side(theirs)}; rank {comm.rank} receives into {_p2p_side(mine)}. The payload "
+        "was received into scratch memory (x is untouched), so the ranks stay in step")

@@ -15,7 +15,7 @@ world and only one pool is needed at a time.
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collectives.ops import FLOAT_DTYPES, ReduceOp, check_reduction, resolve_op
@@ -165,3 +165,122 @@ def test_disallowed_dtype_and_op_raise_the_same_type_error_everywhere(world, dat
         assert error == ("TypeError", str(expected.value)), f"rank {rank} raised {error}"
         assert untouched, f"rank {rank}: the input was modified"
         assert after == world.size, f"rank {rank}: the next collective gave {after}"
+
+
+# -- the rest of the collective set ------------------------------------------------------------
+# Fewer worlds and examples than above: each property crosses the rank pool per example.
+
+NEW_WORLDS = [("local", 1), ("mpi", 1), ("mpi", 3), ("mpi", 4), ("torch", 2), ("torch", 3)]
+new_worlds = pytest.mark.parametrize("world", NEW_WORLDS, indirect=True,
+                                     ids=[f"{b}-{s}" for b, s in NEW_WORLDS])
+few = settings(max_examples=20)
+
+
+def all_to_all_twice_job(comm, values, dtype, library, splits):
+    x = as_array(values, dtype, library)
+    there = comm.all_to_all(x, [int(c) for c in splits[comm.rank]])
+    back = comm.all_to_all(there, [int(row[comm.rank]) for row in splits])
+    return to_numpy(back), same_bits(to_numpy(x), values)
+
+
+def gather_and_all_gather_job(comm, values, dtype, library, dst):
+    x = as_array(values, dtype, library)
+    gathered = comm.gather(x, dst)
+    everyone = comm.all_gather(x)
+    return None if gathered is None else to_numpy(gathered), to_numpy(everyone)
+
+
+def scatter_job(comm, values, dtype, library, src):
+    return to_numpy(comm.scatter(as_array(values, dtype, library), src))
+
+
+def reduce_and_all_reduce_job(comm, values, dtype, op, library, dst):
+    x = as_array(values, dtype, library)
+    comm.reduce(x, op, dst)
+    y = comm.all_reduce(as_array(values, dtype, library), op)
+    return to_numpy(x), to_numpy(y)
+
+
+def all_gather_v_job(comm, values, dtype, library):
+    gathered, counts = comm.all_gather_v(as_array(values, dtype, library))
+    return to_numpy(gathered), counts
+
+
+@new_worlds
+@few
+@given(data=st.data())
+def test_all_to_all_twice_with_the_transposed_splits_is_the_identity(world, data):
+    dtype = data.draw(cst.dtypes(), label="dtype")
+    splits = data.draw(cst.splits_matrices(world.size), label="splits")
+    rest = data.draw(cst.shapes(max_dims=2, max_side=3), label="rest")
+    inputs = [data.draw(cst.arrays(dtype, (sum(splits[r]), *rest)), label=f"x{r}")
+              for r in range(world.size)]
+    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    results = world.run(all_to_all_twice_job, [(x, dtype, library, splits) for x in inputs])
+    for rank, (back, untouched) in enumerate(results):
+        assert untouched and same_bits(back, inputs[rank]), f"rank {rank}: {back!r} != {inputs[rank]!r}"
+
+
+@new_worlds
+@few
+@given(data=st.data())
+def test_gather_is_all_gather_on_dst(world, data):
+    dtype = data.draw(cst.dtypes(), label="dtype")
+    shape = data.draw(cst.shapes(), label="shape")
+    inputs = data.draw(cst.rank_arrays(dtype, shape, world.size), label="inputs")
+    dst = data.draw(cst.roots(world.size), label="dst")
+    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    results = world.run(gather_and_all_gather_job, [(x, dtype, library, dst) for x in inputs])
+    for rank, (gathered, everyone) in enumerate(results):
+        if rank == dst:
+            assert same_bits(gathered, everyone), f"dst {dst}: gather != all_gather"
+        else:
+            assert gathered is None, f"rank {rank} is not dst but got {gathered!r}"
+
+
+@new_worlds
+@few
+@given(data=st.data())
+def test_scatter_gives_every_rank_its_row_of_src(world, data):
+    dtype = data.draw(cst.dtypes(), label="dtype")
+    rest = data.draw(cst.shapes(max_dims=2), label="rest")
+    inputs = data.draw(cst.rank_arrays(dtype, (world.size, *rest), world.size), label="inputs")
+    src = data.draw(cst.roots(world.size), label="src")
+    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    results = world.run(scatter_job, [(x, dtype, library, src) for x in inputs])
+    for rank, got in enumerate(results):
+        assert same_bits(got, inputs[src][rank]), f"rank {rank}: {got!r} != row of src {src}"
+
+
+@new_worlds
+@few
+@given(data=st.data())
+def test_reduce_is_all_reduce_on_dst(world, data):
+    dtype, op = data.draw(cst.dtype_and_op(spellings=True), label="dtype, op")
+    shape = data.draw(cst.shapes(), label="shape")
+    inputs = data.draw(cst.rank_arrays(dtype, shape, world.size), label="inputs")
+    dst = data.draw(cst.roots(world.size), label="dst")
+    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    results = world.run(reduce_and_all_reduce_job, [(x, dtype, op, library, dst) for x in inputs])
+    reduced, everyone = results[dst]
+    check_reduction_result(reduced, inputs, dtype, op, what=f"reduce on dst {dst}")
+    if _exact(dtype, op):
+        assert same_bits(reduced, everyone, nan_payloads=False), "reduce != all_reduce on dst"
+    for rank, (x, _) in enumerate(results):
+        if rank != dst:
+            assert same_bits(x, inputs[rank]), f"rank {rank} is not dst, but x changed"
+
+
+@new_worlds
+@few
+@given(data=st.data())
+def test_all_gather_v_is_the_concatenation_of_every_rank(world, data):
+    dtype = data.draw(cst.dtypes(), label="dtype")
+    counts = data.draw(cst.row_counts(world.size), label="counts")
+    rest = data.draw(cst.shapes(max_dims=2, max_side=3), label="rest")
+    inputs = [data.draw(cst.arrays(dtype, (counts[r], *rest)), label=f"x{r}") for r in range(world.size)]
+    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    results = world.run(all_gather_v_job, [(x, dtype, library) for x in inputs])
+    expected = np.concatenate(inputs)
+    for rank, (gathered, got_counts) in enumerate(results):
+        assert got_counts == counts and same_bits(gathered, expected), f"rank {rank}"

@@ -42,7 +42,8 @@ from .reference import LAYOUTS, LIBRARIES, round_to_bfloat16
 __all__ = [
     "PROFILES", "array_layouts", "array_libraries", "arrays", "disallowed_dtype_and_op",
     "dtype_and_op", "dtypes", "edge_values", "element_values", "load_profile", "ops",
-    "rank_arrays", "register_profiles", "roots", "shapes", "world_sizes",
+    "rank_arrays", "register_profiles", "roots", "row_counts", "shapes", "splits_matrices",
+    "world_sizes",
 ]
 
 # -- profiles -------------------------------------------------------------------------------
@@ -144,6 +145,19 @@ def shapes(*, min_dims: int = 0, max_dims: int = 3, max_side: int = 5,
     rest = hnp.array_shapes(min_dims=0, max_dims=max(max_dims - 1, 0), min_side=0,
                             max_side=max_side)
     return st.tuples(st.integers(0, max_side), rest).map(lambda kr: (first * kr[0], *kr[1]))
+
+
+def row_counts(size: int, *, max_rows: int = 4) -> st.SearchStrategy[list[int]]:
+    """Rows per rank for the uneven collectives (all_gather_v): ``size`` ints in
+    0..``max_rows``; zeros (a rank with nothing) included and shrunk towards."""
+    return st.lists(st.integers(0, max_rows), min_size=size, max_size=size)
+
+
+def splits_matrices(size: int, *, max_rows: int = 3) -> st.SearchStrategy[list[list[int]]]:
+    """A matrix of ``all_to_all`` splits: row ``i`` is rank ``i``'s ``send_splits`` (rows it
+    sends to each rank); zero-length pieces and ranks that send nothing included. Rank
+    ``i``'s x then has ``sum(matrix[i])`` rows; the transpose sends everything back."""
+    return st.lists(row_counts(size, max_rows=max_rows), min_size=size, max_size=size)
 
 
 def array_libraries() -> st.SearchStrategy[str]:
