@@ -371,7 +371,7 @@ class CupyNcclCommunicator(Communicator):
         staged = lib.cast(x, wire) if wire != dtype else lib.contiguous(x)
         return staged, lambda: lib.copy_(x, staged)
 
-    def _gather(self, lib: Any, buf: Any, stream: Any) -> Any:
+    def _gather_rows(self, lib: Any, buf: Any, stream: Any) -> Any:
         """(size, *buf.shape) in buf's dtype, row r from rank r; buf contiguous."""
         out = lib.empty(buf, (self.size, *buf.shape))
         self._comm.allGather(lib.ptr(buf), lib.ptr(out), lib.nbytes(buf), NCCL_DTYPES["uint8"],
@@ -390,7 +390,7 @@ class CupyNcclCommunicator(Communicator):
         stream = lib.stream(x)
         buf, writeback = self._prepare(lib, x, adapter, dtype, plan.wire)
         if plan.nccl_op is None:
-            lib.copy_(buf, lib.fold(self._gather(lib, buf, stream), plan.fold))
+            lib.copy_(buf, lib.fold(self._gather_rows(lib, buf, stream), plan.fold))
         else:
             ptr = lib.ptr(buf)
             self._comm.allReduce(ptr, ptr, lib.count(buf), NCCL_DTYPES[plan.wire],
@@ -417,7 +417,7 @@ class CupyNcclCommunicator(Communicator):
                     async_op: bool = False) -> Any:
         lib = self._library(adapter)
         buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
-        return deliver(adapter, self._gather(lib, buf, lib.stream(x)), out, async_op)
+        return deliver(adapter, self._gather_rows(lib, buf, lib.stream(x)), out, async_op)
 
     def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                         out: Any = None, async_op: bool = False) -> Any:
@@ -431,7 +431,7 @@ class CupyNcclCommunicator(Communicator):
         rows = int(x.shape[0]) // self.size
         shape = (rows, *tuple(x.shape)[1:])
         if plan.nccl_op is None:
-            folded = lib.fold(self._gather(lib, buf, stream), plan.fold)
+            folded = lib.fold(self._gather_rows(lib, buf, stream), plan.fold)
             out = lib.contiguous(folded[self.rank * rows:(self.rank + 1) * rows])
         else:
             out = lib.empty(buf, shape)
@@ -504,13 +504,13 @@ class CupyNcclCommunicator(Communicator):
         with cupy.cuda.Device(self.device):
             stream = cupy.cuda.get_current_stream()
             mine = cupy.asarray([-1 if color is None else color, key], dtype=cupy.int64)
-            everyone = cupy.asnumpy(self._gather(lib, mine, stream), stream=stream, blocking=True)
+            everyone = cupy.asnumpy(self._gather_rows(lib, mine, stream), stream=stream, blocking=True)
             members = split_members(everyone.tolist(), color)
             raw = bytes(UNIQUE_ID_BYTES)
             if members and members[0] == self.rank:
                 raw = id_to_bytes(nccl.get_unique_id())
             ids = cupy.asarray(np.frombuffer(raw, dtype=np.uint8))
-            all_ids = cupy.asnumpy(self._gather(lib, ids, stream), stream=stream, blocking=True)
+            all_ids = cupy.asnumpy(self._gather_rows(lib, ids, stream), stream=stream, blocking=True)
             if not members:
                 return None
             unique_id = id_from_bytes(all_ids[members[0]].tobytes())
