@@ -1,21 +1,33 @@
 # The two commands of the README: `make demo` and `make test`. Both set up the
 # virtual environment in .venv on first use (and again when pyproject.toml changes).
 PYTHON ?= python3.11
-VENV := .venv
+# CI's Python (3.11) lives in .venv; any other one in .venv-X.Y, so PYTHON=... never rebuilds .venv.
+PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+VENV ?= $(if $(filter-out 3.11,$(PYTHON_VERSION)),.venv-$(PYTHON_VERSION),.venv)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_RANKS ?= 4
 
-.PHONY: demo demo-collectives test lint bench clean
+# The Pythons `make test-pythons` runs the suite on (the ones this machine lacks are skipped, and said so).
+PYTHONS ?= 3.10 3.11 3.12 3.13
+
+ifneq ($(VENV),.venv)
+# Only 3.11 has a CPU torch on the project's disk; elsewhere pip fetches torch 2.13.0 from the index
+# (the CUDA build, ~4.6 GB with its nvidia wheels, runs on CPU too): downloaded once, kept in .wheels/.
+export PIP_CACHE_DIR ?= $(CURDIR)/.wheels
+endif
+
+.PHONY: demo demo-collectives test test-pythons test-oldest lint bench clean
 
 $(STAMP): pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
+	@test -n "$(PYTHON_VERSION)" || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	@# The distribution was called `collectives` before: drop it, or pytest loads its old plugin entry point too.
 	$(PY) -m pip uninstall --quiet --yes collectives 2>/dev/null || true
 	rm -rf collectives.egg-info
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(if $(FLOORS),$(PY) scripts/floors.py > $(VENV)/floors.txt)
+	$(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt) $(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -33,5 +45,25 @@ bench: $(STAMP)
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/torchrun --nproc_per_node 2 scripts/bench.py --json docs/bench/torch-gloo.json
 	$(PY) scripts/bench.py --plot-only docs/bench/mpi-multiple.json docs/bench/torch-gloo.json --plot docs/bench.png
 
+# `make test` once per Python in PYTHONS, each in its own venv (3.11: .venv); a summary at the end.
+test-pythons:
+	@summary=""; failed=0; \
+	for v in $(PYTHONS); do \
+	  py=""; \
+	  for c in python$$v $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v; do \
+	    if $$c -c '' 2>/dev/null; then py=$$c; fi; \
+	  done; \
+	  if [ -z "$$py" ]; then summary="$$summary\n  $$v: skipped (no python$$v here)"; continue; fi; \
+	  start=$$(date +%s); \
+	  if $(MAKE) --no-print-directory test PYTHON=$$py; then r=passed; else r=FAILED; failed=1; fi; \
+	  summary="$$summary\n  $$v ($$py): $$r in $$(( $$(date +%s) - start )) s"; \
+	done; \
+	printf "test-pythons:$$summary\n"; exit $$failed
+
+# `make test` with the oldest release of every floor pyproject.toml claims (scripts/floors.py pins
+# them), on CI's Python, in .venv-oldest.
+test-oldest:
+	$(MAKE) --no-print-directory test VENV=.venv-oldest FLOORS=1
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf .venv .venv-* .pytest_cache .hypothesis
