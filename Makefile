@@ -13,9 +13,14 @@ PYTHONS ?= 3.10 3.11 3.12 3.13
 
 ifneq ($(VENV),.venv)
 # Only 3.11 has a CPU torch on the project's disk; elsewhere pip fetches torch 2.13.0 from the index
-# (the CUDA build, ~4.6 GB with its nvidia wheels, runs on CPU too): downloaded once, kept in .wheels/.
-export PIP_CACHE_DIR ?= $(CURDIR)/.wheels
+# (the CUDA build, ~4.6 GB with its nvidia wheels; it runs on CPU too). pip's HTTP cache does not
+# keep it here, so these venvs download into .wheels/ (pip download skips the files already there)
+# and install from it alone.
+WHEELS := $(CURDIR)/.wheels
 endif
+# test-oldest: every floor of pyproject.toml pinned (scripts/floors.py), for pip and for the build.
+PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
+PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
 .PHONY: demo demo-collectives test test-pythons test-oldest lint bench clean
 
@@ -27,7 +32,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip uninstall --quiet --yes collectives 2>/dev/null || true
 	rm -rf collectives.egg-info
 	$(if $(FLOORS),$(PY) scripts/floors.py > $(VENV)/floors.txt)
-	$(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt) $(PY) -m pip install --quiet -e '.[test]'
+	$(if $(WHEELS),$(PIN_FLOORS) $(PY) -m pip download --quiet --dest $(WHEELS) '.[test]')
+	$(PIN_FLOORS) $(PIP_FROM_WHEELS) $(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
