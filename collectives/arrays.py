@@ -194,6 +194,18 @@ CUPY = CupyAdapter()
 _BY_TYPE: dict[type, ArrayAdapter] = {}
 
 
+def type_name(cls: type) -> str:
+    """``module.Name`` of a class, through the shortest module path that exports it: numpy 1.x
+    defines MaskedArray in ``numpy.ma.core``, numpy 2 says ``numpy.ma``; both give
+    ``numpy.ma.MaskedArray``, the name users write."""
+    parts = cls.__module__.split(".")
+    for end in range(1, len(parts)):
+        module = sys.modules.get(".".join(parts[:end]))
+        if getattr(module, cls.__qualname__, None) is cls:
+            return f"{module.__name__}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 def adapter_for(x: Any) -> ArrayAdapter:
     """The adapter for ``x``; ``TypeError`` naming the supported array types otherwise."""
     try:
@@ -203,13 +215,13 @@ def adapter_for(x: Any) -> ArrayAdapter:
     adapter = _find_adapter(x)
     if adapter is not None and adapter is not TORCH and type(x).__name__ != "ndarray":
         raise TypeError(
-            f"x is a {type(x).__module__}.{type(x).__qualname__}, a subclass of ndarray; "
+            f"x is a {type_name(type(x))}, a subclass of ndarray; "
             "collectives take plain arrays (a subclass's extra state, such as a mask, would "
             f"not travel): pass {adapter.name}.asarray(x)"
             + (" (its data) and reduce the mask separately" if hasattr(x, "mask") else ""))
     if adapter is None:
         raise TypeError(
-            f"x of type {type(x).__module__}.{type(x).__qualname__} is not supported; "
+            f"x of type {type_name(type(x))} is not supported; "
             "pass a torch.Tensor (CPU or CUDA), numpy.ndarray or cupy.ndarray"
         )
     _BY_TYPE[type(x)] = adapter

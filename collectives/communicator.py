@@ -516,7 +516,7 @@ class Communicator(abc.ABC):
             out_adapter = arrays.adapter_for(out)
         except TypeError:
             raise TypeError(f"out must be an array of x's type ({adapter.name}); got "
-                            f"{type(out).__module__}.{type(out).__qualname__}") from None
+                            f"{arrays.type_name(type(out))}") from None
         if out_adapter is not adapter:
             raise TypeError(f"out must be a {adapter.name} array like x; got a {out_adapter.name} array")
         if out.dtype != x.dtype:
