@@ -46,9 +46,10 @@ def round_to_bfloat16(values: np.ndarray) -> np.ndarray:
     NaNs stay NaN with their sign and the upper bits of their payload (quiet bit set).
     """
     f32 = np.array(values, dtype=np.float32, order="C")  # (ascontiguousarray makes 0-d 1-d)
-    bits = f32.view(np.uint32).astype(np.uint64)
+    # 1-d: numpy 1.x takes a 0-d uint64 and a Python int to float64 (no NEP 50), and shifts fail.
+    bits = f32.reshape(-1).view(np.uint32).astype(np.uint64)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    nan = np.isnan(f32)
+    nan = np.isnan(f32.reshape(-1))
     rounded = np.where(nan, (bits & 0xFFFF0000) | 0x00400000, rounded)
     return rounded.astype(np.uint32).view(np.float32).reshape(f32.shape)
 
@@ -78,7 +79,8 @@ def as_array(values: np.ndarray, dtype: str, library: str = "numpy",
     import torch  # noqa: PLC0415  (only ranks that were asked for tensors need torch)
 
     if dtype == "bfloat16":
-        upper = np.asarray(np.array(values, order="C").view(np.uint32) >> 16).astype(np.uint16)
+        # np.uint32 shifts: numpy 1.x takes a 0-d uint32 and a Python int to int64 (no NEP 50).
+        upper = np.asarray(np.array(values, order="C").view(np.uint32) >> np.uint32(16)).astype(np.uint16)
         tensor = torch.from_numpy(upper.view(np.int16).copy()).view(torch.bfloat16)
     else:
         tensor = torch.from_numpy(values.copy())
@@ -98,7 +100,7 @@ def to_numpy(x: Any) -> np.ndarray:
     t = x.detach().cpu().contiguous()
     if t.dtype == torch.bfloat16:
         upper = t.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
-        return np.asarray(upper << 16).view(np.float32)  # a new array (0-d stays 0-d)
+        return np.asarray(upper << np.uint32(16)).view(np.float32)  # a new array (0-d stays 0-d)
     return t.numpy().copy()
 
 
