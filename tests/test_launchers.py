@@ -29,8 +29,10 @@ def launch(launcher, n, script, backend):
     if launcher == "mpiexec":
         command = [str(BIN / "mpiexec"), "-n", str(n), *python]
     elif launcher == "torchrun":
-        command = [str(BIN / "torchrun"), "--nproc_per_node", str(n), "--master_addr", "127.0.0.1",
-                   "--master_port", "0", "--rdzv-backend", "c10d", str(SCRIPTS / script)]
+        # The c10d rendezvous on a free port: without an endpoint it takes localhost:29400, and two
+        # suites on one machine then join each other's rendezvous.
+        command = [str(BIN / "torchrun"), "--nproc_per_node", str(n), "--rdzv-backend", "c10d",
+                   "--rdzv-endpoint", "127.0.0.1:0", str(SCRIPTS / script)]
     else:
         command = python
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT,
