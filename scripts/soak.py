@@ -11,7 +11,8 @@ each kind (the allocator, the transport's buffers, the call path's caches):
 - ``blocking``: ``--calls`` blocking ``all_reduce`` of 4 float32;
 - ``awaited``: ``--handles`` ``all_reduce(async_op=True)``, each handle waited at once;
 - ``dropped``: ``--handles`` ``all_reduce(async_op=True)`` whose handles are dropped
-  (the communicator keeps and reaps them, ``MAX_PENDING`` at most);
+  (the communicator keeps and reaps them, ``MAX_PENDING`` at most), then ``dropped_again``:
+  as many once more (the first burst sets the memory's high-water mark; a leak grows again);
 - torch only: ``dropped_50k``: ``--raw-handles`` dropped handles of ours, then ``raw_dropped``:
   as many dropped ``torch.distributed.all_reduce(async_op=True)`` Works of raw torch on the
   same process group, for comparison in the same run.
@@ -143,6 +144,9 @@ def soak(comm: Any, args: argparse.Namespace) -> dict[str, Any]:
         record["phases"].append(phase.end(comm))
 
     dropped("dropped", args.handles)
+    # Once more: the first burst set the high-water mark of the handles kept (MAX_PENDING);
+    # a leak would grow again here, a high-water mark does not.
+    dropped("dropped_again", args.handles)
     if comm.backend == "torch" and args.raw_handles:
         import torch.distributed as dist  # noqa: PLC0415
 
