@@ -350,6 +350,10 @@ def save_checkpoint(path: str, state: dict[str, Any], *, started: float | None =
             os.unlink(stale)
         except FileNotFoundError:
             continue
+        except OSError as error:  # another user's file in a shared directory: not ours to fail on
+            print(f"could not remove the stale temporary checkpoint file {stale} ({reason}): "
+                  f"{error.strerror or error}", file=sys.stderr)
+            continue
         print(f"removed the stale temporary checkpoint file {stale} ({reason})", file=sys.stderr)
     tmp = temp_path(path)
     try:

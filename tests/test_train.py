@@ -332,3 +332,15 @@ def test_stale_temp_files_are_told_from_live_ones_by_host_pid_and_age(tmp_path, 
         for process in live:
             process.kill()
             process.wait()
+
+
+def test_a_stale_temp_file_that_cannot_be_removed_does_not_stop_the_save(tmp_path, capsys):
+    # (A directory stands in for another user's file: unlink refuses it, even for root.)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stuck = tmp_path / f"ck.pt.tmp.{socket.gethostname()}.{gone.pid}"
+    stuck.mkdir()
+    load_train().save_checkpoint(str(tmp_path / "ck.pt"), {"epoch": 1})
+    assert torch.load(tmp_path / "ck.pt", weights_only=True) == {"epoch": 1}
+    assert f"could not remove the stale temporary checkpoint file {stuck} (its writer, pid " \
+           f"{gone.pid} on this host, is gone): " in capsys.readouterr().err
