@@ -13,7 +13,7 @@ each kind (the allocator, the transport's buffers, the call path's caches):
 - ``dropped``: ``--handles`` ``all_reduce(async_op=True)`` whose handles are dropped
   (the communicator keeps and reaps them, ``MAX_PENDING`` at most), then ``dropped_again``:
   as many once more (the first burst sets the memory's high-water mark; a leak grows again);
-- torch only: ``dropped_50k``: ``--raw-handles`` dropped handles of ours, then ``raw_dropped``:
+- torch only: ``dropped_more``: ``--raw-handles`` dropped handles of ours, then ``raw_dropped``:
   as many dropped ``torch.distributed.all_reduce(async_op=True)`` Works of raw torch on the
   same process group, for comparison in the same run.
 
@@ -150,7 +150,7 @@ def soak(comm: Any, args: argparse.Namespace) -> dict[str, Any]:
     if comm.backend == "torch" and args.raw_handles:
         import torch.distributed as dist  # noqa: PLC0415
 
-        dropped("dropped_50k" if args.raw_handles == 50_000 else "dropped_many", args.raw_handles)
+        dropped("dropped_more", args.raw_handles)
         phase = Phase("raw_dropped", args.raw_handles, args.samples)
         for i in range(args.raw_handles):
             dist.all_reduce(fresh(), async_op=True)  # raw torch.distributed, Work dropped

@@ -66,7 +66,7 @@ def test_soak_keeps_results_right_and_memory_flat(backend, tmp_path):
     assert report["backend"] == backend and report["size"] == ranks
     assert [r["rank"] for r in report["ranks"]] == list(range(ranks))
     want = ["blocking", "awaited", "dropped", "dropped_again"] + (
-        ["dropped_many", "raw_dropped"] if backend == "torch" else [])
+        ["dropped_more", "raw_dropped"] if backend == "torch" else [])
     for rank in report["ranks"]:
         assert [p["phase"] for p in rank["phases"]] == want, output
         for phase in rank["phases"]:
