@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_RANKS ?= 4
 
-.PHONY: demo demo-collectives test lint bench clean
+.PHONY: demo demo-collectives test typecheck docs lint bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
@@ -26,7 +26,12 @@ demo-collectives: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check collectives backends syncbn tests scripts
+	$(MAKE) typecheck
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
+
+# mypy, strict, over the installed layout (collectives.backends, collectives.syncbn): see scripts/typecheck.py.
+typecheck: $(STAMP)
+	$(PY) scripts/typecheck.py
 
 bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) scripts/bench.py --json docs/bench/mpi-multiple.json
@@ -34,4 +39,4 @@ bench: $(STAMP)
 	$(PY) scripts/bench.py --plot-only docs/bench/mpi-multiple.json docs/bench/torch-gloo.json --plot docs/bench.png
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache build

@@ -304,7 +304,7 @@ class _StreamWork(Work):
         return self._x
 
     def is_completed(self) -> bool:
-        return self._library.query(self._event)
+        return bool(self._library.query(self._event))
 
 
 # -- the communicator ---------------------------------------------------------------------------

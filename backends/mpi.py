@@ -34,7 +34,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -171,7 +171,7 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
     exit_status: list[Any] = [0]
     system_exit = sys.exit
 
-    def exit_recording_status(status: Any = None) -> None:
+    def exit_recording_status(status: str | int | None = None) -> NoReturn:
         exit_status[0] = status
         system_exit(status)
 
@@ -259,9 +259,9 @@ class MPICommunicator(Communicator):
             "float16": float16, "float32": MPI.FLOAT, "float64": MPI.DOUBLE,
         }
         # MPI has no bitwise ops on C_BOOL, only logical ones (same truth tables on bool).
-        self._ops = {op: getattr(MPI, op.name) for op in ReduceOp if op is not ReduceOp.AVG}
+        self._ops: dict[ReduceOp, Any] = {op: getattr(MPI, op.name) for op in ReduceOp if op is not ReduceOp.AVG}
         self._ops[ReduceOp.AVG] = MPI.SUM
-        self._bool_ops = {ReduceOp.MIN: MPI.LAND, ReduceOp.BAND: MPI.LAND,
+        self._bool_ops: dict[ReduceOp, Any] = {ReduceOp.MIN: MPI.LAND, ReduceOp.BAND: MPI.LAND,
                           ReduceOp.MAX: MPI.LOR, ReduceOp.BOR: MPI.LOR, ReduceOp.BXOR: MPI.LXOR}
         self._cuda_aware: bool | None = None
         # The fast path's table: dtype -> {op: (MPI datatype, MPI op)} for every allowed
@@ -390,6 +390,7 @@ class MPICommunicator(Communicator):
         self._wait_slowly(request, call, status)
 
     def _wait_slowly(self, request: Any, call: tuple[str, int] | None, status: Any = None) -> None:
+        assert self.timeout is not None, "only calls with a timeout wait through _wait"
         start = time.monotonic()
         deadline = start + self.timeout
         backoff = start + BUSY_POLL_SECONDS
@@ -492,9 +493,6 @@ class MPICommunicator(Communicator):
             # The common case in as few steps as raw mpi4py takes (out= is written directly).
             if out is None:
                 out = np.empty((self.size, *x.shape), dtype=x.dtype)
-            if async_op:
-                return _Request(out, self._MPI, [self._comm.Iallgather([x, self._byte], [out, self._byte])],
-                                _nothing, self, buffers=x)
             if self.timeout is None:
                 self._comm.Allgather([x, self._byte], [out, self._byte])
             else:
@@ -787,7 +785,8 @@ def _nbytes(x: Any) -> int:
 
 def _row_bytes(x: Any) -> int:
     """Bytes of one row (x.shape[1:]) of ``x``."""
-    return math.prod(x.shape[1:]) * _itemsize(x)
+    row: int = math.prod(x.shape[1:])
+    return row * _itemsize(x)
 
 
 def _layout(sizes: list[int]) -> tuple[list[int], list[int]]:
@@ -826,10 +825,6 @@ def _int_view(buf: Any) -> Any:
 def _nonblocking(name: str) -> str:
     """mpi4py's name of the nonblocking form of a collective: Gather -> Igather."""
     return "I" + name[0].lower() + name[1:]
-
-
-def _nothing() -> None:
-    pass
 
 
 def _check_bytes(name: str, count: int) -> None:

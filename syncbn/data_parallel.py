@@ -230,12 +230,14 @@ class DataParallel(nn.Module):
         bucket, position = self._where[param]
         if position in bucket.ready:
             return  # a second gradient for it in one backward (retain_graph): the last wins
+        grad = param.grad
+        assert grad is not None, "a post-accumulate-grad hook runs once the gradient is there"
         with torch.no_grad():
             view = bucket.grad_view(position)
             if self.grad_reduction == "mean":
-                torch.mul(param.grad, 1.0 / self.comm.size, out=view)
+                torch.mul(grad, 1.0 / self.comm.size, out=view)
             else:
-                view.copy_(param.grad)
+                view.copy_(grad)
             bucket.used_counts()[position] = 1
         bucket.ready.add(position)
         self._launch_ready_buckets()

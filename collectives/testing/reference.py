@@ -83,8 +83,8 @@ def as_array(values: np.ndarray, dtype: str, library: str = "numpy",
     else:
         tensor = torch.from_numpy(values.copy())
     if layout == "strided" and tensor.dim():
-        wide = torch.zeros((*tensor.shape[:-1], 2 * tensor.shape[-1]), dtype=tensor.dtype)
-        view = wide[..., ::2]
+        wide_tensor = torch.zeros((*tensor.shape[:-1], 2 * tensor.shape[-1]), dtype=tensor.dtype)
+        view = wide_tensor[..., ::2]
         view.copy_(tensor)
         tensor = view
     return tensor
@@ -99,7 +99,8 @@ def to_numpy(x: Any) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         upper = t.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
         return np.asarray(upper << 16).view(np.float32)  # a new array (0-d stays 0-d)
-    return t.numpy().copy()
+    carrier: np.ndarray = t.numpy().copy()
+    return carrier
 
 
 def same_bits(a: np.ndarray, b: np.ndarray, *, nan_payloads: bool = True) -> bool:
@@ -129,24 +130,29 @@ def reference_reduce(inputs: Sequence[np.ndarray], dtype: str, op: Any) -> np.nd
     """
     op = resolve_op(op)
     stack = np.stack([np.asarray(x) for x in inputs])
+    table: dict[ReduceOp, np.ufunc]
+    result: np.ndarray
     if dtype == "bool":
         table = {ReduceOp.MIN: np.logical_and, ReduceOp.BAND: np.logical_and,
                  ReduceOp.MAX: np.logical_or, ReduceOp.BOR: np.logical_or,
                  ReduceOp.BXOR: np.logical_xor}
-        return table[op].reduce(stack, axis=0)
+        result = table[op].reduce(stack, axis=0)
+        return result
     if dtype in INTEGER_DTYPES:
         table = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
                  ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
                  ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor}
         with np.errstate(over="ignore"):
-            return table[op].reduce(stack, axis=0, dtype=stack.dtype)
+            result = table[op].reduce(stack, axis=0, dtype=stack.dtype)
+            return result
     wide = stack.astype(np.float64)
     with np.errstate(all="ignore"):
         if op in (ReduceOp.SUM, ReduceOp.AVG):
             total = _fsum(wide)
             return total / len(inputs) if op is ReduceOp.AVG else total
         table = {ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
-        return table[op].reduce(wide, axis=0)
+        result = table[op].reduce(wide, axis=0)
+        return result
 
 
 def _fsum(wide: np.ndarray) -> np.ndarray:

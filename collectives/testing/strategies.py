@@ -28,7 +28,7 @@ default ``ci``; ``pytest --hypothesis-profile=NAME`` wins over the variable):
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 from hypothesis import HealthCheck, settings
@@ -170,12 +170,13 @@ def array_layouts() -> st.SearchStrategy[str]:
     return st.sampled_from(LAYOUTS)
 
 
-def _float_info(dtype: str) -> tuple[int, float, float, float]:
+def _float_info(dtype: str) -> tuple[Literal[16, 32, 64], float, float, float]:
     """(width in bits, largest, smallest normal, smallest subnormal) of a float dtype."""
     if dtype == "bfloat16":
         return 32, 3.3895313892515355e38, 2.0 ** -126, 2.0 ** -133
     info = np.finfo(dtype)
-    return (info.bits, float(info.max), float(info.smallest_normal),
+    # The widths of FLOAT_DTYPES (float16/32/64): the ones hypothesis draws.
+    return (cast(Literal[16, 32, 64], info.bits), float(info.max), float(info.smallest_normal),
             float(info.smallest_subnormal))
 
 
