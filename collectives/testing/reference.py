@@ -173,10 +173,10 @@ def float_tolerance(inputs: Sequence[np.ndarray], dtype: str, op: Any) -> tuple[
     tiny = the smallest subnormal of ``dtype``:
 
     - SUM: any summation order adds n - 1 numbers, each addition rounding once with a
-      relative error of at most u, and each partial sum is at most sum|x_i| in
-      magnitude, so |computed - exact| <= (n - 1) * u * sum|x_i| (to first order).
+      relative error of at most u, and each partial sum is at most ``sum|x_i|`` in
+      magnitude, so ``|computed - exact| <= (n - 1) * u * sum|x_i|`` (to first order).
       Transports that stage through a wider type (MPI's bfloat16) round once more, to
-      the dtype, which adds u * |exact|. The bound used is
+      the dtype, which adds ``u * |exact|``. The bound used is
       ``(n - 1) * eps * sum|x_i| + n * tiny`` (eps = 2u covers the final rounding and
       second-order terms; the tiny term covers rounding in the subnormal range, which
       is absolute, not relative).
@@ -188,7 +188,7 @@ def float_tolerance(inputs: Sequence[np.ndarray], dtype: str, op: Any) -> tuple[
 
     An element is *not* checked when the reduction may overflow or underflow in some
     order of evaluation (then the result depends legitimately on the transport's
-    order): SUM/AVG where the finite inputs' sum|x_i| * (1 + n * eps) exceeds the
+    order): SUM/AVG where the finite inputs' ``sum|x_i| * (1 + n * eps)`` exceeds the
     dtype's largest value; PROD where some product of a subset of the finite inputs
     leaves the normal range (a subset with a 0 is fine: its product is 0).
     Elements that are NaN in every order are always checked (a NaN input; +inf and
@@ -239,8 +239,9 @@ def check_reduction_result(got: np.ndarray, inputs: Sequence[np.ndarray], dtype:
     """``AssertionError`` (with the offending elements) unless ``got`` is a correct reduction.
 
     ``got`` and ``inputs`` are carriers. Integers, bool and float MIN/MAX must equal the
-    reference exactly; float SUM/PROD/AVG within :func:`float_tolerance`, NaN exactly
-    where the reference is NaN and infinities equal.
+    reference exactly; float SUM/PROD/AVG within
+    :func:`~collectives.testing.reference.float_tolerance`, NaN exactly where the
+    reference is NaN and infinities equal.
     """
     op = resolve_op(op)
     exact = reference_reduce(inputs, dtype, op)

@@ -5,7 +5,7 @@ collectives.testing`` does not need it). Every array strategy draws numpy *carri
 (see :mod:`.reference`): the array of the dtype itself, or for bfloat16 a float32 array
 whose values are exactly bfloat16 values (low 16 bits zero, NaN payloads included);
 ranks turn a carrier into the numpy array or torch tensor they hand to a collective
-with :func:`collectives.testing.reference.as_array`.
+with :func:`collectives.testing.reference.as_array`. For example::
 
     from hypothesis import given, strategies as st
     from collectives.testing import strategies as cst
@@ -72,7 +72,7 @@ def register_profiles() -> None:
 
 def load_profile(name: str | None = None) -> str:
     """Register the profiles and load ``name`` (default: ``COLLECTIVES_HYPOTHESIS_PROFILE``,
-    else :data:`DEFAULT_PROFILE`); return its name. Any registered profile may be named."""
+    else ``ci``); return its name. Any registered profile may be named."""
     register_profiles()
     name = name or os.environ.get(config.HYPOTHESIS_PROFILE) or DEFAULT_PROFILE
     try:
