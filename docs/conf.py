@@ -51,6 +51,7 @@ python_use_unqualified_type_names = True
 public_modules = [
     "collectives",
     "collectives.config",
+    "collectives.errors",
     "collectives.ops",
     "collectives.syncbn",
     "collectives.testing",
