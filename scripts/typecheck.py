@@ -42,13 +42,14 @@ def source_dir(package: str, package_dir: dict[str, str]) -> Path:
     return ROOT / package_dir.get("", ".") / Path(*parts)
 
 
-def build_tree() -> None:
+def build_tree(tree: Path = TREE) -> None:
+    """The installed layout under ``tree``: a folder per package, a link per module."""
     settings = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     package_dir = settings.get("package-dir", {})
-    shutil.rmtree(TREE, ignore_errors=True)
+    shutil.rmtree(tree, ignore_errors=True)
     for package in settings["packages"]:
         source = source_dir(package, package_dir)
-        target = TREE / Path(*package.split("."))
+        target = tree / Path(*package.split("."))
         target.mkdir(parents=True, exist_ok=True)
         for file in sorted(source.iterdir()):
             if file.is_file() and (file.suffix in (".py", ".pyi") or file.name == "py.typed"):
