@@ -428,17 +428,20 @@ class MPICommunicator(Communicator):
 
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Work | None:
-        if adapter is _NUMPY and not async_op:
-            # The common case in as few steps as raw mpi4py takes: x itself is the buffer.
+        if not async_op:
+            # The common case in as few steps as raw mpi4py takes: x's memory is the buffer
+            # (a CPU tensor's through its numpy view, as a raw caller would pass it).
             spec = self._native[dtype].get(op)
-            if spec is not None and x.flags.c_contiguous and x.size <= MAX_COUNT:
-                if self.timeout is None:
-                    self._comm.Allreduce(self._in_place, [x, spec[0]], spec[1])
-                else:
-                    self._wait(self._comm.Iallreduce(self._in_place, [x, spec[0]], spec[1]))
-                if op is _AVG:
-                    x /= self.size
-                return None
+            if spec is not None:
+                buf = _host_view(x, adapter, dtype)
+                if buf is not None and buf.size <= MAX_COUNT:
+                    if self.timeout is None:
+                        self._comm.Allreduce(self._in_place, [buf, spec[0]], spec[1])
+                    else:
+                        self._wait(self._comm.Iallreduce(self._in_place, [buf, spec[0]], spec[1]))
+                    if op is _AVG:
+                        buf /= self.size
+                    return None
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         buf, writeback = self._buffer(x, adapter, wire)
         IN_PLACE = self._MPI.IN_PLACE
@@ -451,12 +454,12 @@ class MPICommunicator(Communicator):
 
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
                    async_op: bool) -> Work | None:
-        if adapter is _NUMPY and not async_op and x.flags.c_contiguous and x.nbytes <= MAX_COUNT:
-            # MPI counts x's bytes itself: no uint8 view
+        buf = None if async_op else _host_view(x, adapter, dtype)
+        if buf is not None and buf.nbytes <= MAX_COUNT:  # MPI counts the bytes: no uint8 view
             if self.timeout is None:
-                self._comm.Bcast([x, self._byte], src)
+                self._comm.Bcast([buf, self._byte], src)
             else:
-                self._wait(self._comm.Ibcast([x, self._byte], src))
+                self._wait(self._comm.Ibcast([buf, self._byte], src))
             return None
         buf, writeback = self._buffer(x, adapter, None)
         return self._collective("Bcast", [([chunk, self._byte], src) for chunk in _chunks(_bytes(buf))],
@@ -722,6 +725,17 @@ class MPICommunicator(Communicator):
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.
 _AVG = ReduceOp.AVG
 _NUMPY = arrays.NUMPY
+_TORCH = arrays.TORCH
+
+
+def _host_view(x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+    """``x``'s memory as a contiguous numpy array when it is one already (a C-contiguous
+    ndarray, or a contiguous CPU tensor of a dtype numpy has), else ``None``."""
+    if adapter is _NUMPY:
+        return x if x.flags.c_contiguous else None
+    if adapter is _TORCH and dtype != "bfloat16" and not x.is_cuda and x.is_contiguous():
+        return x.numpy()  # (a tensor that requires grad never gets here: the checks refuse it)
+    return None
 
 
 def _size(buf: Any) -> int:
