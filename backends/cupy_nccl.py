@@ -7,8 +7,18 @@ before the communicator exists). Rank 0's NCCL unique id reaches the other ranks
 Arrays: CuPy arrays and torch CUDA tensors, zero-copy: NCCL gets their device
 pointers. Every NCCL call and every local step runs on the caller's current stream
 (``torch.cuda.current_stream()`` for tensors, CuPy's current stream for CuPy
-arrays), so results are ordered with the caller's kernels and the host never waits;
-a handle's ``wait()`` makes the then-current stream wait for the collective's event.
+arrays), so results are ordered with the caller's kernels.
+
+Timeouts: NCCL has none of its own for a blocking communicator, so with a timeout set (the
+default) the host polls a CUDA event recorded after each blocking call (:func:`wait_for`:
+tight polls, then yielding polls, then sleeps backing off to 10 ms, with NCCL's asynchronous
+error query at each sleep); past the deadline it aborts the communicator's NCCL calls
+(``ncclCommAbort``) and raises ``CollectiveTimeout``, and the communicator is unusable. A
+handle's ``wait()`` does the same for its call; with no timeout (``COLLECTIVES_TIMEOUT=0``)
+blocking calls return once enqueued and ``wait()`` only makes the then-current stream wait
+for the call's event. What the deadline cannot reach: ``ncclCommInitRank`` and
+``ncclCommSplit`` (host calls that wait for every rank), and an NCCL call that blocks on the
+host while it connects to a peer for the first time.
 
 What NCCL lacks is emulated, as on the torch backend (:func:`reduce_plan` is the table):
 - bool is reduced as its uint8 bytes (a view): MIN/MAX, and BAND/BOR as MIN/MAX;
@@ -17,9 +27,15 @@ What NCCL lacks is emulated, as on the torch backend (:func:`reduce_plan` is the
 - AVG is SUM, then a division by size (not ``ncclAvg``, which scales each input first
   and so rounds differently from the other backends);
 - bfloat16 is native from NCCL 2.10 on, else reduced in float32.
-Broadcast and all_gather move raw bytes. Host arrays are refused with a ``TypeError``.
-``split`` uses ncclCommSplit where CuPy wraps it (CuPy >= 14, NCCL >= 2.18.1), else makes the
-new communicator through this one (its group leader's id travels in an all_gather).
+Broadcast and all_gather move raw bytes; reduce is ``ncclReduce`` (bitwise ops emulated);
+gather, scatter, all_to_all (equal and uneven) and all_gather_v are raw-byte sends and recvs
+in one NCCL group (:class:`P2PPlan`). Asynchronous sends and recvs join this thread's open
+NCCL group and are launched together at the first ``wait()`` of one of them or the next other
+call of this backend, so a ring of them cannot deadlock. Debug-mode fingerprints, the counts of
+the uneven collectives and debug p2p headers travel through device buffers. Host arrays are
+refused with a ``TypeError``. ``split`` uses ncclCommSplit where CuPy wraps it (CuPy >= 14,
+NCCL >= 2.18.1), else makes the new communicator through this one (its group leader's id
+travels in an all_gather).
 """
 
 from __future__ import annotations

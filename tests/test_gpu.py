@@ -8,7 +8,11 @@ world size 1, and at 2 ranks where NCCL >= 2.30 allows several ranks per GPU; mp
 - stream ordering: a kernel writes the array right before the collective and another reads
   it right after, on a non-default stream kept busy, with no explicit synchronize;
 - SyncBatchNorm on CUDA against torch.nn.BatchNorm2d on the concatenated batch (float64, CPU),
-  and against torch.nn.SyncBatchNorm where it runs (the torch backend).
+  and against torch.nn.SyncBatchNorm where it runs (the torch backend);
+- reduce, gather, scatter, all_to_all (equal, with splits) and all_gather_v against numpy, blocking
+  and async into out=; async send/recv rings in both wait orders (16 MiB: NCCL needs its group);
+- the cupy backend's timeout (a stream held past it; a rank that never joins) and its debug mode
+  (fingerprints and p2p headers through device memory).
 """
 
 import importlib
@@ -653,8 +657,9 @@ def test_cupy_sends_to_itself_in_one_group(gpu_world, library):
 
 # -- the cupy backend's timeout and debug mode (issue 15) -------------------------------------------
 
-#: Cycles of torch.cuda._sleep that hold the stream well past TIMEOUT_SECONDS (about 5 s on an H200).
-HOLD_CYCLES = 10_000_000_000
+#: Cycles of torch.cuda._sleep that hold the stream well past TIMEOUT_SECONDS (3.5-4 s at an
+#: H200's 1.7-2 GHz).
+HOLD_CYCLES = 7_000_000_000
 TIMEOUT_SECONDS = 2.0
 # Communicators a job keeps alive after it returns (a peer may still be waiting on them).
 _KEEP = []
@@ -733,7 +738,8 @@ def test_cupy_collective_past_its_timeout_raises_and_aborts(cupy_timeout_world, 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "debug"])
 def cupy_pair_world(request):
-    env = {"COLLECTIVES_TIMEOUT": f"{TIMEOUT_SECONDS:g}"}
+    # Connections made at creation: a rank's first call to a peer cannot then block on the host.
+    env = {"COLLECTIVES_TIMEOUT": f"{TIMEOUT_SECONDS:g}", "NCCL_RUNTIME_CONNECT": "0"}
     if request.param:
         env["COLLECTIVES_DEBUG"] = "1"
     pool = _cupy_pool(2, env)
