@@ -150,6 +150,7 @@ EOF
     fi
     if $PY -c 'import cupy' >/dev/null 2>&1; then
         timed $PY scripts/gpu_timing.py --backend cupy
+        COLLECTIVES_TIMEOUT=0 timed $PY scripts/gpu_timing.py --backend cupy  # the deadline's cost
         if [ "$(multi cupy)" = 1 ]; then
             NCCL_MULTI_RANK_GPU_ENABLE=1 timed mpiexec -n 2 $PY scripts/gpu_timing.py --backend cupy
         fi
