@@ -193,6 +193,64 @@ def test_wait_for_sees_an_event_that_completes_while_it_sleeps():
     assert clock.now < 60.0
 
 
+# -- the open NCCL group of asynchronous sends/recvs: our bookkeeping around groupStart/groupEnd -----
+
+class GroupCalls:
+    """Records ncclGroupStart/End as CuPy's module functions would be called (our unit, not NCCL)."""
+
+    def __init__(self, fail=False):
+        self.calls, self.fail = [], fail
+
+    def groupStart(self):
+        self.calls.append("start")
+
+    def groupEnd(self):
+        self.calls.append("end")
+        if self.fail:
+            raise RuntimeError("NCCL_ERROR_INVALID_USAGE: a bad p2p call in the group")
+
+
+class Library:
+    def record(self, stream):
+        return f"event on {stream}"
+
+
+def _grouped_works(nccl, count):
+    from collectives.backends.local import LocalCommunicator
+
+    comm = LocalCommunicator()
+    works = []
+    for n in range(count):
+        work = cupy_nccl._StreamWork(n, Library(), None, comm)
+        work._stream = f"stream {n}"
+        cupy_nccl._open_group(nccl).append(work)
+        works.append(work)
+    return works
+
+
+def test_async_sends_and_recvs_share_one_group_launched_once():
+    nccl = GroupCalls()
+    works = _grouped_works(nccl, 3)
+    assert nccl.calls == ["start"]  # one group for all three
+    assert not any(work.is_completed() for work in works)  # not launched: never done
+    cupy_nccl._launch_group(nccl)
+    assert nccl.calls == ["start", "end"]
+    assert [work._event for work in works] == ["event on stream 0", "event on stream 1", "event on stream 2"]
+    assert getattr(cupy_nccl._GROUP, "works", None) is None  # the next call opens a new group
+
+
+def test_a_failed_group_fails_every_handle_in_it_with_a_collective_error():
+    nccl = GroupCalls(fail=True)
+    works = _grouped_works(nccl, 2)
+    with pytest.raises(CollectiveError, match="INVALID_USAGE"):
+        cupy_nccl._launch_group(nccl)
+    for work in works:
+        assert work.is_completed()
+        with pytest.raises(CollectiveError, match="INVALID_USAGE"):
+            work.wait()
+    assert getattr(cupy_nccl._GROUP, "works", None) is None
+
+
 # -- the collectives built from grouped send/recv: their plans against numpy ------------------------
 
 def deliver_plans(plans, sent, received_bytes):
