@@ -56,8 +56,8 @@ def main() -> None:
         for kind in ("numpy", "torch"):
             for op in ("all_reduce", "broadcast"):
                 x = np.ones(1, np.float32) if kind == "numpy" else torch.ones(1)
-                ours_fn = (lambda: ours_comm.all_reduce(x)) if op == "all_reduce" else \
-                    (lambda: ours_comm.broadcast(x, 0))
+                ours_fn = (lambda c=ours_comm, x=x: c.all_reduce(x)) if op == "all_reduce" else \
+                    (lambda c=ours_comm, x=x: c.broadcast(x, 0))
                 raw_fn = raw_call(op, x, raw_comm)
                 best = {"ours": float("inf"), "raw": float("inf")}
                 for _ in range(args.rounds):
