@@ -19,8 +19,12 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from test_launchers import rank_lines
+from test_train import SHORT as TRAIN_SHORT
+from test_train import TRAIN, load_train, reference_params
 
 from collectives.launcher import without_launcher_variables
 from collectives.testing.hosts import TestBed, unavailable_reason
@@ -194,3 +198,30 @@ def assert_ranks_fill_each_host_in_order(text, size):
         assert [r[1] for r in ranks] == list(range(RANKS_PER_HOST)), (host, ranks)
         assert {r[2] for r in ranks} == {RANKS_PER_HOST}, (host, ranks)
         assert {r[3] for r in ranks} == {", ".join(map(str, block))}, (host, ranks)
+
+
+# -- SyncBatchNorm training over two hosts -------------------------------------------------------
+
+# launcher, COLLECTIVES_BACKEND
+TRAINING = [("torchrun", "torch"), ("mpiexec", "mpi"), ("mpiexec", "torch")]
+
+
+@pytest.mark.parametrize("launcher, backend", TRAINING)
+def test_syncbn_training_on_two_hosts_equals_one_process_on_the_global_batch(bed, launcher, backend,
+                                                                            tmp_path):
+    # 101 images on 4 ranks: shards of 26/25/25/25, the last step short on every rank.
+    checkpoint = tmp_path / "ck.pt"
+    argv = [*TRAIN_SHORT, "--check", "--checkpoint", str(checkpoint)]
+    codes, text = run_job(bed, launcher, [str(TRAIN), *argv], backend)
+    size = RANKS_PER_HOST * len(HOSTS)
+    assert set(codes.values()) == {0}, text
+    assert f"equivalence check: {size} ranks vs one process" in text, text
+    assert "SyncBN check passed" in text, text
+    # Independently of the ranks' own check: the model rank 0 saved equals the one-process
+    # BatchNorm run on the concatenated batches, recomputed here.
+    train = load_train()
+    model = train.build_model(0)
+    model.load_state_dict(torch.load(checkpoint, weights_only=True)["model"])
+    want_params, want_stats = reference_params(argv, size)
+    np.testing.assert_allclose(train._params(model).numpy(), want_params, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(train._running_stats(model).numpy(), want_stats, rtol=0, atol=1e-5)
