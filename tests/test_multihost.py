@@ -52,14 +52,16 @@ def bed():
     made.close()
 
 
-def job_env(backend):
+def job_env(backend, rank_timeout=RANK_TIMEOUT):
+    """The ranks' environment; ``rank_timeout=None``: the library's default timeout."""
     env = {k: v for k, v in without_launcher_variables(os.environ).items()
-           if not k.startswith("COLLECTIVES_POOL") and k != "GLOO_SOCKET_IFNAME"}
+           if not k.startswith("COLLECTIVES_POOL") and k not in ("GLOO_SOCKET_IFNAME", "COLLECTIVES_TIMEOUT")}
     env.pop("COLLECTIVES_BACKEND", None)
     if backend is not None:
         env["COLLECTIVES_BACKEND"] = backend
-    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1",
-               COLLECTIVES_TIMEOUT=str(RANK_TIMEOUT))
+    env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1")
+    if rank_timeout is not None:
+        env["COLLECTIVES_TIMEOUT"] = str(rank_timeout)
     return env
 
 
@@ -67,12 +69,12 @@ class Job:
     """A job's launcher processes (one per host for torchrun, one for mpiexec), their output
     gathered line by line as it comes."""
 
-    def __init__(self, bed, launcher, argv, backend):
+    def __init__(self, bed, launcher, argv, backend, rank_timeout=RANK_TIMEOUT):
         self.bed = bed
         self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
         self.output: list[str] = []
         self.procs: dict[str, subprocess.Popen] = {}
-        env = job_env(backend)
+        env = job_env(backend, rank_timeout)
         if launcher == "mpiexec":
             commands = {HOSTS[0]: [str(BIN / "mpiexec"), *bed.mpiexec_args(RANKS_PER_HOST, HOSTS),
                                    sys.executable, *argv]}
@@ -225,3 +227,64 @@ def test_syncbn_training_on_two_hosts_equals_one_process_on_the_global_batch(bed
     want_params, want_stats = reference_params(argv, size)
     np.testing.assert_allclose(train._params(model).numpy(), want_params, rtol=0, atol=1e-5)
     np.testing.assert_allclose(train._running_stats(model).numpy(), want_stats, rtol=0, atol=1e-5)
+
+
+# -- a host dies ------------------------------------------------------------------------------------
+
+# launcher, COLLECTIVES_BACKEND, the host whose every process is killed. mpiexec runs on
+# host-a: killing host-b is losing a remote host (killing host-a would kill mpiexec itself).
+# torchrun's rendezvous store is host-a's agent: killing host-a loses the store too.
+FAULTS = [("mpiexec", "mpi", "host-b"), ("torchrun", "torch", "host-b"), ("torchrun", "torch", "host-a")]
+# How long the survivors may take to end: far below the default COLLECTIVES_TIMEOUT (1800 s,
+# which these jobs keep), so passing means the loss was detected, not timed out.
+FAULT_DEADLINE = 60
+
+
+@pytest.mark.parametrize("launcher, backend, victim", FAULTS)
+def test_the_other_host_ends_within_seconds_when_every_process_of_one_host_is_killed(
+        bed, launcher, backend, victim):
+    job = Job(bed, launcher, [str(SCRIPTS / "fault_check.py")], backend, rank_timeout=None)
+    try:
+        job.wait_for(r"READY rank=\d+ host=", RANKS_PER_HOST * len(HOSTS))
+        ranks = {int(r): h for r, h in re.findall(r"READY rank=(\d+) host=(\S+)", job.text)}
+        survivors = sorted(r for r, h in ranks.items() if h != victim)
+        killed_at = time.monotonic()
+        assert bed.kill_host(victim), f"nothing was running on {victim}"
+        # The launchers left: mpiexec (on host-a) for a lost host-b; the surviving torchrun.
+        codes = job.wait([h for h in job.procs if h != victim], timeout=FAULT_DEADLINE)
+        ended = time.monotonic() - killed_at
+        left = wait_until_hosts_are_empty(bed)
+    finally:
+        job.kill()
+    text = job.text
+    assert codes and all(code != 0 for code in codes.values()), (codes, text)
+    assert not left, f"processes left running after the launchers ended: {left}\n{text}"
+    lost = [re.search(rf"PEER LOST rank={rank} after=[0-9.]+s: CollectiveError: all_reduce "
+                      r"\(call #\d+\) .* failed in torch.distributed \(a peer rank may have died\)", text)
+            for rank in survivors]
+    if launcher == "mpiexec":
+        # Hydra's mpiexec sees the lost host's proxy go, says so and ends the job (its proxy
+        # kills the surviving ranks).
+        assert "[mpiexec@host-a]" in text, text
+    elif victim == "host-b":
+        # Each surviving rank says it lost a peer (the torch backend's CollectiveError), and
+        # exits 2; torchrun's report names a failed rank and that status.
+        assert all(lost), text
+        assert re.search(r"exitcode\s*: 2", text), text
+    else:
+        # The surviving agent lost the rendezvous store as well: either its ranks said they
+        # lost a peer and it reported them, or its poll of the store failed first and it
+        # stopped them (it says the store's connection failed).
+        assert all(lost) or "RendezvousConnectionError: The connection to the C10d store has failed" in text, text
+    detected = [float(t) for t in re.findall(r"PEER LOST rank=\d+ after=([0-9.]+)s", text)]
+    print(f"TIMING {victim} killed -> {launcher} ({backend}) on the other host ended: {ended:.2f} s"
+          f"{f'; its ranks raised after {max(detected):.2f} s' if detected else ''}")
+
+
+def wait_until_hosts_are_empty(bed, timeout=10):
+    """Pids still running on the bed's hosts after ``timeout`` s (a launcher may exit while
+    the SIGKILLs it sent are still being delivered)."""
+    deadline = time.monotonic() + timeout
+    while (left := {h: pids for h in bed.names if (pids := bed.pids(h))}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
