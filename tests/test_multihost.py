@@ -36,7 +36,6 @@ LAUNCH_TIMEOUT = 120
 # The store/collective timeout of the ranks: bounds how long a rank waits for a lost peer
 # when nothing tells it the peer is gone (a cable pulled rather than a process killed).
 RANK_TIMEOUT = 30
-RENDEZVOUS_PORT = 29400  # inside the bed's own namespaces: no other process can hold it
 RANKS_PER_HOST = 2
 HOSTS = ("host-a", "host-b")
 _run_ids = itertools.count()
@@ -69,22 +68,15 @@ class Job:
     """A job's launcher processes (one per host for torchrun, one for mpiexec), their output
     gathered line by line as it comes."""
 
-    def __init__(self, bed, launcher, argv, backend, rank_timeout=RANK_TIMEOUT):
+    def __init__(self, bed, launcher, argv, backend, rank_timeout=RANK_TIMEOUT,
+                 ranks_per_host=RANKS_PER_HOST):
         self.bed = bed
         self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
         self.output: list[str] = []
         self.procs: dict[str, subprocess.Popen] = {}
-        env = job_env(backend, rank_timeout)
-        if launcher == "mpiexec":
-            commands = {HOSTS[0]: [str(BIN / "mpiexec"), *bed.mpiexec_args(RANKS_PER_HOST, HOSTS),
-                                   sys.executable, *argv]}
-        else:
-            run_id = f"multihost{os.getpid()}x{next(_run_ids)}"
-            commands = {host: [str(BIN / "torchrun"), "--nnodes", str(len(HOSTS)),
-                               "--nproc_per_node", str(RANKS_PER_HOST), "--rdzv-backend", "c10d",
-                               "--rdzv-endpoint", f"{bed.addresses[HOSTS[0]]}:{RENDEZVOUS_PORT}",
-                               "--rdzv-id", run_id, "--max-restarts", "0", "--monitor-interval", "0.2",
-                               *argv] for host in HOSTS}
+        env = {**job_env(backend, rank_timeout), **bed.env}
+        commands = bed.launch_commands(launcher, argv, ranks_per_host, hosts=HOSTS, bin_dir=BIN,
+                                       run_id=f"multihost{os.getpid()}x{next(_run_ids)}")
         for host, command in commands.items():
             proc = bed.popen(host, command, env=env, cwd=ROOT, stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -138,9 +130,9 @@ class Job:
         return "".join(self.output)
 
 
-def run_job(bed, launcher, argv, backend, timeout=LAUNCH_TIMEOUT):
+def run_job(bed, launcher, argv, backend, timeout=LAUNCH_TIMEOUT, ranks_per_host=RANKS_PER_HOST):
     """Run a job to its end; the launchers' exit statuses and their output (after EOF)."""
-    job = Job(bed, launcher, argv, backend)
+    job = Job(bed, launcher, argv, backend, ranks_per_host=ranks_per_host)
     try:
         codes = job.wait(timeout=timeout)
         for proc in job.procs.values():
@@ -162,6 +154,33 @@ def test_each_host_has_its_name_address_and_hosts_file(bed):
         # Debian's habit: a host's own name is 127.0.1.1, the others' their addresses.
         assert addresses == [("127.0.1.1" if other == host else bed.addresses[other]) for other in HOSTS]
         assert bed.addresses[host] in bed.run(host, ["ip", "-4", "addr", "show", "eth0"]).stdout
+
+
+PAYLOAD_MIB = 16
+CROSSING = f"""
+import numpy as np, collectives
+comm = collectives.init()
+x = np.full({PAYLOAD_MIB} << 18, comm.rank + 1, np.float32)  # {PAYLOAD_MIB} MiB
+comm.all_reduce(x)
+# Checked on each rank (a wrong sum exits non-zero): lines of several ranks may interleave.
+assert x.min() == x.max() == 3.0, (comm.rank, x.min(), x.max())
+print(f"SUMMED {PAYLOAD_MIB} MiB on {{comm.size}} ranks", flush=True)
+"""
+
+
+def test_mpi_data_between_ranks_on_different_hosts_crosses_the_hosts_link(bed, tmp_path):
+    # One rank per host. On one kernel UCX would join them through shared memory unless the
+    # bed's environment (UCX_TLS) says otherwise: then nothing but control traffic crossed.
+    # (Gloo's TCP pairs have no other way than eth0 between two network namespaces.)
+    before = {host: bed.tx_bytes(host) for host in HOSTS}
+    script = tmp_path / "crossing.py"
+    script.write_text(CROSSING)
+    codes, text = run_job(bed, "mpiexec", [str(script)], "mpi", ranks_per_host=1)
+    assert set(codes.values()) == {0}, text
+    assert f"SUMMED {PAYLOAD_MIB} MiB on 2 ranks" in text, text
+    # A ring all_reduce of 2 ranks sends half the array each way, at least.
+    for host in HOSTS:
+        assert bed.tx_bytes(host) - before[host] >= (PAYLOAD_MIB << 20) // 2, (host, text)
 
 
 # -- the public contract over two hosts --------------------------------------------------------------
@@ -246,7 +265,7 @@ def test_the_other_host_ends_within_seconds_when_every_process_of_one_host_is_ki
     job = Job(bed, launcher, [str(SCRIPTS / "fault_check.py")], backend, rank_timeout=None)
     try:
         job.wait_for(r"READY rank=\d+ host=", RANKS_PER_HOST * len(HOSTS))
-        ranks = {int(r): h for r, h in re.findall(r"READY rank=(\d+) host=(\S+)", job.text)}
+        ranks = {int(r): h for r, h in re.findall(r"READY rank=(\d+) host=(host-[a-d])", job.text)}
         survivors = sorted(r for r, h in ranks.items() if h != victim)
         killed_at = time.monotonic()
         assert bed.kill_host(victim), f"nothing was running on {victim}"
