@@ -221,6 +221,18 @@ def assert_ranks_fill_each_host_in_order(text, size):
         assert {r[3] for r in ranks} == {", ".join(map(str, block))}, (host, ranks)
 
 
+# -- the cupy backend's NCCL id exchange, without a GPU ------------------------------------------
+
+@pytest.mark.parametrize("launcher, route", [("mpiexec", "mpi"), ("torchrun", "store")])
+def test_rank_zeros_nccl_id_reaches_the_ranks_of_the_other_host(bed, launcher, route):
+    # backends/nccl_id.py alone (no CUDA, no CuPy): MPI_Bcast under mpiexec, torchrun's agent
+    # store (MASTER_ADDR:MASTER_PORT, which must be host-a's reachable address) under torchrun.
+    # The NCCL communicator that uses the id needs GPUs: tests/test_gpu.py (GPU run owed).
+    codes, text = run_job(bed, launcher, [str(SCRIPTS / "nccl_id_check.py")], None)
+    assert set(codes.values()) == {0}, text
+    assert f"NCCL IDS OK route={route} ranks={RANKS_PER_HOST * len(HOSTS)} exchanges=3" in text, text
+
+
 # -- SyncBatchNorm training over two hosts -------------------------------------------------------
 
 # launcher, COLLECTIVES_BACKEND
