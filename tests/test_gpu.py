@@ -8,7 +8,9 @@ world size 1, and at 2 ranks where NCCL >= 2.30 allows several ranks per GPU; mp
 - stream ordering: a kernel writes the array right before the collective and another reads
   it right after, on a non-default stream kept busy, with no explicit synchronize;
 - SyncBatchNorm on CUDA against torch.nn.BatchNorm2d on the concatenated batch (float64, CPU),
-  and against torch.nn.SyncBatchNorm where it runs (the torch backend).
+  and against torch.nn.SyncBatchNorm where it runs (the torch backend);
+- the cupy backend with one rank on each of two hosts of the multi-host test bed (root only;
+  the NCCL id through MPI under mpiexec, through torchrun's agent store under torchrun).
 """
 
 import importlib
@@ -418,3 +420,23 @@ def check_syncbn(world, device, with_torch):
                                        rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(results[r][name]["var"].double(), reference_bn.running_var,
                                        rtol=1e-5, atol=1e-5)
+
+
+# -- the cupy backend on two hosts (the multi-host test bed of tests/test_multihost.py) ---------
+
+@pytest.mark.parametrize("launcher, id_route", [("mpiexec", "MPI_Bcast"), ("torchrun", "agent store")])
+def test_cupy_backend_with_one_rank_on_each_of_two_hosts(launcher, id_route):
+    """NCCL across two hosts (network namespaces, root only), the id through ``id_route``.
+    Both hosts' ranks take device 0 (local_rank 0 on each): NCCL_MULTI_RANK_GPU_ENABLE."""
+    from collectives.testing.hosts import TestBed, unavailable_reason
+
+    reason = unavailable_reason() or skip_reason("cupy", 2, launcher, MULTI_RANK)
+    if reason:
+        pytest.skip(reason)
+    from test_multihost import SCRIPTS, run_job
+
+    with TestBed(2) as bed:
+        codes, text = run_job(bed, launcher, [str(SCRIPTS / "gpu_multihost_check.py")], "cupy",
+                              ranks_per_host=1, env=MULTI_RANK)
+    assert set(codes.values()) == {0}, text
+    assert "CUPY OK ranks=2 hosts=2" in text, text

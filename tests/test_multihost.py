@@ -69,12 +69,12 @@ class Job:
     gathered line by line as it comes."""
 
     def __init__(self, bed, launcher, argv, backend, rank_timeout=RANK_TIMEOUT,
-                 ranks_per_host=RANKS_PER_HOST):
+                 ranks_per_host=RANKS_PER_HOST, env=None):
         self.bed = bed
         self.lines: queue.Queue[tuple[str, str]] = queue.Queue()
         self.output: list[str] = []
         self.procs: dict[str, subprocess.Popen] = {}
-        env = {**job_env(backend, rank_timeout), **bed.env}
+        env = {**job_env(backend, rank_timeout), **bed.env, **(env or {})}
         commands = bed.launch_commands(launcher, argv, ranks_per_host, hosts=HOSTS, bin_dir=BIN,
                                        run_id=f"multihost{os.getpid()}x{next(_run_ids)}")
         for host, command in commands.items():
@@ -130,9 +130,10 @@ class Job:
         return "".join(self.output)
 
 
-def run_job(bed, launcher, argv, backend, timeout=LAUNCH_TIMEOUT, ranks_per_host=RANKS_PER_HOST):
+def run_job(bed, launcher, argv, backend, timeout=LAUNCH_TIMEOUT, ranks_per_host=RANKS_PER_HOST,
+            env=None):
     """Run a job to its end; the launchers' exit statuses and their output (after EOF)."""
-    job = Job(bed, launcher, argv, backend, ranks_per_host=ranks_per_host)
+    job = Job(bed, launcher, argv, backend, ranks_per_host=ranks_per_host, env=env)
     try:
         codes = job.wait(timeout=timeout)
         for proc in job.procs.values():
