@@ -379,8 +379,8 @@ def _read_for_resume(path: str) -> tuple[bytes, str | None]:
         return b"", f"--resume: cannot read the checkpoint {path}: {error.strerror or error}"
     if not data:
         return b"", (f"--resume: the checkpoint {path} is empty (0 bytes), not a checkpoint "
-                     "(train.py writes a temporary file and renames it, so it never leaves one "
-                     "empty: something else truncated it); remove it or pass another --checkpoint")
+                     "(train.py renames a checkpoint into place only once it is written, so no "
+                     "completed save left it); remove it or pass another --checkpoint")
     return data, None
 
 
