@@ -44,6 +44,7 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -350,11 +351,7 @@ def plot(docs: list[dict[str, Any]], path: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.plot_only:
-        docs = []
-        for path in args.plot_only:
-            with open(path) as f:
-                docs.append(json.load(f))
-        return 0 if plot(docs, args.plot) else 1
+        return 0 if plot([json.loads(Path(path).read_text()) for path in args.plot_only], args.plot) else 1
     torch.set_num_threads(args.threads)
     comm = collectives.init()
     doc = run(comm, args)
