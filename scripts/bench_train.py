@@ -185,8 +185,10 @@ def build_variants(comm: Communicator, args: argparse.Namespace, group: Any) -> 
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
-               y: torch.Tensor) -> tuple[float, float, float]:
-    """One training step; seconds of its forward (with the loss), backward and optimizer step."""
+               y: torch.Tensor) -> tuple[float, float, float, float]:
+    """One training step: seconds of its forward (with the loss), backward and optimizer step,
+    and the CPU seconds the whole process (transport threads too) spent on it."""
+    cpu = time.process_time()
     start = time.perf_counter()
     optimizer.zero_grad(set_to_none=True)
     loss = nn.functional.cross_entropy(model(x), y)
@@ -195,12 +197,22 @@ def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tens
     backward = time.perf_counter()
     optimizer.step()
     end = time.perf_counter()
-    return forward - start, backward - forward, end - backward
+    return forward - start, backward - forward, end - backward, time.process_time() - cpu
 
 
 def parameters_of(model: nn.Module) -> torch.Tensor:
     inner = model.module if hasattr(model, "module") else model
     return torch.cat([p.detach().double().reshape(-1) for p in inner.parameters()])
+
+
+def param_diffs(comm: Communicator, models: dict[str, nn.Module]) -> dict[str, float]:
+    """Largest parameter difference, over ranks, of each pair of variants."""
+    params = {name: parameters_of(m) for name, m in models.items()}
+    pairs = [(left, right) for left, right in (("b", "c"), ("a", "c"), ("a", "b"))
+             if left in params and right in params]
+    local = np.array([float((params[left] - params[right]).abs().max()) for left, right in pairs])
+    worst = comm.all_reduce(local, "max") if pairs else local
+    return {f"{left}-{right}": float(v) for (left, right), v in zip(pairs, worst)}
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -217,8 +229,9 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
     optimizers = {name: torch.optim.SGD(m.parameters(), lr=args.lr, momentum=args.momentum)
                   for name, m in models.items()}
     batches = make_batches(args.seed, comm.rank, args.batch, count=8)
-    # times[name][step] = (forward, backward, optimizer) seconds on this rank
-    times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in models}
+    # times[name][step] = (forward, backward, optimizer, CPU) seconds on this rank
+    times: dict[str, list[tuple[float, ...]]] = {name: [] for name in models}
+    first_diffs: dict[str, float] = {}
     for step in range(args.warmup + args.steps):
         x, y = batches[step % len(batches)]
         for name, model in models.items():
@@ -226,27 +239,28 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
             phases = train_step(model, optimizers[name], x, y)
             if step >= args.warmup:
                 times[name].append(phases)
+        if step == 0:
+            first_diffs = param_diffs(comm, models)
     load_end = os.getloadavg()
 
-    # Step time = the slowest rank's, step by step.
+    # Step time = the slowest rank's, step by step; CPU time = the ranks' mean.
     results: dict[str, Any] = {}
+    slowest: dict[str, np.ndarray] = {}
     for name in models:
-        mine = np.array(times[name], dtype=np.float64)  # (steps, phases)
-        every = comm.all_gather(mine)  # (ranks, steps, phases)
-        slowest = every.sum(axis=2).max(axis=0)
-        results[name] = {"label": VARIANTS[name], **percentiles(slowest.tolist()),
+        every = comm.all_gather(np.array(times[name], dtype=np.float64))  # (ranks, steps, 4)
+        slowest[name] = every[:, :, :3].sum(axis=2).max(axis=0)
+        results[name] = {"label": VARIANTS[name], **percentiles(slowest[name].tolist()),
                          "phases_median_ms": {phase: 1e3 * float(np.median(every[:, :, k].max(axis=0)))
                                               for k, phase in enumerate(PHASES)},
-                         "steps_ms": (1e3 * slowest).round(4).tolist()}
-    ratios = {f"{n}/c": results[n]["median_ms"] / results["c"]["median_ms"]
-              for n in models if n != "c" and "c" in models}
-    # The same math (b, c) must give the same parameters; a differs by SyncBN's semantics.
-    params = {name: parameters_of(m) for name, m in models.items()}
-    diffs = {}
-    for left, right in (("b", "c"), ("a", "c"), ("a", "b")):
-        if left in params and right in params:
-            local = float((params[left] - params[right]).abs().max())
-            diffs[f"{left}-{right}"] = float(comm.all_reduce(np.array([local]), "max")[0])
+                         "cpu_median_ms": 1e3 * float(np.median(every[:, :, 3].mean(axis=0))),
+                         "steps_ms": (1e3 * slowest[name]).round(4).tolist()}
+    ratios, paired = {}, {}
+    if "c" in models:
+        for name in models:
+            if name != "c":
+                ratios[f"{name}/c"] = results[name]["median_ms"] / results["c"]["median_ms"]
+                paired[f"{name}/c"] = float(np.median(slowest[name] / slowest["c"]))
+    diffs = param_diffs(comm, models)
     if group is not None and args.ddp_group == "new":
         import torch.distributed as dist  # noqa: PLC0415
 
@@ -256,7 +270,8 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
 
         dist.destroy_process_group()
     return {"meta": describe(comm, args, load_start, load_end), "variants": results,
-            "ratios": ratios, "max_param_diff": diffs}
+            "ratios": ratios, "paired_ratios": paired, "max_param_diff": diffs,
+            "max_param_diff_after_first_step": first_diffs}
 
 
 def describe(comm: Communicator, args: argparse.Namespace, load_start: tuple[float, ...],
@@ -284,21 +299,24 @@ def report(doc: dict[str, Any]) -> str:
            f"buffers={meta['broadcast_buffers']}; load average {_load(meta['loadavg_start'])} at the "
            f"start, {_load(meta['loadavg_end'])} at the end ({meta['cpus']} CPUs)",
            f"{'variant':<40}{'median ms':>10}{'p10':>8}{'p90':>8}   "
-           + "  ".join(f"{phase:>9}" for phase in PHASES)]
+           + "  ".join(f"{phase:>9}" for phase in PHASES) + f"{'CPU ms':>9}"]
     for name, r in doc["variants"].items():
         out.append(f"{name}  {r['label']:<37}{r['median_ms']:>10.2f}{r['p10_ms']:>8.2f}{r['p90_ms']:>8.2f}   "
-                   + "  ".join(f"{r['phases_median_ms'][phase]:>9.2f}" for phase in PHASES))
+                   + "  ".join(f"{r['phases_median_ms'][phase]:>9.2f}" for phase in PHASES)
+                   + f"{r['cpu_median_ms']:>9.2f}")
     targets = {"b/c": 0.97, "a/c": 1.05}
     for key, value in doc["ratios"].items():
         target = targets.get(key)
         verdict = "" if target is None else f"   (target <= {target:.2f}: {'met' if value <= target else 'missed'})"
-        out.append(f"ratio {key} = {value:.3f}{verdict}")
+        out.append(f"ratio {key} = {value:.3f} (of the medians; median of the per-step ratios "
+                   f"{doc['paired_ratios'][key]:.3f}){verdict}")
+    notes = {"b-c": "same math: float32 rounding only",
+             "a-c": "SyncBatchNorm vs per-rank BatchNorm: differ by design",
+             "a-b": "SyncBatchNorm vs per-rank BatchNorm: differ by design"}
+    first = doc["max_param_diff_after_first_step"]
     for key, value in doc["max_param_diff"].items():
-        note = {"b-c": "same math: float32 rounding only",
-                "a-c": "SyncBatchNorm vs per-rank BatchNorm: differ by design",
-                "a-b": "SyncBatchNorm vs per-rank BatchNorm: differ by design"}[key]
-        out.append(f"max |param {key.replace('-', ' - ')}| after {meta['warmup'] + meta['steps']} steps "
-                   f"= {value:.2e}   ({note})")
+        out.append(f"max |param {key.replace('-', ' - ')}| = {first[key]:.2e} after 1 step, {value:.2e} after "
+                   f"{meta['warmup'] + meta['steps']} steps   ({notes[key]})")
     return "\n".join(out)
 
 
