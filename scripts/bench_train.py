@@ -37,10 +37,12 @@ from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
 import inspect
 import json
 import os
 import platform
+import pstats
 import statistics
 import sys
 import time
@@ -81,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="default: each library's own (ours off, DDP on); on/off: both the same")
     p.add_argument("--ddp-group", choices=("new", "default"), default="new",
                    help="torch backend: DDP's Gloo group, a new one or the communicator's")
+    p.add_argument("--profile", choices=tuple(VARIANTS), default=None,
+                   help="cProfile this variant's timed steps on rank 0 and print the top functions")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a plot (needs matplotlib)")
     p.add_argument("--plot-only", nargs="+", default=None, metavar="JSON",
@@ -232,16 +236,26 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
     # times[name][step] = (forward, backward, optimizer, CPU) seconds on this rank
     times: dict[str, list[tuple[float, ...]]] = {name: [] for name in models}
     first_diffs: dict[str, float] = {}
+    profiler = cProfile.Profile() if args.profile and comm.rank == 0 else None
     for step in range(args.warmup + args.steps):
         x, y = batches[step % len(batches)]
         for name, model in models.items():
             comm.barrier()
+            profiling = profiler is not None and name == args.profile and step >= args.warmup
+            if profiling:
+                profiler.enable()
             phases = train_step(model, optimizers[name], x, y)
+            if profiling:
+                profiler.disable()
             if step >= args.warmup:
                 times[name].append(phases)
         if step == 0:
             first_diffs = param_diffs(comm, models)
     load_end = os.getloadavg()
+    if profiler is not None:
+        print(f"cProfile of variant {args.profile} ({VARIANTS[args.profile]}), rank 0, "
+              f"{args.steps} timed steps, by own time:")
+        pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(25)
 
     # Step time = the slowest rank's, step by step; CPU time = the ranks' mean.
     results: dict[str, Any] = {}
