@@ -85,6 +85,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="torch backend: DDP's Gloo group, a new one or the communicator's")
     p.add_argument("--profile", choices=tuple(VARIANTS), default=None,
                    help="cProfile this variant's timed steps on rank 0 and print the top functions")
+    p.add_argument("--collective-times", action="store_true",
+                   help="time every SyncBatchNorm collective of variant a on every rank: how much "
+                        "of it is waiting for the last rank to arrive; and the same all_gather alone")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a plot (needs matplotlib)")
     p.add_argument("--plot-only", nargs="+", default=None, metavar="JSON",
@@ -225,6 +228,91 @@ def percentiles(values: list[float]) -> dict[str, float]:
             "p90_ms": 1e3 * float(np.percentile(values, 90))}
 
 
+def _now() -> float:
+    # CLOCK_MONOTONIC is one clock for every process of a host: ranks' times compare directly.
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+class CollectiveTimes:
+    """Records when each blocking all_gather / all_reduce on ``comm`` is entered and left,
+    while ``recording`` is on (asynchronous calls, DataParallel's, pass through untouched)."""
+
+    KINDS = ("all_gather", "all_reduce")
+
+    def __init__(self, comm: Communicator) -> None:
+        self.comm = comm
+        self.recording = False
+        self.calls: dict[str, list[tuple[float, float]]] = {kind: [] for kind in self.KINDS}
+        for kind in self.KINDS:
+            setattr(comm, kind, self._timed(kind, getattr(comm, kind)))
+
+    def _timed(self, kind: str, method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if not self.recording or kwargs.get("async_op"):
+                return method(*args, **kwargs)
+            enter = _now()
+            result = method(*args, **kwargs)
+            self.calls[kind].append((enter, _now()))
+            return result
+        return call
+
+    def remove(self) -> None:
+        for kind in self.KINDS:
+            delattr(self.comm, kind)
+
+    def summary(self) -> dict[str, Any]:
+        """Per kind, medians over calls (ms): the call's time on a rank (mean over ranks), the
+        part of it spent before the last rank arrived, and the part after."""
+        out: dict[str, Any] = {}
+        for kind in self.KINDS:
+            times = self.comm.all_gather(np.array(self.calls[kind], dtype=np.float64).reshape(-1, 2))
+            if times.shape[1] == 0:
+                continue
+            enter, leave = times[:, :, 0], times[:, :, 1]  # (ranks, calls)
+            last_arrival = enter.max(axis=0)
+            last = enter.argmax(axis=0)
+            calls = np.arange(times.shape[1])
+            # The last rank to arrive finds the others there: its own call is the collective's cost;
+            # the others leave after the data reached them and they were woken up and scheduled.
+            last_in_call = leave[last, calls] - enter[last, calls]
+            others = np.ones_like(enter, dtype=bool)
+            others[last, calls] = False
+            others_after = (leave - last_arrival)[others]
+            out[kind] = {"calls": int(times.shape[1]),
+                         "in_call_ms": 1e3 * float(np.median((leave - enter).mean(axis=0))),
+                         "waiting_for_last_rank_ms": 1e3 * float(np.median((last_arrival - enter).mean(axis=0))),
+                         "after_last_arrival_ms": 1e3 * float(np.median((leave - last_arrival).mean(axis=0))),
+                         "last_rank_in_call_ms": 1e3 * float(np.median(last_in_call)),
+                         "others_after_last_arrival_ms": 1e3 * float(np.median(others_after)),
+                         "slowest_rank_last_share": float(np.mean(enter.argmax(axis=0) == 0))}
+        return out
+
+
+def collective_alone(comm: Communicator, channels: int, iterations: int = 50) -> dict[str, float]:
+    """Median ms of SyncBatchNorm's forward all_gather (a float64 row of 1 + 3C) after a barrier,
+    through the communicator and through the raw transport (torch.distributed or mpi4py)."""
+    row = torch.zeros(1 + 3 * channels, dtype=torch.float64)
+    raw = None
+    if comm.backend == "torch":
+        import torch.distributed as dist  # noqa: PLC0415
+
+        gathered = torch.empty(comm.size * row.numel(), dtype=torch.float64)
+        raw = lambda: dist.all_gather_into_tensor(gathered, row, group=comm.process_group)  # noqa: E731
+    elif comm.backend == "mpi":
+        send, gathered = row.numpy(), np.empty(comm.size * row.numel())
+        raw = lambda: comm.mpi_comm.Allgather(send, gathered)  # noqa: E731
+    calls = {"ours": lambda: comm.all_gather(row), **({"raw": raw} if raw else {})}
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(iterations):
+        for name, call in calls.items():
+            comm.barrier()
+            start = _now()
+            call()
+            times[name].append(_now() - start)
+    slowest = comm.all_gather(np.array([times[name] for name in calls])).max(axis=0)
+    return {f"{name}_ms": 1e3 * float(np.median(slowest[k])) for k, name in enumerate(calls)}
+
+
 def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
     """Train every variant, interleaved step by step; the results (the same dict on every rank)."""
     load_start = os.getloadavg()
@@ -237,6 +325,7 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
     times: dict[str, list[tuple[float, ...]]] = {name: [] for name in models}
     first_diffs: dict[str, float] = {}
     profiler = cProfile.Profile() if args.profile and comm.rank == 0 else None
+    recorder = CollectiveTimes(comm) if args.collective_times and "a" in models else None
     for step in range(args.warmup + args.steps):
         x, y = batches[step % len(batches)]
         for name, model in models.items():
@@ -244,6 +333,8 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
             profiling = profiler is not None and name == args.profile and step >= args.warmup
             if profiling:
                 profiler.enable()
+            if recorder is not None:
+                recorder.recording = name == "a" and step >= args.warmup
             phases = train_step(model, optimizers[name], x, y)
             if profiling:
                 profiler.disable()
@@ -275,6 +366,12 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
                 ratios[f"{name}/c"] = results[name]["median_ms"] / results["c"]["median_ms"]
                 paired[f"{name}/c"] = float(np.median(slowest[name] / slowest["c"]))
     diffs = param_diffs(comm, models)
+    collective_report = {}
+    if recorder is not None:
+        recorder.recording = False
+        collective_report = {"inside_syncbn": recorder.summary(),
+                             "all_gather_alone": collective_alone(comm, args.widths[0])}
+        recorder.remove()
     if group is not None and args.ddp_group == "new":
         import torch.distributed as dist  # noqa: PLC0415
 
@@ -285,7 +382,8 @@ def run(comm: Communicator, args: argparse.Namespace) -> dict[str, Any]:
         dist.destroy_process_group()
     return {"meta": describe(comm, args, load_start, load_end), "variants": results,
             "ratios": ratios, "paired_ratios": paired, "max_param_diff": diffs,
-            "max_param_diff_after_first_step": first_diffs}
+            "max_param_diff_after_first_step": first_diffs,
+            **({"collective_times": collective_report} if collective_report else {})}
 
 
 def describe(comm: Communicator, args: argparse.Namespace, load_start: tuple[float, ...],
@@ -331,6 +429,19 @@ def report(doc: dict[str, Any]) -> str:
     for key, value in doc["max_param_diff"].items():
         out.append(f"max |param {key.replace('-', ' - ')}| = {first[key]:.2e} after 1 step, {value:.2e} after "
                    f"{meta['warmup'] + meta['steps']} steps   ({notes[key]})")
+    times = doc.get("collective_times")
+    if times:
+        out.append("SyncBatchNorm's blocking collectives in variant a, median over calls of the ranks' mean (ms):")
+        for kind, t in times["inside_syncbn"].items():
+            out.append(f"  {kind:<11} {t['calls']:>4} calls: {t['in_call_ms']:.3f} in the call = "
+                       f"{t['waiting_for_last_rank_ms']:.3f} waiting for the last rank to arrive + "
+                       f"{t['after_last_arrival_ms']:.3f} after it arrived (rank 0 arrived last in "
+                       f"{100 * t['slowest_rank_last_share']:.0f}% of the calls); the last rank's own call "
+                       f"{t['last_rank_in_call_ms']:.3f}, the others leave {t['others_after_last_arrival_ms']:.3f} "
+                       "after it arrived")
+        alone = times["all_gather_alone"]
+        out.append(f"  the first layer's all_gather alone, after a barrier: {alone['ours_ms']:.3f} ours"
+                   + (f", {alone['raw_ms']:.3f} raw" if "raw_ms" in alone else ""))
     return "\n".join(out)
 
 
