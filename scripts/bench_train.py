@@ -297,7 +297,8 @@ def collective_alone(comm: Communicator, channels: int, iterations: int = 50) ->
         import torch.distributed as dist  # noqa: PLC0415
 
         gathered = torch.empty(comm.size * row.numel(), dtype=torch.float64)
-        raw = lambda: dist.all_gather_into_tensor(gathered, row, group=comm.process_group)  # noqa: E731
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # torch >= 2.12 name
+        raw = lambda: gather(gathered, row, group=comm.process_group)  # noqa: E731
     elif comm.backend == "mpi":
         send, gathered = row.numpy(), np.empty(comm.size * row.numel())
         raw = lambda: comm.mpi_comm.Allgather(send, gathered)  # noqa: E731
