@@ -13,7 +13,7 @@ import json
 import sys
 
 import pytest
-from test_train import ROOT, _launch, _tool
+from test_train import ROOT, _free_port, _launch, _tool
 
 BENCH = ROOT / "scripts" / "bench_train.py"
 SMALL = ["--steps", "3", "--warmup", "1", "--widths", "4,4,8,8,8,8"]
@@ -56,3 +56,23 @@ def test_plot_only_draws_the_json(tmp_path):
     path.write_text(json.dumps(doc))
     assert bench.main(["--plot-only", str(path), str(path), "--plot", str(tmp_path / "t.png")]) == 0
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_torchrun_with_ddp_on_its_own_gloo_group(tmp_path):
+    out = tmp_path / "train.json"
+    done = _launch([_tool("torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+                    "--master_port", _free_port(), str(BENCH), *SMALL, "--variants", "bc",
+                    "--json", str(out)], tmp_path, "torch")
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["backend"] == "torch" and sorted(doc["variants"]) == ["b", "c"]
+    assert doc["max_param_diff"]["b-c"] <= 1e-6
+
+
+def test_collective_after_compute_reports_both_modes(tmp_path):
+    script = ROOT / "scripts" / "bench_collective_after_compute.py"
+    done = _launch([_tool("mpiexec"), "-n", "2", sys.executable, str(script), "--iterations", "4",
+                    "--compute-ms", "1"], tmp_path, "mpi")
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line for line in done.stdout.splitlines() if "last rank's own call" in line]
+    assert len(rows) == 4 and sum("idle" in row for row in rows) == 2
