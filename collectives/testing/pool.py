@@ -163,6 +163,7 @@ class RankPool:
         self._pids: list[int] = []  # the ranks' pids, from their hello
         self.jobs_run = 0
         self.starts = 0
+        self._unusable = False  # a job left a rank's communicator unusable: restart first
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -182,7 +183,7 @@ class RankPool:
 
     def start(self) -> None:
         """Start the ranks and wait until every one is connected (``PoolError`` if not)."""
-        if self.alive:
+        if self.alive and not self._unusable:
             return
         self.close()
         authkey = secrets.token_bytes(32)
@@ -253,6 +254,7 @@ class RankPool:
         if self._authkey:
             _kill_processes_of(self._authkey, self._pids)
         self._authkey, self._pids = "", []
+        self._unusable = False
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -331,7 +333,8 @@ class RankPool:
             for conn in ready:
                 rank = pending.pop(conn)
                 try:
-                    replies[rank] = receive(conn)
+                    replies[rank], unusable = receive(conn)
+                    self._unusable |= unusable
                     if replies[rank][0] == "error":  # peers may now wait forever: cut it short
                         deadline = min(deadline, time.monotonic() + ERROR_GRACE)
                 except (EOFError, OSError):

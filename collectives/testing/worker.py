@@ -91,6 +91,9 @@ def main() -> None:
         except EOFError:
             break
         if message[0] == "exit":
+            if comm._broken is not None:  # finalizing over abandoned calls may wait forever
+                sys.stdout.flush()
+                os._exit(0)
             break
         _, reference, args = message
         busy.set()
@@ -100,11 +103,14 @@ def main() -> None:
         except BaseException as error:  # noqa: BLE001  (every failure goes back to the pool)
             reply = ("error", type(error).__name__, str(error), traceback.format_exc())
         busy.clear()
+        # A timeout in the job makes this rank's communicators unusable (the world's too):
+        # the pool then starts new ranks before its next job.
+        unusable = comm._broken is not None
         try:
-            send(conn, reply)
+            send(conn, (reply, unusable))
         except Exception as error:  # noqa: BLE001  (an unpicklable result)
-            send(conn, ("error", type(error).__name__, f"result could not be sent: {error}",
-                       traceback.format_exc()))
+            send(conn, (("error", type(error).__name__, f"result could not be sent: {error}",
+                         traceback.format_exc()), unusable))
     conn.close()
 
 
