@@ -9,8 +9,9 @@ barrier as in scripts/bench.py. This script times that all_gather both ways,
 through the communicator ("ours") and the raw transport (torch.distributed's
 all_gather_single or mpi4py's Allgather), with no SyncBatchNorm involved: (1) "idle":
 right after a barrier; (2) "after compute": after ``--compute-ms`` of convolutions
-on every rank. For each call it takes the entry and exit times of every rank
-(CLOCK_MONOTONIC, one clock for the host's processes) and reports the medians of
+on every rank; (3) "asleep": after sleeping as long instead. For each call it takes
+the entry and exit times of every rank (CLOCK_MONOTONIC, one clock for the host's
+processes) and reports the medians of
 the last-arriving rank's own call time (the collective's cost once every rank is
 there) and of how long the other ranks waited for it to arrive.
 """
@@ -84,10 +85,14 @@ def main() -> None:
     calls = {"raw": raw_all_gather(comm, row), "ours": lambda: comm.all_gather(row)}
     lines = [f"backend={comm.backend} ranks={comm.size} row={row.numel()} float64, load average "
              f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; medians in ms"]
-    for mode, before in (("idle", lambda: None), (f"after {int(convs[0])} convs", compute)):
+    # Sleeping as long as the convolutions take tells the scheduler's share (a process that has
+    # just computed waits its turn at each wake-up) from idle Gloo threads (asleep either way).
+    modes = (("idle", lambda: None), (f"after {int(convs[0])} convs", compute),
+             (f"after {args.compute_ms:g} ms asleep", lambda: time.sleep(args.compute_ms / 1e3)))
+    for mode, before in modes:
         for name, call in calls.items():
             own, waited = timed_calls(comm, call, before, args.iterations)
-            lines.append(f"  {mode:<16} {name:<5} last rank's own call {1e3 * own:8.3f}   "
+            lines.append(f"  {mode:<20} {name:<5} last rank's own call {1e3 * own:8.3f}   "
                          f"others waited for it {1e3 * waited:8.3f}")
     if comm.rank == 0:
         print("\n".join(lines), flush=True)

@@ -75,4 +75,4 @@ def test_collective_after_compute_reports_both_modes(tmp_path):
                     "--compute-ms", "1"], tmp_path, "mpi")
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [line for line in done.stdout.splitlines() if "last rank's own call" in line]
-    assert len(rows) == 4 and sum("idle" in row for row in rows) == 2
+    assert len(rows) == 6 and sum("idle" in row for row in rows) == 2
