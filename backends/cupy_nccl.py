@@ -583,6 +583,7 @@ class CupyNcclCommunicator(Communicator):
     def _complete(self, lib: Any, event: Any, call: tuple[str, int] | None = None) -> None:
         """Return once ``event`` has completed; past the timeout abort this communicator's NCCL
         calls (ncclCommAbort) and raise :class:`CollectiveTimeout`."""
+        assert self.timeout is not None, "only calls with a timeout wait for their event"
         if wait_for(lambda: lib.query(event), self.timeout, self._check_async_error):
             return
         self._abort()
@@ -639,7 +640,7 @@ class CupyNcclCommunicator(Communicator):
     # -- collectives ------------------------------------------------------------------------
 
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                    async_op: bool) -> Work | None:
+                    async_op: bool) -> Any:
         lib = self._library(adapter)
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
@@ -658,7 +659,7 @@ class CupyNcclCommunicator(Communicator):
         return self._done(lib, stream, async_op, x)
 
     def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
-                async_op: bool) -> Work | None:
+                async_op: bool) -> Any:
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         if plan.nccl_op is None:  # bitwise ops: all_gather and fold, kept on dst
             return super()._reduce(x, adapter, dtype, op, dst, async_op)
@@ -678,7 +679,7 @@ class CupyNcclCommunicator(Communicator):
         return self._done(lib, stream, async_op, x)
 
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
-                   async_op: bool) -> Work | None:
+                   async_op: bool) -> Any:
         lib = self._library(adapter)
         stream = lib.stream(x)
         self._flush_group()
@@ -813,7 +814,8 @@ class CupyNcclCommunicator(Communicator):
             return self._grouped_p2p(lib, stream, x, issue, keep=buf)
         self._flush_group()
         issue(lib.stream_ptr(stream))
-        return self._done(lib, stream, False, None)
+        self._done(lib, stream, False, None)
+        return None
 
     def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
               async_op: bool) -> Work | None:
@@ -832,7 +834,8 @@ class CupyNcclCommunicator(Communicator):
         issue(lib.stream_ptr(stream))
         if writeback is not None:
             writeback()
-        return self._done(lib, stream, False, None)
+        self._done(lib, stream, False, None)
+        return None
 
     # -- small int64 vectors (debug fingerprints, counts, p2p headers) through device memory ---
 

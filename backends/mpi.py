@@ -34,7 +34,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -171,7 +171,7 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
     exit_status: list[Any] = [0]
     system_exit = sys.exit
 
-    def exit_recording_status(status: Any = None) -> None:
+    def exit_recording_status(status: str | int | None = None) -> NoReturn:
         exit_status[0] = status
         system_exit(status)
 
@@ -259,9 +259,9 @@ class MPICommunicator(Communicator):
             "float16": float16, "float32": MPI.FLOAT, "float64": MPI.DOUBLE,
         }
         # MPI has no bitwise ops on C_BOOL, only logical ones (same truth tables on bool).
-        self._ops = {op: getattr(MPI, op.name) for op in ReduceOp if op is not ReduceOp.AVG}
+        self._ops: dict[ReduceOp, Any] = {op: getattr(MPI, op.name) for op in ReduceOp if op is not ReduceOp.AVG}
         self._ops[ReduceOp.AVG] = MPI.SUM
-        self._bool_ops = {ReduceOp.MIN: MPI.LAND, ReduceOp.BAND: MPI.LAND,
+        self._bool_ops: dict[ReduceOp, Any] = {ReduceOp.MIN: MPI.LAND, ReduceOp.BAND: MPI.LAND,
                           ReduceOp.MAX: MPI.LOR, ReduceOp.BOR: MPI.LOR, ReduceOp.BXOR: MPI.LXOR}
         self._cuda_aware: bool | None = None
         # The fast path's table: dtype -> {op: (MPI datatype, MPI op)} for every allowed
@@ -390,6 +390,7 @@ class MPICommunicator(Communicator):
         self._wait_slowly(request, call, status)
 
     def _wait_slowly(self, request: Any, call: tuple[str, int] | None, status: Any = None) -> None:
+        assert self.timeout is not None, "only calls with a timeout wait through _wait"
         start = time.monotonic()
         deadline = start + self.timeout
         backoff = start + BUSY_POLL_SECONDS
@@ -427,7 +428,7 @@ class MPICommunicator(Communicator):
     # -- collectives --------------------------------------------------------------------
 
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                    async_op: bool) -> Work | None:
+                    async_op: bool) -> Any:
         if not async_op:
             # The common case in as few steps as raw mpi4py takes: x's memory is the buffer
             # (a CPU tensor's through its numpy view, as a raw caller would pass it).
@@ -453,7 +454,7 @@ class MPICommunicator(Communicator):
                                 x, async_op, self._finish_reduction(buf, keys, op, writeback), buf)
 
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
-                   async_op: bool) -> Work | None:
+                   async_op: bool) -> Any:
         buf = None if async_op else _host_view(x, adapter, dtype)
         if buf is not None and buf.nbytes <= MAX_COUNT:  # MPI counts the bytes: no uint8 view
             if self.timeout is None:
@@ -646,7 +647,7 @@ class MPICommunicator(Communicator):
                                 counts=(*send_sizes, *send_offsets, *recv_sizes, *recv_offsets))
 
     def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
-                async_op: bool) -> Work | None:
+                async_op: bool) -> Any:
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         here = self.rank == dst
         buf, writeback = self._buffer(x, adapter, wire)
@@ -674,8 +675,9 @@ class MPICommunicator(Communicator):
     def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
               async_op: bool) -> Work | None:
         buf, _ = self._buffer(x, adapter, None)  # (a staging copy lives as long as the request)
-        return self._collective("Send", [([_bytes(buf), self._byte], dst, tag)], None, async_op,
-                                None, buf)
+        work: Work | None = self._collective("Send", [([_bytes(buf), self._byte], dst, tag)], None,
+                                             async_op, None, buf)
+        return work
 
     def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
               async_op: bool) -> Work | None:
@@ -748,7 +750,8 @@ def _nbytes(x: Any) -> int:
 
 def _row_bytes(x: Any) -> int:
     """Bytes of one row (x.shape[1:]) of ``x``."""
-    return math.prod(x.shape[1:]) * _itemsize(x)
+    row: int = math.prod(x.shape[1:])
+    return row * _itemsize(x)
 
 
 def _layout(sizes: list[int]) -> tuple[list[int], list[int]]:

@@ -13,6 +13,8 @@ world size 1, and at 2 ranks where NCCL >= 2.30 allows several ranks per GPU; mp
   and async into out=; async send/recv rings in both wait orders (16 MiB: NCCL needs its group);
 - the cupy backend's timeout (a stream held past it; a rank that never joins) and its debug mode
   (fingerprints and p2p headers through device memory).
+- the cupy backend with one rank on each of two hosts of the multi-host test bed (root only;
+  the NCCL id through MPI under mpiexec, through torchrun's agent store under torchrun).
 """
 
 import importlib
@@ -819,3 +821,21 @@ def test_cupy_debug_mode_compares_fingerprints_on_the_device(cupy_pair_world, ca
         assert kind == "CollectiveMismatch", message
         assert "(4,)" in message and "(5,)" in message, message
         assert x == [1.0] * 5
+# -- the cupy backend on two hosts (the multi-host test bed of tests/test_multihost.py) ---------
+
+@pytest.mark.parametrize("launcher, id_route", [("mpiexec", "MPI_Bcast"), ("torchrun", "agent store")])
+def test_cupy_backend_with_one_rank_on_each_of_two_hosts(launcher, id_route):
+    """NCCL across two hosts (network namespaces, root only), the id through ``id_route``.
+    Both hosts' ranks take device 0 (local_rank 0 on each): NCCL_MULTI_RANK_GPU_ENABLE."""
+    from collectives.testing.hosts import TestBed, unavailable_reason
+
+    reason = unavailable_reason() or skip_reason("cupy", 2, launcher, MULTI_RANK)
+    if reason:
+        pytest.skip(reason)
+    from test_multihost import SCRIPTS, run_job
+
+    with TestBed(2) as bed:
+        codes, text = run_job(bed, launcher, [str(SCRIPTS / "gpu_multihost_check.py")], "cupy",
+                              ranks_per_host=1, env=MULTI_RANK)
+    assert set(codes.values()) == {0}, text
+    assert "CUPY OK ranks=2 hosts=2" in text, text
