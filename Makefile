@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_RANKS ?= 4
 
-.PHONY: demo demo-collectives test typecheck docs lint bench clean
+.PHONY: demo demo-collectives test typecheck docs lint bench bench-train clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
@@ -42,6 +42,17 @@ bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) scripts/bench.py --json docs/bench/mpi-multiple.json
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/torchrun --nproc_per_node 2 scripts/bench.py --json docs/bench/torch-gloo.json
 	$(PY) scripts/bench.py --plot-only docs/bench/mpi-multiple.json docs/bench/torch-gloo.json --plot docs/bench.png
+
+# End-to-end training step: our DataParallel (+SyncBatchNorm) against torch DDP over Gloo (docs/performance.md).
+bench-train: $(STAMP)
+	for n in 2 4; do \
+	  COLLECTIVES_BACKEND=mpi $(VENV)/bin/mpiexec -n $$n $(PY) scripts/bench_train.py --collective-times \
+	    --json docs/bench/train-mpi-$$n.json && \
+	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH COLLECTIVES_BACKEND=torch $(VENV)/bin/torchrun --nproc_per_node $$n \
+	    scripts/bench_train.py --collective-times --json docs/bench/train-torch-$$n.json || exit 1; \
+	done
+	$(PY) scripts/bench_train.py --plot-only docs/bench/train-mpi-2.json docs/bench/train-torch-2.json \
+	  docs/bench/train-mpi-4.json docs/bench/train-torch-4.json --plot docs/bench/train.png
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache build
