@@ -108,4 +108,4 @@ class ExitWatch:
             return f"uncaught {type(self._unwound).__name__}", 1
         version = ".".join(map(str, sys.version_info[:2]))
         return (f"uncaught SystemExit (its code is not visible on Python {version}: "
-                "sys.exit(n) keeps it)"), 1
+                "sys.exit(n) keeps it), or an exception a replaced sys.excepthook let pass"), 1

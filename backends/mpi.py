@@ -160,8 +160,9 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
             # the hook and buffers what it prints): the outer one aborts, once the wrapper
             # has printed; aborting here would lose the traceback in that buffer.
             return
-        if not issubclass(kind, KeyboardInterrupt):
-            abort(f"uncaught {kind.__name__}", 1)
+        # KeyboardInterrupt too: a rank interrupted on its own (SIGINT to its pid) would
+        # otherwise wait in MPI_Finalize for peers that wait for it. Code 130 = 128 + SIGINT.
+        abort(f"uncaught {kind.__name__}", 130 if issubclass(kind, KeyboardInterrupt) else 1)
 
     abort_on_uncaught_exception._collectives_abort = True  # type: ignore[attr-defined]
     sys.excepthook = abort_on_uncaught_exception

@@ -198,3 +198,44 @@ def test_uncaught_exit_ends_the_job(mode):
         assert code == 3, job.text
     assert "FINISHED" not in job.text, job.text
     _timing(f"rank 1 {mode} -> job ended [mpi under mpiexec]", ended - failing)
+
+
+# -- signals --------------------------------------------------------------------------------
+
+SIGNALS = [  # (launcher, backend, whom, signal, exit code): rank 0 waits in an all_reduce,
+    # rank 1 sleeps. Under mpiexec a SIGINT is an uncaught KeyboardInterrupt on the rank(s)
+    # it reaches (Hydra forwards the launcher's), which calls MPI_Abort(130); a SIGTERM
+    # kills the rank (Hydra reports the signal number). torchrun exits 1 either way.
+    ("mpiexec", "mpi", "rank 1", "SIGINT", 130), ("mpiexec", "mpi", "rank 0", "SIGINT", 130),
+    ("mpiexec", "mpi", "self", "SIGINT", 130), ("mpiexec", "mpi", "rank 0", "SIGTERM", 15),
+    ("mpiexec", "mpi", "launcher", "SIGINT", 130), ("mpiexec", "mpi", "launcher", "SIGTERM", 15),
+    ("mpiexec", "torch", "rank 1", "SIGINT", 130),
+    ("torchrun", "torch", "launcher", "SIGINT", 1), ("torchrun", "torch", "rank 1", "SIGINT", 1),
+    ("torchrun", "torch", "rank 0", "SIGTERM", 1),
+]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher,backend,whom,name,expected", SIGNALS,
+                         ids=["-".join((c[0], c[1], c[2].replace(" ", ""), c[3])) for c in SIGNALS])
+def test_signal_ends_the_job(launcher, backend, whom, name, expected):
+    """A signal to one rank (the one waiting in the all_reduce, or the one outside it: an
+    uncaught KeyboardInterrupt aborts the job like any uncaught exception) or to the
+    launcher: every rank ends within seconds, the launcher exits non-zero."""
+    job = Job(launcher, backend, "self-sigint" if whom == "self" else "wait")
+    pids = job.rank_pids()
+    job.wait_for("ENTERING rank 0")
+    if whom == "self":
+        sent = float(job.wait_for(r"FAILING AT ([0-9.]+)")[0].group(1))
+    else:
+        time.sleep(0.3)  # rank 0 gets from its ENTERING line into the all_reduce
+        target = job.process.pid if whom == "launcher" else pids[int(whom[-1])]
+        sent = time.time()
+        os.kill(target, getattr(signal, name))
+    code, ended = job.end()
+    assert code == expected, job.text
+    assert "FINISHED" not in job.text, job.text
+    if launcher == "mpiexec" and name == "SIGINT":  # our line, or MPICH's (Hydra may drop ours)
+        assert ("uncaught KeyboardInterrupt on rank" in job.text
+                or "MPI_Abort(MPI_COMM_WORLD, 130)" in job.text), job.text
+    _timing(f"{name} to {whom} -> job ended [{backend} under {launcher}] (exit {code})", ended - sent)
