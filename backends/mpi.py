@@ -45,7 +45,7 @@ from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _exits, _float_order
+from . import _exits, _float_order, _interrupt
 
 _MPI4PY_DEFAULT_THREAD_LEVEL = "multiple"
 
@@ -286,6 +286,7 @@ class MPICommunicator(Communicator):
             )
         if launch.size > 1:
             install_abort_on_uncaught_exception(import_mpi())
+            _interrupt.install(_interrupt.rank_of(launch))
         return cls(timeout=timeout)
 
     @property
