@@ -79,7 +79,8 @@ def _watch(read: int, describe: Any) -> None:
             return
         if not received:
             return
-        if signal.SIGINT in received:
+        # Only while SIGINT still means KeyboardInterrupt (the program may have set its own).
+        if signal.SIGINT in received and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             _end_if_blocked(main, describe)
 
 
@@ -102,13 +103,22 @@ def _in_call_path(frame: Any) -> bool:
     return frame is not None
 
 
+def _handling_interrupt(main: Any) -> bool:
+    """Whether the main thread is inside an ``except KeyboardInterrupt`` (it got this one:
+    a collective it makes there to wind down must not be cut short)."""
+    current = getattr(sys, "_current_exceptions", dict)().get(main)
+    if isinstance(current, tuple):  # (type, value, traceback) before Python 3.12
+        current = current[1]
+    return isinstance(current, KeyboardInterrupt)
+
+
 def _end_if_blocked(main: Any, describe: Any) -> None:
     before = _innermost(main)
     deadline = time.monotonic() + GRACE
     while time.monotonic() < deadline:
-        time.sleep(0.05)
-        if _innermost(main) != before:
+        if _innermost(main) != before or _handling_interrupt(main):
             return  # the main thread ran Python: its KeyboardInterrupt is on its way
+        time.sleep(0.05)
     frame = before[0]
     if frame is None or not _in_call_path(frame):
         return

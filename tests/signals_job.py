@@ -12,6 +12,9 @@ Every rank makes one all_reduce and prints ``READY rank R pid P``. Then, by MODE
 - ``caught-exit``: rank 1 catches its ``sys.exit(3)``; both ranks make one more
   all_reduce and finish normally (the job must exit 0).
 - ``exit-zero``: both ranks make one more all_reduce and end with ``sys.exit(0)``.
+- ``caught-sigint``: both ranks run Python until a SIGINT, catch the KeyboardInterrupt and
+  wind down with a barrier that rank 1 joins 3 s late (longer than the SIGINT watcher's
+  grace): nothing may cut it short, the job exits 0.
 
 Each rank prints ``FINISHED rank R`` when it ends on its own.
 """
@@ -40,6 +43,16 @@ def main(mode: str) -> None:
         print(f"FINISHED rank {comm.rank} sum {x[0]:.0f}", flush=True)
         if mode == "exit-zero":
             sys.exit(0)
+        return
+    if mode == "caught-sigint":
+        try:
+            while True:
+                sum(range(1000))
+        except KeyboardInterrupt:
+            if comm.rank == 1:
+                time.sleep(3)
+            comm.barrier()
+            print(f"FINISHED rank {comm.rank} sum 2", flush=True)
         return
     if comm.rank == 0:
         print(f"ENTERING rank 0 at {time.time():.6f}", flush=True)

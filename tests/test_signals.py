@@ -244,3 +244,16 @@ def test_signal_ends_the_job(launcher, backend, whom, name, expected):
         assert ("uncaught KeyboardInterrupt on rank" in job.text
                 or "MPI_Abort(MPI_COMM_WORLD, 130)" in job.text), job.text
     _timing(f"{name} to {whom} -> job ended [{backend} under {launcher}] (exit {code})", ended - sent)
+
+
+@pytest.mark.timeout(90)
+def test_caught_interrupt_then_collective_is_not_cut_short():
+    """The ranks catch a SIGINT (Hydra forwards mpiexec's) and wind down with a blocking
+    barrier that takes longer than the SIGINT watcher's grace: the job still exits 0."""
+    job = Job("mpiexec", "mpi-no-timeout", "caught-sigint", timeout="0")
+    job.rank_pids()
+    os.kill(job.process.pid, signal.SIGINT)
+    code, _ = job.end(60)
+    assert code == 0, job.text
+    for rank in (0, 1):
+        assert f"FINISHED rank {rank} sum 2" in job.text, job.text
