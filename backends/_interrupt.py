@@ -67,7 +67,22 @@ def install(describe: Any = None) -> bool:
                                daemon=True)
     watcher.start()
     _installed.append(watcher)
+    # A forked child (a DataLoader worker) has no watcher, and its SIGINTs must not reach
+    # this process's pipe: it drops the wakeup fd and the pipe.
+    os.register_at_fork(after_in_child=lambda: _forget(read, write))
     return True
+
+
+def _forget(read: int, write: int) -> None:
+    _installed.clear()
+    try:
+        if signal.set_wakeup_fd(-1) != write:  # someone else's by now: leave it
+            signal.set_wakeup_fd(write)
+            return
+    except ValueError:  # forked from another thread than the main one
+        return
+    os.close(read)
+    os.close(write)
 
 
 def _watch(read: int, describe: Any) -> None:
