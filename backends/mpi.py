@@ -38,14 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from collectives import arrays, config
+from collectives import _exits, arrays, config
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work
 from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _exits, _float_order, _interrupt
+from . import _float_order, _interrupt
 
 _MPI4PY_DEFAULT_THREAD_LEVEL = "multiple"
 
@@ -129,7 +129,7 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
     mpiexec kills every rank and exits non-zero. An uncaught ``sys.exit(n)`` /
     ``raise SystemExit(n)`` with ``n`` not 0 does the same at exit, with code ``n``
     (on Python < 3.12 a SystemExit raised other than through ``sys.exit`` aborts with
-    code 1: see ``backends/_exits.py``); an exit the program caught does not.
+    code 1: see ``collectives/_exits.py``); an exit the program caught does not.
     ``os._exit`` is not seen: it ends the process without MPI_Finalize, so mpiexec
     ends the job.
     """
@@ -171,7 +171,7 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
 
     # An uncaught SystemExit skips the excepthook, and MPI_Finalize at exit would then wait
     # for peers that wait for this rank: a hang. At exit, abort when the process is really
-    # ending through an exit with a non-zero code (backends/_exits.py tells; an exit that
+    # ending through an exit with a non-zero code (collectives/_exits.py tells; an exit that
     # the program caught before finishing normally does not count).
     # (Registered after mpi4py's finalizer, so it runs before it.)
     watch = _exits.ExitWatch()

@@ -1,4 +1,4 @@
-"""How a process ends, as backends/_exits.py reads it: for tests/test_signals.py, run by
+"""How a process ends, as collectives/_exits.py reads it: for tests/test_signals.py, run by
 every Python version found (the module is loaded by path, so no dependency is needed).
 
     python tests/exit_cases.py CASE
@@ -13,19 +13,32 @@ import threading
 from pathlib import Path
 
 spec = importlib.util.spec_from_file_location(
-    "_exits", Path(__file__).resolve().parents[1] / "backends" / "_exits.py")
+    "_exits", Path(__file__).resolve().parents[1] / "collectives" / "_exits.py")
 _exits = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(_exits)
-watch = _exits.ExitWatch()
-atexit.register(lambda: print(f"VERDICT {watch.failing_exit()!r}", flush=True))
+_exits.record_exit_calls()  # what `import collectives` does
+
+
+def start():  # what collectives.init() does under an MPI launcher
+    watch = _exits.ExitWatch()
+    atexit.register(lambda: print(f"VERDICT {watch.failing_exit()!r}", flush=True))
 
 
 def fail(status):
     sys.exit(status)
 
 
+def main():
+    start()
+    return 3
+
+
 case = sys.argv[1]
-if case == "caught-exit":  # caught, then the module runs to its end
+if case != "exit-main":
+    start()
+if case == "exit-main":  # sys.exit is looked up before main() starts the watch
+    sys.exit(main())
+elif case == "caught-exit":  # caught, then the module runs to its end
     try:
         fail(3)
     except SystemExit:

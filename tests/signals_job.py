@@ -74,4 +74,4 @@ def main(mode: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    sys.exit(main(sys.argv[1]))  # the usual idiom: sys.exit is looked up before main() runs

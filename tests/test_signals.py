@@ -7,7 +7,7 @@ the job within seconds, with the expected exit code, and leave no process of the
 running (found through a token in their environment). The time from the signal (or
 the failure) to the launcher's exit is printed as a ``TIMING`` line (``-s``): the README's
 and docs/reliability.md's numbers come from there. ``test_exit_verdict_*`` runs
-``backends/_exits.py`` (how a process is ending) on every Python 3.10-3.13 found.
+``collectives/_exits.py`` (how a process is ending) on every Python 3.10-3.13 found.
 """
 
 from __future__ import annotations
@@ -141,6 +141,7 @@ EXIT_CASES = {  # case -> verdict on Python 3.12+, and on 3.10/3.11 where it dif
     "normal": (None, None),
     "caught-exit": (None, None),
     "exit": (("sys.exit(3)", 3), None),
+    "exit-main": (("sys.exit(3)", 3), None),
     "raise-exit": (("uncaught SystemExit(3)", 3), ("uncaught SystemExit (its code is not visible", 1)),
     "exit-zero": (None, None),
     "exit-none": (None, None),

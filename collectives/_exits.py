@@ -1,6 +1,6 @@
 """How this process is ending: normally, or through an uncaught ``SystemExit`` (and its code).
 
-The MPI abort hook (``backends/mpi.py``) asks at exit: a rank that ends with a non-zero
+The MPI abort hook (``collectives.backends.mpi``) asks at exit: a rank that ends with a non-zero
 code while its peers wait in a collective would hang in ``MPI_Finalize``, so it must
 call ``MPI_Abort`` instead; a rank that ends normally (even after catching a
 ``SystemExit``) must not. An uncaught ``SystemExit`` reaches neither ``sys.excepthook``
@@ -8,8 +8,8 @@ nor any other hook, so the answer is read from the main module's frame, kept fro
 moment the watch starts: when the module ran to its end, the frame's last instruction
 is its final ``RETURN_VALUE`` (``RETURN_CONST`` on 3.12+); an exception that left the
 module leaves the frame at the instruction that raised it. The exit code comes from
-``sys.exit`` (wrapped: it records its status and where the main frame was when it was
-called) or, on Python 3.12+, from ``sys.monitoring`` (``PY_UNWIND`` of the main module's
+``sys.exit`` (wrapped when ``collectives`` is imported: it records its status and where the
+main frame was when it was called) or, on Python 3.12+, from ``sys.monitoring`` (``PY_UNWIND`` of the main module's
 code hands over the exception itself, so a bare ``raise SystemExit(n)`` is seen too).
 On 3.10/3.11 the code of a ``SystemExit`` raised other than through ``sys.exit`` cannot
 be seen: it counts as a failure with code 1.
@@ -54,24 +54,39 @@ def _verdict(what: str, code: Any) -> tuple[str, int] | None:
     return what, code if isinstance(code, int) else 1
 
 
+#: The latest sys.exit call on the main thread: (status, the main module frame, its f_lasti then).
+_exit_calls: list[tuple[Any, Any, int]] = []
+
+
+def record_exit_calls() -> None:
+    """Wrap ``sys.exit`` so that it records its status (once per process). Called when
+    ``collectives`` is imported: ``sys.exit(main())`` looks ``sys.exit`` up before ``main()``
+    runs, so a wrapper installed later, by ``collectives.init()``, would miss it."""
+    if getattr(sys.exit, "_collectives_records", False):
+        return
+    system_exit = sys.exit
+
+    def exit_recording_status(status: Any = None) -> None:
+        if threading.current_thread() is threading.main_thread():  # elsewhere it ends a thread only
+            frame = _main_module_frame()
+            if frame is not None:
+                _exit_calls[:] = [(status, frame, frame.f_lasti)]
+        system_exit(status)
+
+    exit_recording_status._collectives_records = True  # type: ignore[attr-defined]
+    sys.exit = exit_recording_status
+
+
 class ExitWatch:
     """Installed once per process; ``failing_exit()`` at exit tells whether the process is
     ending through an uncaught exit with a non-zero code."""
 
     def __init__(self) -> None:
+        record_exit_calls()
         self._frame = _main_module_frame()
-        # The latest sys.exit call on the main thread: (status, the main frame's f_lasti then).
-        self._exit_call: tuple[Any, int | None] | None = None
         # Python 3.12+: the exception that left the main module's frame.
         self._unwound: BaseException | None = None
-        self._system_exit = sys.exit
-        sys.exit = self._exit
         self._watch_unwinding()
-
-    def _exit(self, status: Any = None) -> None:
-        if threading.current_thread() is threading.main_thread():  # elsewhere it ends a thread only
-            self._exit_call = (status, None if self._frame is None else self._frame.f_lasti)
-        self._system_exit(status)
 
     def _watch_unwinding(self) -> None:
         monitoring = getattr(sys, "monitoring", None)
@@ -95,12 +110,12 @@ class ExitWatch:
         exit with a non-zero code, else None (it ended normally, or with code 0)."""
         frame = self._frame
         if frame is None:  # no main module seen (an embedded interpreter): trust sys.exit
-            status = None if self._exit_call is None else self._exit_call[0]
+            status = _exit_calls[0][0] if _exit_calls else None
             return _verdict(f"sys.exit({status!r})", status)
         if frame.f_code.co_code[frame.f_lasti] in _RETURNS:
             return None  # the main module ran to its end (a SystemExit it caught included)
-        if self._exit_call is not None and self._exit_call[1] == frame.f_lasti:
-            status = self._exit_call[0]  # the latest sys.exit call left the module
+        if _exit_calls and _exit_calls[0][1] is frame and _exit_calls[0][2] == frame.f_lasti:
+            status = _exit_calls[0][0]  # the latest sys.exit call left the module
             return _verdict(f"sys.exit({status!r})", status)
         if self._unwound is not None:
             if isinstance(self._unwound, SystemExit):
