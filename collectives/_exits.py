@@ -22,7 +22,8 @@ from __future__ import annotations
 import dis
 import sys
 import threading
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
 _RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name in dis.opmap}
 #: sys.monitoring tool ids tried in turn (0-2 and 5 are the debugger's, coverage's,
@@ -30,15 +31,16 @@ _RETURNS = {dis.opmap[name] for name in ("RETURN_VALUE", "RETURN_CONST") if name
 _TOOL_IDS = (4, 3)
 
 
-def _main_module_frame() -> Any:
+def _main_module_frame() -> FrameType | None:
     """The outermost frame running ``__main__``'s code on the main thread, or None."""
     main = sys.modules.get("__main__")
     if main is None:
         return None
+    frame: FrameType | None
     if threading.current_thread() is threading.main_thread():
         frame = sys._getframe()
     else:
-        frame = sys._current_frames().get(threading.main_thread().ident)
+        frame = sys._current_frames().get(threading.main_thread().ident or 0)
     found = None
     while frame is not None:
         if frame.f_globals is main.__dict__:
@@ -66,7 +68,7 @@ def record_exit_calls() -> None:
         return
     system_exit = sys.exit
 
-    def exit_recording_status(status: Any = None) -> None:
+    def exit_recording_status(status: str | int | None = None) -> NoReturn:
         if threading.current_thread() is threading.main_thread():  # elsewhere it ends a thread only
             frame = _main_module_frame()
             if frame is not None:

@@ -666,11 +666,11 @@ class Communicator(abc.ABC):
             raise
         except Exception as error:
             raise self._transport_error(error) from error
-        error = mismatch(everyone, self)
-        if error is not None:
-            raise error
+        found = mismatch(everyone, self)
+        if found is not None:
+            raise found
 
-    def _split_groups(self, color: int | None, key: int) -> list[list[int]] | None:
+    def _split_groups(self, color: int | None, key: int) -> list[int] | None:
         """Every rank's group for ``split``, through one all_gather of (color, key).
 
         Returns this rank's group as a list of ranks of this communicator in the

@@ -411,7 +411,7 @@ def sibling_timeout_job(comm):
     return timed_out, outcomes
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 def test_timeout_makes_every_communicator_of_the_transport_unusable(timeout_world):
     results = timeout_world.run(sibling_timeout_job, timeout=20)
     for rank, (timed_out, outcomes) in enumerate(results):
