@@ -34,18 +34,18 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 
-from collectives import arrays, config
+from collectives import _exits, arrays, config
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work
 from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _float_order
+from . import _float_order, _interrupt
 
 _MPI4PY_DEFAULT_THREAD_LEVEL = "multiple"
 
@@ -118,7 +118,7 @@ def mpi_cuda_aware(MPI: Any) -> bool:
     return False
 
 
-_exit_hook_installed: list[bool] = []  # the sys.exit hook, installed once per process
+_exit_hook_installed: list[Any] = []  # the exit watch, installed once per process
 
 
 def install_abort_on_uncaught_exception(MPI: Any) -> None:
@@ -126,9 +126,12 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
 
     Without it the other ranks wait in their next collective forever. The hook
     prints the traceback as before, then which rank failed, then calls ``MPI_Abort``:
-    mpiexec kills every rank and exits non-zero. ``sys.exit(n)`` with ``n`` not 0
-    does the same at exit (``raise SystemExit(n)`` and ``os._exit`` are not seen:
-    the latter ends the process without MPI_Finalize, so mpiexec ends the job).
+    mpiexec kills every rank and exits non-zero. An uncaught ``sys.exit(n)`` /
+    ``raise SystemExit(n)`` with ``n`` not 0 does the same at exit, with code ``n``
+    (on Python < 3.12 a SystemExit raised other than through ``sys.exit`` aborts with
+    code 1: see ``collectives/_exits.py``); an exit the program caught does not.
+    ``os._exit`` is not seen: it ends the process without MPI_Finalize, so mpiexec
+    ends the job.
     """
     if getattr(sys.excepthook, "_collectives_abort", False):
         return
@@ -157,32 +160,29 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
             # the hook and buffers what it prints): the outer one aborts, once the wrapper
             # has printed; aborting here would lose the traceback in that buffer.
             return
-        if not issubclass(kind, KeyboardInterrupt):
-            abort(f"uncaught {kind.__name__}", 1)
+        # KeyboardInterrupt too: a rank interrupted on its own (SIGINT to its pid) would
+        # otherwise wait in MPI_Finalize for peers that wait for it. Code 130 = 128 + SIGINT.
+        abort(f"uncaught {kind.__name__}", 130 if issubclass(kind, KeyboardInterrupt) else 1)
 
     abort_on_uncaught_exception._collectives_abort = True  # type: ignore[attr-defined]
     sys.excepthook = abort_on_uncaught_exception
     if _exit_hook_installed:
         return
 
-    # sys.exit(n) skips the excepthook, and MPI_Finalize at exit would then wait for
-    # peers that wait for this rank: a hang. Remember the status, abort at exit if non-zero.
+    # An uncaught SystemExit skips the excepthook, and MPI_Finalize at exit would then wait
+    # for peers that wait for this rank: a hang. At exit, abort when the process is really
+    # ending through an exit with a non-zero code (collectives/_exits.py tells; an exit that
+    # the program caught before finishing normally does not count).
     # (Registered after mpi4py's finalizer, so it runs before it.)
-    exit_status: list[Any] = [0]
-    system_exit = sys.exit
-
-    def exit_recording_status(status: str | int | None = None) -> NoReturn:
-        exit_status[0] = status
-        system_exit(status)
+    watch = _exits.ExitWatch()
 
     def abort_on_failing_exit() -> None:
-        status = exit_status[0]
-        if status not in (None, 0):
-            abort(f"sys.exit({status!r})", status if isinstance(status, int) else 1)
+        failing = watch.failing_exit()
+        if failing is not None:
+            abort(*failing)
 
-    sys.exit = exit_recording_status
     atexit.register(abort_on_failing_exit)
-    _exit_hook_installed.append(True)
+    _exit_hook_installed.append(watch)
 
 
 class _Request(Work):
@@ -286,6 +286,7 @@ class MPICommunicator(Communicator):
             )
         if launch.size > 1:
             install_abort_on_uncaught_exception(import_mpi())
+            _interrupt.install(_interrupt.rank_of(launch))
         return cls(timeout=timeout)
 
     @property

@@ -45,7 +45,7 @@ from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _float_order, _network
+from . import _float_order, _interrupt, _network
 
 # Minutes torch waits in a collective before it raises (torch's own default).
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -343,6 +343,8 @@ class TorchCommunicator(Communicator):
         seconds = config.timeout_seconds(timeout)
         if not dist.is_initialized():
             _bootstrap_process_group(dist, launch, _timedelta(seconds))
+        if launch.size > 1:  # a SIGINT in Gloo's wait would wait for the timeout
+            _interrupt.install(_interrupt.rank_of(launch))
         return cls(local_rank=launch.local_rank, timeout=0 if seconds is None else seconds)
 
     def _transport_error(self, error: Exception) -> Exception:
