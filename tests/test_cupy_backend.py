@@ -124,8 +124,11 @@ def test_nccl_version_codes_decode_both_layouts():
 
 @pytest.mark.skipif(HAS_CUPY, reason="CuPy is installed here: the missing-CuPy error cannot happen")
 @pytest.mark.parametrize("timeout", [5, 0, datetime.timedelta(seconds=2)])
-def test_cupy_takes_a_timeout_like_every_backend(timeout):
+def test_cupy_takes_a_timeout_like_every_backend(timeout, monkeypatch):
     # Before: from_launcher took no timeout, so init("cupy", timeout=5) was a TypeError.
+    from collectives import registry
+
+    monkeypatch.setattr(registry, "_default", None)  # an earlier test may have initialized one
     with pytest.raises(BackendUnavailable, match="backend 'cupy' needs CuPy"):
         collectives.init("cupy", timeout=timeout)
     with pytest.raises(ValueError, match="timeout=-1"):  # checked before anything starts
