@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_RANKS ?= 4
 
-.PHONY: demo demo-collectives test lint bench clean
+.PHONY: demo demo-collectives test typecheck docs lint bench clean
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
@@ -25,8 +25,18 @@ demo-collectives: $(STAMP)
 	COLLECTIVES_BACKEND=mpi $(VENV)/bin/mpiexec -n $(DEMO_RANKS) $(PY) scripts/demo.py
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check collectives backends syncbn tests scripts
+	$(VENV)/bin/ruff check collectives backends syncbn tests scripts docs
+	$(MAKE) typecheck docs
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
+
+# mypy, strict, over the installed layout (collectives.backends, collectives.syncbn): see scripts/typecheck.py.
+typecheck: $(STAMP)
+	$(PY) scripts/typecheck.py
+
+# The API reference from the docstrings (docs/api.rst) into build/docs/html; warnings and
+# broken references are errors, and so is a public name missing from it (docs/_ext/public_names.py).
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -q -E -W --keep-going -n -b html -d build/docs/doctrees docs build/docs/html
 
 bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) scripts/bench.py --json docs/bench/mpi-multiple.json
@@ -34,4 +44,4 @@ bench: $(STAMP)
 	$(PY) scripts/bench.py --plot-only docs/bench/mpi-multiple.json docs/bench/torch-gloo.json --plot docs/bench.png
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache build

@@ -49,6 +49,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 #: Namespace names: ``collectives-<pid>-<n>-sw`` and ``collectives-<pid>-<n>-<host>``.
 PREFIX = "collectives"
@@ -62,7 +63,7 @@ RENDEZVOUS_PORT = 29400
 _beds_made = 0
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
 
 
@@ -214,14 +215,14 @@ class TestBed:
         return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts", "sh", "-c",
                 'hostname "$0" && exec "$@"', host, *argv]
 
-    def popen(self, host: str, argv: Sequence[str], **kwargs: object) -> subprocess.Popen:
-        return subprocess.Popen(self.command(host, argv), **kwargs)  # type: ignore[call-overload]
+    def popen(self, host: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        return subprocess.Popen(self.command(host, argv), **kwargs)
 
-    def run(self, host: str, argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess:
+    def run(self, host: str, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
         kwargs.setdefault("timeout", 60)
-        return subprocess.run(self.command(host, argv), **kwargs)  # type: ignore[call-overload]
+        return subprocess.run(self.command(host, argv), **kwargs)
 
     def kill_host(self, host: str, sig: int = signal.SIGKILL) -> list[int]:
         """Send ``sig`` to every process on ``host`` (a machine that dies); returns their pids."""
@@ -312,7 +313,7 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' 
             _ip_tc(self.namespaces[name], None)
 
 
-def _ip_tc(namespace: str, qdisc: list[str] | None) -> subprocess.CompletedProcess:
+def _ip_tc(namespace: str, qdisc: list[str] | None) -> subprocess.CompletedProcess[str]:
     action = ["del", "dev", "eth0", "root"] if qdisc is None else ["replace", "dev", "eth0", "root", *qdisc]
     return subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", *action],
                           capture_output=True, text=True, timeout=30)
