@@ -5,7 +5,11 @@
     if unavailable_reason() is None:
         with TestBed(hosts=2) as bed:              # host-a 10.213.0.1, host-b 10.213.0.2
             bed.run("host-a", ["hostname"])       # -> "host-a"
-            mpiexec = bed.mpiexec_args()          # -launcher ssh -launcher-exec <wrapper> -f <hostfile>
+            mpiexec = bed.mpiexec_args(2)         # -launcher ssh -launcher-exec <wrapper> -f <hostfile>
+            # the command each host runs: one mpiexec on host-a, or one torchrun per host
+            for host, argv in bed.launch_commands("torchrun", ["job.py"], 2).items():
+                bed.popen(host, argv, env={**os.environ, **bed.env})
+            bed.shape(rate="1gbit")               # tc on each eth0; bed.tx_bytes(host) counts
 
 Each host is a network namespace with its own loopback, one interface ``eth0`` with a
 private address, and (through ``unshare --uts``) its own hostname. The hosts' ``eth0`` are
