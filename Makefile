@@ -22,7 +22,7 @@ endif
 PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
 PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
-.PHONY: demo demo-collectives test test-pythons test-oldest lint bench clean
+.PHONY: demo demo-collectives test test-pythons test-oldest typecheck docs lint bench bench-train clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON_VERSION)" || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
@@ -43,13 +43,34 @@ demo-collectives: $(STAMP)
 	COLLECTIVES_BACKEND=mpi $(VENV)/bin/mpiexec -n $(DEMO_RANKS) $(PY) scripts/demo.py
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check collectives backends syncbn tests scripts
+	$(VENV)/bin/ruff check collectives backends syncbn tests scripts docs
+	$(MAKE) typecheck docs
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
+
+# mypy, strict, over the installed layout (collectives.backends, collectives.syncbn): see scripts/typecheck.py.
+typecheck: $(STAMP)
+	$(PY) scripts/typecheck.py
+
+# The API reference from the docstrings (docs/api.rst) into build/docs/html; warnings and
+# broken references are errors, and so is a public name missing from it (docs/_ext/public_names.py).
+docs: $(STAMP)
+	$(VENV)/bin/sphinx-build -q -E -W --keep-going -n -b html -d build/docs/doctrees docs build/docs/html
 
 bench: $(STAMP)
 	$(VENV)/bin/mpiexec -n 2 $(PY) scripts/bench.py --json docs/bench/mpi-multiple.json
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/torchrun --nproc_per_node 2 scripts/bench.py --json docs/bench/torch-gloo.json
 	$(PY) scripts/bench.py --plot-only docs/bench/mpi-multiple.json docs/bench/torch-gloo.json --plot docs/bench.png
+
+# End-to-end training step: our DataParallel (+SyncBatchNorm) against torch DDP over Gloo (docs/performance.md).
+bench-train: $(STAMP)
+	for n in 2 4; do \
+	  COLLECTIVES_BACKEND=mpi $(VENV)/bin/mpiexec -n $$n $(PY) scripts/bench_train.py --collective-times \
+	    --json docs/bench/train-mpi-$$n.json && \
+	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH COLLECTIVES_BACKEND=torch $(VENV)/bin/torchrun --nproc_per_node $$n \
+	    scripts/bench_train.py --collective-times --json docs/bench/train-torch-$$n.json || exit 1; \
+	done
+	$(PY) scripts/bench_train.py --plot-only docs/bench/train-mpi-2.json docs/bench/train-torch-2.json \
+	  docs/bench/train-mpi-4.json docs/bench/train-torch-4.json --plot docs/bench/train.png
 
 # `make test` once per Python in PYTHONS, each in its own venv (3.11: .venv); a summary at the end.
 test-pythons:
@@ -72,4 +93,4 @@ test-oldest:
 	$(MAKE) --no-print-directory test VENV=.venv-oldest FLOORS=1
 
 clean:
-	rm -rf .venv .venv-* .pytest_cache .hypothesis
+	rm -rf .venv .venv-* .pytest_cache .hypothesis .mypy_cache build

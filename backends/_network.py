@@ -42,14 +42,14 @@ def address_towards(peers: Iterable[str]) -> str | None:
         except OSError:
             continue
         for family, _, _, _, sockaddr in infos:
-            if is_loopback(sockaddr[0]):
+            if is_loopback(str(sockaddr[0])):
                 continue
             with socket.socket(family, socket.SOCK_DGRAM) as probe:
                 try:
                     probe.connect(sockaddr)  # a route lookup: UDP connect sends nothing
                 except OSError:
                     continue
-                source = probe.getsockname()[0]
+                source: str = probe.getsockname()[0]
             if not is_loopback(source):
                 return source
     return None

@@ -7,8 +7,18 @@ before the communicator exists). Rank 0's NCCL unique id reaches the other ranks
 Arrays: CuPy arrays and torch CUDA tensors, zero-copy: NCCL gets their device
 pointers. Every NCCL call and every local step runs on the caller's current stream
 (``torch.cuda.current_stream()`` for tensors, CuPy's current stream for CuPy
-arrays), so results are ordered with the caller's kernels and the host never waits;
-a handle's ``wait()`` makes the then-current stream wait for the collective's event.
+arrays), so results are ordered with the caller's kernels.
+
+Timeouts: NCCL has none of its own for a blocking communicator, so with a timeout set (the
+default) the host polls a CUDA event recorded after each blocking call (:func:`wait_for`:
+tight polls, then yielding polls, then sleeps backing off to 10 ms, with NCCL's asynchronous
+error query at each sleep); past the deadline it aborts the communicator's NCCL calls
+(``ncclCommAbort``) and raises ``CollectiveTimeout``, and the communicator is unusable. A
+handle's ``wait()`` does the same for its call; with no timeout (``COLLECTIVES_TIMEOUT=0``)
+blocking calls return once enqueued and ``wait()`` only makes the then-current stream wait
+for the call's event. What the deadline cannot reach: ``ncclCommInitRank`` and
+``ncclCommSplit`` (host calls that wait for every rank), and an NCCL call that blocks on the
+host while it connects to a peer for the first time.
 
 What NCCL lacks is emulated, as on the torch backend (:func:`reduce_plan` is the table):
 - bool is reduced as its uint8 bytes (a view): MIN/MAX, and BAND/BOR as MIN/MAX;
@@ -17,25 +27,34 @@ What NCCL lacks is emulated, as on the torch backend (:func:`reduce_plan` is the
 - AVG is SUM, then a division by size (not ``ncclAvg``, which scales each input first
   and so rounds differently from the other backends);
 - bfloat16 is native from NCCL 2.10 on, else reduced in float32.
-Broadcast and all_gather move raw bytes. Host arrays are refused with a ``TypeError``.
-``split`` uses ncclCommSplit where CuPy wraps it (CuPy >= 14, NCCL >= 2.18.1), else makes the
-new communicator through this one (its group leader's id travels in an all_gather).
+Broadcast and all_gather move raw bytes; reduce is ``ncclReduce`` (bitwise ops emulated);
+gather, scatter, all_to_all (equal and uneven) and all_gather_v are raw-byte sends and recvs
+in one NCCL group (:class:`P2PPlan`). Asynchronous sends and recvs join this thread's open
+NCCL group and are launched together at the first ``wait()`` of one of them or the next other
+call of this backend, so a ring of them cannot deadlock. Debug-mode fingerprints, the counts of
+the uneven collectives and debug p2p headers travel through device buffers. Host arrays are
+refused with a ``TypeError``. ``split`` uses ncclCommSplit where CuPy wraps it (CuPy >= 14,
+NCCL >= 2.18.1), else makes the new communicator through this one (its group leader's id
+travels in an all_gather).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sys
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
-from collectives.backends.nccl_id import UNIQUE_ID_BYTES, exchange_unique_id, id_from_bytes, id_to_bytes
+from collectives.backends.nccl_id import UNIQUE_ID_BYTES, comm_id_argument, exchange_unique_id, id_to_bytes
 
-from collectives import arrays
+from collectives import arrays, config
 from collectives.arrays import ArrayAdapter
-from collectives.communicator import Communicator, Work, deliver
+from collectives.communicator import Communicator, Work
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ReduceOp
@@ -60,6 +79,14 @@ NCCL_SPLIT_NOCOLOR = -1
 _NOT_CALLED = object()
 #: First NCCL that allows several ranks on one GPU (with NCCL_MULTI_RANK_GPU_ENABLE=1).
 MULTI_RANK_GPU_SINCE = (2, 30, 0)
+
+#: Waiting for a collective under a timeout (:func:`wait_for`): tight polls of its CUDA event,
+#: then polls that yield the CPU for BUSY_POLL_SECONDS, then sleeps from POLL_MIN_SECONDS
+#: doubling to POLL_MAX_SECONDS.
+FAST_POLLS = 16
+BUSY_POLL_SECONDS = 0.05
+POLL_MIN_SECONDS = 1e-4
+POLL_MAX_SECONDS = 0.01
 
 _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8,
              "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
@@ -286,25 +313,183 @@ class _CupyArrays:
         return bool(event.done)
 
 
-class _StreamWork(Work):
-    """An enqueued collective: ``wait()`` makes the caller's current stream wait for it."""
+# -- waiting for the GPU, with a deadline ---------------------------------------------------------
 
-    def __init__(self, x: Any, library: Any, event: Any) -> None:
-        super().__init__(x)
-        self._library = library
-        self._event = event
+def wait_for(done: Callable[[], bool], timeout: float, check: Callable[[], None] | None = None,
+             clock: Callable[[], float] = time.monotonic,
+             pause: Callable[[float], None] = time.sleep) -> bool:
+    """Poll ``done()`` until it is true (``True``) or ``timeout`` seconds have passed (``False``).
+
+    A few tight polls first (a small collective is done by then), then polls that yield the CPU
+    (``pause(0)``) for :data:`BUSY_POLL_SECONDS`, then sleeps from :data:`POLL_MIN_SECONDS`
+    doubling to :data:`POLL_MAX_SECONDS`, so a hung collective does not burn a core. ``check()``
+    runs before each sleep (NCCL's asynchronous error query: it raises what it finds).
+    """
+    for _ in range(FAST_POLLS):
+        if done():
+            return True
+    start = clock()
+    deadline, busy_until, interval = start + timeout, start + BUSY_POLL_SECONDS, POLL_MIN_SECONDS
+    while not done():
+        now = clock()
+        if now >= deadline:
+            return False
+        if now < busy_until:
+            pause(0)
+            continue
+        if check is not None:
+            check()
+        pause(min(interval, deadline - now))
+        interval = min(2 * interval, POLL_MAX_SECONDS)
+    return True
+
+
+# -- point-to-point plans of the collectives NCCL has no primitive for -----------------------------
+
+@dataclass(frozen=True)
+class P2PPlan:
+    """One rank's part of a collective built from send/recv in one NCCL group: ``sends`` and
+    ``recvs`` are ``(peer, byte offset, bytes)`` into its send and receive buffers. Zero-byte
+    transfers are left out (every rank knows every size, so both sides leave out the same)."""
+
+    sends: tuple[tuple[int, int, int], ...]
+    recvs: tuple[tuple[int, int, int], ...]
+
+
+def _plan(sends: list[tuple[int, int, int]], recvs: list[tuple[int, int, int]]) -> P2PPlan:
+    return P2PPlan(tuple(t for t in sends if t[2]), tuple(t for t in recvs if t[2]))
+
+
+def _offsets(sizes: list[int]) -> list[int]:
+    offsets, total = [], 0
+    for size in sizes:
+        offsets.append(total)
+        total += size
+    return offsets
+
+
+def gather_plan(rank: int, size: int, dst: int, nbytes: int) -> P2PPlan:
+    """Every rank's ``nbytes`` to ``dst``, rank r's at offset ``r * nbytes`` there."""
+    recvs = [(r, r * nbytes, nbytes) for r in range(size)] if rank == dst else []
+    return _plan([(dst, 0, nbytes)], recvs)
+
+
+def scatter_plan(rank: int, size: int, src: int, row_bytes: int) -> P2PPlan:
+    """Row r (``row_bytes`` at ``r * row_bytes``) of ``src``'s buffer to rank r."""
+    sends = [(r, r * row_bytes, row_bytes) for r in range(size)] if rank == src else []
+    return _plan(sends, [(src, 0, row_bytes)])
+
+
+def all_to_all_v_plan(rank: int, splits: list[list[int]], row_bytes: int) -> P2PPlan:
+    """``splits[i][j]`` rows go from rank i to rank j; rows received are concatenated in rank order."""
+    sent = [count * row_bytes for count in splits[rank]]
+    got = [row[rank] * row_bytes for row in splits]
+    return _plan([(j, offset, n) for j, (offset, n) in enumerate(zip(_offsets(sent), sent))],
+                 [(i, offset, n) for i, (offset, n) in enumerate(zip(_offsets(got), got))])
+
+
+def all_to_all_plan(rank: int, size: int, row_bytes: int) -> P2PPlan:
+    """Row j to rank j; row i of the result from rank i."""
+    return all_to_all_v_plan(rank, [[1] * size for _ in range(size)], row_bytes)
+
+
+def all_gather_v_plan(rank: int, counts: list[int], row_bytes: int) -> P2PPlan:
+    """This rank's ``counts[rank]`` rows to every rank; the result is every rank's rows in order."""
+    got = [count * row_bytes for count in counts]
+    return _plan([(j, 0, got[rank]) for j in range(len(counts))],
+                 [(i, offset, n) for i, (offset, n) in enumerate(zip(_offsets(got), got))])
+
+
+# -- the open NCCL group of asynchronous sends/recvs (NCCL groups are per thread) -------------------
+
+_GROUP = threading.local()
+
+
+def _open_group(nccl: Any) -> list[_StreamWork]:
+    """This thread's open group's handles, after ``ncclGroupStart`` if none was open."""
+    works = getattr(_GROUP, "works", None)
+    if works is None:
+        nccl.groupStart()
+        works = _GROUP.works = []
+    return works
+
+
+def _launch_group(nccl: Any) -> None:
+    """``ncclGroupEnd`` of this thread's open group; then each of its calls finishes on its stream."""
+    works, _GROUP.works = _GROUP.works, None
+    try:
+        nccl.groupEnd()
+    except Exception as error:
+        failure = works[0]._comm._transport_error(error) if works else CollectiveError(str(error))
+        for work in works:
+            work._error = failure
+        raise failure from error
+    for work in works:
+        work._launched()
+
+
+# -- handles ----------------------------------------------------------------------------------------
+
+class _StreamWork(Work):
+    """An enqueued NCCL call (or a send/recv waiting in this thread's open NCCL group).
+
+    ``wait()`` launches the open group if this call is in it. With a timeout, the host then
+    polls the call's CUDA event against the deadline (:meth:`CupyNcclCommunicator._complete`);
+    without one it returns at once, like torch's NCCL ``Work.wait()``. Either way the
+    then-current stream (of ``like``'s library and device) is made to wait for the event, so
+    kernels enqueued afterwards see the result.
+    """
+
+    def __init__(self, result: Any, library: Any, event: Any, comm: CupyNcclCommunicator,
+                 like: Any = None, keep: Any = None) -> None:
+        super().__init__(result)
+        self._library, self._event, self._comm = library, event, comm
+        self._like = result if like is None else like  # an array on the device
+        self._keep = keep  # memory NCCL reads or writes until the call completes
+        self._call = (comm._operation, comm._seq)
+        self._stream: Any = None  # a grouped send/recv: its stream, and what follows it there
+        self._then: Callable[[], None] | None = None
+        self._host: Callable[[], None] | None = None  # host work once complete (debug headers)
+        self._error: Exception | None = None
+        self._completed = False
+
+    def _launched(self) -> None:
+        """The group this send/recv was in has been launched: finish it on its stream."""
+        if self._then is not None:
+            self._then()
+            self._then = None
+        self._event = self._library.record(self._stream)
 
     def wait(self) -> Any:
-        """Order the current stream (of ``x``'s library and device) after the collective.
-
-        Returns ``x`` at once, like torch's NCCL ``Work.wait()``: kernels enqueued on that
-        stream afterwards see the result; the host synchronizes only if it reads ``x``.
-        """
-        self._library.wait_event(self._event, self._x)
+        if self._error is not None:
+            raise self._error
+        comm = self._comm
+        if not self._completed:
+            if comm._broken:  # aborted: the call may have ended early, its result is not trusted
+                raise CollectiveError(comm._broken)
+            comm._flush_group()  # launches this call if it is in the open group
+            if comm.timeout is not None:
+                try:
+                    comm._complete(self._library, self._event, self._call)
+                except CollectiveError as error:
+                    self._error = error
+                    raise
+                self._completed, self._keep = True, None
+            self._library.wait_event(self._event, self._like)
+        if self._host is not None:
+            host, self._host = self._host, None
+            host()
         return self._x
 
     def is_completed(self) -> bool:
-        return self._library.query(self._event)
+        if self._completed or self._error is not None:
+            return True
+        if self._event is None:  # still in the open group: launched at the next wait or call
+            return False
+        if self._library.query(self._event):
+            self._completed, self._keep = True, None
+            return True
+        return False
 
 
 # -- the communicator ---------------------------------------------------------------------------
@@ -313,12 +498,14 @@ class CupyNcclCommunicator(Communicator):
     """A communicator over a ``cupy.cuda.nccl.NcclCommunicator`` on one CUDA device.
 
     ``nccl_version`` is the runtime libnccl's (major, minor, patch); ``device`` the CUDA
-    ordinal every array must live on.
+    ordinal every array must live on. ``timeout`` as for every communicator (``None`` reads
+    ``COLLECTIVES_TIMEOUT``; 0 means none).
     """
 
     backend = "cupy"
 
-    def __init__(self, nccl_comm: Any, rank: int, size: int, local_rank: int, device: int) -> None:
+    def __init__(self, nccl_comm: Any, rank: int, size: int, local_rank: int, device: int, *,
+                 timeout: Any = None) -> None:
         cupy, nccl = import_cupy_nccl()
         self._cupy = cupy
         self._nccl_module = nccl
@@ -327,16 +514,18 @@ class CupyNcclCommunicator(Communicator):
         self.nccl_version = decode_nccl_version(int(nccl.get_version()))
         self._bfloat16_native = self.nccl_version >= BFLOAT16_SINCE
         self._libraries: dict[ArrayAdapter, Any] = {}
-        super().__init__(rank, size, local_rank)
+        super().__init__(rank, size, local_rank, timeout=timeout)
 
     @classmethod
-    def from_launcher(cls, launch: LaunchInfo) -> CupyNcclCommunicator:
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> CupyNcclCommunicator:
+        config.timeout_seconds(timeout)  # a bad value fails before anything starts
         cupy, nccl = import_cupy_nccl()
         device = bind_device(cupy, launch.local_rank)
         raw = exchange_unique_id(launch, lambda: id_to_bytes(nccl.get_unique_id()))
         with cupy.cuda.Device(device):
-            comm = nccl.NcclCommunicator(launch.size, id_from_bytes(raw), launch.rank)
-        made = cls(comm, launch.rank, launch.size, launch.local_rank, device)
+            comm = nccl.NcclCommunicator(launch.size, comm_id_argument(raw, cupy.__version__),
+                                         launch.rank)
+        made = cls(comm, launch.rank, launch.size, launch.local_rank, device, timeout=timeout)
         log.info("collectives: cupy backend rank %d/%d on CUDA device %d, NCCL %s",
                  launch.rank, launch.size, device, ".".join(map(str, made.nccl_version)))
         return made
@@ -371,23 +560,91 @@ class CupyNcclCommunicator(Communicator):
         staged = lib.cast(x, wire) if wire != dtype else lib.contiguous(x)
         return staged, lambda: lib.copy_(x, staged)
 
-    def _gather_rows(self, lib: Any, buf: Any, stream: Any) -> Any:
-        """(size, *buf.shape) in buf's dtype, row r from rank r; buf contiguous."""
-        out = lib.empty(buf, (self.size, *buf.shape))
+    def _gather_rows(self, lib: Any, buf: Any, stream: Any, out: Any = None) -> Any:
+        """(size, *buf.shape) in buf's dtype (into ``out`` when given), row r from rank r."""
+        if out is None:
+            out = lib.empty(buf, (self.size, *buf.shape))
         self._comm.allGather(lib.ptr(buf), lib.ptr(out), lib.nbytes(buf), NCCL_DTYPES["uint8"],
                              lib.stream_ptr(stream))
         return out
 
-    def _finish(self, lib: Any, x: Any, stream: Any, async_op: bool) -> Work | None:
-        return _StreamWork(x, lib, lib.record(stream)) if async_op else None
+    # -- completion: handles, deadlines, the open group of sends/recvs ----------------------
+
+    def _done(self, lib: Any, stream: Any, async_op: bool, result: Any, like: Any = None,
+              keep: Any = None) -> Any:
+        """After a call was enqueued on ``stream``: a handle when ``async_op``; else ``result``,
+        once the call completed when there is a timeout (without one, at once)."""
+        if async_op:
+            return _StreamWork(result, lib, lib.record(stream), self, like=like, keep=keep)
+        if self.timeout is not None:
+            self._complete(lib, lib.record(stream))
+        return result
+
+    def _complete(self, lib: Any, event: Any, call: tuple[str, int] | None = None) -> None:
+        """Return once ``event`` has completed; past the timeout abort this communicator's NCCL
+        calls (ncclCommAbort) and raise :class:`CollectiveTimeout`."""
+        assert self.timeout is not None, "only calls with a timeout wait for their event"
+        if wait_for(lambda: lib.query(event), self.timeout, self._check_async_error):
+            return
+        self._abort()
+        raise self._timeout_error("its NCCL calls were aborted (ncclCommAbort)", call=call)
+
+    def _check_async_error(self) -> None:
+        """An error NCCL found on its own (a peer's connection lost): abort and raise it."""
+        try:
+            self._comm.check_async_error()
+        except Exception as error:  # noqa: BLE001  (NcclError is cupy's RuntimeError)
+            self._abort()
+            self._broken = (f"{self!r} is unusable: NCCL reported an asynchronous error "
+                            f"({error}); create a new communicator, or end the job")
+            raise CollectiveError(f"{self._call_name()} failed: NCCL reported an asynchronous "
+                                  f"error ({error}); this communicator is now unusable") from error
+
+    def _abort(self) -> None:
+        try:
+            self._flush_group()  # nothing of this thread stays queued for an aborted communicator
+        except CollectiveError:
+            pass
+        try:
+            self._comm.abort()
+        except Exception as error:  # noqa: BLE001  (an NCCL older than 2.4 has no abort)
+            log.warning("collectives: ncclCommAbort failed: %s", error)
+
+    def _grouped_p2p(self, lib: Any, stream: Any, result: Any, issue: Callable[[int], None],
+                     keep: Any, then: Callable[[], None] | None = None,
+                     host: Callable[[], None] | None = None) -> _StreamWork:
+        """An asynchronous send/recv, added to this thread's open NCCL group (opened here when
+        none is). The group is launched as one by the next wait of any of its handles or the
+        next call on any communicator of this backend, so sends and recvs issued in any order
+        before their waits cannot deadlock. ``then`` runs on the stream once launched (a
+        writeback), ``host`` on the host once complete."""
+        works = _open_group(self._nccl_module)
+        work = _StreamWork(result, lib, None, self, like=keep, keep=keep)
+        work._stream, work._then, work._host = stream, then, host
+        works.append(work)
+        try:
+            issue(lib.stream_ptr(stream))
+        except BaseException:
+            works.remove(work)
+            self._flush_group()
+            raise
+        return work
+
+    def _flush_group(self) -> None:
+        """Launch this thread's open group of asynchronous sends/recvs, if there is one. Every
+        NCCL call of this backend does this first: an NCCL group is per thread, and a call
+        made while one is open would only be queued in it."""
+        if getattr(_GROUP, "works", None) is not None:
+            _launch_group(self._nccl_module)
 
     # -- collectives ------------------------------------------------------------------------
 
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                    async_op: bool) -> Work | None:
+                    async_op: bool) -> Any:
         lib = self._library(adapter)
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
+        self._flush_group()
         buf, writeback = self._prepare(lib, x, adapter, dtype, plan.wire)
         if plan.nccl_op is None:
             lib.copy_(buf, lib.fold(self._gather_rows(lib, buf, stream), plan.fold))
@@ -399,52 +656,147 @@ class CupyNcclCommunicator(Communicator):
             lib.divide_(buf, self.size)
         if writeback is not None:
             writeback()
-        return self._finish(lib, x, stream, async_op)
+        return self._done(lib, stream, async_op, x)
 
-    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
-                   async_op: bool) -> Work | None:
+    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
+                async_op: bool) -> Any:
+        plan = reduce_plan(dtype, op, self._bfloat16_native)
+        if plan.nccl_op is None:  # bitwise ops: all_gather and fold, kept on dst
+            return super()._reduce(x, adapter, dtype, op, dst, async_op)
         lib = self._library(adapter)
         stream = lib.stream(x)
+        self._flush_group()
+        buf, writeback = self._prepare(lib, x, adapter, dtype, plan.wire)
+        ptr = lib.ptr(buf)
+        # In place: NCCL writes recvbuff on dst only, so x stays as it was on the other ranks.
+        self._comm.reduce(ptr, ptr, lib.count(buf), NCCL_DTYPES[plan.wire], NCCL_OPS[plan.nccl_op],
+                          dst, lib.stream_ptr(stream))
+        if self.rank == dst:
+            if plan.divide:
+                lib.divide_(buf, self.size)
+            if writeback is not None:
+                writeback()
+        return self._done(lib, stream, async_op, x)
+
+    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
+                   async_op: bool) -> Any:
+        lib = self._library(adapter)
+        stream = lib.stream(x)
+        self._flush_group()
         buf, writeback = self._prepare(lib, x, adapter, dtype, dtype)
         ptr = lib.ptr(buf)
         self._comm.broadcast(ptr, ptr, lib.nbytes(buf), NCCL_DTYPES["uint8"], src,
                              lib.stream_ptr(stream))
         if writeback is not None:
             writeback()
-        return self._finish(lib, x, stream, async_op)
+        return self._done(lib, stream, async_op, x)
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
                     async_op: bool = False) -> Any:
         lib = self._library(adapter)
+        stream = lib.stream(x)
+        self._flush_group()
         buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
-        return deliver(adapter, self._gather_rows(lib, buf, lib.stream(x)), out, async_op)
+        return self._done(lib, stream, async_op, self._gather_rows(lib, buf, stream, out))
 
     def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                         out: Any = None, async_op: bool = False) -> Any:
-        return deliver(adapter, self._reduce_scatter_new(x, adapter, dtype, op), out, async_op)
-
-    def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         lib = self._library(adapter)
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
+        self._flush_group()
         buf, _ = self._prepare(lib, x, adapter, dtype, plan.wire)  # only read: x stays as it is
         rows = int(x.shape[0]) // self.size
         shape = (rows, *tuple(x.shape)[1:])
         if plan.nccl_op is None:
             folded = lib.fold(self._gather_rows(lib, buf, stream), plan.fold)
-            out = lib.contiguous(folded[self.rank * rows:(self.rank + 1) * rows])
+            result = lib.contiguous(folded[self.rank * rows:(self.rank + 1) * rows])
         else:
-            out = lib.empty(buf, shape)
-            self._comm.reduceScatter(lib.ptr(buf), lib.ptr(out), lib.count(out),
+            result = out if out is not None and plan.wire == dtype else lib.empty(buf, shape)
+            self._comm.reduceScatter(lib.ptr(buf), lib.ptr(result), lib.count(result),
                                      NCCL_DTYPES[plan.wire], NCCL_OPS[plan.nccl_op],
                                      lib.stream_ptr(stream))
         if plan.divide:
-            lib.divide_(out, self.size)
-        if plan.wire == dtype:
-            return out
-        if _ITEMSIZE[plan.wire] == _ITEMSIZE[dtype]:
-            return lib.view(out, dtype)
-        return lib.cast(out, dtype)
+            lib.divide_(result, self.size)
+        if plan.wire != dtype:
+            same_size = _ITEMSIZE[plan.wire] == _ITEMSIZE[dtype]
+            result = lib.view(result, dtype) if same_size else lib.cast(result, dtype)
+        if out is not None and result is not out:
+            lib.copy_(out, result)
+            result = out
+        return self._done(lib, stream, async_op, result)
+
+    # -- the collectives NCCL builds from send/recv: one group each ------------------------
+
+    def _exchange(self, lib: Any, stream: Any, plan: P2PPlan, send: Any, recv: Any) -> None:
+        """Enqueue ``plan``'s sends (from ``send``'s bytes) and recvs (into ``recv``'s) as one
+        NCCL group on ``stream``."""
+        self._flush_group()
+        uint8, stream_ptr = NCCL_DTYPES["uint8"], lib.stream_ptr(stream)
+        nccl = self._nccl_module
+        nccl.groupStart()
+        try:
+            for peer, offset, nbytes in plan.sends:
+                self._comm.send(lib.ptr(send) + offset, nbytes, uint8, peer, stream_ptr)
+            for peer, offset, nbytes in plan.recvs:
+                self._comm.recv(lib.ptr(recv) + offset, nbytes, uint8, peer, stream_ptr)
+        finally:
+            nccl.groupEnd()
+
+    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
+                async_op: bool) -> Any:
+        lib = self._library(adapter)
+        stream = lib.stream(x)
+        buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
+        result = None
+        if self.rank == dst:
+            result = out if out is not None else lib.empty(buf, (self.size, *buf.shape))
+        self._exchange(lib, stream, gather_plan(self.rank, self.size, dst, lib.nbytes(buf)),
+                       buf, result)
+        return self._done(lib, stream, async_op, result, like=buf, keep=buf)
+
+    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
+                 async_op: bool) -> Any:
+        lib = self._library(adapter)
+        stream = lib.stream(x)
+        buf = self._prepare(lib, x, adapter, dtype, dtype)[0] if self.rank == src else None
+        result = out if out is not None else lib.empty(x, tuple(x.shape)[1:])
+        row_bytes = _ITEMSIZE[dtype] * math.prod(tuple(x.shape)[1:])
+        self._exchange(lib, stream, scatter_plan(self.rank, self.size, src, row_bytes), buf, result)
+        return self._done(lib, stream, async_op, result, keep=buf)
+
+    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
+                    async_op: bool) -> Any:
+        lib = self._library(adapter)
+        stream = lib.stream(x)
+        buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
+        result = out if out is not None else lib.empty(buf, tuple(buf.shape))
+        row_bytes = _ITEMSIZE[dtype] * math.prod(tuple(x.shape)[1:])
+        self._exchange(lib, stream, all_to_all_plan(self.rank, self.size, row_bytes), buf, result)
+        return self._done(lib, stream, async_op, result, keep=buf)
+
+    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
+                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+        lib = self._library(adapter)
+        stream = lib.stream(x)
+        buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
+        rows = sum(row[self.rank] for row in splits)
+        result = out if out is not None else lib.empty(buf, (rows, *tuple(x.shape)[1:]))
+        row_bytes = _ITEMSIZE[dtype] * math.prod(tuple(x.shape)[1:])
+        self._exchange(lib, stream, all_to_all_v_plan(self.rank, splits, row_bytes), buf, result)
+        return self._done(lib, stream, async_op, result, like=buf, keep=buf)
+
+    def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
+                      out: Any, async_op: bool) -> Any:
+        lib = self._library(adapter)
+        stream = lib.stream(x)
+        buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
+        result = out if out is not None else lib.empty(buf, (sum(counts), *tuple(x.shape)[1:]))
+        row_bytes = _ITEMSIZE[dtype] * math.prod(tuple(x.shape)[1:])
+        self._exchange(lib, stream, all_gather_v_plan(self.rank, counts, row_bytes), buf, result)
+        return self._done(lib, stream, async_op, (result, counts), like=buf, keep=buf)
+
+    # -- point-to-point ---------------------------------------------------------------------
 
     def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
               async_op: bool) -> Work | None:
@@ -452,32 +804,101 @@ class CupyNcclCommunicator(Communicator):
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
-        self._comm.send(lib.ptr(buf), lib.nbytes(buf), NCCL_DTYPES["uint8"], dst,
-                        lib.stream_ptr(stream))
-        return self._finish(lib, x, stream, async_op)
+        nbytes = lib.nbytes(buf)
+
+        def issue(stream_ptr: int) -> None:
+            if nbytes:  # the receiver knows the size too: both leave a zero-byte call out
+                self._comm.send(lib.ptr(buf), nbytes, NCCL_DTYPES["uint8"], dst, stream_ptr)
+
+        if async_op:
+            return self._grouped_p2p(lib, stream, x, issue, keep=buf)
+        self._flush_group()
+        issue(lib.stream_ptr(stream))
+        self._done(lib, stream, False, None)
+        return None
 
     def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
               async_op: bool) -> Work | None:
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, writeback = self._prepare(lib, x, adapter, dtype, dtype)
-        self._comm.recv(lib.ptr(buf), lib.nbytes(buf), NCCL_DTYPES["uint8"], src,
-                        lib.stream_ptr(stream))
+        nbytes = lib.nbytes(buf)
+
+        def issue(stream_ptr: int) -> None:
+            if nbytes:
+                self._comm.recv(lib.ptr(buf), nbytes, NCCL_DTYPES["uint8"], src, stream_ptr)
+
+        if async_op:
+            return self._grouped_p2p(lib, stream, x, issue, keep=buf, then=writeback)
+        self._flush_group()
+        issue(lib.stream_ptr(stream))
         if writeback is not None:
             writeback()
-        return self._finish(lib, x, stream, async_op)
+        self._done(lib, stream, False, None)
+        return None
+
+    # -- small int64 vectors (debug fingerprints, counts, p2p headers) through device memory ---
+
+    def _exchange_small(self, vector: Any) -> Any:
+        import numpy as np  # noqa: PLC0415
+
+        cupy = self._cupy
+        lib = self._library(arrays.CUPY)
+        self._flush_group()
+        with cupy.cuda.Device(self.device):
+            stream = cupy.cuda.get_current_stream()
+            everyone = self._gather_rows(lib, cupy.asarray(np.ascontiguousarray(vector)), stream)
+            if self.timeout is not None:
+                self._complete(lib, lib.record(stream))
+            return everyone.get(stream=stream)
+
+    def _send_small(self, vector: Any, dst: int, tag: int) -> Work:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device):
+            stream = cupy.cuda.get_current_stream()
+            device = cupy.asarray(vector)
+            return self._grouped_p2p(
+                self._library(arrays.CUPY), stream, None,
+                lambda ptr: self._comm.send(device.data.ptr, device.nbytes, NCCL_DTYPES["uint8"],
+                                            dst, ptr), keep=device)
+
+    def _recv_small(self, vector: Any, src: int, tag: int) -> Work:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device):
+            stream = cupy.cuda.get_current_stream()
+            device = cupy.empty(vector.shape, dtype=vector.dtype)
+
+            def to_host() -> None:
+                with cupy.cuda.Device(self.device):
+                    vector[...] = device.get(stream=stream)
+
+            return self._grouped_p2p(
+                self._library(arrays.CUPY), stream, vector,
+                lambda ptr: self._comm.recv(device.data.ptr, device.nbytes, NCCL_DTYPES["uint8"],
+                                            src, ptr), keep=device, host=to_host)
+
+    def _scratch_bytes(self, x: Any, adapter: ArrayAdapter, nbytes: int) -> Any:
+        return self._library(adapter).empty(x, (nbytes,), "uint8")
+
+    # -- the rest ---------------------------------------------------------------------------
 
     def _barrier(self) -> None:
         # A one-element all_reduce, waited for on the host: returns once every rank got there.
         cupy = self._cupy
+        self._flush_group()
         with cupy.cuda.Device(self.device):
             flag = cupy.zeros(1, dtype=cupy.int32)
             stream = cupy.cuda.get_current_stream()
             self._comm.allReduce(flag.data.ptr, flag.data.ptr, 1, NCCL_DTYPES["int32"],
                                  NCCL_OPS["sum"], stream.ptr)
-            stream.synchronize()
+            if self.timeout is None:
+                stream.synchronize()
+            else:
+                lib = self._library(arrays.CUPY)
+                self._complete(lib, lib.record(stream))
 
     def _split(self, color: int | None, key: int) -> Communicator | None:
+        self._flush_group()
         native = getattr(self._comm, "commSplit", None)
         if native is not None and self.nccl_version >= COMM_SPLIT_SINCE:
             try:
@@ -491,50 +912,37 @@ class CupyNcclCommunicator(Communicator):
                 if color is None or new is None:
                     return None
                 return CupyNcclCommunicator(new, int(new.rank_id()), int(new.size()), self.local_rank,
-                                            self.device)
+                                            self.device, timeout=self._timeout_arg)
         return self._split_through_parent(color, key)
 
     def _split_through_parent(self, color: int | None, key: int) -> Communicator | None:
         # Without ncclCommSplit (CuPy < 14, NCCL < 2.18.1) the new communicator is made through
-        # this one: each group's first rank makes an NCCL id, and the ids travel in one all_gather.
+        # this one: each group's first rank makes an NCCL id, and the ids travel in one exchange.
         import numpy as np  # noqa: PLC0415
 
         cupy, nccl = self._cupy, self._nccl_module
-        lib = self._library(arrays.CUPY)
-        with cupy.cuda.Device(self.device):
-            stream = cupy.cuda.get_current_stream()
-            mine = cupy.asarray([-1 if color is None else color, key], dtype=cupy.int64)
-            everyone = cupy.asnumpy(self._gather_rows(lib, mine, stream), stream=stream, blocking=True)
-            members = split_members(everyone.tolist(), color)
-            raw = bytes(UNIQUE_ID_BYTES)
-            if members and members[0] == self.rank:
-                raw = id_to_bytes(nccl.get_unique_id())
-            ids = cupy.asarray(np.frombuffer(raw, dtype=np.uint8))
-            all_ids = cupy.asnumpy(self._gather_rows(lib, ids, stream), stream=stream, blocking=True)
-            if not members:
-                return None
-            unique_id = id_from_bytes(all_ids[members[0]].tobytes())
-            try:
+        members = self._split_groups(color, key)
+        raw = bytes(UNIQUE_ID_BYTES)
+        if members and members[0] == self.rank:
+            raw = id_to_bytes(nccl.get_unique_id())
+        all_ids = self._exchange_small(np.frombuffer(raw, dtype=np.int64))
+        if not members:
+            return None
+        unique_id = comm_id_argument(all_ids[members[0]].tobytes(), cupy.__version__)
+        try:
+            with cupy.cuda.Device(self.device):
                 comm = nccl.NcclCommunicator(len(members), unique_id, members.index(self.rank))
-            except Exception as error:  # noqa: BLE001  (NcclError is cupy's RuntimeError)
-                raise CollectiveError(f"split: NCCL could not create the communicator of color "
-                                      f"{color} ({error})") from error
+        except Exception as error:  # noqa: BLE001  (NcclError is cupy's RuntimeError)
+            raise CollectiveError(f"split: NCCL could not create the communicator of color "
+                                  f"{color} ({error})") from error
         return CupyNcclCommunicator(comm, members.index(self.rank), len(members), self.local_rank,
-                                    self.device)
+                                    self.device, timeout=self._timeout_arg)
 
     def _close(self) -> None:
-        self._comm.destroy()
-
-
-def split_members(everyone: list[list[int]], color: int | None) -> list[int]:
-    """Ranks (of the parent) in the new communicator of ``color``, in (key, rank) order.
-
-    ``everyone[r]`` is rank r's ``[color or -1, key]``; ``[]`` when ``color`` is ``None``.
-    """
-    if color is None:
-        return []
-    members = [r for r, (c, _) in enumerate(everyone) if c == color]
-    return sorted(members, key=lambda r: (everyone[r][1], r))
+        try:
+            self._flush_group()
+        finally:
+            self._comm.destroy()
 
 
 def bind_device(cupy: Any, local_rank: int) -> int:

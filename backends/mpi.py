@@ -38,14 +38,14 @@ from typing import Any
 
 import numpy as np
 
-from collectives import arrays, config
+from collectives import _exits, arrays, config
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work
 from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _float_order
+from . import _float_order, _interrupt
 
 _MPI4PY_DEFAULT_THREAD_LEVEL = "multiple"
 
@@ -118,7 +118,7 @@ def mpi_cuda_aware(MPI: Any) -> bool:
     return False
 
 
-_exit_hook_installed: list[bool] = []  # the sys.exit hook, installed once per process
+_exit_hook_installed: list[Any] = []  # the exit watch, installed once per process
 
 
 def install_abort_on_uncaught_exception(MPI: Any) -> None:
@@ -126,9 +126,12 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
 
     Without it the other ranks wait in their next collective forever. The hook
     prints the traceback as before, then which rank failed, then calls ``MPI_Abort``:
-    mpiexec kills every rank and exits non-zero. ``sys.exit(n)`` with ``n`` not 0
-    does the same at exit (``raise SystemExit(n)`` and ``os._exit`` are not seen:
-    the latter ends the process without MPI_Finalize, so mpiexec ends the job).
+    mpiexec kills every rank and exits non-zero. An uncaught ``sys.exit(n)`` /
+    ``raise SystemExit(n)`` with ``n`` not 0 does the same at exit, with code ``n``
+    (on Python < 3.12 a SystemExit raised other than through ``sys.exit`` aborts with
+    code 1: see ``collectives/_exits.py``); an exit the program caught does not.
+    ``os._exit`` is not seen: it ends the process without MPI_Finalize, so mpiexec
+    ends the job.
     """
     if getattr(sys.excepthook, "_collectives_abort", False):
         return
@@ -157,32 +160,29 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
             # the hook and buffers what it prints): the outer one aborts, once the wrapper
             # has printed; aborting here would lose the traceback in that buffer.
             return
-        if not issubclass(kind, KeyboardInterrupt):
-            abort(f"uncaught {kind.__name__}", 1)
+        # KeyboardInterrupt too: a rank interrupted on its own (SIGINT to its pid) would
+        # otherwise wait in MPI_Finalize for peers that wait for it. Code 130 = 128 + SIGINT.
+        abort(f"uncaught {kind.__name__}", 130 if issubclass(kind, KeyboardInterrupt) else 1)
 
     abort_on_uncaught_exception._collectives_abort = True  # type: ignore[attr-defined]
     sys.excepthook = abort_on_uncaught_exception
     if _exit_hook_installed:
         return
 
-    # sys.exit(n) skips the excepthook, and MPI_Finalize at exit would then wait for
-    # peers that wait for this rank: a hang. Remember the status, abort at exit if non-zero.
+    # An uncaught SystemExit skips the excepthook, and MPI_Finalize at exit would then wait
+    # for peers that wait for this rank: a hang. At exit, abort when the process is really
+    # ending through an exit with a non-zero code (collectives/_exits.py tells; an exit that
+    # the program caught before finishing normally does not count).
     # (Registered after mpi4py's finalizer, so it runs before it.)
-    exit_status: list[Any] = [0]
-    system_exit = sys.exit
-
-    def exit_recording_status(status: Any = None) -> None:
-        exit_status[0] = status
-        system_exit(status)
+    watch = _exits.ExitWatch()
 
     def abort_on_failing_exit() -> None:
-        status = exit_status[0]
-        if status not in (None, 0):
-            abort(f"sys.exit({status!r})", status if isinstance(status, int) else 1)
+        failing = watch.failing_exit()
+        if failing is not None:
+            abort(*failing)
 
-    sys.exit = exit_recording_status
     atexit.register(abort_on_failing_exit)
-    _exit_hook_installed.append(True)
+    _exit_hook_installed.append(watch)
 
 
 class _Request(Work):
@@ -259,9 +259,9 @@ class MPICommunicator(Communicator):
             "float16": float16, "float32": MPI.FLOAT, "float64": MPI.DOUBLE,
         }
         # MPI has no bitwise ops on C_BOOL, only logical ones (same truth tables on bool).
-        self._ops = {op: getattr(MPI, op.name) for op in ReduceOp if op is not ReduceOp.AVG}
+        self._ops: dict[ReduceOp, Any] = {op: getattr(MPI, op.name) for op in ReduceOp if op is not ReduceOp.AVG}
         self._ops[ReduceOp.AVG] = MPI.SUM
-        self._bool_ops = {ReduceOp.MIN: MPI.LAND, ReduceOp.BAND: MPI.LAND,
+        self._bool_ops: dict[ReduceOp, Any] = {ReduceOp.MIN: MPI.LAND, ReduceOp.BAND: MPI.LAND,
                           ReduceOp.MAX: MPI.LOR, ReduceOp.BOR: MPI.LOR, ReduceOp.BXOR: MPI.LXOR}
         self._cuda_aware: bool | None = None
         # The fast path's table: dtype -> {op: (MPI datatype, MPI op)} for every allowed
@@ -286,6 +286,7 @@ class MPICommunicator(Communicator):
             )
         if launch.size > 1:
             install_abort_on_uncaught_exception(import_mpi())
+            _interrupt.install(_interrupt.rank_of(launch))
         return cls(timeout=timeout)
 
     @property
@@ -390,6 +391,7 @@ class MPICommunicator(Communicator):
         self._wait_slowly(request, call, status)
 
     def _wait_slowly(self, request: Any, call: tuple[str, int] | None, status: Any = None) -> None:
+        assert self.timeout is not None, "only calls with a timeout wait through _wait"
         start = time.monotonic()
         deadline = start + self.timeout
         backoff = start + BUSY_POLL_SECONDS
@@ -427,64 +429,43 @@ class MPICommunicator(Communicator):
     # -- collectives --------------------------------------------------------------------
 
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                    async_op: bool) -> Work | None:
-        if adapter is _NUMPY and not async_op:
-            # The common case in as few steps as raw mpi4py takes: x itself is the buffer.
+                    async_op: bool) -> Any:
+        if not async_op:
+            # The common case in as few steps as raw mpi4py takes: x's memory is the buffer
+            # (a CPU tensor's through its numpy view, as a raw caller would pass it).
             spec = self._native[dtype].get(op)
-            if spec is not None and x.flags.c_contiguous and x.size <= MAX_COUNT:
-                if self.timeout is None:
-                    self._comm.Allreduce(self._in_place, [x, spec[0]], spec[1])
-                else:
-                    self._wait(self._comm.Iallreduce(self._in_place, [x, spec[0]], spec[1]))
-                if op is _AVG:
-                    x /= self.size
-                return None
+            if spec is not None:
+                buf = _host_view(x, adapter, dtype)
+                if buf is not None and buf.size <= MAX_COUNT:
+                    if self.timeout is None:
+                        self._comm.Allreduce(self._in_place, [buf, spec[0]], spec[1])
+                    else:
+                        self._wait(self._comm.Iallreduce(self._in_place, [buf, spec[0]], spec[1]))
+                    if op is _AVG:
+                        buf /= self.size
+                    return None
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         buf, writeback = self._buffer(x, adapter, wire)
         IN_PLACE = self._MPI.IN_PLACE
         keys = self._order_keys(buf, wire, op)
         if keys is not None:  # float MIN/MAX: integer keys that propagate NaN
             mpi_type = self._types[_INT_OF_WIDTH[_itemsize(buf)]]
-        chunks = _chunks(buf if keys is None else keys)
-        finish = self._finish_reduction(buf, keys, op, writeback)
-        if async_op:
-            requests = [self._comm.Iallreduce(IN_PLACE, [c, mpi_type], mpi_op) for c in chunks]
-            return _Request(x, self._MPI, requests, finish, self)
-        for chunk in chunks:
-            if self.timeout is None:
-                self._comm.Allreduce(IN_PLACE, [chunk, mpi_type], mpi_op)
-            else:
-                self._wait(self._comm.Iallreduce(IN_PLACE, [chunk, mpi_type], mpi_op))
-        finish()
-        return None
+        return self._collective("Allreduce", [(IN_PLACE, [chunk, mpi_type], mpi_op)
+                                              for chunk in _chunks(buf if keys is None else keys)],
+                                x, async_op, self._finish_reduction(buf, keys, op, writeback), buf)
 
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
-                   async_op: bool) -> Work | None:
-        if adapter is _NUMPY and not async_op and x.flags.c_contiguous and x.nbytes <= MAX_COUNT:
-            # MPI counts x's bytes itself: no uint8 view
+                   async_op: bool) -> Any:
+        buf = None if async_op else _host_view(x, adapter, dtype)
+        if buf is not None and buf.nbytes <= MAX_COUNT:  # MPI counts the bytes: no uint8 view
             if self.timeout is None:
-                self._comm.Bcast([x, self._byte], src)
+                self._comm.Bcast([buf, self._byte], src)
             else:
-                self._wait(self._comm.Ibcast([x, self._byte], src))
+                self._wait(self._comm.Ibcast([buf, self._byte], src))
             return None
         buf, writeback = self._buffer(x, adapter, None)
-        chunks = _chunks(_bytes(buf))
-        BYTE = self._MPI.BYTE
-
-        def finish() -> None:
-            if writeback is not None:
-                writeback()
-
-        if async_op:
-            requests = [self._comm.Ibcast([c, BYTE], root=src) for c in chunks]
-            return _Request(x, self._MPI, requests, finish, self)
-        for chunk in chunks:
-            if self.timeout is None:
-                self._comm.Bcast([chunk, BYTE], root=src)
-            else:
-                self._wait(self._comm.Ibcast([chunk, BYTE], root=src))
-        finish()
-        return None
+        return self._collective("Bcast", [([chunk, self._byte], src) for chunk in _chunks(_bytes(buf))],
+                                x, async_op, writeback, buf)
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
                     async_op: bool = False) -> Any:
@@ -492,9 +473,6 @@ class MPICommunicator(Communicator):
             # The common case in as few steps as raw mpi4py takes (out= is written directly).
             if out is None:
                 out = np.empty((self.size, *x.shape), dtype=x.dtype)
-            if async_op:
-                return _Request(out, self._MPI, [self._comm.Iallgather([x, self._byte], [out, self._byte])],
-                                _nothing, self, buffers=x)
             if self.timeout is None:
                 self._comm.Allgather([x, self._byte], [out, self._byte])
             else:
@@ -502,16 +480,14 @@ class MPICommunicator(Communicator):
             return out
         if out is None:
             out = adapter.empty(x, (self.size, *x.shape))
+        byte = self._byte
         if x.nbytes <= MAX_COUNT:
-            return self._move_bytes(x, adapter, out, out, async_op, lambda send, recv: self._comm.Iallgather(
-                [send, self._byte], [recv, self._byte]))
+            return self._move_bytes(x, adapter, out, out, async_op, "Allgather",
+                                    lambda send, recv: ([send, byte], [recv, byte]))
         send, _ = self._buffer(x, adapter, None)
         recv, writeback = self._buffer(out, adapter, None)
         send_bytes, recv_bytes = _bytes(send), _bytes(recv)
         count = _size(send_bytes)
-        if count <= MAX_COUNT:
-            return self._collective("Allgather", [([send_bytes, self._byte], [recv_bytes, self._byte])],
-                                    out, async_op, writeback, (send, recv))
         # Each rank's block in MAX_COUNT pieces, gathered into place (blocking, even async).
         if adapter.is_cuda(x):
             raise ValueError("all_gather of more than 2**31-1 bytes per rank on CUDA "
@@ -520,8 +496,8 @@ class MPICommunicator(Communicator):
         for start in range(0, count, MAX_COUNT):
             stop = min(start + MAX_COUNT, count)
             piece = np.empty((self.size, stop - start), dtype=np.uint8)
-            self._wait_or_block(self._comm.Iallgather([send_bytes[start:stop], self._byte],
-                                                      [piece, self._byte]))
+            self._collective("Allgather", [([send_bytes[start:stop], byte], [piece, byte])],
+                             None, False)
             blocks[:, start:stop] = piece
         if writeback is not None:
             writeback()
@@ -561,13 +537,14 @@ class MPICommunicator(Communicator):
                                     out, async_op, finish, (send, recv))
         # Reduce the whole thing in pieces, keep this rank's rows (blocking, even async).
         reduced = _clone(send)
-        for chunk in _chunks(reduced):
-            self._wait_or_block(self._comm.Iallreduce(self._in_place, [chunk, mpi_type], mpi_op))
+        self._collective("Allreduce", [(self._in_place, [chunk, mpi_type], mpi_op)
+                                       for chunk in _chunks(reduced)], None, False)
         wire_recv.reshape(-1)[...] = reduced.reshape(-1)[self.rank * block:(self.rank + 1) * block]
         finish()
         return Work(out) if async_op else out
 
-    # -- one MPI call, blocking, with a deadline, or as a handle ---------------------------
+    # -- one MPI call, blocking, with a deadline, or as a handle: the way out of every
+    # -- collective but the numpy fast paths above (inline, for their microseconds) -------
 
     def _collective(self, name: str, calls: list[tuple[Any, ...]], result: Any, async_op: bool,
                     finish: Callable[[], None] | None = None, buffers: Any = None) -> Any:
@@ -608,46 +585,44 @@ class MPICommunicator(Communicator):
     # -- the rest of the set: byte-moving collectives, and reduce ------------------------
 
     def _move_bytes(self, x: Any, adapter: ArrayAdapter, result: Any, value: Any, async_op: bool,
-                    start: Callable[[Any, Any], Any], counts: tuple[int, ...] = ()) -> Any:
-        """One nonblocking MPI call that moves raw bytes from ``x`` into ``result`` (either may
-        be ``None`` on ranks that send or receive nothing); returns ``value`` once it has
-        completed, or a handle whose ``wait()`` does. ``start(send_bytes, recv_bytes)`` makes
-        the request. ``counts``: the byte counts and displacements the call uses (C ints)."""
+                    name: str, arguments: Callable[[Any, Any], tuple[Any, ...]],
+                    counts: tuple[int, ...] = ()) -> Any:
+        """The MPI collective ``name``, moving raw bytes from ``x`` into ``result`` (either may
+        be ``None`` on ranks that send or receive nothing), through :meth:`_collective`:
+        returns ``value`` once it has completed, or a handle whose ``wait()`` does.
+        ``arguments(send_bytes, recv_bytes)`` are the call's arguments. ``counts``: the byte
+        counts and displacements the call uses (C ints)."""
         if any(count > MAX_COUNT for count in counts) or (x is not None and _nbytes(x) > MAX_COUNT) \
                 or (result is not None and _nbytes(result) > MAX_COUNT):
             raise ValueError(f"{self._operation} of more than 2**31-1 bytes per message is not "
                              "supported by the MPI backend; split the array")
         send = None if x is None else self._buffer(x, adapter, None)[0]
         recv, writeback = (None, None) if result is None else self._buffer(result, adapter, None)
-        request = start(None if send is None else _bytes(send), None if recv is None else _bytes(recv))
-        work = _Request(value, self._MPI, [request], writeback or _nothing, self, buffers=(send, recv))
-        if async_op:
-            return work
-        return work.wait()
+        call = arguments(None if send is None else _bytes(send), None if recv is None else _bytes(recv))
+        return self._collective(name, [call], value, async_op, writeback, (send, recv))
 
     def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
                 async_op: bool) -> Any:
         here = self.rank == dst
         result = (out if out is not None else adapter.empty(x, (self.size, *x.shape))) if here else None
         byte = self._byte
-        return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv: self._comm.Igather(
-            [send, byte], [recv, byte] if here else None, root=dst))
+        return self._move_bytes(x, adapter, result, result, async_op, "Gather", lambda send, recv: (
+            [send, byte], [recv, byte] if here else None, dst))
 
     def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
                  async_op: bool) -> Any:
         here = self.rank == src
         result = out if out is not None else adapter.empty(x, tuple(x.shape[1:]))
         byte = self._byte
-        return self._move_bytes(x if here else None, adapter, result, result, async_op,
-                                lambda send, recv: self._comm.Iscatter(
-                                    [send, byte] if here else None, [recv, byte], root=src))
+        return self._move_bytes(x if here else None, adapter, result, result, async_op, "Scatter",
+                                lambda send, recv: ([send, byte] if here else None, [recv, byte], src))
 
     def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
                     async_op: bool) -> Any:
         result = out if out is not None else adapter.empty(x, tuple(x.shape))
         byte = self._byte
-        return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv: self._comm.Ialltoall(
-            [send, byte], [recv, byte]))
+        return self._move_bytes(x, adapter, result, result, async_op, "Alltoall",
+                                lambda send, recv: ([send, byte], [recv, byte]))
 
     def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
                       out: Any, async_op: bool) -> Any:
@@ -655,9 +630,8 @@ class MPICommunicator(Communicator):
         row = _row_bytes(x)
         sizes, offsets = _layout([count * row for count in counts])
         byte = self._byte
-        return self._move_bytes(x, adapter, result, (result, counts), async_op,
-                                lambda send, recv: self._comm.Iallgatherv(
-                                    [send, byte], [recv, (sizes, offsets), byte]),
+        return self._move_bytes(x, adapter, result, (result, counts), async_op, "Allgatherv",
+                                lambda send, recv: ([send, byte], [recv, (sizes, offsets), byte]),
                                 counts=(*sizes, *offsets))
 
     def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
@@ -668,14 +642,13 @@ class MPICommunicator(Communicator):
         send_sizes, send_offsets = _layout([count * row for count in splits[self.rank]])
         recv_sizes, recv_offsets = _layout([count * row for count in received])
         byte = self._byte
-        return self._move_bytes(x, adapter, result, result, async_op,
-                                lambda send, recv: self._comm.Ialltoallv(
-                                    [send, (send_sizes, send_offsets), byte],
-                                    [recv, (recv_sizes, recv_offsets), byte]),
+        return self._move_bytes(x, adapter, result, result, async_op, "Alltoallv",
+                                lambda send, recv: ([send, (send_sizes, send_offsets), byte],
+                                                    [recv, (recv_sizes, recv_offsets), byte]),
                                 counts=(*send_sizes, *send_offsets, *recv_sizes, *recv_offsets))
 
     def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
-                async_op: bool) -> Work | None:
+                async_op: bool) -> Any:
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         here = self.rank == dst
         buf, writeback = self._buffer(x, adapter, wire)
@@ -685,9 +658,8 @@ class MPICommunicator(Communicator):
             mpi_type = self._types[_INT_OF_WIDTH[_itemsize(buf)]]
         data = buf if keys is None else keys
         IN_PLACE = self._MPI.IN_PLACE
-        requests = [self._comm.Ireduce(IN_PLACE, [chunk, mpi_type], mpi_op, dst) if here
-                    else self._comm.Ireduce([chunk, mpi_type], None, mpi_op, dst)
-                    for chunk in _chunks(data)]
+        calls = [(IN_PLACE, [chunk, mpi_type], mpi_op, dst) if here else
+                 ([chunk, mpi_type], None, mpi_op, dst) for chunk in _chunks(data)]
 
         def finish() -> None:
             if not here:
@@ -699,30 +671,14 @@ class MPICommunicator(Communicator):
             if writeback is not None:
                 writeback()
 
-        work = _Request(x, self._MPI, requests, finish, self, buffers=data)
-        if async_op:
-            return work
-        work.wait()
-        return None
-
-    def _wait_or_block(self, request: Any) -> None:
-        if self.timeout is None:
-            request.Wait()
-        else:
-            self._wait(request)
+        return self._collective("Reduce", calls, x, async_op, finish, data)
 
     def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
               async_op: bool) -> Work | None:
-        buf, _ = self._buffer(x, adapter, None)
-        data = [_bytes(buf), self._byte]
-        if async_op:  # buf (maybe a staging copy) lives as long as the request
-            return _Request(x, self._MPI, [self._comm.Isend(data, dst, tag)], lambda: None, self,
-                            buffers=buf)
-        if self.timeout is None:
-            self._comm.Send(data, dst, tag)
-        else:
-            self._wait(self._comm.Isend(data, dst, tag))
-        return None
+        buf, _ = self._buffer(x, adapter, None)  # (a staging copy lives as long as the request)
+        work: Work | None = self._collective("Send", [([_bytes(buf), self._byte], dst, tag)], None,
+                                             async_op, None, buf)
+        return work
 
     def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
               async_op: bool) -> Work | None:
@@ -748,10 +704,7 @@ class MPICommunicator(Communicator):
         return None
 
     def _barrier(self) -> None:
-        if self.timeout is None:
-            self._comm.Barrier()
-        else:
-            self._wait(self._comm.Ibarrier())
+        self._collective("Barrier", [()], None, False)
 
     def _split(self, color: int | None, key: int) -> Communicator | None:
         MPI = self._MPI
@@ -775,6 +728,17 @@ class MPICommunicator(Communicator):
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.
 _AVG = ReduceOp.AVG
 _NUMPY = arrays.NUMPY
+_TORCH = arrays.TORCH
+
+
+def _host_view(x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+    """``x``'s memory as a contiguous numpy array when it is one already (a C-contiguous
+    ndarray, or a contiguous CPU tensor of a dtype numpy has), else ``None``."""
+    if adapter is _NUMPY:
+        return x if x.flags.c_contiguous else None
+    if adapter is _TORCH and dtype != "bfloat16" and not x.is_cuda and x.is_contiguous():
+        return x.numpy()  # (a tensor that requires grad never gets here: the checks refuse it)
+    return None
 
 
 def _size(buf: Any) -> int:
@@ -787,7 +751,8 @@ def _nbytes(x: Any) -> int:
 
 def _row_bytes(x: Any) -> int:
     """Bytes of one row (x.shape[1:]) of ``x``."""
-    return math.prod(x.shape[1:]) * _itemsize(x)
+    row: int = math.prod(x.shape[1:])
+    return row * _itemsize(x)
 
 
 def _layout(sizes: list[int]) -> tuple[list[int], list[int]]:
@@ -826,10 +791,6 @@ def _int_view(buf: Any) -> Any:
 def _nonblocking(name: str) -> str:
     """mpi4py's name of the nonblocking form of a collective: Gather -> Igather."""
     return "I" + name[0].lower() + name[1:]
-
-
-def _nothing() -> None:
-    pass
 
 
 def _check_bytes(name: str, count: int) -> None:

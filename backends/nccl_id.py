@@ -16,6 +16,7 @@ import datetime
 import itertools
 import os
 import platform
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,17 @@ def id_from_bytes(raw: bytes) -> tuple[int, ...]:
     if _CHAR_IS_SIGNED:
         return tuple(b - 256 if b > 127 else b for b in raw)
     return tuple(raw)
+
+
+def comm_id_argument(raw: bytes, cupy_version: str) -> bytes | tuple[int, ...]:
+    """What ``cupy.cuda.nccl.NcclCommunicator(ndev, commId, rank)`` takes as ``commId`` in
+    the CuPy of ``cupy_version``: the raw bytes from CuPy 14 on (its ``get_unique_id`` returns
+    bytes, and a tuple is a TypeError there), the tuple of C chars before."""
+    _check_length(raw, "the unique id received")
+    match = re.match(r"\d+", cupy_version)
+    if match and int(match.group()) >= 14:
+        return bytes(raw)
+    return id_from_bytes(raw)
 
 
 def _check_length(raw: bytes, what: str) -> None:

@@ -35,7 +35,7 @@ import math
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from collectives import arrays
@@ -45,7 +45,7 @@ from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _float_order, _network
+from . import _float_order, _interrupt, _network
 
 # Minutes torch waits in a collective before it raises (torch's own default).
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -186,7 +186,8 @@ def _host_bytes(name: str) -> Any:
 
 
 def _host_from_bytes(raw: Any) -> str:
-    return raw.tobytes().split(b"\0", 1)[0].decode()
+    host: str = raw.tobytes().split(b"\0", 1)[0].decode()
+    return host
 
 
 def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Any:
@@ -207,7 +208,7 @@ def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAU
     comm.Gather(_host_bytes(me), names, root=0)
     port = np.zeros(1, dtype=np.int64)
     store = None
-    if comm.Get_rank() == 0:
+    if names is not None:  # rank 0
         peers = list(dict.fromkeys(name for name in map(_host_from_bytes, names) if name != me))
         host = store_host(launch, peers)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -342,6 +343,8 @@ class TorchCommunicator(Communicator):
         seconds = config.timeout_seconds(timeout)
         if not dist.is_initialized():
             _bootstrap_process_group(dist, launch, _timedelta(seconds))
+        if launch.size > 1:  # a SIGINT in Gloo's wait would wait for the timeout
+            _interrupt.install(_interrupt.rank_of(launch))
         return cls(local_rank=launch.local_rank, timeout=0 if seconds is None else seconds)
 
     def _transport_error(self, error: Exception) -> Exception:
@@ -534,7 +537,8 @@ class TorchCommunicator(Communicator):
         send = None if x is None else self._as_tensor(x, adapter)
         if send is not None and not send.is_contiguous():
             send = send.contiguous()
-        recv = target = None
+        recv: Any = None
+        target: Any = None
         if result is not None:
             target = self._as_tensor(result, adapter)
             recv = target if target.is_contiguous() else target.contiguous()
@@ -758,7 +762,7 @@ _AVG = ReduceOp.AVG
 _GATHER_DIRECT = frozenset({"int8", "uint8", "int32", "int64", "float16", "float32", "float64"})
 # dtype -> the ops every torch transport does on it as it is (no bitwise: NCCL has none).
 # Not float MIN/MAX either: those go through order keys (NaN propagates).
-_DIRECT = {dtype: {op: op for op in allowed
+_DIRECT: dict[str, dict[ReduceOp, ReduceOp]] = {dtype: {op: op for op in allowed
                    if dtype not in _WIRE and op not in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
                    and not (dtype.startswith(("float", "bfloat")) and op in _float_order.NAN_ORDERED_OPS)}
            for dtype, allowed in ALLOWED_OPS.items()}
@@ -776,7 +780,7 @@ def _bytes(t: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _group_named(name: str):
+def _group_named(name: str) -> Iterator[None]:
     """Make torch.distributed's next new_group take ``name`` (see TorchCommunicator._split)."""
     import torch.distributed.distributed_c10d as c10d  # noqa: PLC0415
 
@@ -784,8 +788,10 @@ def _group_named(name: str):
     if original is None:  # another torch: its own naming
         yield
         return
-    c10d._process_group_name = lambda ranks, use_hashed_name: c10d.GroupName(name) \
-        if hasattr(c10d, "GroupName") else name
+    def process_group_name(ranks: Any, use_hashed_name: Any) -> Any:
+        return c10d.GroupName(name) if hasattr(c10d, "GroupName") else name
+
+    c10d._process_group_name = process_group_name
     try:
         yield
     finally:

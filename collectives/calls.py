@@ -20,6 +20,10 @@ from typing import Any
 Shape = tuple[int, ...]
 
 
+def _own_path(*args: Any) -> Any:
+    raise AssertionError("this call has a path of its own; the table does not run it")
+
+
 @dataclass(frozen=True)
 class Call:
     """How the call path treats one collective."""
@@ -43,7 +47,8 @@ class Call:
     #: The shape a fingerprint compares (dimensions that may differ by design are -1).
     fingerprint_shape: Callable[[Shape], Shape] = tuple
     #: Does the work: ``(comm, x, adapter, dtype, op, root, out, async_op, extra)``.
-    run: Callable[..., Any] | None = None
+    #: Calls with a path of their own (barrier, split) keep the default.
+    run: Callable[..., Any] = _own_path
 
 
 # -- shape rules ---------------------------------------------------------------------------

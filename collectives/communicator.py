@@ -29,6 +29,8 @@ import abc
 import collections
 import operator
 import sys
+import weakref
+from _thread import get_ident as _thread_id
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,6 +46,13 @@ _C_INT_MAX = 2**31 - 1
 #: Handles kept at most for a communicator; one more waits for the oldest first, so a
 #: program that drops handles in a loop runs in bounded memory.
 MAX_PENDING = 1024
+
+# Every communicator not yet closed. A timeout leaves requests behind in the transport,
+# and a peer that timed out on ANOTHER communicator left its own behind there: the next
+# call on any communicator of that transport could match one of them and return the
+# peer's abandoned data. So a timeout makes every live communicator of its backend in
+# this process unusable (see Communicator._timeout_error).
+_LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
 
 
 class Work:
@@ -215,6 +224,9 @@ class Communicator(abc.ABC):
         # they are never waited for to make room (that could deadlock) and never block the
         # reaping of collective handles.
         self._pending_p2p: collections.deque[Work] = collections.deque()
+        # The thread that may call collectives on this communicator (see bind_thread).
+        self._owner = _thread_id()
+        _LIVE.add(self)
 
     # -- the public interface: every method hands its arguments to _run ------------------
 
@@ -377,7 +389,23 @@ class Communicator(abc.ABC):
                     self._complete_pending()
             finally:
                 self._closed = True
+                _LIVE.discard(self)
                 self._close()
+
+    def bind_thread(self) -> None:
+        """Make the calling thread the one this communicator takes calls from.
+
+        A communicator takes calls from one thread: the one that created it, until
+        another thread calls ``bind_thread()`` (hand it over only while no call of the
+        old thread is running). A call from any other thread raises
+        :class:`CollectiveError` before anything is sent, on that rank; backward passes
+        run by torch's autograd engine on its own threads count as the owner's. Every
+        rank must hand over the same way: a communicator per thread keeps the order
+        of calls the same on every rank, which two threads sharing one cannot.
+        """
+        if self._closed or self._broken:
+            self._check_open()
+        self._owner = _thread_id()
 
     def __enter__(self) -> Communicator:
         return self
@@ -399,7 +427,7 @@ class Communicator(abc.ABC):
         Everything before the backend's method is local: a bad argument raises on this
         rank with nothing sent and ``x`` untouched.
         """
-        if self._closed or self._broken:
+        if self._closed or self._broken or self._owner != _thread_id():
             self._check_open()
         if async_op is not False and async_op is not True:
             raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
@@ -501,7 +529,7 @@ class Communicator(abc.ABC):
 
     def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
         """For backends and helpers: the checks of ``_run`` for an array argument."""
-        if self._closed or self._broken:
+        if self._closed or self._broken or self._owner != _thread_id():
             self._check_open()
         adapter, dtype, _ = self._check_kind(x, None, False, in_place)
         return adapter, dtype
@@ -551,6 +579,15 @@ class Communicator(abc.ABC):
             raise ValueError(f"{self!r} is closed; create a new communicator")
         if self._broken:
             raise CollectiveError(self._broken)
+        if self._owner != _thread_id() and not _in_backward_pass():
+            import threading  # noqa: PLC0415  (only for the message)
+
+            raise CollectiveError(
+                f"{self!r} takes calls from one thread, the one that created it (or last "
+                f"called bind_thread()); this call came from thread "
+                f"{threading.current_thread().name!r}. Two threads on one communicator would "
+                "mix up their calls between ranks: give each thread a communicator of its "
+                "own (split() in the owning thread, then bind_thread() in the other)")
 
     # -- reliability: sequence numbers, fingerprints, timeouts ---------------------------
 
@@ -578,6 +615,12 @@ class Communicator(abc.ABC):
         self._broken = (f"{self!r} is unusable: {call_name} timed out, and the transport cannot "
                         "take it back (some ranks may still be inside it); create a new "
                         "communicator, or end the job")
+        for sibling in list(_LIVE):  # a peer may have left requests on any of them
+            if sibling is not self and sibling.backend == self.backend and not sibling._broken:
+                sibling._broken = (
+                    f"{sibling!r} is unusable: {call_name} timed out, and this communicator "
+                    f"shares the {self.backend} transport with it (a rank that timed out on "
+                    "another communicator may have left a call behind on this one); end the job")
         source = f"timeout={self.timeout:g}s" if self.timeout is not None else "the transport's timeout"
         return CollectiveTimeout(
             f"{call_name} did not complete within {source} ({config.TIMEOUT}): another rank "
@@ -623,11 +666,11 @@ class Communicator(abc.ABC):
             raise
         except Exception as error:
             raise self._transport_error(error) from error
-        error = mismatch(everyone, self)
-        if error is not None:
-            raise error
+        found = mismatch(everyone, self)
+        if found is not None:
+            raise found
 
-    def _split_groups(self, color: int | None, key: int) -> list[list[int]] | None:
+    def _split_groups(self, color: int | None, key: int) -> list[int] | None:
         """Every rank's group for ``split``, through one all_gather of (color, key).
 
         Returns this rank's group as a list of ranks of this communicator in the
@@ -879,6 +922,14 @@ def _into(adapter: ArrayAdapter, out: Any, value: Any) -> Any:
 def _nbytes(x: Any) -> int:
     """Bytes of a numpy/CuPy array or a torch tensor."""
     return int(x.nbytes) if hasattr(x, "nbytes") else int(x.numel() * x.element_size())
+
+
+def _in_backward_pass() -> bool:
+    """Whether this thread is running a backward pass of torch's autograd engine (which
+    runs CUDA backward functions on threads of its own, for the thread that called
+    ``backward()``)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch._C._current_graph_task_id() != -1
 
 
 def _is_int(value: Any) -> bool:

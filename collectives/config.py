@@ -65,8 +65,9 @@ def env_flag(name: str) -> bool | None:
 # -- collectives.testing (the rank pool and its pytest plugin) -----------------------------
 #: Hypothesis profile of the property tests: ci (default) or dev.
 HYPOTHESIS_PROFILE = "COLLECTIVES_HYPOTHESIS_PROFILE"
-#: Backend and size of the ``world`` fixture when a test does not parametrize it.
+#: Backend of the ``world`` fixture when a test does not parametrize it (default mpi).
 TEST_BACKEND = "COLLECTIVES_TEST_BACKEND"
+#: Size of the ``world`` fixture when a test does not parametrize it (default 2).
 TEST_SIZE = "COLLECTIVES_TEST_SIZE"
 #: Seconds a pool waits for its ranks to start and connect (default 120).
 POOL_START_TIMEOUT = "COLLECTIVES_POOL_START_TIMEOUT"
@@ -74,6 +75,7 @@ POOL_START_TIMEOUT = "COLLECTIVES_POOL_START_TIMEOUT"
 POOL_JOB_TIMEOUT = "COLLECTIVES_POOL_JOB_TIMEOUT"
 #: How many pools a test session keeps warm at once (default 4).
 POOL_MAX_LIVE = "COLLECTIVES_POOL_MAX_LIVE"
-#: Set by a pool in its ranks' environment: where to connect back, and the key.
+#: Set by a pool in its ranks' environment: where to connect back (host:port).
 POOL_ADDRESS = "COLLECTIVES_POOL_ADDRESS"
+#: Set by a pool in its ranks' environment: the connection's key (it also marks the pool's processes).
 POOL_AUTHKEY = "COLLECTIVES_POOL_AUTHKEY"

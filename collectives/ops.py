@@ -31,8 +31,11 @@ class ReduceOp(str, enum.Enum):
         return self.value
 
 
+#: The boolean dtype.
 BOOL_DTYPES = ("bool",)
+#: The integer dtypes (SUM and PROD wrap around).
 INTEGER_DTYPES = ("int8", "uint8", "int16", "int32", "int64")
+#: The floating-point dtypes (the only ones with AVG).
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: Every dtype a collective accepts, in the order of the README's table.
 DTYPES = BOOL_DTYPES + INTEGER_DTYPES + FLOAT_DTYPES

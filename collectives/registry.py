@@ -49,7 +49,8 @@ def backend_class(name: str) -> type[Communicator]:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise BackendUnavailable(f"backend {name!r} cannot be imported: {error}") from error
-    return getattr(module, class_name)
+    cls: type[Communicator] = getattr(module, class_name)
+    return cls
 
 
 def init(backend: str | None = None, *, timeout: Any = None) -> Communicator:

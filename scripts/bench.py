@@ -236,6 +236,12 @@ class RawMPI(Raw):
 
     def bind(self, op: str, x: Any, out: Any = None) -> Callable[[], Any]:
         comm, mpi_op, IN_PLACE = self.comm, self.op, self.MPI.IN_PLACE
+        if not isinstance(x, np.ndarray) and op in ("all_reduce", "broadcast"):
+            # A torch CPU tensor: what a raw mpi4py caller writes, its numpy view each call.
+            mpi_type = self._spec(x.numpy())[1]
+            if op == "all_reduce":
+                return lambda: comm.Allreduce(IN_PLACE, [x.numpy(), mpi_type], mpi_op)
+            return lambda: comm.Bcast([x.numpy(), mpi_type], 0)
         spec = self._spec(x)
         if op == "all_reduce":
             return lambda: comm.Allreduce(IN_PLACE, spec, mpi_op)

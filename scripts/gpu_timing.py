@@ -8,9 +8,12 @@
 "raw" is the transport called directly on the same buffer: ``dist.all_reduce`` (torch),
 ``NcclCommunicator.allReduce`` on the caller's stream (cupy), ``MPI_Allreduce`` on the
 device pointer when MPI is CUDA-aware, else the copy to host, ``MPI_Allreduce`` and the
-copy back that a user would write by hand (mpi). Each time is the mean per call over a
-loop between two device synchronizations, after warm-up. Rank 0 prints the rows (and
-appends them to ``--out``); ``--header`` prints the table's header first.
+copy back that a user would write by hand (mpi). On cupy with a timeout (the default) each of
+our blocking calls waits on the host for its CUDA event against the deadline, which raw NCCL
+does not; ``COLLECTIVES_TIMEOUT=0`` rows ("no timeout") show the call path without that wait.
+Each time is the mean per call over a loop between two device synchronizations, after
+warm-up. Rank 0 prints the rows (and appends them to ``--out``); ``--header`` prints the
+table's header first.
 """
 
 from __future__ import annotations
@@ -126,6 +129,8 @@ def main() -> int:
     label = comm.backend
     if comm.backend == "mpi":
         label += " (CUDA-aware)" if comm.cuda_aware else " (staged)"
+    if comm.backend == "cupy" and comm.timeout is None:
+        label += " (no timeout)"  # blocking calls return once enqueued, as raw NCCL does
     rows = []
     for library in args.libraries.split(","):
         if library == "cupy" and importlib.util.find_spec("cupy") is None:

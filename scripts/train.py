@@ -27,18 +27,24 @@ with status 1 when the SyncBN run differs by more than ``--tolerance`` or the
 control is not clearly worse (then the check cannot tell synced from unsynced).
 
 Rank 0 shows progress, prints loss and accuracy per epoch and writes a checkpoint
-after every epoch (to a temporary file, then ``os.replace``: a crash never leaves a
-torn checkpoint). ``--resume`` continues from it: rank 0 reads it and broadcasts
-its bytes, so the ranks need no shared file system.
+after every epoch (to ``<checkpoint>.tmp.<host>.<pid>``, then ``os.replace``: a crash
+never leaves a torn checkpoint; a writer killed mid-write leaves its temporary file, which
+the next save removes once no writer can still be at work on it, see ``stale_temp_files``).
+``--resume`` continues from it: rank 0 reads it and broadcasts its bytes, so the ranks
+need no shared file system; a file that is missing, unreadable, empty, not a torch file
+or not a checkpoint of this script is a SystemExit on every rank naming the file and
+what is wrong.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import io
 import math
 import os
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -54,6 +60,7 @@ import collectives
 from collectives.communicator import Communicator
 
 TEST_IMAGES = 360  # of 1797: 1437 for training
+_IMPORTED = time.time()
 NORMS = ("sync", "local")
 
 
@@ -246,34 +253,188 @@ def pick_device(cfg: Config, comm: Communicator) -> torch.device:
 # -- checkpoints --------------------------------------------------------------------------------
 
 
-def save_checkpoint(path: str, state: dict[str, Any]) -> None:
-    """Write ``state`` to ``path`` atomically: a temporary file, then ``os.replace``."""
+#: What a checkpoint of this script holds (``--resume`` checks them before using any).
+CHECKPOINT_KEYS = ("epoch", "world_size", "config", "model", "optimizer")
+#: The settings a resumed run must share with the checkpoint (its shards and batches).
+RESUME_KEYS = ("batch", "seed", "train_images", "steps_per_epoch")
+#: Slack, in seconds, when comparing a process's start time with a file's modification time
+#: (/proc gives the start in clock ticks after a boot time counted in whole seconds).
+_CLOCK_SLACK = 2.0
+
+
+def temp_path(path: str) -> str:
+    """Where this process writes ``path``'s next version before renaming it into place:
+    ``<path>.tmp.<host>.<pid>``, so a later run can tell whose it is (see ``stale_temp_files``)."""
+    return f"{path}.tmp.{socket.gethostname()}.{os.getpid()}"
+
+
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), or None where /proc cannot say."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        pass
+    return True
+
+
+def stale_temp_files(path: str, started: float) -> list[tuple[str, str]]:
+    """The temporary files of ``path`` that no writer will finish, with why: ``(file, reason)``.
+
+    A writer killed mid-checkpoint (SIGKILL, the node lost, out of memory) leaves its
+    ``<path>.tmp.<host>.<pid>``. Another job may be writing the same path right now (two
+    runs sharing a directory), so a file counts as stale only when its writer cannot be:
+    on this host, when process ``pid`` is gone, is this process (which is not writing it
+    now), or started after the file was last written (the pid was reused); from another
+    host (whose processes cannot be seen from here) or with the older name ``<path>.tmp.<pid>``,
+    when it was last written before ``started``, the start of the current run. Files of
+    other checkpoints, and names that do not end in a pid, are never touched.
+    """
+    directory, base = os.path.split(os.path.abspath(path))
+    prefix = base + ".tmp."
+    host = socket.gethostname()
+    stale = []
+    for name in sorted(os.listdir(directory)):
+        # <host>.<pid>, or <pid> alone (train.py before hosts were named: host unknown, "")
+        writer_host, _, pid_text = name[len(prefix):].rpartition(".")
+        if not name.startswith(prefix) or not pid_text.isdigit():
+            continue
+        full = os.path.join(directory, name)
+        try:
+            modified = os.stat(full).st_mtime
+        except FileNotFoundError:  # its writer just renamed it into place
+            continue
+        pid = int(pid_text)
+        if writer_host == host:
+            if pid == os.getpid():
+                reason = "left by an earlier write of this process"
+            elif not _alive(pid):
+                reason = f"its writer, pid {pid} on this host, is gone"
+            elif (begun := _process_start(pid)) is not None and begun > modified + _CLOCK_SLACK:
+                reason = f"pid {pid} on this host started after the file was last written"
+            else:
+                continue
+        elif modified < started:
+            where = f"host {writer_host}" if writer_host else "an unknown host"
+            reason = f"written by pid {pid} on {where} before this run started"
+        else:
+            continue
+        stale.append((full, reason))
+    return stale
+
+
+def save_checkpoint(path: str, state: dict[str, Any], *, started: float | None = None) -> None:
+    """Write ``state`` to ``path`` atomically: a temporary file, then ``os.replace``.
+
+    First removes the stale temporary files of ``path`` (``stale_temp_files``; ``started``:
+    when the current run began, default this process's start), saying so on stderr.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    if started is None:
+        started = _process_start(os.getpid()) or _IMPORTED
+    for stale, reason in stale_temp_files(path, started):
+        try:
+            os.unlink(stale)
+        except FileNotFoundError:
+            continue
+        except OSError as error:  # another user's file in a shared directory: not ours to fail on
+            print(f"could not remove the stale temporary checkpoint file {stale} ({reason}): "
+                  f"{error.strerror or error}", file=sys.stderr)
+            continue
+        print(f"removed the stale temporary checkpoint file {stale} ({reason})", file=sys.stderr)
+    tmp = temp_path(path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # an exception or Ctrl-C mid-write: leave no temporary file
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _read_for_resume(path: str) -> tuple[bytes, str | None]:
+    """``path``'s bytes, or why they cannot be a checkpoint (rank 0 only)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return b"", f"--resume: no checkpoint at {path} (no such file)"
+    except OSError as error:
+        return b"", f"--resume: cannot read the checkpoint {path}: {error.strerror or error}"
+    if not data:
+        return b"", (f"--resume: the checkpoint {path} is empty (0 bytes), not a checkpoint "
+                     "(train.py renames a checkpoint into place only once it is written, so no "
+                     "completed save left it); remove it or pass another --checkpoint")
+    return data, None
+
+
+def check_checkpoint(path: str, state: Any) -> dict[str, Any]:
+    """``state`` if it is a checkpoint of this script, else SystemExit naming ``path`` and
+    what it lacks."""
+    def describe(value: Any) -> str:
+        if isinstance(value, dict):
+            keys = ", ".join(repr(k) for k in list(value)[:8]) + (", ..." if len(value) > 8 else "")
+            return f"a dict with keys {keys}" if value else "an empty dict"
+        return f"a {type(value).__module__}.{type(value).__name__}"
+
+    what = "a torch file but not a checkpoint of scripts/train.py"
+    if not isinstance(state, dict):
+        raise SystemExit(f"--resume: {path} is {what}: it holds {describe(state)}")
+    missing = [key for key in CHECKPOINT_KEYS if key not in state]
+    if missing:
+        raise SystemExit(f"--resume: {path} is {what}: it lacks {', '.join(map(repr, missing))} "
+                         f"(it holds {describe(state)})")
+    config = state["config"]
+    lacking = [key for key in RESUME_KEYS if not isinstance(config, dict) or key not in config]
+    if lacking:
+        raise SystemExit(f"--resume: {path} is {what}: its 'config' lacks "
+                         f"{', '.join(map(repr, lacking))} (it holds {describe(config)})")
+    return state
 
 
 def load_checkpoint(comm: Communicator, path: str) -> dict[str, Any]:
-    """Rank 0 reads ``path``; its bytes reach every rank by broadcast (no shared disk needed)."""
-    length = np.zeros(1, dtype=np.int64)
+    """Rank 0 reads ``path``; its bytes reach every rank by broadcast (no shared disk needed).
+
+    A file that cannot be our checkpoint (missing, unreadable, empty, not a torch file, a
+    torch file of something else) is a SystemExit on every rank that names ``path`` and
+    what is wrong; rank 0's reason travels to the others in place of the bytes.
+    """
+    header = np.zeros(2, dtype=np.int64)  # [0: bytes of the checkpoint, 1: of an error], length
     data = b""
     if comm.rank == 0:
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                data = f.read()
-        length[0] = len(data) if data else -1
-    comm.broadcast(length, src=0)
-    if length[0] < 0:
-        raise SystemExit(f"--resume: no checkpoint at {path}")
+        data, error = _read_for_resume(path)
+        if error is not None:
+            data = error.encode()
+        header[:] = [0 if error is None else 1, len(data)]
+    comm.broadcast(header, src=0)
     buf = np.frombuffer(data, dtype=np.uint8).copy() if comm.rank == 0 \
-        else np.empty(int(length[0]), dtype=np.uint8)
+        else np.empty(int(header[1]), dtype=np.uint8)
     comm.broadcast(buf, src=0)
-    return torch.load(io.BytesIO(buf.tobytes()), map_location="cpu", weights_only=True)
+    if header[0] == 1:
+        raise SystemExit(buf.tobytes().decode())
+    try:
+        state = torch.load(io.BytesIO(buf.tobytes()), map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - what torch.load raises for a bad file varies
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        raise SystemExit(f"--resume: {path} ({len(buf)} bytes) is not a torch checkpoint: "
+                         f"torch.load raised {type(error).__name__}: {first}") from None
+    return check_checkpoint(path, state)
 
 
 # -- progress ---------------------------------------------------------------------------------
@@ -352,7 +513,7 @@ def train(comm: Communicator, cfg: Config, data: Digits, norm: str, *, main_run:
     start_epoch = 0
     if main_run and cfg.resume:
         state = load_checkpoint(comm, cfg.checkpoint)
-        for key in ("batch", "seed", "train_images", "steps_per_epoch"):
+        for key in RESUME_KEYS:
             if state["config"][key] != getattr(cfg, key):
                 raise SystemExit(f"--resume: the checkpoint was made with {key}="
                                  f"{state['config'][key]}, this run has {getattr(cfg, key)}")

@@ -1,4 +1,4 @@
-"""SyncBatchNorm written once against the collectives interface.
+"""SyncBatchNorm written once against the collectives interface::
 
     import collectives
     from collectives import syncbn

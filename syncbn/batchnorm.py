@@ -59,6 +59,9 @@ class SyncBatchNorm(_BatchNorm):
     float16/bfloat16 input works with float32 parameters (accumulation in float32).
     """
 
+    #: The batch norm class revert_sync_batchnorm makes (set by convert_sync_batchnorm).
+    _reverts_to: type[torch.nn.Module]
+
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1,
                  affine: bool = True, track_running_stats: bool = True,
                  comm: Communicator | None = None, device: Any = None, dtype: Any = None) -> None:
@@ -108,17 +111,20 @@ class SyncBatchNorm(_BatchNorm):
             # torch's rule; across ranks a single value per channel is legal (others add more).
             raise ValueError(f"expected more than 1 value per channel when training; got input "
                              f"of shape {tuple(input.shape)}")
-        return SyncBatchNormFunction.apply(
+        # torch leaves Function.apply unannotated.
+        output: torch.Tensor = SyncBatchNormFunction.apply(  # type: ignore[no-untyped-call]
             input, self.weight, self.bias,
             self.running_mean if tracking else None,
             self.running_var if tracking else None,
             self.num_batches_tracked if tracking else None,
             self.momentum, self.eps, comm)
+        return output
 
     def extra_repr(self) -> str:
         comm = self._comm_ref.comm
         where = "collectives.init()" if comm is None else repr(comm)
-        return f"{super().extra_repr()}, comm={where}"
+        torch_repr: str = super().extra_repr()  # type: ignore[no-untyped-call]  # unannotated in torch
+        return f"{torch_repr}, comm={where}"
 
 
 class BatchNormXd(_BatchNorm):

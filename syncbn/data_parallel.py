@@ -107,14 +107,13 @@ class _Bucket:
 class DataParallel(nn.Module):
     """Wrap ``module`` for data-parallel training over ``comm`` (default ``collectives.init()``).
 
-    Args:
-        module: the model; its parameters and buffers are overwritten by rank 0's here.
-        comm: the communicator of the ranks that train together.
-        bucket_cap_mb: about how many MB of gradients one all_reduce carries (> 0).
-        grad_reduction: ``"mean"`` (sum / size, like DDP) or ``"sum"``; see the module docs.
-        broadcast_buffers: also broadcast rank 0's buffers before every forward in
-            training mode, like DDP's default. Off by default: with SyncBatchNorm
-            the running statistics are already identical on every rank.
+    :param module: the model; its parameters and buffers are overwritten by rank 0's here.
+    :param comm: the communicator of the ranks that train together.
+    :param bucket_cap_mb: about how many MB of gradients one all_reduce carries (> 0).
+    :param grad_reduction: ``"mean"`` (sum / size, like DDP) or ``"sum"``; see the module docs.
+    :param broadcast_buffers: also broadcast rank 0's buffers before every forward in
+        training mode, like DDP's default. Off by default: with SyncBatchNorm
+        the running statistics are already identical on every rank.
 
     Raises ``TypeError``/``ValueError`` for bad arguments before any communication.
     ``module`` is reachable as ``.module`` (save ``model.module.state_dict()``).
@@ -230,12 +229,14 @@ class DataParallel(nn.Module):
         bucket, position = self._where[param]
         if position in bucket.ready:
             return  # a second gradient for it in one backward (retain_graph): the last wins
+        grad = param.grad
+        assert grad is not None, "a post-accumulate-grad hook runs once the gradient is there"
         with torch.no_grad():
             view = bucket.grad_view(position)
             if self.grad_reduction == "mean":
-                torch.mul(param.grad, 1.0 / self.comm.size, out=view)
+                torch.mul(grad, 1.0 / self.comm.size, out=view)
             else:
-                view.copy_(param.grad)
+                view.copy_(grad)
             bucket.used_counts()[position] = 1
         bucket.ready.add(position)
         self._launch_ready_buckets()

@@ -1,5 +1,10 @@
 """Every collective x every dtype of the table x every op x backends local/torch/mpi x world
-sizes 1-4, on real ranks, checked against numpy computed from the same per-rank inputs."""
+sizes 1-4, on real ranks, checked against numpy computed from the same per-rank inputs;
+the collectives that return an array take out= and async_op=True in turn, and uneven
+all_to_all / all_gather_v include zero-length pieces and a rank that sends nothing. Also
+point-to-point rings and pairs (both wait orders) and debug-mode recv mismatches. More of
+the collective set (all-pairs exchanges, bad arguments, reordered splits) is in
+tests/test_collective_set.py."""
 
 from __future__ import annotations
 
@@ -47,12 +52,30 @@ def broadcast_job(comm, kind, cases):
     return out
 
 
+def _flags(index):
+    """(out=, async_op) for case ``index``: every combination, in turn."""
+    return index % 2 == 1, index % 4 >= 2
+
+
+def _zeros_like(x, shape):
+    if isinstance(x, np.ndarray):
+        return np.zeros(shape, dtype=x.dtype)
+    import torch  # noqa: PLC0415
+
+    return torch.zeros(shape, dtype=x.dtype)
+
+
 def all_gather_job(comm, kind, cases):
     out = []
-    for dtype, values in cases:
+    for index, (dtype, values) in enumerate(cases):
         x = as_array(values, dtype, kind)
         before = to_numpy(x)
-        gathered = comm.all_gather(x)
+        use_out, async_op = _flags(index)
+        given = _zeros_like(x, (comm.size, *x.shape)) if use_out else None
+        gathered = comm.all_gather(x, out=given, async_op=async_op)
+        if async_op:
+            gathered = gathered.wait()
+        assert given is None or gathered is given, "all_gather with out= returns out"
         assert type(gathered) is type(x) and gathered.dtype == x.dtype, (type(gathered), gathered.dtype)
         assert np.array_equal(before, to_numpy(x)), "all_gather modified its input"
         out.append(to_numpy(gathered))
@@ -61,13 +84,19 @@ def all_gather_job(comm, kind, cases):
 
 def reduce_scatter_job(comm, kind, cases):
     out = []
-    for dtype, op, values in cases:
+    for index, (dtype, op, values) in enumerate(cases):
         x = as_array(values, dtype, kind)
+        use_out, async_op = _flags(index)
+        given = _zeros_like(x, (x.shape[0] // comm.size, *x.shape[1:])) \
+            if use_out and x.ndim and x.shape[0] % comm.size == 0 else None
         try:
-            result = comm.reduce_scatter(x, op)
+            result = comm.reduce_scatter(x, op, out=given, async_op=async_op)
         except (TypeError, ValueError) as error:
             out.append(("error", type(error).__name__, str(error)))
             continue
+        if async_op:
+            result = result.wait()
+        assert given is None or result is given, "reduce_scatter with out= returns out"
         assert type(result) is type(x) and result.dtype == x.dtype
         out.append(("ok", to_numpy(result)))
     return out

@@ -8,7 +8,13 @@ world size 1, and at 2 ranks where NCCL >= 2.30 allows several ranks per GPU; mp
 - stream ordering: a kernel writes the array right before the collective and another reads
   it right after, on a non-default stream kept busy, with no explicit synchronize;
 - SyncBatchNorm on CUDA against torch.nn.BatchNorm2d on the concatenated batch (float64, CPU),
-  and against torch.nn.SyncBatchNorm where it runs (the torch backend).
+  and against torch.nn.SyncBatchNorm where it runs (the torch backend);
+- reduce, gather, scatter, all_to_all (equal, with splits) and all_gather_v against numpy, blocking
+  and async into out=; async send/recv rings in both wait orders (16 MiB: NCCL needs its group);
+- the cupy backend's timeout (a stream held past it; a rank that never joins) and its debug mode
+  (fingerprints and p2p headers through device memory).
+- the cupy backend with one rank on each of two hosts of the multi-host test bed (root only;
+  the NCCL id through MPI under mpiexec, through torchrun's agent store under torchrun).
 """
 
 import importlib
@@ -302,6 +308,11 @@ def _inputs(size, seed):
     return [{dtype: tensors[r] for dtype, tensors in per_dtype.items()} for r in range(size)]
 
 
+def needs_library(library):
+    if library == "cupy" and not HAS_CUPY:
+        pytest.skip("CuPy is not installed: no CuPy arrays to test")
+
+
 def _assert_matches(got, want, dtype, size, what):
     if dtype in FLOATS:
         tolerance = FLOAT_TOLERANCE[dtype]
@@ -313,8 +324,7 @@ def _assert_matches(got, want, dtype, size, what):
 
 @pytest.mark.parametrize("library", ["torch", "cupy"])
 def test_every_op_and_dtype_matches_the_reference(gpu_world, library):
-    if library == "cupy" and not HAS_CUPY:
-        pytest.skip("CuPy is not installed: no CuPy arrays to test")
+    needs_library(library)
     check_grid(gpu_world, library)
 
 
@@ -356,8 +366,7 @@ def check_grid(world, library):
 @pytest.mark.parametrize("async_op", [False, True], ids=["blocking", "async"])
 @pytest.mark.parametrize("library", ["torch", "cupy"])
 def test_collective_is_ordered_with_the_callers_kernels(gpu_world, library, async_op):
-    if library == "cupy" and not HAS_CUPY:
-        pytest.skip("CuPy is not installed: no CuPy arrays to test")
+    needs_library(library)
     size = gpu_world.size
     want = 2.0 * size * (size + 1) / 2
     for low, high in gpu_world.run(stream_order_job, args=(library, 1 << 22, async_op),
@@ -367,8 +376,7 @@ def test_collective_is_ordered_with_the_callers_kernels(gpu_world, library, asyn
 
 @pytest.mark.parametrize("library", ["torch", "cupy"])
 def test_split_groups_reduce_among_themselves(gpu_world, library):
-    if library == "cupy" and not HAS_CUPY:
-        pytest.skip("CuPy is not installed: no CuPy arrays to test")
+    needs_library(library)
     check_split(gpu_world, library)
 
 
@@ -418,3 +426,416 @@ def check_syncbn(world, device, with_torch):
                                        rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(results[r][name]["var"].double(), reference_bn.running_var,
                                        rtol=1e-5, atol=1e-5)
+
+
+# -- the rest of the collective set (issue 11) -----------------------------------------------------
+
+#: dtypes the data-moving collectives run on (reduce runs on every dtype): a plain one, one NCCL
+#: lacks (bool), one staged on some transports (bfloat16) and a 2-byte integer.
+SET_DTYPES = ("float32", "bool", "bfloat16", "int16")
+#: Floats per message of the point-to-point checks: 16 MiB, more than NCCL sends without a
+#: posted recv, so sends and recvs issued one by one would deadlock on NCCL without its group.
+P2P_FLOATS = 1 << 22
+
+
+def _empty(library, like, shape):
+    if library == "cupy":
+        import cupy
+
+        return cupy.empty(shape, dtype=like.dtype)
+    return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+
+def _plain(x):
+    """A result as it travels back: None, a numpy array, or (array, counts)."""
+    if x is None:
+        return None
+    if isinstance(x, tuple):
+        return _to_cpu(x[0]), list(x[1])
+    return _to_cpu(x)
+
+
+def _set_cases(comm, rows, mine, part, splits, counts):
+    """name -> (blocking call, async call into out=, out's shape or None) for collective_set_job."""
+    size, rank, dst = comm.size, comm.rank, comm.size - 1
+    received = sum(row[rank] for row in splits)
+    return {
+        "gather": (lambda: comm.gather(rows, dst),
+                   lambda out: comm.gather(rows, dst, out=out, async_op=True),
+                   (size, size, 3) if rank == dst else None),
+        "scatter": (lambda: comm.scatter(rows, dst),
+                    lambda out: comm.scatter(rows, dst, out=out, async_op=True), (3,)),
+        "all_to_all": (lambda: comm.all_to_all(rows),
+                       lambda out: comm.all_to_all(rows, out=out, async_op=True), (size, 3)),
+        "all_to_all_v": (lambda: comm.all_to_all(mine, splits[rank]),
+                         lambda out: comm.all_to_all(mine, splits[rank], out=out, async_op=True),
+                         (received, 3)),
+        "all_gather_v": (lambda: comm.all_gather_v(part),
+                         lambda out: comm.all_gather_v(part, out=out, async_op=True),
+                         (sum(counts), 3)),
+    }
+
+
+def collective_set_job(comm, library, inputs, splits, counts):
+    """reduce on every dtype x op (dst = last rank); gather, scatter, all_to_all (equal and with
+    ``splits``), all_gather_v (``counts`` rows per rank), each blocking, async into out=, and
+    gather of a strided input; every result as numpy (None where the rank gets none)."""
+    size, rank, dst = comm.size, comm.rank, comm.size - 1
+    results = {}
+    for dtype, array in inputs.items():
+        cpu = from_wire(array, dtype)  # (2 * size, 3)
+        like = _to_device(library, cpu)
+        if like is None:
+            continue
+        for op in ReduceOp:
+            if op in ALLOWED_OPS[dtype]:
+                x = _to_device(library, cpu)
+                assert comm.reduce(x, op, dst) is x
+                results[("reduce", dtype, op.value)] = _to_cpu(x)
+        if dtype not in SET_DTYPES:
+            continue
+        x = _to_device(library, cpu)
+        assert comm.reduce(x, "max", dst, async_op=True).wait() is x
+        results[("reduce_async", dtype, "max")] = _to_cpu(x)
+        rows = _to_device(library, cpu[:size])
+        mine = _to_device(library, cpu[:sum(splits[rank])])
+        part = _to_device(library, cpu[:counts[rank]])
+        cases = _set_cases(comm, rows, mine, part, splits, counts)
+        for name, (blocking, into, out_shape) in cases.items():
+            results[(name, dtype, "")] = _plain(blocking())
+            out = None if out_shape is None else _empty(library, like, out_shape)
+            got = into(out).wait()
+            if out is not None:
+                assert (got[0] if isinstance(got, tuple) else got) is out, name
+            results[(name + "_out_async", dtype, "")] = _plain(got)
+        wide = _to_device(library, torch.stack([cpu[:size], cpu[:size]], dim=-1).reshape(size, -1))
+        results[("gather_strided", dtype, "")] = _plain(comm.gather(wide[:, ::2], dst))
+    if library != "cpu":
+        torch.cuda.synchronize()
+    return results
+
+
+def _set_expectation(collective, dtype, op, column, rank, size, splits, counts):
+    """What rank ``rank`` must hold, from every rank's input ``column`` (CPU tensors)."""
+    dst = size - 1
+    base = collective.removesuffix("_out_async").removesuffix("_async").removesuffix("_strided")
+    rows = [c[:size] for c in column]
+    if base == "reduce":
+        return reference(dtype, ReduceOp(op), column) if rank == dst else column[rank]
+    if base == "gather":
+        return torch.stack(rows) if rank == dst else None
+    if base == "scatter":
+        return rows[dst][rank]
+    if base == "all_to_all":
+        return torch.stack([rows[j][rank] for j in range(size)])
+    if base == "all_to_all_v":
+        return torch.cat([torch.split(column[i][:sum(splits[i])], splits[i])[rank]
+                          for i in range(size)])
+    assert base == "all_gather_v"
+    return torch.cat([column[i][:counts[i]] for i in range(size)]), counts
+
+
+def check_collective_set(world, library):
+    size = world.size
+    seed = zlib.crc32(f"set {world.backend} {size} {library}".encode())
+    inputs = _inputs(size, seed)
+    rng = np.random.default_rng(seed)
+    splits = rng.integers(0, 3, (size, size)).tolist()
+    splits[0] = [0] * size  # rank 0 sends nothing; zero-length pieces elsewhere too
+    counts = [r % 3 for r in range(size)]  # rank 0 has no rows
+    wire = [{dtype: to_wire(t) for dtype, t in per_rank.items()} for per_rank in inputs]
+    replies = world.run(collective_set_job, [(library, wire[r], splits, counts) for r in range(size)],
+                        timeout=JOB_TIMEOUT)
+    assert {key[0] for key in replies[0]} >= {"reduce", "gather", "scatter", "all_to_all",
+                                              "all_to_all_v", "all_gather_v"}
+    for r, reply in enumerate(replies):
+        for (collective, dtype, op), got in reply.items():
+            column = [inputs[i][dtype] for i in range(size)]
+            want = _set_expectation(collective, dtype, op, column, r, size, splits, counts)
+            what = f"{collective} {dtype} {op} on rank {r}"
+            if want is None:
+                assert got is None, what
+                continue
+            if isinstance(want, tuple):
+                (got, got_counts), (want, want_counts) = got, want
+                assert got_counts == want_counts, what
+            got = from_wire(got, dtype)
+            assert tuple(got.shape) == tuple(want.shape), f"{what}: shape {tuple(got.shape)}"
+            if collective.startswith("reduce") and r == size - 1:
+                _assert_matches(got, want, dtype, size, what)
+            else:  # moved, not computed (or untouched off dst): the same bytes
+                assert torch.equal(got, want.to(got.dtype)), f"{what}: {got} != {want}"
+
+
+@pytest.mark.parametrize("library", ["torch", "cupy"])
+def test_reduce_gather_scatter_all_to_all_all_gather_v_match_numpy(gpu_world, library):
+    needs_library(library)
+    check_collective_set(gpu_world, library)
+
+
+def p2p_job(comm, library, n, recv_first):
+    """A ring of async sends and recvs (all issued, then waited, recv or send first), then a
+    blocking pairwise exchange (even ranks send first); what arrived, as (min, max)."""
+    size, rank = comm.size, comm.rank
+    x = _to_device(library, torch.full((n,), float(rank + 1)))
+    y = _to_device(library, torch.zeros(n))
+    sent = comm.send(x, (rank + 1) % size, async_op=True)
+    got = comm.recv(y, (rank - 1) % size, async_op=True)
+    for work in (got, sent) if recv_first else (sent, got):
+        work.wait()
+    ring = float(y.min()), float(y.max())
+    partner = rank ^ 1
+    pair = None
+    if partner < size:
+        z = _to_device(library, torch.zeros(n))
+        if rank % 2 == 0:
+            comm.send(x, partner)
+            assert comm.recv(z, partner) is z
+        else:
+            comm.recv(z, partner)
+            comm.send(x, partner)
+        pair = float(z.min()), float(z.max())
+    if library != "cpu":
+        torch.cuda.synchronize()
+    return ring, pair
+
+
+@pytest.mark.parametrize("recv_first", [False, True], ids=["send-waited-first", "recv-waited-first"])
+@pytest.mark.parametrize("library", ["torch", "cupy"])
+def test_async_send_recv_ring_completes_in_any_wait_order(gpu_world, library, recv_first):
+    needs_library(library)
+    if gpu_world.size == 1:
+        pytest.skip("point-to-point needs another rank (the cupy backend's own group is checked "
+                    "at size 1 by test_cupy_sends_to_itself_in_one_group)")
+    check_p2p(gpu_world, library, recv_first)
+
+
+def check_p2p(world, library, recv_first, n=P2P_FLOATS):
+    size = world.size
+    replies = world.run(p2p_job, args=(library, n, recv_first), timeout=JOB_TIMEOUT)
+    for rank, (ring, pair) in enumerate(replies):
+        sender = float((rank - 1) % size + 1)
+        assert ring == (sender, sender), (rank, ring)
+        assert pair == ((float((rank ^ 1) + 1),) * 2 if rank ^ 1 < size else None), (rank, pair)
+
+
+def cupy_self_job(comm, library, n):
+    """White-box, at size 1 (no peer to call the public send/recv with): the backend's async
+    send and recv to itself, the recv waited first (one NCCL group, else a deadlock at this
+    size), and the small-vector hooks of debug mode on device memory."""
+    from collectives import arrays
+
+    x = _to_device(library, torch.full((n,), 7.0))
+    y = _to_device(library, torch.zeros(n))
+    adapter = arrays.adapter_for(x)
+    dtype = adapter.dtype_name(x)
+    got = comm._recv(y, adapter, dtype, 0, 0, True)
+    sent = comm._send(x, adapter, dtype, 0, 0, True)
+    assert not got.is_completed()  # queued in the open group until a wait
+    got.wait()
+    sent.wait()
+    vector, into = np.arange(5, dtype=np.int64) - 2**40, np.zeros(5, dtype=np.int64)
+    header_sent = comm._send_small(vector, 0, 0)
+    comm._recv_small(into, 0, 0).wait()
+    header_sent.wait()
+    everyone = comm._exchange_small(np.array([3, -1, 2**40], dtype=np.int64))
+    scratch = comm._scratch_bytes(x, adapter, 10)
+    torch.cuda.synchronize()
+    return ((float(y.min()), float(y.max())), into.tolist(), type(everyone).__module__,
+            everyone.tolist(), (str(scratch.dtype), tuple(scratch.shape), adapter.is_cuda(scratch)))
+
+
+@pytest.mark.parametrize("library", ["torch", "cupy"])
+def test_cupy_sends_to_itself_in_one_group(gpu_world, library):
+    if gpu_world.backend != "cupy" or gpu_world.size != 1:
+        pytest.skip("white-box check of the cupy backend at world size 1")
+    received, header, kind, everyone, scratch = gpu_world.run(
+        cupy_self_job, args=(library, P2P_FLOATS), timeout=JOB_TIMEOUT)[0]
+    assert received == (7.0, 7.0)
+    assert header == (np.arange(5) - 2**40).tolist()
+    assert kind == "numpy" and everyone == [[3, -1, 2**40]]  # host memory, as the base class expects
+    assert scratch == ("uint8" if library == "cupy" else "torch.uint8", (10,), True)
+
+
+# -- the cupy backend's timeout and debug mode (issue 15) -------------------------------------------
+
+#: Cycles of torch.cuda._sleep that hold the stream well past TIMEOUT_SECONDS (3.5-4 s at an
+#: H200's 1.7-2 GHz).
+HOLD_CYCLES = 7_000_000_000
+TIMEOUT_SECONDS = 2.0
+# Communicators a job keeps alive after it returns (a peer may still be waiting on them).
+_KEEP = []
+
+
+def _cupy_pool(size, env):
+    if not HAS_CUPY:
+        pytest.skip("CuPy is not installed")
+    env = dict(env)
+    if size > 1:
+        env.update(MULTI_RANK if torch.cuda.device_count() < size else {})
+        reason = skip_reason("cupy", size, "torchrun", env)
+        if reason:
+            pytest.skip(reason)
+    pool = RankPool("cupy", size, launcher="torchrun", env=env, job_timeout=JOB_TIMEOUT)
+    pool.start()
+    return pool
+
+
+@pytest.fixture(scope="module")
+def cupy_timeout_world():
+    pool = _cupy_pool(1, {"COLLECTIVES_TIMEOUT": f"{TIMEOUT_SECONDS:g}"})
+    yield pool
+    pool.close()
+
+
+def held_stream_job(comm, library, case):
+    """A collective on a fresh split, queued behind a kernel that holds the stream past the
+    timeout: (outcome, seconds until it raised, the next call's error, the world's error)."""
+    import time
+
+    import collectives
+    from collectives import CollectiveError, CollectiveTimeout
+
+    assert collectives.init("cupy", timeout=TIMEOUT_SECONDS) is comm  # the argument is taken
+    sub = comm.split(0)
+    _KEEP.append(sub)
+    x = _to_device(library, torch.ones(1024))
+    torch.cuda._sleep(HOLD_CYCLES)  # on the default stream, which both libraries use here
+    start = time.perf_counter()
+    try:
+        if case == "blocking":
+            sub.all_reduce(x)
+        else:
+            sub.all_reduce(x, async_op=True).wait()
+        outcome = ("no error", "")
+    except CollectiveTimeout as error:
+        outcome = ("CollectiveTimeout", str(error))
+    elapsed = time.perf_counter() - start
+    try:
+        sub.all_reduce(x)
+        after = ("no error", "")
+    except CollectiveError as error:
+        after = (type(error).__name__, str(error))
+    torch.cuda.synchronize()
+    try:  # a timeout makes every communicator of the backend unusable (the pool then restarts)
+        comm.all_reduce(_to_device(library, torch.full((3,), 2.0)))
+        world = ("no error", "")
+    except CollectiveError as error:
+        world = (type(error).__name__, str(error))
+    return comm.timeout, outcome, elapsed, after, world
+
+
+# One case per pool start (a timeout leaves the ranks unusable); barrier takes the same wait.
+@pytest.mark.parametrize("library,case", [("cupy", "blocking"), ("torch", "async")])
+def test_cupy_collective_past_its_timeout_raises_and_aborts(cupy_timeout_world, library, case):
+    timeout, (kind, message), elapsed, (after_kind, after), (world_kind, world) = cupy_timeout_world.run(
+        held_stream_job, args=(library, case), timeout=JOB_TIMEOUT)[0]
+    assert timeout == TIMEOUT_SECONDS  # COLLECTIVES_TIMEOUT, no longer ignored on cupy
+    assert kind == "CollectiveTimeout", message
+    assert "backend=cupy" in message and f"timeout={TIMEOUT_SECONDS:g}s" in message, message
+    assert "ncclCommAbort" in message and "now unusable" in message, message
+    assert TIMEOUT_SECONDS <= elapsed < TIMEOUT_SECONDS + 8, elapsed  # abort may wait for the held stream
+    assert after_kind == "CollectiveError" and "is unusable" in after, after
+    assert world_kind == "CollectiveError" and "shares the cupy transport" in world, world
+    print(f"TIMING cupy timeout {TIMEOUT_SECONDS:g} s [{case}, {library}]: {elapsed:.3f} s")
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "debug"])
+def cupy_pair_world(request):
+    # Connections made at creation: a rank's first call to a peer cannot then block on the host.
+    env = {"COLLECTIVES_TIMEOUT": f"{TIMEOUT_SECONDS:g}", "NCCL_RUNTIME_CONNECT": "0"}
+    if request.param:
+        env["COLLECTIVES_DEBUG"] = "1"
+    pool = _cupy_pool(2, env)
+    yield pool
+    pool.close()
+
+
+def never_joins_job(comm):
+    """Rank 1 never makes rank 0's second all_reduce (in debug mode rank 0 then waits in the
+    fingerprint exchange, through device memory)."""
+    import time
+
+    from collectives import CollectiveTimeout
+
+    sub = comm.split(0)
+    _KEEP.append(sub)
+    x = _to_device("cupy", torch.ones(8))
+    sub.all_reduce(x)
+    if comm.rank == 1:
+        return sub.debug, None, None
+    start = time.perf_counter()
+    try:
+        sub.all_reduce(x)
+        outcome = ("no error", "")
+    except CollectiveTimeout as error:
+        outcome = ("CollectiveTimeout", str(error))
+    return sub.debug, outcome, time.perf_counter() - start
+
+
+def test_cupy_rank_that_never_joins_times_out(cupy_pair_world):
+    (debug, (kind, message), elapsed), (debug1, _, _) = cupy_pair_world.run(never_joins_job,
+                                                                             timeout=JOB_TIMEOUT)
+    assert debug == debug1
+    assert kind == "CollectiveTimeout", message
+    assert "all_reduce (call #2)" in message and f"timeout={TIMEOUT_SECONDS:g}s" in message, message
+    assert TIMEOUT_SECONDS <= elapsed < TIMEOUT_SECONDS + 5, elapsed
+    print(f"TIMING cupy never-joins {TIMEOUT_SECONDS:g} s [debug={debug}]: {elapsed:.3f} s")
+
+
+def debug_flag_job(comm):
+    return comm.debug
+
+
+def debug_mismatch_job(comm, case):
+    from collectives import CollectiveMismatch
+
+    sub = comm.split(0)
+    _KEEP.append(sub)
+    x = _to_device("cupy", torch.ones(4 + (comm.rank if case == "p2p" else 0)))
+    try:
+        if case == "collective":
+            sub.all_reduce(x) if comm.rank == 0 else sub.broadcast(x, 0)
+        elif comm.rank == 0:
+            sub.send(x, 1)
+        else:
+            sub.recv(x, 0)
+        outcome = ("no error", "")
+    except CollectiveMismatch as error:
+        outcome = ("CollectiveMismatch", str(error))
+    return sub.debug, outcome, _to_cpu(x).tolist()
+
+
+@pytest.mark.parametrize("case", ["collective", "p2p"])
+def test_cupy_debug_mode_compares_fingerprints_on_the_device(cupy_pair_world, case):
+    if not cupy_pair_world.run(debug_flag_job, timeout=JOB_TIMEOUT)[0]:
+        pytest.skip("not a debug-mode world: without it a mismatch is a hang or garbage")
+    replies = cupy_pair_world.run(debug_mismatch_job, args=(case,), timeout=JOB_TIMEOUT)
+    if case == "collective":  # both ranks see it, before anything moves
+        for rank, (_, (kind, message), x) in enumerate(replies):
+            assert kind == "CollectiveMismatch", (rank, message)
+            assert "operation differs: all_reduce on rank 0; broadcast on rank 1" in message, message
+            assert x == [1.0] * 4
+    else:  # the receiver sees the header's shape differ; its x is untouched
+        _, (kind, message), x = replies[1]
+        assert kind == "CollectiveMismatch", message
+        assert "(4,)" in message and "(5,)" in message, message
+        assert x == [1.0] * 5
+# -- the cupy backend on two hosts (the multi-host test bed of tests/test_multihost.py) ---------
+
+@pytest.mark.parametrize("launcher, id_route", [("mpiexec", "MPI_Bcast"), ("torchrun", "agent store")])
+def test_cupy_backend_with_one_rank_on_each_of_two_hosts(launcher, id_route):
+    """NCCL across two hosts (network namespaces, root only), the id through ``id_route``.
+    Both hosts' ranks take device 0 (local_rank 0 on each): NCCL_MULTI_RANK_GPU_ENABLE."""
+    from collectives.testing.hosts import TestBed, unavailable_reason
+
+    reason = unavailable_reason() or skip_reason("cupy", 2, launcher, MULTI_RANK)
+    if reason:
+        pytest.skip(reason)
+    from test_multihost import SCRIPTS, run_job
+
+    with TestBed(2) as bed:
+        codes, text = run_job(bed, launcher, [str(SCRIPTS / "gpu_multihost_check.py")], "cupy",
+                              ranks_per_host=1, env=MULTI_RANK)
+    assert set(codes.values()) == {0}, text
+    assert "CUPY OK ranks=2 hosts=2" in text, text

@@ -7,7 +7,15 @@ results, and to fail on a wrong one, before any GPU sees them.
 """
 
 import pytest
-from test_gpu import check_grid, check_split, check_syncbn, grid_job
+from test_gpu import (
+    check_collective_set,
+    check_grid,
+    check_p2p,
+    check_split,
+    check_syncbn,
+    collective_set_job,
+    grid_job,
+)
 
 from collectives.testing.pool import get_pool
 
@@ -38,9 +46,33 @@ def corrupt_sum_job(comm, library, inputs, root):
 
 
 @pytest.mark.timeout(300)
-def test_gpu_grid_checks_catch_a_wrong_result(monkeypatch):
+@pytest.mark.parametrize("world", [("mpi", 2), ("torch", 3)], indirect=True)
+def test_gpu_collective_set_checks_pass_on_host_tensors(world):
+    check_collective_set(world, "cpu")
+
+
+def corrupt_scatter_job(comm, library, inputs, splits, counts):
+    results = collective_set_job(comm, library, inputs, splits, counts)
+    key = ("scatter_out_async", "bfloat16", "")
+    results[key] = results[key] * (1 + comm.rank)  # rank 1's row doubled
+    return results
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("job,corrupt,check,match", [
+    ("grid_job", corrupt_sum_job, check_grid, "int16"),
+    ("collective_set_job", corrupt_scatter_job, check_collective_set, "scatter_out_async bfloat16  on rank 1"),
+], ids=["grid", "collective-set"])
+def test_gpu_checks_catch_a_wrong_result(monkeypatch, job, corrupt, check, match):
     import test_gpu
 
-    monkeypatch.setattr(test_gpu, "grid_job", corrupt_sum_job)
-    with pytest.raises(AssertionError, match="int16"):
-        check_grid(get_pool("mpi", 2), "cpu")
+    monkeypatch.setattr(test_gpu, job, corrupt)
+    with pytest.raises(AssertionError, match=match):
+        check(get_pool("mpi", 2), "cpu")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [("mpi", 2), ("torch", 3)], indirect=True)
+def test_gpu_p2p_check_passes_on_host_tensors(world):
+    for recv_first in (False, True):
+        check_p2p(world, "cpu", recv_first, n=1 << 16)

@@ -390,6 +390,45 @@ def test_collective_that_never_completes_times_out(timeout_world, explicit):
     _timing(f"timeout {seconds:g} s [{backend}, {'argument' if explicit else 'env'}]", elapsed)
 
 
+def sibling_timeout_job(comm):
+    """Two split communicators used in opposite orders: each rank times out on its first,
+    leaving a call behind on it; the next call on the OTHER one would meet the peer's
+    abandoned call and return its data (1 + 100) unless it refuses to run."""
+    first, second = comm.split(0), comm.split(0)
+    _KEEP.extend([first, second])
+    mine, other = (first, second) if comm.rank == 0 else (second, first)
+    try:
+        mine.all_reduce(np.full(4, 1.0 if comm.rank == 0 else 100.0))
+        timed_out = "no error"
+    except CollectiveTimeout:
+        timed_out = "CollectiveTimeout"
+    outcomes = []
+    for sub in (other, comm):
+        try:
+            outcomes.append(("no error", sub.all_reduce(np.full(4, comm.rank + 1.0)).tolist()))
+        except CollectiveError as error:
+            outcomes.append((type(error).__name__, str(error)))
+    return timed_out, outcomes
+
+
+@pytest.mark.timeout(150)
+def test_timeout_makes_every_communicator_of_the_transport_unusable(timeout_world):
+    results = timeout_world.run(sibling_timeout_job, timeout=20)
+    for rank, (timed_out, outcomes) in enumerate(results):
+        assert timed_out == "CollectiveTimeout", rank
+        for kind, message in outcomes:  # never a result: 101 + 2 or 1 + 2 would be garbage
+            assert kind == "CollectiveError", f"rank {rank}: {kind} {message}"
+            assert "is unusable" in message and "shares the" in message, message
+    # The pool's own communicator was made unusable too: the next job gets new ranks.
+    starts = timeout_world.starts
+    assert timeout_world.run(_sum_of_ranks, timeout=20) == [3.0, 3.0]
+    assert timeout_world.starts == starts + 1
+
+
+def _sum_of_ranks(comm):
+    return float(comm.all_reduce(np.array([comm.rank + 1.0]))[0])
+
+
 def test_timeout_setting_parses_env_and_argument(monkeypatch):
     from collectives.backends.local import LocalCommunicator
 

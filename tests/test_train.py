@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,185 @@ def test_cli_exits_1_when_batchnorm_is_not_synced(tmp_path):
     assert "SyncBN check FAILED" in done.stdout
     assert "epoch 1/1: train loss" in done.stdout
     assert (tmp_path / "out" / "train_digits.pt").exists()  # the default checkpoint
+
+
+# -- checkpoints: what --resume says about a file that is not a checkpoint, stale temporary files
+
+def resume_error_job(comm, argv):
+    """The SystemExit message --resume gives on this rank (None: it resumed)."""
+    try:
+        train_job(comm, argv)
+    except SystemExit as error:
+        return str(error)
+    return None
+
+
+def _resume_argv(checkpoint):
+    return [*SHORT, "--checkpoint", str(checkpoint), "--resume"]
+
+
+def _torch_file(value):
+    def write(path):
+        torch.save(value, path)
+    return write
+
+
+BAD_CHECKPOINTS = {
+    "missing": (lambda path: None, ["no checkpoint at {path} (no such file)"]),
+    "empty": (lambda path: path.write_bytes(b""), ["the checkpoint {path} is empty (0 bytes)"]),
+    "a directory": (lambda path: path.mkdir(), ["cannot read the checkpoint {path}: Is a directory"]),
+    "not a torch file": (lambda path: path.write_text("epoch=3\n"),
+                         ["{path} (8 bytes) is not a torch checkpoint: torch.load raised"]),
+    "a torch dict of something else": (
+        _torch_file({"weights": torch.ones(2)}),
+        ["{path} is a torch file but not a checkpoint of scripts/train.py: it lacks 'epoch', "
+         "'world_size', 'config', 'model', 'optimizer' (it holds a dict with keys 'weights')"]),
+    "a torch tensor": (_torch_file(torch.ones(2)),
+                       ["{path} is a torch file but not a checkpoint", "it holds a torch.Tensor"]),
+    "a checkpoint without its config": (
+        _torch_file({"epoch": 1, "world_size": 1, "config": {"batch": 16}, "model": {},
+                     "optimizer": {}}),
+        ["{path} is a torch file but not a checkpoint of scripts/train.py: its 'config' lacks "
+         "'seed', 'train_images', 'steps_per_epoch'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_CHECKPOINTS))
+def test_resume_from_a_file_that_is_no_checkpoint_names_the_file_and_what_is_wrong(case, tmp_path):
+    from collectives.backends.local import LocalCommunicator  # noqa: PLC0415
+
+    write, fragments = BAD_CHECKPOINTS[case]
+    path = tmp_path / "ck.pt"
+    write(path)
+    message = resume_error_job(LocalCommunicator(), _resume_argv(path))
+    for fragment in fragments:
+        assert fragment.format(path=path) in (message or ""), message
+
+
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True)
+@pytest.mark.parametrize("case", ["empty", "a directory", "a torch dict of something else"])
+def test_every_rank_gets_rank_0s_reason_the_checkpoint_cannot_be_resumed(world, case, tmp_path):
+    # Only rank 0 reads the file: its reason reaches the others (no rank waits for bytes).
+    write, fragments = BAD_CHECKPOINTS[case]
+    path = tmp_path / "ck.pt"
+    write(path)
+    messages = world.run(resume_error_job, args=(_resume_argv(path),), timeout=60)
+    assert messages[0] is not None and fragments[0].format(path=path) in messages[0], messages
+    assert messages == [messages[0]] * world.size
+
+
+# A child process that runs save_checkpoint on a state whose pickling stops it mid-write:
+# SIGKILLed ("kill"), or blocked until a line arrives on stdin ("block").
+WRITER = """
+import importlib.util, os, signal, sys
+spec = importlib.util.spec_from_file_location("train", sys.argv[1])
+train = sys.modules["train"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(train)
+
+class Stop:
+    def __reduce__(self):
+        if sys.argv[3] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        print("writing", flush=True)
+        sys.stdin.readline()
+        return (int, (0,))
+
+import torch
+train.save_checkpoint(sys.argv[2], {"epoch": 7, "model": torch.ones(1000), "stop": Stop()})
+"""
+
+
+def _writer(path, how):
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(TRAIN), str(path), how],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def _temp_files(directory):
+    return sorted(name for name in os.listdir(directory) if ".tmp." in name)
+
+
+def test_a_writer_killed_mid_checkpoint_leaves_a_temp_file_that_the_next_save_removes(tmp_path, capsys):
+    path = tmp_path / "ck.pt"
+    killed = _writer(path, "kill")
+    killed.communicate(timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    left = _temp_files(tmp_path)
+    assert len(left) == 1 and str(killed.pid) in left[0], left
+    load_train().save_checkpoint(str(path), {"epoch": 2})
+    assert sorted(os.listdir(tmp_path)) == ["ck.pt"]
+    assert torch.load(path, weights_only=True) == {"epoch": 2}
+    assert f"removed the stale temporary checkpoint file {tmp_path / left[0]} (its writer, pid " \
+           f"{killed.pid} on this host, is gone)" in capsys.readouterr().err
+
+
+def test_a_save_keeps_the_temp_file_of_a_writer_still_at_work(tmp_path):
+    # Two runs sharing a checkpoint path: the other one's write in progress is not stale.
+    path = tmp_path / "ck.pt"
+    writer = _writer(path, "block")
+    try:
+        assert writer.stdout.readline() == "writing\n"
+        theirs = _temp_files(tmp_path)
+        assert len(theirs) == 1 and str(writer.pid) in theirs[0]
+        load_train().save_checkpoint(str(path), {"epoch": 2})
+        assert _temp_files(tmp_path) == theirs
+        writer.communicate("\n", timeout=120)
+    finally:
+        writer.kill()
+        writer.wait()
+    assert writer.returncode == 0
+    assert _temp_files(tmp_path) == []
+    # The other run's, renamed in (its stand-in object is no weight: a full load).
+    assert torch.load(path, weights_only=False)["epoch"] == 7
+
+
+def test_stale_temp_files_are_told_from_live_ones_by_host_pid_and_age(tmp_path, capsys):
+    train = load_train()
+    host = socket.gethostname()
+    path = tmp_path / "ck.pt"
+    now = time.time()
+    started = now - 60  # the current run began a minute ago
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    gone_pid = gone.pid
+    live = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE) for _ in range(2)]
+    try:
+        files = {  # name: (last written, whether it is stale)
+            f"ck.pt.tmp.{host}.{live[0].pid}": (now - 3600, True),  # pid reused
+            f"ck.pt.tmp.{host}.{live[1].pid}": (now, False),  # its writer is at work
+            f"ck.pt.tmp.{host}.{os.getpid()}": (now, True),  # this process is not writing it
+            f"ck.pt.tmp.{host}.{gone_pid}": (now, True),  # its writer has exited
+            "ck.pt.tmp.other-host.example.123": (now - 3600, True),  # before this run began
+            "ck.pt.tmp.other-host.example.456": (now, False),  # may be at work over there
+            "ck.pt.tmp.789": (now - 3600, True),  # train.py's older name, before this run
+            "ck.pt.tmp.790": (now, False),
+            "ck.pt.tmp.notes": (now - 3600, False),  # not a temporary file of ours
+            f"other.pt.tmp.{host}.999999999": (now - 3600, False),  # another checkpoint's
+        }
+        for name, (written, _) in files.items():
+            (tmp_path / name).write_bytes(b"partial")
+            os.utime(tmp_path / name, (written, written))
+        train.save_checkpoint(str(path), {"epoch": 1}, started=started)
+        kept = sorted(name for name, (_, stale) in files.items() if not stale)
+        assert sorted(os.listdir(tmp_path)) == sorted(["ck.pt", *kept])
+        err = capsys.readouterr().err
+        assert f"ck.pt.tmp.{host}.{live[0].pid} (pid {live[0].pid} on this host started after " \
+               "the file was last written)" in err
+        assert "ck.pt.tmp.other-host.example.123 (written by pid 123 on host other-host.example " \
+               "before this run started)" in err
+    finally:
+        for process in live:
+            process.kill()
+            process.wait()
+
+
+def test_a_stale_temp_file_that_cannot_be_removed_does_not_stop_the_save(tmp_path, capsys):
+    # (A directory stands in for another user's file: unlink refuses it, even for root.)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stuck = tmp_path / f"ck.pt.tmp.{socket.gethostname()}.{gone.pid}"
+    stuck.mkdir()
+    load_train().save_checkpoint(str(tmp_path / "ck.pt"), {"epoch": 1})
+    assert torch.load(tmp_path / "ck.pt", weights_only=True) == {"epoch": 1}
+    assert f"could not remove the stale temporary checkpoint file {stuck} (its writer, pid " \
+           f"{gone.pid} on this host, is gone): " in capsys.readouterr().err

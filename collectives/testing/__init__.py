@@ -1,4 +1,4 @@
-"""Test collectives (ours and yours) on real ranks from pytest and Hypothesis.
+"""Test collectives (ours and yours) on real ranks from pytest and Hypothesis::
 
     import numpy as np
     from collectives.testing import get_pool

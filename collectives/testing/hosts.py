@@ -5,7 +5,11 @@
     if unavailable_reason() is None:
         with TestBed(hosts=2) as bed:              # host-a 10.213.0.1, host-b 10.213.0.2
             bed.run("host-a", ["hostname"])       # -> "host-a"
-            mpiexec = bed.mpiexec_args()          # -launcher ssh -launcher-exec <wrapper> -f <hostfile>
+            mpiexec = bed.mpiexec_args(2)         # -launcher ssh -launcher-exec <wrapper> -f <hostfile>
+            # the command each host runs: one mpiexec on host-a, or one torchrun per host
+            for host, argv in bed.launch_commands("torchrun", ["job.py"], 2).items():
+                bed.popen(host, argv, env={**os.environ, **bed.env})
+            bed.shape(rate="1gbit")               # tc on each eth0; bed.tx_bytes(host) counts
 
 Each host is a network namespace with its own loopback, one interface ``eth0`` with a
 private address, and (through ``unshare --uts``) its own hostname. The hosts' ``eth0`` are
@@ -17,6 +21,13 @@ By default that file maps the host's *own* name to ``127.0.1.1``, as Debian and 
 installs do, and the other hosts' names to their addresses: the setting in which "my
 hostname's address" is an address no other host can reach.
 
+The hosts share one kernel, so whatever decides "same machine" from the kernel rather than
+from the network takes a shortcut: UCX (MPICH's transport) compares boot ids and joins ranks
+on different test hosts through shared memory (sysv, cma), never touching ``eth0``.
+:data:`TestBed.env` (``UCX_TLS=tcp,self``) makes it use TCP between hosts as on a cluster
+without InfiniBand; MPICH's own shared memory still serves the ranks of one host. Run the
+jobs with it in their environment.
+
 Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN), ``ip`` (iproute2) and ``unshare`` (util-linux);
 :func:`unavailable_reason` says what is missing. :meth:`TestBed.close` (also run at exit,
 and by ``with``) kills every process left in the hosts and deletes namespaces, veths, the
@@ -27,15 +38,18 @@ cleaning up are deleted by the next TestBed (their names carry the owner's pid).
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
 import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 #: Namespace names: ``collectives-<pid>-<n>-sw`` and ``collectives-<pid>-<n>-<host>``.
 PREFIX = "collectives"
@@ -43,11 +57,13 @@ PREFIX = "collectives"
 SUBNET = "10.213.0"
 NETNS_ETC = Path("/etc/netns")
 _HOST_NAMES = ("host-a", "host-b", "host-c", "host-d")
+#: torchrun's c10d rendezvous port on the first host (inside the bed: nothing else holds it).
+RENDEZVOUS_PORT = 29400
 
 _beds_made = 0
 
 
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check, timeout=30)
 
 
@@ -115,6 +131,8 @@ class TestBed:
     """
 
     __test__ = False  # a helper, not a pytest test class
+    #: Environment for the jobs on the bed: UCX between hosts over TCP (see the module's doc).
+    env: dict[str, str] = {"UCX_TLS": "tcp,self"}
 
     def __init__(self, hosts: int = 2, *, loopback_hostname: bool = True, subnet: str = SUBNET) -> None:
         global _beds_made
@@ -197,14 +215,14 @@ class TestBed:
         return ["ip", "netns", "exec", self.namespaces[host], "unshare", "--uts", "sh", "-c",
                 'hostname "$0" && exec "$@"', host, *argv]
 
-    def popen(self, host: str, argv: Sequence[str], **kwargs: object) -> subprocess.Popen:
-        return subprocess.Popen(self.command(host, argv), **kwargs)  # type: ignore[call-overload]
+    def popen(self, host: str, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        return subprocess.Popen(self.command(host, argv), **kwargs)
 
-    def run(self, host: str, argv: Sequence[str], **kwargs: object) -> subprocess.CompletedProcess:
+    def run(self, host: str, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[Any]:
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
         kwargs.setdefault("timeout", 60)
-        return subprocess.run(self.command(host, argv), **kwargs)  # type: ignore[call-overload]
+        return subprocess.run(self.command(host, argv), **kwargs)
 
     def kill_host(self, host: str, sig: int = signal.SIGKILL) -> list[int]:
         """Send ``sig`` to every process on ``host`` (a machine that dies); returns their pids."""
@@ -212,6 +230,11 @@ class TestBed:
 
     def pids(self, host: str) -> list[int]:
         return [int(p) for p in _ip("netns", "pids", self.namespaces[host], check=False).stdout.split()]
+
+    def tx_bytes(self, host: str) -> int:
+        """Bytes ``host`` has sent on its ``eth0`` (to the other hosts) so far."""
+        shown = _ip("-j", "-s", "-n", self.namespaces[host], "link", "show", "dev", "eth0").stdout
+        return int(json.loads(shown)[0]["stats64"]["tx"]["bytes"])
 
     # -- MPI (Hydra) ------------------------------------------------------------------------------
 
@@ -238,6 +261,29 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' 
         path.write_text("".join(f"{name}:{ranks_per_host}\n" for name in hosts))
         return ["-launcher", "ssh", "-launcher-exec", str(self.launcher_exec), "-f", str(path),
                 "-n", str(ranks_per_host * len(hosts)), "-ppn", str(ranks_per_host)]
+
+    # -- jobs -------------------------------------------------------------------------------------
+
+    def launch_commands(self, launcher: str, argv: Sequence[str], ranks_per_host: int, *,
+                        hosts: Sequence[str] | None = None, bin_dir: str | Path | None = None,
+                        run_id: str = "testbed", rendezvous_port: int = RENDEZVOUS_PORT,
+                        python: str = sys.executable) -> dict[str, list[str]]:
+        """The command each host runs to start ``argv`` (a script and its arguments) on
+        ``ranks_per_host`` ranks of each of ``hosts`` (default all): ``launcher`` "mpiexec"
+        (one mpiexec on the first host, the others reached through :attr:`launcher_exec`)
+        or "torchrun" (one per host, the c10d rendezvous on the first host's address)."""
+        hosts = list(self.names if hosts is None else hosts)
+        bin_dir = Path(python).parent if bin_dir is None else Path(bin_dir)
+        if launcher == "mpiexec":
+            return {hosts[0]: [str(bin_dir / "mpiexec"), *self.mpiexec_args(ranks_per_host, hosts),
+                               python, *argv]}
+        if launcher == "torchrun":
+            return {host: [str(bin_dir / "torchrun"), "--nnodes", str(len(hosts)),
+                           "--nproc_per_node", str(ranks_per_host), "--rdzv-backend", "c10d",
+                           "--rdzv-endpoint", f"{self.addresses[hosts[0]]}:{rendezvous_port}",
+                           "--rdzv-id", run_id, "--max-restarts", "0", "--monitor-interval", "0.2",
+                           *argv] for host in hosts}
+        raise ValueError(f"launcher must be 'mpiexec' or 'torchrun', got {launcher!r}")
 
     # -- the link ---------------------------------------------------------------------------------
 
@@ -267,7 +313,7 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' 
             _ip_tc(self.namespaces[name], None)
 
 
-def _ip_tc(namespace: str, qdisc: list[str] | None) -> subprocess.CompletedProcess:
+def _ip_tc(namespace: str, qdisc: list[str] | None) -> subprocess.CompletedProcess[str]:
     action = ["del", "dev", "eth0", "root"] if qdisc is None else ["replace", "dev", "eth0", "root", *qdisc]
     return subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", *action],
                           capture_output=True, text=True, timeout=30)

@@ -43,7 +43,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from multiprocessing.connection import Client, Connection, Listener, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .. import config
 from ..errors import CollectiveError
@@ -112,7 +112,8 @@ def receive(conn: Connection) -> Any:
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def _executable(name: str) -> str:
@@ -163,6 +164,7 @@ class RankPool:
         self._pids: list[int] = []  # the ranks' pids, from their hello
         self.jobs_run = 0
         self.starts = 0
+        self._unusable = False  # a job left a rank's communicator unusable: restart first
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -182,7 +184,7 @@ class RankPool:
 
     def start(self) -> None:
         """Start the ranks and wait until every one is connected (``PoolError`` if not)."""
-        if self.alive:
+        if self.alive and not self._unusable:
             return
         self.close()
         authkey = secrets.token_bytes(32)
@@ -204,10 +206,11 @@ class RankPool:
         self.starts += 1
         connections: dict[int, Connection] = {}
         deadline = time.monotonic() + START_TIMEOUT
-        sock = self._listener._listener._socket  # accept() has no timeout of its own
+        # accept() has no timeout of its own: the listening socket's (private, so untyped).
+        sock = self._listener._listener._socket  # type: ignore[attr-defined]
         while len(connections) < self.size:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not self.alive:
+            if remaining <= 0 or self._process.poll() is not None:  # timed out, or the launcher exited
                 output = self.output()
                 self.close()
                 raise PoolError(f"{self.size} {self.backend} ranks under {self.launcher} did not "
@@ -229,7 +232,7 @@ class RankPool:
             return ""
         self._log.flush()
         self._log.seek(0)
-        text = self._log.read().decode(errors="replace")
+        text: str = self._log.read().decode(errors="replace")
         self._log.seek(0, os.SEEK_END)
         return text[-20000:]
 
@@ -253,6 +256,7 @@ class RankPool:
         if self._authkey:
             _kill_processes_of(self._authkey, self._pids)
         self._authkey, self._pids = "", []
+        self._unusable = False
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -315,7 +319,8 @@ class RankPool:
         deadline = time.monotonic() + timeout
         while pending:
             remaining = deadline - time.monotonic()
-            ready = wait(list(pending), timeout=max(remaining, 0)) if remaining > 0 else []
+            # wait() returns some of the connections it was given.
+            ready = cast(list[Connection], wait(list(pending), timeout=max(remaining, 0)) if remaining > 0 else [])
             if not ready:
                 output = self.output()
                 self.kill()
@@ -331,7 +336,8 @@ class RankPool:
             for conn in ready:
                 rank = pending.pop(conn)
                 try:
-                    replies[rank] = receive(conn)
+                    replies[rank], unusable = receive(conn)
+                    self._unusable |= unusable
                     if replies[rank][0] == "error":  # peers may now wait forever: cut it short
                         deadline = min(deadline, time.monotonic() + ERROR_GRACE)
                 except (EOFError, OSError):

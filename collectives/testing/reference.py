@@ -85,8 +85,8 @@ def as_array(values: np.ndarray, dtype: str, library: str = "numpy",
     else:
         tensor = torch.from_numpy(values.copy())
     if layout == "strided" and tensor.dim():
-        wide = torch.zeros((*tensor.shape[:-1], 2 * tensor.shape[-1]), dtype=tensor.dtype)
-        view = wide[..., ::2]
+        wide_tensor = torch.zeros((*tensor.shape[:-1], 2 * tensor.shape[-1]), dtype=tensor.dtype)
+        view = wide_tensor[..., ::2]
         view.copy_(tensor)
         tensor = view
     return tensor
@@ -101,7 +101,8 @@ def to_numpy(x: Any) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         upper = t.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
         return np.asarray(upper << np.uint32(16)).view(np.float32)  # a new array (0-d stays 0-d)
-    return t.numpy().copy()
+    carrier: np.ndarray = t.numpy().copy()
+    return carrier
 
 
 def same_bits(a: np.ndarray, b: np.ndarray, *, nan_payloads: bool = True) -> bool:
@@ -131,24 +132,29 @@ def reference_reduce(inputs: Sequence[np.ndarray], dtype: str, op: Any) -> np.nd
     """
     op = resolve_op(op)
     stack = np.stack([np.asarray(x) for x in inputs])
+    table: dict[ReduceOp, np.ufunc]
+    result: np.ndarray
     if dtype == "bool":
         table = {ReduceOp.MIN: np.logical_and, ReduceOp.BAND: np.logical_and,
                  ReduceOp.MAX: np.logical_or, ReduceOp.BOR: np.logical_or,
                  ReduceOp.BXOR: np.logical_xor}
-        return table[op].reduce(stack, axis=0)
+        result = table[op].reduce(stack, axis=0)
+        return result
     if dtype in INTEGER_DTYPES:
         table = {ReduceOp.SUM: np.add, ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum,
                  ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
                  ReduceOp.BOR: np.bitwise_or, ReduceOp.BXOR: np.bitwise_xor}
         with np.errstate(over="ignore"):
-            return table[op].reduce(stack, axis=0, dtype=stack.dtype)
+            result = table[op].reduce(stack, axis=0, dtype=stack.dtype)
+            return result
     wide = stack.astype(np.float64)
     with np.errstate(all="ignore"):
         if op in (ReduceOp.SUM, ReduceOp.AVG):
             total = _fsum(wide)
             return total / len(inputs) if op is ReduceOp.AVG else total
         table = {ReduceOp.PROD: np.multiply, ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
-        return table[op].reduce(wide, axis=0)
+        result = table[op].reduce(wide, axis=0)
+        return result
 
 
 def _fsum(wide: np.ndarray) -> np.ndarray:
@@ -169,10 +175,10 @@ def float_tolerance(inputs: Sequence[np.ndarray], dtype: str, op: Any) -> tuple[
     tiny = the smallest subnormal of ``dtype``:
 
     - SUM: any summation order adds n - 1 numbers, each addition rounding once with a
-      relative error of at most u, and each partial sum is at most sum|x_i| in
-      magnitude, so |computed - exact| <= (n - 1) * u * sum|x_i| (to first order).
+      relative error of at most u, and each partial sum is at most ``sum|x_i|`` in
+      magnitude, so ``|computed - exact| <= (n - 1) * u * sum|x_i|`` (to first order).
       Transports that stage through a wider type (MPI's bfloat16) round once more, to
-      the dtype, which adds u * |exact|. The bound used is
+      the dtype, which adds ``u * |exact|``. The bound used is
       ``(n - 1) * eps * sum|x_i| + n * tiny`` (eps = 2u covers the final rounding and
       second-order terms; the tiny term covers rounding in the subnormal range, which
       is absolute, not relative).
@@ -184,7 +190,7 @@ def float_tolerance(inputs: Sequence[np.ndarray], dtype: str, op: Any) -> tuple[
 
     An element is *not* checked when the reduction may overflow or underflow in some
     order of evaluation (then the result depends legitimately on the transport's
-    order): SUM/AVG where the finite inputs' sum|x_i| * (1 + n * eps) exceeds the
+    order): SUM/AVG where the finite inputs' ``sum|x_i| * (1 + n * eps)`` exceeds the
     dtype's largest value; PROD where some product of a subset of the finite inputs
     leaves the normal range (a subset with a 0 is fine: its product is 0).
     Elements that are NaN in every order are always checked (a NaN input; +inf and
@@ -235,8 +241,9 @@ def check_reduction_result(got: np.ndarray, inputs: Sequence[np.ndarray], dtype:
     """``AssertionError`` (with the offending elements) unless ``got`` is a correct reduction.
 
     ``got`` and ``inputs`` are carriers. Integers, bool and float MIN/MAX must equal the
-    reference exactly; float SUM/PROD/AVG within :func:`float_tolerance`, NaN exactly
-    where the reference is NaN and infinities equal.
+    reference exactly; float SUM/PROD/AVG within
+    :func:`~collectives.testing.reference.float_tolerance`, NaN exactly where the
+    reference is NaN and infinities equal.
     """
     op = resolve_op(op)
     exact = reference_reduce(inputs, dtype, op)

@@ -5,7 +5,7 @@ collectives.testing`` does not need it). Every array strategy draws numpy *carri
 (see :mod:`.reference`): the array of the dtype itself, or for bfloat16 a float32 array
 whose values are exactly bfloat16 values (low 16 bits zero, NaN payloads included);
 ranks turn a carrier into the numpy array or torch tensor they hand to a collective
-with :func:`collectives.testing.reference.as_array`.
+with :func:`collectives.testing.reference.as_array`. For example::
 
     from hypothesis import given, strategies as st
     from collectives.testing import strategies as cst
@@ -28,7 +28,7 @@ default ``ci``; ``pytest --hypothesis-profile=NAME`` wins over the variable):
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 from hypothesis import HealthCheck, settings
@@ -72,7 +72,7 @@ def register_profiles() -> None:
 
 def load_profile(name: str | None = None) -> str:
     """Register the profiles and load ``name`` (default: ``COLLECTIVES_HYPOTHESIS_PROFILE``,
-    else :data:`DEFAULT_PROFILE`); return its name. Any registered profile may be named."""
+    else ``ci``); return its name. Any registered profile may be named."""
     register_profiles()
     name = name or os.environ.get(config.HYPOTHESIS_PROFILE) or DEFAULT_PROFILE
     try:
@@ -170,12 +170,13 @@ def array_layouts() -> st.SearchStrategy[str]:
     return st.sampled_from(LAYOUTS)
 
 
-def _float_info(dtype: str) -> tuple[int, float, float, float]:
+def _float_info(dtype: str) -> tuple[Literal[16, 32, 64], float, float, float]:
     """(width in bits, largest, smallest normal, smallest subnormal) of a float dtype."""
     if dtype == "bfloat16":
         return 32, 3.3895313892515355e38, 2.0 ** -126, 2.0 ** -133
     info = np.finfo(dtype)
-    return (info.bits, float(info.max), float(info.smallest_normal),
+    # The widths of FLOAT_DTYPES (float16/32/64): the ones hypothesis draws.
+    return (cast(Literal[16, 32, 64], info.bits), float(info.max), float(info.smallest_normal),
             float(info.smallest_subnormal))
 
 

@@ -52,8 +52,9 @@ def _resolve(module_name: str, path: str, qualname: str) -> Callable[..., Any]:
     target: Any = module
     for part in qualname.split("."):
         target = getattr(target, part)
-    _jobs[key] = target
-    return target
+    job: Callable[..., Any] = target
+    _jobs[key] = job
+    return job
 
 
 def _die_with_launcher() -> None:
@@ -91,6 +92,9 @@ def main() -> None:
         except EOFError:
             break
         if message[0] == "exit":
+            if comm._broken is not None:  # finalizing over abandoned calls may wait forever
+                sys.stdout.flush()
+                os._exit(0)
             break
         _, reference, args = message
         busy.set()
@@ -100,11 +104,14 @@ def main() -> None:
         except BaseException as error:  # noqa: BLE001  (every failure goes back to the pool)
             reply = ("error", type(error).__name__, str(error), traceback.format_exc())
         busy.clear()
+        # A timeout in the job makes this rank's communicators unusable (the world's too):
+        # the pool then starts new ranks before its next job.
+        unusable = comm._broken is not None
         try:
-            send(conn, reply)
+            send(conn, (reply, unusable))
         except Exception as error:  # noqa: BLE001  (an unpicklable result)
-            send(conn, ("error", type(error).__name__, f"result could not be sent: {error}",
-                       traceback.format_exc()))
+            send(conn, (("error", type(error).__name__, f"result could not be sent: {error}",
+                         traceback.format_exc()), unusable))
     conn.close()
 
 
