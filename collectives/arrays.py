@@ -200,9 +200,9 @@ def type_name(cls: type) -> str:
     ``numpy.ma.MaskedArray``, the name users write."""
     parts = cls.__module__.split(".")
     for end in range(1, len(parts)):
-        module = sys.modules.get(".".join(parts[:end]))
-        if getattr(module, cls.__qualname__, None) is cls:
-            return f"{module.__name__}.{cls.__qualname__}"
+        module = ".".join(parts[:end])
+        if getattr(sys.modules.get(module), cls.__qualname__, None) is cls:
+            return f"{module}.{cls.__qualname__}"
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
