@@ -9,9 +9,10 @@ So a watcher thread learns of every SIGINT through Python's wakeup fd (written b
 signal handler even while the main thread is blocked). If after :data:`GRACE` seconds the
 main thread has not run one more bytecode (same frame, same instruction) and it is inside
 this library's call path, the process ends as a SIGINT would: a line on stderr naming the
-rank and the call, then ``os._exit(130)``; the launcher (mpiexec, torchrun) ends the other
-ranks. A main thread that is running Python, or blocked elsewhere (the program's own
-numpy call), is left alone: it gets its ``KeyboardInterrupt`` as before.
+rank and the call, then ``MPI_Abort(130)`` where MPI is initialized, else
+``os._exit(130)``; the launcher (mpiexec, torchrun) ends the other ranks. A main thread
+that is running Python, or blocked elsewhere (the program's own numpy call), is left
+alone: it gets its ``KeyboardInterrupt`` as before.
 
 Installed only from the main thread, only while SIGINT has Python's default handler, and
 only where nothing else uses the wakeup fd (asyncio's loop takes it over when it adds
@@ -147,4 +148,16 @@ def _end_if_blocked(main: Any, describe: Any) -> None:
             "so that the launcher ends the other ranks\n")
         sys.stderr.flush()
     finally:
-        os._exit(130)
+        _end_process(130)
+
+
+def _end_process(code: int) -> None:
+    """End this process with ``code``. Under MPI through MPI_Abort, which has mpiexec end
+    every rank at once (a rank that only ``_exit``s was once not noticed by Hydra within 30 s
+    in CI); elsewhere (torchrun watches its workers) ``os._exit``."""
+    MPI: Any = sys.modules.get("mpi4py.MPI")
+    try:
+        if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.COMM_WORLD.Abort(code)
+    finally:
+        os._exit(code)

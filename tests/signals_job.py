@@ -46,6 +46,7 @@ def main(mode: str) -> None:
         return
     if mode == "caught-sigint":
         try:
+            print(f"LOOPING rank {comm.rank}", flush=True)  # the test signals after both
             while True:
                 sum(range(1000))
         except KeyboardInterrupt:

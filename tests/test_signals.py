@@ -253,6 +253,7 @@ def test_caught_interrupt_then_collective_is_not_cut_short():
     barrier that takes longer than the SIGINT watcher's grace: the job still exits 0."""
     job = Job("mpiexec", "mpi-no-timeout", "caught-sigint", timeout="0")
     job.rank_pids()
+    job.wait_for(r"LOOPING rank", 2)  # both inside their try: (a SIGINT before is uncaught)
     os.kill(job.process.pid, signal.SIGINT)
     code, _ = job.end(60)
     assert code == 0, job.text
