@@ -660,17 +660,8 @@ class MPICommunicator(Communicator):
         IN_PLACE = self._MPI.IN_PLACE
         calls = [(IN_PLACE, [chunk, mpi_type], mpi_op, dst) if here else
                  ([chunk, mpi_type], None, mpi_op, dst) for chunk in _chunks(data)]
-
-        def finish() -> None:
-            if not here:
-                return  # the other ranks' x is left as it was
-            if keys is not None:
-                _float_order.decode(keys, 8 * _itemsize(buf))
-            if op is _AVG:
-                _divide(buf, self.size)
-            if writeback is not None:
-                writeback()
-
+        # Off dst nothing follows: the other ranks' x is left as it was.
+        finish = self._finish_reduction(buf, keys, op, writeback) if here else _nothing
         return self._collective("Reduce", calls, x, async_op, finish, data)
 
     def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
