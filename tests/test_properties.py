@@ -73,8 +73,13 @@ def disallowed_job(comm, values, dtype, op, library, collective):
 
 # -- helpers --------------------------------------------------------------------------------
 
+def _draw_library(data, dtype):
+    """The array library of a drawn case: torch for bfloat16 (numpy has none), else drawn."""
+    return "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+
+
 def _layout_and_library(data, dtype):
-    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    library = _draw_library(data, dtype)
     return library, data.draw(cst.array_layouts(), label="layout")
 
 
@@ -156,7 +161,7 @@ def test_disallowed_dtype_and_op_raise_the_same_type_error_everywhere(world, dat
     dtype, op = data.draw(cst.disallowed_dtype_and_op(spellings=True), label="dtype, op")
     shape = data.draw(cst.shapes(min_dims=1, first=world.size), label="shape")
     inputs = data.draw(cst.rank_arrays(dtype, shape, world.size), label="inputs")
-    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    library = _draw_library(data, dtype)
     collective = data.draw(st.sampled_from(["all_reduce", "reduce_scatter"]), label="collective")
     with pytest.raises(TypeError) as expected:
         check_reduction(dtype, op)
@@ -215,7 +220,7 @@ def test_all_to_all_twice_with_the_transposed_splits_is_the_identity(world, data
     rest = data.draw(cst.shapes(max_dims=2, max_side=3), label="rest")
     inputs = [data.draw(cst.arrays(dtype, (sum(splits[r]), *rest)), label=f"x{r}")
               for r in range(world.size)]
-    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    library = _draw_library(data, dtype)
     results = world.run(all_to_all_twice_job, [(x, dtype, library, splits) for x in inputs])
     for rank, (back, untouched) in enumerate(results):
         assert untouched and same_bits(back, inputs[rank]), f"rank {rank}: {back!r} != {inputs[rank]!r}"
@@ -229,7 +234,7 @@ def test_gather_is_all_gather_on_dst(world, data):
     shape = data.draw(cst.shapes(), label="shape")
     inputs = data.draw(cst.rank_arrays(dtype, shape, world.size), label="inputs")
     dst = data.draw(cst.roots(world.size), label="dst")
-    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    library = _draw_library(data, dtype)
     results = world.run(gather_and_all_gather_job, [(x, dtype, library, dst) for x in inputs])
     for rank, (gathered, everyone) in enumerate(results):
         if rank == dst:
@@ -246,7 +251,7 @@ def test_scatter_gives_every_rank_its_row_of_src(world, data):
     rest = data.draw(cst.shapes(max_dims=2), label="rest")
     inputs = data.draw(cst.rank_arrays(dtype, (world.size, *rest), world.size), label="inputs")
     src = data.draw(cst.roots(world.size), label="src")
-    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    library = _draw_library(data, dtype)
     results = world.run(scatter_job, [(x, dtype, library, src) for x in inputs])
     for rank, got in enumerate(results):
         assert same_bits(got, inputs[src][rank]), f"rank {rank}: {got!r} != row of src {src}"
@@ -260,7 +265,7 @@ def test_reduce_is_all_reduce_on_dst(world, data):
     shape = data.draw(cst.shapes(), label="shape")
     inputs = data.draw(cst.rank_arrays(dtype, shape, world.size), label="inputs")
     dst = data.draw(cst.roots(world.size), label="dst")
-    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    library = _draw_library(data, dtype)
     results = world.run(reduce_and_all_reduce_job, [(x, dtype, op, library, dst) for x in inputs])
     reduced, everyone = results[dst]
     check_reduction_result(reduced, inputs, dtype, op, what=f"reduce on dst {dst}")
@@ -279,7 +284,7 @@ def test_all_gather_v_is_the_concatenation_of_every_rank(world, data):
     counts = data.draw(cst.row_counts(world.size), label="counts")
     rest = data.draw(cst.shapes(max_dims=2, max_side=3), label="rest")
     inputs = [data.draw(cst.arrays(dtype, (counts[r], *rest)), label=f"x{r}") for r in range(world.size)]
-    library = "torch" if dtype == "bfloat16" else data.draw(cst.array_libraries(), label="library")
+    library = _draw_library(data, dtype)
     results = world.run(all_gather_v_job, [(x, dtype, library) for x in inputs])
     expected = np.concatenate(inputs)
     for rank, (gathered, got_counts) in enumerate(results):
