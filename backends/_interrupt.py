@@ -30,6 +30,9 @@ from typing import Any
 
 import collectives
 
+#: Seconds a rank waits after writing its last words before MPI_Abort: the abort also ends
+#: the launcher's forwarding of the rank's output, which may still hold them.
+FORWARDING_GRACE = 0.2
 #: Seconds a SIGINT may stay pending in a blocked transport call before the process ends.
 GRACE = 2.0
 #: Where the library's call path lives: the backends' directory and collectives/.
@@ -158,6 +161,7 @@ def _end_process(code: int) -> None:
     MPI: Any = sys.modules.get("mpi4py.MPI")
     try:
         if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+            time.sleep(FORWARDING_GRACE)
             MPI.COMM_WORLD.Abort(code)
     finally:
         os._exit(code)

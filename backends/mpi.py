@@ -148,8 +148,8 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
             "forever\n")
         sys.stderr.flush()
         # Abort kills the launcher's output forwarding too: give it a moment to pass on
-        # the traceback and this line (a failing job can spare 0.2 s).
-        time.sleep(0.2)
+        # the traceback and this line (a failing job can spare it).
+        time.sleep(_interrupt.FORWARDING_GRACE)
         world.Abort(code)
 
     def abort_on_uncaught_exception(kind: Any, value: Any, tb: Any) -> None:

@@ -5,7 +5,9 @@
 Every rank makes one all_reduce and prints ``READY rank R pid P``. Then, by MODE:
 
 - ``wait``: rank 0 prints ``ENTERING`` and enters an all_reduce that rank 1 never joins;
-  rank 1 sleeps. The test signals a rank or the launcher: every rank must end.
+  rank 1 sleeps. Once rank 0's main thread has stayed on one instruction of the transport
+  call for 0.3 s (a blocking wait: Gloo, MPI without a timeout), a thread prints
+  ``BLOCKED rank 0``. The test signals a rank or the launcher: every rank must end.
 - ``self-sigint``: as ``wait``, but rank 1 interrupts itself (``signal.raise_signal``).
 - ``exit`` / ``raise-exit``: as ``wait``, but rank 1 ends with an uncaught ``sys.exit(3)``
   / ``raise SystemExit(3)``.
@@ -16,12 +18,15 @@ Every rank makes one all_reduce and prints ``READY rank R pid P``. Then, by MODE
   wind down with a barrier that rank 1 joins 3 s late (longer than the SIGINT watcher's
   grace): nothing may cut it short, the job exits 0.
 
-Each rank prints ``FINISHED rank R`` when it ends on its own.
+Each rank prints ``FINISHED rank R`` when it ends on its own. Where ``SIGNALS_JOB_STDERR``
+names a folder, each rank's stderr goes to ``<pid>.err`` there (the test reads it: Hydra's
+forwarding of what a rank writes just before MPI_Abort can be cut off by the abort).
 """
 
 import os
 import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -29,7 +34,30 @@ import numpy as np
 import collectives
 
 
+def report_when_blocked(steady: float = 0.3) -> None:
+    """Print ``BLOCKED rank 0`` once the main thread's innermost frame is in the library (or
+    torch.distributed) and has not moved for ``steady`` seconds."""
+    main = threading.main_thread().ident
+    library = os.path.dirname(os.path.dirname(os.path.abspath(collectives.__file__)))
+    last, since = None, time.monotonic()
+    while True:
+        frame = sys._current_frames().get(main)
+        if frame is None:
+            return
+        where = (frame.f_code, frame.f_lasti)
+        inside = frame.f_code.co_filename.startswith(library) or "distributed" in frame.f_code.co_filename
+        if where != last or not inside or frame.f_code.co_filename == __file__:
+            last, since = where, time.monotonic()
+        elif time.monotonic() - since >= steady:
+            print("BLOCKED rank 0", flush=True)
+            return
+        time.sleep(0.02)
+
+
 def main(mode: str) -> None:
+    if os.environ.get("SIGNALS_JOB_STDERR"):  # the test reads each rank's stderr from a file
+        with open(os.path.join(os.environ["SIGNALS_JOB_STDERR"], f"{os.getpid()}.err"), "w") as err:
+            os.dup2(err.fileno(), 2)
     comm = collectives.init()
     comm.all_reduce(np.ones(4))
     print(f"READY rank {comm.rank} pid {os.getpid()}", flush=True)
@@ -56,6 +84,7 @@ def main(mode: str) -> None:
             print(f"FINISHED rank {comm.rank} sum 2", flush=True)
         return
     if comm.rank == 0:
+        threading.Thread(target=report_when_blocked, daemon=True).start()
         print(f"ENTERING rank 0 at {time.time():.6f}", flush=True)
         comm.all_reduce(np.ones(4))  # rank 1 never comes
         print("FINISHED rank 0: the all_reduce returned, which it must not", flush=True)
