@@ -1,20 +1,26 @@
-"""Per-rank forward+backward time of syncbn.SyncBatchNorm against unsynchronized torch BatchNorm2d.
+"""Per-rank forward+backward time of syncbn.SyncBatchNorm against unsynchronized torch BatchNorm1d/2d/3d.
 
+    COLLECTIVES_BACKEND=local python scripts/bench_syncbn.py       # 1 rank: compute only
     COLLECTIVES_BACKEND=mpi   mpiexec -n 2 python scripts/bench_syncbn.py
     COLLECTIVES_BACKEND=torch torchrun --nproc_per_node 2 scripts/bench_syncbn.py
 
-Every rank runs the same local batch (ResNet-50 layer shapes, batch 8 by
-default) through both layers, alternating iteration by iteration so that a busy
-machine slows both alike; ranks meet at a barrier (not timed) before each
-iteration. The table on rank 0 shows, per shape, the median over iterations of
-the slowest rank's time, and the ratio ours / unsynced. ``--profile`` adds the
-median time of the pieces of our layer (local statistics, the two collectives,
-normalization, the backward's sums and elementwise finish).
+Every rank runs the same local batch through both layers (torch's BatchNorm of the
+input's dimensionality against ours), alternating iteration by iteration so that a
+busy machine slows both alike; ranks meet at a barrier (not timed) before each
+iteration. The shapes (:data:`SHAPES`): ResNet-50's BatchNorm2d layers at batch 8,
+two BatchNorm1d inputs (a classifier head's ``(N, C)``, a 1-D conv net's ``(N, C, L)``)
+and two BatchNorm3d inputs (video-style ``(N, C, D, H, W)``); 2d and 3d also in
+channels_last memory format. The table on rank 0 shows, per shape, the median over
+iterations of the slowest rank's time, and the ratio ours / unsynced; ``--json PATH``
+writes the rows. ``--profile`` adds the median time of the pieces of our layer (local
+statistics, the two collectives, normalization, the backward's sums and elementwise
+finish) for the contiguous 4-D shapes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
@@ -25,7 +31,15 @@ from collectives.syncbn import function as sbf
 import collectives
 from collectives import syncbn
 
-SHAPES = [(64, 56, 56), (256, 56, 56), (512, 28, 28), (1024, 14, 14), (2048, 7, 7)]
+#: (torch's layer, the whole input shape; the batch dimension ``None`` = ``--batch``).
+SHAPES: list[tuple[type[torch.nn.Module], tuple[int | None, ...]]] = [
+    *[(torch.nn.BatchNorm2d, (None, *chw)) for chw in
+      [(64, 56, 56), (256, 56, 56), (512, 28, 28), (1024, 14, 14), (2048, 7, 7)]],
+    (torch.nn.BatchNorm1d, (256, 2048)), (torch.nn.BatchNorm1d, (None, 256, 1024)),
+    (torch.nn.BatchNorm3d, (None, 64, 8, 28, 28)), (torch.nn.BatchNorm3d, (None, 256, 4, 14, 14)),
+]
+#: The memory format of the channels_last rows, by input dimensionality.
+CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
 
 
 def step(layer: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor) -> None:
@@ -105,28 +119,41 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     parser.add_argument("--profile", action="store_true", help="time the pieces of our layer too")
+    parser.add_argument("--json", default=None, help="write the rows to this file (rank 0)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     comm = collectives.init()
     lines = [f"backend={comm.backend} ranks={comm.size} batch={args.batch} threads/rank={args.threads} "
              f"iterations={args.iterations} (median of the slowest rank)",
-             f"{'shape (C, H, W)':<18} {'unsynced ms':>12} {'SyncBN ms':>10} {'ratio':>6}"]
-    profiles = []
-    for C, H, W in SHAPES:
-        x = torch.randn(args.batch, C, H, W).requires_grad_()
-        dy = torch.randn(args.batch, C, H, W)
-        ours = syncbn.SyncBatchNorm(C, comm=comm)
-        plain = torch.nn.BatchNorm2d(C)
-        t_ours, t_plain = time_pair(comm, ours, plain, x, dy, args.iterations, args.warmup)
-        lines.append(f"{f'{C}x{H}x{W}':<18} {t_plain * 1e3:>12.2f} {t_ours * 1e3:>10.2f} "
-                     f"{t_ours / t_plain:>6.2f}")
-        if args.profile:
-            profiles.append((f"{C}x{H}x{W}", profile_pieces(comm, x.detach(), dy, args.iterations)))
+             f"{'layer':<12} {'shape':<18} {'format':<14} {'unsynced ms':>12} {'SyncBN ms':>10} {'ratio':>6}"]
+    rows, profiles = [], []
+    for layer, shape in SHAPES:
+        full = tuple(args.batch if n is None else n for n in shape)
+        formats = [("contiguous", torch.contiguous_format)]
+        if len(full) in CHANNELS_LAST:
+            formats.append(("channels_last", CHANNELS_LAST[len(full)]))
+        for name, memory_format in formats:
+            x = torch.randn(full).to(memory_format=memory_format).requires_grad_()
+            dy = torch.randn(full).to(memory_format=memory_format)
+            ours = syncbn.SyncBatchNorm(full[1], comm=comm)
+            plain = layer(full[1])
+            t_ours, t_plain = time_pair(comm, ours, plain, x, dy, args.iterations, args.warmup)
+            label = "x".join(map(str, full))
+            rows.append({"layer": layer.__name__, "shape": list(full), "format": name,
+                         "unsynced_ms": t_plain * 1e3, "syncbn_ms": t_ours * 1e3, "ratio": t_ours / t_plain})
+            lines.append(f"{layer.__name__:<12} {label:<18} {name:<14} {t_plain * 1e3:>12.2f} "
+                         f"{t_ours * 1e3:>10.2f} {t_ours / t_plain:>6.2f}")
+            if args.profile and len(full) == 4 and name == "contiguous":
+                profiles.append((label, profile_pieces(comm, x.detach(), dy, args.iterations)))
     if comm.rank == 0:
         print("\n".join(lines))
-        for shape, pieces in profiles:
-            print(f"{shape}: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in pieces.items()))
+        for label, pieces in profiles:
+            print(f"{label}: " + ", ".join(f"{k} {v * 1e3:.2f}" for k, v in pieces.items()))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"backend": comm.backend, "ranks": comm.size, "batch": args.batch,
+                           "threads": args.threads, "iterations": args.iterations, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
