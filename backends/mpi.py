@@ -433,7 +433,7 @@ class MPICommunicator(Communicator):
         """all_reduce (of a dtype x op MPI reduces as it is) and broadcast of a contiguous host
         array in as few steps as raw mpi4py takes: its memory (a CPU tensor's numpy view, as a
         raw caller passes it) is the buffer, bound with the MPI datatype and op once per kind."""
-        comm, in_place, size = self._comm, self._in_place, self.size
+        comm, in_place, size, most = self._comm, self._in_place, self.size, MAX_COUNT
         if call is ALL_REDUCE:
             spec = self._native[dtype].get(op) if op is not None else None
             if spec is None:
@@ -443,7 +443,7 @@ class MPICommunicator(Communicator):
             reduce, start_reduce = comm.Allreduce, comm.Iallreduce
 
             def all_reduce(buf: Any, root: Any) -> bool:
-                if buf.size > MAX_COUNT:
+                if buf.size > most:
                     return False
                 if self.timeout is None:
                     reduce(in_place, [buf, mpi_type], mpi_op)
@@ -460,7 +460,7 @@ class MPICommunicator(Communicator):
             bcast, start_bcast = comm.Bcast, comm.Ibcast
 
             def broadcast(buf: Any, root: Any) -> bool:
-                if buf.nbytes > MAX_COUNT:  # MPI counts the bytes: no uint8 view
+                if buf.nbytes > most:  # MPI counts the bytes: no uint8 view
                     return False
                 if self.timeout is None:
                     bcast([buf, byte], root)

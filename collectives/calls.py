@@ -24,7 +24,7 @@ def _own_path(*args: Any) -> Any:
     raise AssertionError("this call has a path of its own; the table does not run it")
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, slots=True)
 class Call:
     """How the call path treats one collective (hashed by identity: a key of the call
     path's plans)."""

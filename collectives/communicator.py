@@ -214,7 +214,7 @@ class Communicator(abc.ABC):
         self.debug: bool = bool(config.env_flag(config.DEBUG)) and size > 1
         self._closed = False
         # Why the communicator cannot be used any more (after a timeout), else None.
-        self._broken: str | None = None
+        self._why_broken: str | None = None
         # The running call, for error messages: its operation and sequence number.
         self._seq = 0
         self._operation = ""
@@ -226,6 +226,9 @@ class Communicator(abc.ABC):
         self._pending_p2p: collections.deque[Work] = collections.deque()
         # The thread that may call collectives on this communicator (see bind_thread).
         self._owner = _thread_id()
+        # The call path's one test of closed, unusable and owner thread: the owner's id
+        # while the communicator is open and usable, else None (see _check_open).
+        self._gate: int | None = self._owner
         # The plans of the kinds of arrays that passed the checks (see _plan).
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         _LIVE.add(self)
@@ -390,7 +393,7 @@ class Communicator(abc.ABC):
                 if not self._broken:
                     self._complete_pending()
             finally:
-                self._closed = True
+                self._closed, self._gate = True, None
                 _LIVE.discard(self)
                 self._close()
 
@@ -407,7 +410,18 @@ class Communicator(abc.ABC):
         """
         if self._closed or self._broken:
             self._check_open()
-        self._owner = _thread_id()
+        self._owner = self._gate = _thread_id()
+
+    @property
+    def _broken(self) -> str | None:
+        """Why the communicator cannot be used any more (after a timeout), else None."""
+        return self._why_broken
+
+    @_broken.setter
+    def _broken(self, why: str | None) -> None:
+        self._why_broken = why
+        if why:
+            self._gate = None
 
     def __enter__(self) -> Communicator:
         return self
@@ -429,7 +443,7 @@ class Communicator(abc.ABC):
         Everything before the backend's method is local: a bad argument raises on this
         rank with nothing sent and ``x`` untouched.
         """
-        if self._closed or self._broken or self._owner != _thread_id():
+        if self._gate != _thread_id():  # closed, unusable, or another thread
             self._check_open()
         if async_op is not False and async_op is not True:
             raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
@@ -440,8 +454,6 @@ class Communicator(abc.ABC):
             view = None
         else:  # what can differ between two arrays of one kind, checked on every call
             view = check(x, call.in_place)
-            if self._checks_device:
-                self._check_device(x, adapter)
         if call.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
             self._check_rank(root, call.root)  # (a bool is no rank)
         if call.check is not None:
@@ -532,14 +544,26 @@ class Communicator(abc.ABC):
         fast = self._fast_path(call, adapter, dtype, reduce_op) \
             if call.in_place and call.collective else None
         # The per-array check: with a fast path, the one that also returns x's host view
-        # (without, check_array's None means the fast path, never taken, is never called).
-        plan = (adapter.check_array, _no_fast_path, adapter, dtype, reduce_op) if fast is None \
-            else (adapter.host_view, fast, adapter, dtype, reduce_op)
+        # (without, check_array's None means the fast path, never taken, is never called);
+        # then the backend's device check, where it has one.
+        check: Callable[[Any, bool], Any] = adapter.check_array if fast is None else adapter.host_view
+        if self._checks_device:
+            check = self._checked_device(check, adapter)
+        plan = (check, fast or _no_fast_path, adapter, dtype, reduce_op)
         try:
             self._plans[call, type(x), x.dtype, op] = plan
         except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered
             pass
         return plan
+
+    def _checked_device(self, check: Callable[[Any, bool], Any], adapter: ArrayAdapter
+                        ) -> Callable[[Any, bool], Any]:
+        """``check``, then :meth:`_check_device` (as in :meth:`_check_kind`)."""
+        def check_and_device(x: Any, in_place: bool) -> Any:
+            view = check(x, in_place)
+            self._check_device(x, adapter)
+            return view
+        return check_and_device
 
     def _fast_path(self, call: Call, adapter: ArrayAdapter, dtype: str,
                    reduce_op: ReduceOp | None) -> Callable[[Any, Any], bool] | None:
@@ -553,7 +577,7 @@ class Communicator(abc.ABC):
 
     def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
         """For backends and helpers: the checks of ``_run`` for an array argument."""
-        if self._closed or self._broken or self._owner != _thread_id():
+        if self._gate != _thread_id():  # closed, unusable, or another thread
             self._check_open()
         adapter, dtype, _ = self._check_kind(x, None, False, in_place)
         return adapter, dtype
