@@ -40,7 +40,7 @@ import numpy as np
 
 from collectives import _exits, arrays, config
 from collectives.arrays import ArrayAdapter
-from collectives.communicator import Communicator, Work
+from collectives.communicator import ALL_REDUCE, BROADCAST, Communicator, Work
 from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
@@ -428,22 +428,52 @@ class MPICommunicator(Communicator):
 
     # -- collectives --------------------------------------------------------------------
 
+    def _fast_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
+                   op: ReduceOp | None) -> Callable[[Any, Any], bool] | None:
+        """all_reduce (of a dtype x op MPI reduces as it is) and broadcast of a contiguous host
+        array in as few steps as raw mpi4py takes: its memory (a CPU tensor's numpy view, as a
+        raw caller passes it) is the buffer, bound with the MPI datatype and op once per kind."""
+        comm, in_place, size, most = self._comm, self._in_place, self.size, MAX_COUNT
+        if call is ALL_REDUCE:
+            spec = self._native[dtype].get(op) if op is not None else None
+            if spec is None:
+                return None
+            mpi_type, mpi_op = spec
+            avg = op is _AVG
+            reduce, start_reduce = comm.Allreduce, comm.Iallreduce
+
+            def all_reduce(buf: Any, root: Any) -> bool:
+                if buf.size > most:
+                    return False
+                if self.timeout is None:
+                    reduce(in_place, [buf, mpi_type], mpi_op)
+                else:  # a small one is complete at its first test: no _wait frame then
+                    request = start_reduce(in_place, [buf, mpi_type], mpi_op)
+                    if not request.Test():
+                        self._wait(request)
+                if avg:
+                    buf /= size
+                return True
+            return all_reduce
+        if call is BROADCAST:
+            byte = self._byte
+            bcast, start_bcast = comm.Bcast, comm.Ibcast
+
+            def broadcast(buf: Any, root: Any) -> bool:
+                if buf.nbytes > most:  # MPI counts the bytes: no uint8 view
+                    return False
+                if self.timeout is None:
+                    bcast([buf, byte], root)
+                else:
+                    request = start_bcast([buf, byte], root)
+                    if not request.Test():
+                        self._wait(request)
+                return True
+            return broadcast
+        return None
+
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Any:
-        if not async_op:
-            # The common case in as few steps as raw mpi4py takes: x's memory is the buffer
-            # (a CPU tensor's through its numpy view, as a raw caller would pass it).
-            spec = self._native[dtype].get(op)
-            if spec is not None:
-                buf = _host_view(x, adapter, dtype)
-                if buf is not None and buf.size <= MAX_COUNT:
-                    if self.timeout is None:
-                        self._comm.Allreduce(self._in_place, [buf, spec[0]], spec[1])
-                    else:
-                        self._wait(self._comm.Iallreduce(self._in_place, [buf, spec[0]], spec[1]))
-                    if op is _AVG:
-                        buf /= self.size
-                    return None
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         buf, writeback = self._buffer(x, adapter, wire)
         IN_PLACE = self._MPI.IN_PLACE
@@ -456,13 +486,6 @@ class MPICommunicator(Communicator):
 
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
                    async_op: bool) -> Any:
-        buf = None if async_op else _host_view(x, adapter, dtype)
-        if buf is not None and buf.nbytes <= MAX_COUNT:  # MPI counts the bytes: no uint8 view
-            if self.timeout is None:
-                self._comm.Bcast([buf, self._byte], src)
-            else:
-                self._wait(self._comm.Ibcast([buf, self._byte], src))
-            return None
         buf, writeback = self._buffer(x, adapter, None)
         return self._collective("Bcast", [([chunk, self._byte], src) for chunk in _chunks(_bytes(buf))],
                                 x, async_op, writeback, buf)
@@ -720,16 +743,6 @@ class MPICommunicator(Communicator):
 _AVG = ReduceOp.AVG
 _NUMPY = arrays.NUMPY
 _TORCH = arrays.TORCH
-
-
-def _host_view(x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
-    """``x``'s memory as a contiguous numpy array when it is one already (a C-contiguous
-    ndarray, or a contiguous CPU tensor of a dtype numpy has), else ``None``."""
-    if adapter is _NUMPY:
-        return x if x.flags.c_contiguous else None
-    if adapter is _TORCH and dtype != "bfloat16" and not x.is_cuda and x.is_contiguous():
-        return x.numpy()  # (a tensor that requires grad never gets here: the checks refuse it)
-    return None
 
 
 def _size(buf: Any) -> int:

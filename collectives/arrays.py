@@ -53,6 +53,21 @@ class ArrayAdapter:
     def check_writable(self, x: Any) -> None:
         """``ValueError`` unless ``x`` may be overwritten in place."""
 
+    def check_array(self, x: Any, in_place: bool) -> None:
+        """The checks of one array of a kind that passed before (its memory, and for an
+        in-place call that it may be overwritten), in that order."""
+        if self.checks_memory:
+            self.check_memory(x)
+        if in_place:
+            self.check_writable(x)
+
+    def host_view(self, x: Any, in_place: bool) -> Any:
+        """:meth:`check_array`, returning ``x``'s memory as a C-contiguous numpy array when
+        ``x`` is host memory of that layout and dtype (a transport may pass it as it is),
+        else ``None``. What the fast paths of the call path start from."""
+        self.check_array(x, in_place)
+        return None
+
     def is_contiguous(self, x: Any) -> bool:
         return bool(x.flags.c_contiguous)
 
@@ -91,9 +106,18 @@ class NumpyAdapter(ArrayAdapter):
                 "x is a read-only numpy array; in-place collectives (all_reduce, broadcast) "
                 "need a writable array: pass x.copy()"
             )
-        if 0 in x.strides and x.size > 1:
+        if _overlapping(x.shape, x.strides):
             raise ValueError(_OVERLAPPING.format(kind="numpy array", strides=x.strides,
                                                  copy="x.copy()"))
+
+    def host_view(self, x: Any, in_place: bool) -> Any:
+        # One flags read: a C-contiguous array has no zero stride on a dimension longer than
+        # 1, so a writable one passes check_writable (and numpy arrays have no memory check).
+        flags = x.flags
+        if flags.c_contiguous and (flags.writeable or not in_place):
+            return x
+        self.check_array(x, in_place)
+        return None
 
     def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
         return sys.modules["numpy"].empty(shape, dtype=like.dtype)
@@ -110,9 +134,11 @@ class CupyAdapter(NumpyAdapter):
 
     def check_writable(self, x: Any) -> None:
         # CuPy arrays have no read-only flag; zero strides as for numpy.
-        if 0 in x.strides and x.size > 1:
+        if _overlapping(x.shape, x.strides):
             raise ValueError(_OVERLAPPING.format(kind="cupy array", strides=x.strides,
                                                  copy="x.copy()"))
+
+    host_view = ArrayAdapter.host_view  # device memory: never a host view
 
     def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
         cupy = sys.modules["cupy"]
@@ -166,9 +192,23 @@ class TorchAdapter(ArrayAdapter):
                 "x requires grad; in-place collectives (all_reduce, broadcast) would break "
                 "autograd: pass x.detach() (it shares memory) or a tensor that does not require grad"
             )
-        if 0 in x.stride() and x.numel() > 1:
+        if _overlapping(x.shape, x.stride()):
             raise ValueError(_OVERLAPPING.format(kind="torch tensor", strides=tuple(x.stride()),
                                                  copy="x.clone()"))
+
+    def host_view(self, x: Any, in_place: bool) -> Any:
+        # x.numpy() refuses every tensor that check_memory or check_writable refuses (non-CPU,
+        # sparse/mkldnn/nested, negative bit, requires grad; tests/test_call_path.py checks
+        # each) and bfloat16; those get the checks (and their errors) and the general path.
+        try:
+            view = x.numpy()
+        except (RuntimeError, TypeError):
+            view = None
+        else:  # a zero stride on a dimension longer than 1 leaves the view non-contiguous
+            if view.flags.c_contiguous:
+                return view
+        self.check_array(x, in_place)
+        return None
 
     def is_contiguous(self, x: Any) -> bool:
         return bool(x.is_contiguous())
@@ -185,6 +225,14 @@ _OVERLAPPING = ("x is a {kind} with a zero stride (strides {strides}: several el
                 "one memory location, e.g. from expand/broadcast_to/as_strided); in-place "
                 "collectives (all_reduce, broadcast, reduce, recv) cannot write a result into "
                 "it: pass {copy}")
+
+def _overlapping(shape: Any, strides: Any) -> bool:
+    """Whether a dimension longer than 1 has stride 0 (its elements share one location).
+    A zero stride on a dimension of length 1 (``x[None]``), or in an empty array, shares
+    nothing."""
+    return 0 in strides and 0 not in shape and any(n > 1 and s == 0
+                                                   for n, s in zip(shape, strides))
+
 
 NUMPY = NumpyAdapter()
 TORCH = TorchAdapter()

@@ -24,9 +24,10 @@ def _own_path(*args: Any) -> Any:
     raise AssertionError("this call has a path of its own; the table does not run it")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False, slots=True)
 class Call:
-    """How the call path treats one collective."""
+    """How the call path treats one collective (hashed by identity: a key of the call
+    path's plans)."""
 
     #: The operation's name, as error messages and fingerprints show it.
     name: str

@@ -31,7 +31,7 @@ import operator
 import sys
 import weakref
 from _thread import get_ident as _thread_id
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import arrays, calls, config
@@ -214,7 +214,7 @@ class Communicator(abc.ABC):
         self.debug: bool = bool(config.env_flag(config.DEBUG)) and size > 1
         self._closed = False
         # Why the communicator cannot be used any more (after a timeout), else None.
-        self._broken: str | None = None
+        self._why_broken: str | None = None
         # The running call, for error messages: its operation and sequence number.
         self._seq = 0
         self._operation = ""
@@ -226,6 +226,11 @@ class Communicator(abc.ABC):
         self._pending_p2p: collections.deque[Work] = collections.deque()
         # The thread that may call collectives on this communicator (see bind_thread).
         self._owner = _thread_id()
+        # The call path's one test of closed, unusable and owner thread: the owner's id
+        # while the communicator is open and usable, else None (see _check_open).
+        self._gate: int | None = self._owner
+        # The plans of the kinds of arrays that passed the checks (see _plan).
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
         _LIVE.add(self)
 
     # -- the public interface: every method hands its arguments to _run ------------------
@@ -388,7 +393,7 @@ class Communicator(abc.ABC):
                 if not self._broken:
                     self._complete_pending()
             finally:
-                self._closed = True
+                self._closed, self._gate = True, None
                 _LIVE.discard(self)
                 self._close()
 
@@ -405,7 +410,18 @@ class Communicator(abc.ABC):
         """
         if self._closed or self._broken:
             self._check_open()
-        self._owner = _thread_id()
+        self._owner = self._gate = _thread_id()
+
+    @property
+    def _broken(self) -> str | None:
+        """Why the communicator cannot be used any more (after a timeout), else None."""
+        return self._why_broken
+
+    @_broken.setter
+    def _broken(self, why: str | None) -> None:
+        self._why_broken = why
+        if why:
+            self._gate = None
 
     def __enter__(self) -> Communicator:
         return self
@@ -427,21 +443,17 @@ class Communicator(abc.ABC):
         Everything before the backend's method is local: a bad argument raises on this
         rank with nothing sent and ``x`` untouched.
         """
-        if self._closed or self._broken or self._owner != _thread_id():
+        if self._gate != _thread_id():  # closed, unusable, or another thread
             self._check_open()
         if async_op is not False and async_op is not True:
             raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
-        try:  # the checks that depend only on the kind of x (and op) passed before
-            adapter, dtype, reduce_op = _KINDS[type(x), x.dtype, op]
+        try:  # a kind of x (type, dtype, and op) that passed the checks before: its plan
+            check, fast, adapter, dtype, reduce_op = self._plans[call, type(x), x.dtype, op]
         except (KeyError, TypeError, AttributeError):
-            adapter, dtype, reduce_op = self._check_kind(x, op, call.reduces, call.in_place)
-        else:
-            if adapter.checks_memory:
-                adapter.check_memory(x)
-            if call.in_place:
-                adapter.check_writable(x)
-            if self._checks_device:
-                self._check_device(x, adapter)
+            check, fast, adapter, dtype, reduce_op = self._plan(call, x, op)
+            view = None
+        else:  # what can differ between two arrays of one kind, checked on every call
+            view = check(x, call.in_place)
         if call.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
             self._check_rank(root, call.root)  # (a bool is no rank)
         if call.check is not None:
@@ -458,6 +470,8 @@ class Communicator(abc.ABC):
         else:
             self._operation = call.name
         try:
+            if view is not None and not async_op and fast(view, root):
+                return x  # the backend's fast path ran it (see _fast_path)
             if self.debug and not call.collective:
                 result = self._checked_p2p(call, x, adapter, dtype, root, async_op, extra)
             else:
@@ -503,33 +517,67 @@ class Communicator(abc.ABC):
     # -- argument checks shared by every backend ----------------------------------------
 
     # The checks run on every call. _run first looks the kind of x (its type and dtype,
-    # and op) up among the kinds that passed before, and then checks only what can differ
-    # from one array to the next (memory, writable, device); a kind not seen yet goes
-    # through the full checks below. The order of the checks, and so which error a call
-    # with several faults gets, is the same on both paths.
+    # and op) up among the kinds that passed before on this communicator, for this row of
+    # the table, and then checks only what can differ from one array to the next (memory,
+    # writable, device); a kind not seen yet goes through the full checks below. The order
+    # of the checks, and so which error a call with several faults gets, is the same on
+    # both paths.
 
     def _check_kind(self, x: Any, op: Any, reduces: bool, in_place: bool
                     ) -> tuple[ArrayAdapter, str, ReduceOp | None]:
-        """The adapter and dtype name of ``x`` and, for a reduction, the ReduceOp (the kind is
-        remembered); for ``in_place`` also that x is writable."""
+        """The adapter and dtype name of ``x`` and, for a reduction, the ReduceOp; for
+        ``in_place`` also that x is writable."""
         adapter = arrays.adapter_for(x)
         dtype = adapter.dtype_name(x)
-        if adapter.checks_memory:
-            adapter.check_memory(x)
-        if in_place:
-            adapter.check_writable(x)
+        adapter.check_array(x, in_place)
         if self._checks_device:
             self._check_device(x, adapter)
         reduce_op = check_reduction(dtype, op) if reduces else None
+        return adapter, dtype, reduce_op
+
+    def _plan(self, call: Call, x: Any, op: Any) -> _Plan:
+        """The full checks of a kind of ``x`` (and ``op``) not seen before by ``call``, and
+        what later calls of that kind run (remembered): the per-array check, the backend's
+        fast path if it has one (:meth:`_fast_path`; in-place collectives only, so its
+        result is ``x``), the adapter, dtype name and ReduceOp."""
+        adapter, dtype, reduce_op = self._check_kind(x, op, call.reduces, call.in_place)
+        fast = self._fast_path(call, adapter, dtype, reduce_op) \
+            if call.in_place and call.collective else None
+        # The per-array check: with a fast path, the one that also returns x's host view
+        # (without, check_array's None means the fast path, never taken, is never called);
+        # then the backend's device check, where it has one.
+        check: Callable[[Any, bool], Any] = adapter.check_array if fast is None else adapter.host_view
+        if self._checks_device:
+            check = self._checked_device(check, adapter)
+        plan = (check, fast or _no_fast_path, adapter, dtype, reduce_op)
         try:
-            _KINDS[type(x), x.dtype, op] = (adapter, dtype, reduce_op)
+            self._plans[call, type(x), x.dtype, op] = plan
         except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered
             pass
-        return adapter, dtype, reduce_op
+        return plan
+
+    def _checked_device(self, check: Callable[[Any, bool], Any], adapter: ArrayAdapter
+                        ) -> Callable[[Any, bool], Any]:
+        """``check``, then :meth:`_check_device` (as in :meth:`_check_kind`)."""
+        def check_and_device(x: Any, in_place: bool) -> Any:
+            view = check(x, in_place)
+            self._check_device(x, adapter)
+            return view
+        return check_and_device
+
+    def _fast_path(self, call: Call, adapter: ArrayAdapter, dtype: str,
+                   reduce_op: ReduceOp | None) -> Callable[[Any, Any], bool] | None:
+        """For backends: a callable ``(view, root)`` that runs the in-place collective
+        ``call`` on ``view``, the C-contiguous numpy array of a host ``x`` of this kind
+        (``adapter.host_view``), blocking; it returns ``False`` when it cannot take that
+        array (the row's general ``run`` then does). ``None``: no fast path for this kind.
+        Called once per kind, after every check of the call path has passed; the fast path
+        runs after the checks, the sequence number and the fingerprint of each call."""
+        return None
 
     def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
         """For backends and helpers: the checks of ``_run`` for an array argument."""
-        if self._closed or self._broken or self._owner != _thread_id():
+        if self._gate != _thread_id():  # closed, unusable, or another thread
             self._check_open()
         adapter, dtype, _ = self._check_kind(x, None, False, in_place)
         return adapter, dtype
@@ -940,9 +988,14 @@ def _is_int(value: Any) -> bool:
     return True
 
 
-# (type(x), x.dtype, op as spelled or None) -> (adapter, dtype name, ReduceOp or None) for
-# kinds of arrays (and reduce ops) that passed the checks before.
-_KINDS: dict[tuple[Any, ...], tuple[ArrayAdapter, str, ReduceOp | None]] = {}
+# What a communicator remembers per (row, type(x), x.dtype, op as spelled or None) that
+# passed the checks: (per-array check, fast path, adapter, dtype name, ReduceOp or None).
+_Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any], bool], ArrayAdapter, str,
+              ReduceOp | None]
+
+
+def _no_fast_path(view: Any, root: Any) -> bool:
+    return False
 
 # -- the table: one row per collective (see collectives/calls.py) ---------------------------
 # Each row's ``run`` maps the call path's arguments to the backend's method:

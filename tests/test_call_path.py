@@ -183,3 +183,135 @@ def test_errors_keep_their_order_on_a_remembered_kind():
         comm.all_reduce([1, 2], "sum")
     with pytest.raises(TypeError, match="dtype >f4"):
         comm.all_reduce(np.zeros(2, ">f4"), "sum")
+
+
+# -- the plans: per-array checks of a remembered kind, and the backends' fast paths -------
+
+def _refused_tensors():
+    """Tensors of kinds the checks of an in-place call refuse, with the error's words."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "nested tensors are a prototype", "CSR ... beta"
+        nested = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+        csr = torch.zeros(2, 2).to_sparse_csr()
+    return [
+        (torch.zeros(3, requires_grad=True), ValueError, "requires grad"),
+        (torch.zeros(3, device="meta"), ValueError, "on device meta"),
+        (torch.zeros(3).to_sparse(), TypeError, "layout"),
+        (csr, TypeError, "layout"),
+        (torch.zeros(3).to_mkldnn(), TypeError, "layout"),
+        (nested, TypeError, "nested"),
+        (torch.zeros(3)._neg_view(), ValueError, "negative bit"),
+        (torch.ones(1).expand(4), ValueError, "zero stride"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_refused_tensors())))
+def test_torch_host_view_refuses_what_the_checks_refuse(case):
+    """TorchAdapter.host_view starts from x.numpy(): every tensor check_array refuses must
+    fail that way too (with our error, not torch's), or the fast path would skip a check."""
+    from collectives.arrays import TORCH
+
+    x, error, words = _refused_tensors()[case]
+    with pytest.raises(error, match=words):
+        TORCH.check_array(x, True)
+    with pytest.raises(error, match=words):
+        TORCH.host_view(x, True)
+
+
+def test_host_views_of_plain_arrays_are_their_memory():
+    from collectives.arrays import CUPY, NUMPY, TORCH, ArrayAdapter
+
+    x = np.zeros((2, 3), np.float32)
+    assert NUMPY.host_view(x, True) is x
+    assert NUMPY.host_view(x[:, ::2], True) is None  # checked, but no fast path
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    assert NUMPY.host_view(frozen, False) is frozen  # read-only is fine when x is only read
+    with pytest.raises(ValueError, match="read-only"):
+        NUMPY.host_view(frozen, True)
+    t = torch.zeros(2, 3)
+    view = TORCH.host_view(t, True)
+    assert view.ctypes.data == t.data_ptr() and view.shape == (2, 3)
+    assert TORCH.host_view(t.t(), True) is None
+    assert TORCH.host_view(torch.zeros(3, dtype=torch.bfloat16), True) is None  # no numpy dtype
+    assert type(CUPY).host_view is ArrayAdapter.host_view  # device memory: never a host view
+
+
+def test_a_zero_stride_on_a_dimension_of_length_one_is_no_overlap():
+    """x[None] has stride 0 on its new dimension of length 1; no two elements share memory,
+    so in-place collectives take it (they refused it before: "with a zero stride")."""
+    comm = LocalCommunicator()
+    x = np.arange(3, dtype=np.float32)[None]
+    assert 0 in x.strides
+    assert comm.all_reduce(x) is x and comm.broadcast(x) is x
+    t = torch.arange(3.0).as_strided((1, 3), (0, 1))
+    assert comm.all_reduce(t) is t
+    np.testing.assert_array_equal(x, [[0, 1, 2]])
+
+
+def fast_path_job(comm):
+    """On a kind seen before (so the backend's fast path is planned): results against numpy,
+    the sequence number moves once per call, and a bad array of that kind is still refused
+    before anything is sent."""
+    out = {}
+    n, r = comm.size, comm.rank
+    for kind in ("numpy", "torch"):
+        wrap = (lambda a: a) if kind == "numpy" else torch.from_numpy
+        for attempt in range(3):
+            x = wrap(np.arange(4, dtype=np.float32) + r)
+            seq = comm.sequence_number
+            assert comm.all_reduce(x, "sum") is x
+            assert comm.sequence_number == seq + 1
+            out[kind, "sum", attempt] = np.asarray(x).copy()
+            y = wrap(np.arange(4, dtype=np.float32) + r)
+            comm.all_reduce(y, "avg")
+            out[kind, "avg", attempt] = np.asarray(y).copy()
+            z = wrap(np.full(3, float(r), np.float32))
+            assert comm.broadcast(z, n - 1) is z
+            out[kind, "bcast", attempt] = np.asarray(z).copy()
+        seq = comm.sequence_number
+        frozen = np.ones(4, np.float32)
+        frozen.flags.writeable = False
+        bad = [(frozen, ValueError, "read-only")] if kind == "numpy" else \
+            [(t, e, w) for t, e, w in _refused_tensors() if t.dtype == torch.float32
+             and t.layout == torch.strided and not t.is_nested]
+        for x, error, words in bad:
+            for call, args in ((comm.all_reduce, (x,)), (comm.broadcast, (x, 0))):
+                with pytest.raises(error, match=words):
+                    call(*args)
+        with pytest.raises(ValueError, match="out of range"):
+            comm.broadcast(wrap(np.zeros(3, np.float32)), n)
+        assert comm.sequence_number == seq
+    return out
+
+
+@pytest.mark.parametrize("timeout", [None, 0])
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True)
+def test_mpi_fast_paths_match_numpy_and_keep_every_check(world, timeout):
+    n = world.size
+    results = world.run(fast_path_job, [()] * n) if timeout is None else \
+        world.run(_with_timeout_zero, [()] * n)
+    total = sum(np.arange(4) + r for r in range(n))
+    for got in results:
+        for (kind, what, attempt), value in got.items():
+            want = {"sum": total, "avg": total / n, "bcast": np.full(3, n - 1)}[what]
+            np.testing.assert_array_equal(value, want, err_msg=f"{kind} {what} {attempt}")
+
+
+def _with_timeout_zero(comm):
+    """fast_path_job on a split of the pool's communicator with blocking MPI calls."""
+    sub = comm.split(0)
+    sub.timeout = None
+    try:
+        return fast_path_job(sub)
+    finally:
+        sub.close()
+
+
+def test_empty_arrays_with_zero_strides_are_no_overlap():
+    comm = LocalCommunicator()
+    for x in (torch.empty(2, 0).as_strided((2, 0), (0, 0)),
+              np.lib.stride_tricks.as_strided(np.empty(0, np.float32), (2, 0), (0, 0))):
+        assert comm.all_reduce(x) is x
