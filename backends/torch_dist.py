@@ -517,6 +517,13 @@ class TorchCommunicator(Communicator):
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
                     async_op: bool = False) -> Any:
+        if out is None and not async_op and adapter is _TORCH and dtype in _GATHER_DIRECT \
+                and x.dim() == 1 and not self._reordered and not x.requires_grad and x.is_contiguous():
+            # SyncBatchNorm's forward call: 1-d tensors of the dtypes every transport gathers
+            # go straight to torch (no byte views, no wrapper: one output, one call).
+            gathered = self._torch.empty((self.size * x.shape[0],), dtype=x.dtype, device=x.device)
+            self._all_gather_single(gathered, x, group=self._group)
+            return gathered.view(self.size, x.shape[0])
         if (out is None and not async_op) or self._reordered:
             return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
         result = out if out is not None else adapter.empty(x, (self.size, *x.shape))
@@ -627,12 +634,6 @@ class TorchCommunicator(Communicator):
 
     @_on_cupy_stream
     def _all_gather_new(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
-        if (adapter is _TORCH and dtype in _GATHER_DIRECT and x.dim() == 1 and not self._reordered
-                and not x.requires_grad and x.is_contiguous()):
-            # 1-d tensors of the dtypes every transport gathers: no byte views, one output
-            out = self._torch.empty((self.size * x.shape[0],), dtype=x.dtype, device=x.device)
-            self._all_gather_single(out, x, group=self._group)
-            return out.view(self.size, x.shape[0])
         gathered = self._gather_tensor(self._as_tensor(x, adapter))
         if adapter is arrays.TORCH:
             return gathered

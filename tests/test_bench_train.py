@@ -69,10 +69,16 @@ def test_torchrun_with_ddp_on_its_own_gloo_group(tmp_path):
     assert doc["max_param_diff"]["b-c"] <= 1e-6
 
 
-def test_collective_after_compute_reports_both_modes(tmp_path):
+def test_collective_after_compute_reports_every_mode_and_collective(tmp_path):
     script = ROOT / "scripts" / "bench_collective_after_compute.py"
-    done = _launch([_tool("mpiexec"), "-n", "2", sys.executable, str(script), "--iterations", "4",
-                    "--compute-ms", "1"], tmp_path, "mpi")
+    out = tmp_path / "after.json"
+    done = _launch([_tool("mpiexec"), "-n", "2", sys.executable, str(script), "--iterations", "3",
+                    "--channels", "64", "--batch", "1", "--compute-ms", "1",
+                    "--modes", "idle,syncbn,conv,spin,asleep", "--json", str(out)], tmp_path, "mpi")
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = [line for line in done.stdout.splitlines() if "last rank's own call" in line]
-    assert len(rows) == 6 and sum("idle" in row for row in rows) == 2
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["mode"], row["collective"]) for row in rows] == [
+        (mode, name) for mode in ("idle", "syncbn", "conv", "spin", "asleep")
+        for name in ("all_gather", "all_reduce32", "all_reduce64")]
+    assert all(row[impl][key] > 0 for row in rows for impl in ("ours", "raw") for key in ("in_call", "last_own"))
+    assert sum(line.startswith("syncbn ") for line in done.stdout.splitlines()) == 3

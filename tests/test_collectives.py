@@ -162,6 +162,31 @@ def test_broadcast_from_every_root_copies_the_roots_bytes(world, kind):
             assert results[rank][index].tobytes() == expected.tobytes(), (dtype, src, rank)
 
 
+def all_gather_1d_job(comm, cases):
+    import torch  # noqa: PLC0415
+
+    out = []
+    for _, values in cases:
+        x = torch.from_numpy(values.copy())
+        gathered = comm.all_gather(x)
+        assert type(gathered) is torch.Tensor and gathered.dtype == x.dtype and gathered.shape == (comm.size, x.numel())
+        assert np.array_equal(x.numpy(), values), "all_gather modified its input"
+        out.append(gathered.numpy().copy())
+    return out
+
+
+@pytest.mark.parametrize("world", [("torch", 2), ("torch", 3)], indirect=True, ids=world_id)
+def test_torch_all_gather_of_1d_tensors_stacks_rows_in_rank_order(world):
+    # SyncBatchNorm's call (a 1-d tensor, no out=, blocking): the torch backend's direct path
+    dtypes = ["int8", "uint8", "int32", "int64", "float16", "float32", "float64"]
+    per_rank = [([(d, make_input(SEED, r, d, None, shape=(7,))) for d in dtypes],) for r in range(world.size)]
+    results = world.run(all_gather_1d_job, per_rank)
+    for index, dtype in enumerate(dtypes):
+        expected = np.stack([per_rank[r][0][index][1] for r in range(world.size)])
+        for rank in range(world.size):
+            assert results[rank][index].tobytes() == expected.tobytes(), (dtype, rank)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("world", WORLDS, indirect=True, ids=world_id)
 def test_all_gather_stacks_every_ranks_input_in_rank_order(world, kind):
