@@ -14,16 +14,19 @@ What happens, and when:
   (roughly the order backward produces their gradients), to buckets of about
   ``bucket_cap_mb`` MB of one dtype and device. Membership never changes, so every
   rank runs the same collectives in the same order whatever its graph looks like.
-- A ``register_post_accumulate_grad_hook`` on each parameter copies its gradient
-  into its bucket's flat buffer as soon as autograd has accumulated it; a full
-  bucket is reduced with ONE ``all_reduce(async_op=True)`` right away (buckets are
-  launched in bucket order, the same on every rank), so communication overlaps
-  the rest of backward.
+- A ``register_post_accumulate_grad_hook`` on each parameter (bound to its bucket
+  and position when the model is wrapped) copies its gradient into its bucket's
+  flat buffer as soon as autograd has accumulated it -- no copy when ``grad`` is
+  already the bucket's view, kept from the last step and accumulated into in
+  place; a full bucket is reduced with ONE ``all_reduce(async_op=True)`` right away
+  (buckets are launched in bucket order, the same on every rank), so communication
+  overlaps the rest of backward.
 - At the end of backward (an autograd engine callback, queued when gradients
   first reach the model's output or one of its parameters) the buckets not yet
   launched are launched -- a parameter that got no gradient on this rank
-  contributes zeros -- every bucket is waited on, and the results are written to
-  ``param.grad``. So after ``loss.backward()`` returns the gradients are final and
+  contributes zeros -- every bucket is waited on, and ``param.grad`` becomes the
+  reduced gradient's view into the bucket (``gradient_as_bucket_view=False``: a
+  copy). So after ``loss.backward()`` returns the gradients are final and
   the optimizer can step; nothing else needs calling. :meth:`finish` does the
   same explicitly and is harmless to call again.
 - Each bucket carries one extra element per parameter, the number of ranks that
@@ -34,9 +37,9 @@ What happens, and when:
 Averaging (``grad_reduction``):
 
 - ``"mean"`` (default, DDP's rule): grad = sum over ranks of the local grad / size,
-  computed as ``all_reduce(sum)`` of ``grad * (1 / size)``, the same arithmetic as
-  DDP. Right when each rank's loss is the mean over its own batch and every rank
-  has the same batch size.
+  computed as ``all_reduce(sum)`` of ``grad * (1 / size)`` (one multiply of the
+  whole bucket before it goes out), the same arithmetic as DDP. Right when each
+  rank's loss is the mean over its own batch and every rank has the same batch size.
 - ``"sum"``: grad = sum over ranks of the local grad. Right when each rank's loss
   is already scaled for the global batch, e.g. ``local_loss_sum / global_count``:
   then with SyncBatchNorm the result is exactly the gradient of the mean loss over
@@ -56,6 +59,7 @@ waiting); sparse gradients are not supported.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -74,33 +78,33 @@ class _Bucket:
     """Parameters of one dtype and device whose gradients travel in one flat all_reduce.
 
     ``buffer`` is laid out as every parameter's gradient, flattened, in ``params``
-    order, followed by one element per parameter: how many ranks used it.
+    order, followed by one element per parameter: how many ranks used it. The views
+    of it (``views``, ``counts``) are made once: a hook only indexes lists.
     """
 
     def __init__(self, index: int, params: list[nn.Parameter]) -> None:
         self.index = index
         self.params = params
-        self.offsets: list[int] = []
-        total = 0
-        for p in params:
-            self.offsets.append(total)
-            total += p.numel()
-        self.grad_numel = total
+        total = sum(p.numel() for p in params)
         self.buffer = torch.zeros(total + len(params), dtype=params[0].dtype,
                                   device=params[0].device)
-        self.ready: set[int] = set()  # positions in params whose gradient is in the buffer
+        self.views: list[torch.Tensor] = []  # views[i]: params[i]'s gradient in the buffer
+        offset = 0
+        for p in params:
+            self.views.append(self.buffer[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        self.grads = self.buffer[:total]
+        self.counts = self.buffer[total:]
+        self.counts.fill_(1)  # a rank that produced no gradient for params[i] sets counts[i] = 0
+        self.ready = [False] * len(params)  # ready[i]: params[i]'s gradient is in the buffer
+        self.missing = len(params)
         self.work: Work | None = None
 
-    def grad_view(self, position: int) -> torch.Tensor:
-        p = self.params[position]
-        start = self.offsets[position]
-        return self.buffer[start:start + p.numel()].view_as(p)
-
-    def used_counts(self) -> torch.Tensor:
-        return self.buffer[self.grad_numel:]
-
     def reset(self) -> None:
-        self.ready.clear()
+        if self.missing != len(self.params) or self.work is not None:
+            self.counts.fill_(1)  # the reduction left the number of users there
+            self.ready = [False] * len(self.params)
+            self.missing = len(self.params)
         self.work = None
 
 
@@ -114,6 +118,11 @@ class DataParallel(nn.Module):
     :param broadcast_buffers: also broadcast rank 0's buffers before every forward in
         training mode, like DDP's default. Off by default: with SyncBatchNorm
         the running statistics are already identical on every rank.
+    :param gradient_as_bucket_view: after backward each ``param.grad`` is a view into its
+        bucket's buffer (DDP's option of that name, on by default here): no copy in or
+        out when the gradient is kept between steps, none out otherwise. The next
+        backward writes that buffer, so a ``grad`` kept past it changes; ``False``
+        gives every ``grad`` its own tensor (a copy per parameter per step).
 
     Raises ``TypeError``/``ValueError`` for bad arguments before any communication.
     ``module`` is reachable as ``.module`` (save ``model.module.state_dict()``).
@@ -121,7 +130,7 @@ class DataParallel(nn.Module):
 
     def __init__(self, module: nn.Module, comm: Communicator | None = None, *,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, grad_reduction: str = "mean",
-                 broadcast_buffers: bool = False) -> None:
+                 broadcast_buffers: bool = False, gradient_as_bucket_view: bool = True) -> None:
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module; got {type(module).__name__}")
@@ -130,6 +139,10 @@ class DataParallel(nn.Module):
         if isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float)) \
                 or not bucket_cap_mb > 0:
             raise ValueError(f"bucket_cap_mb must be a number > 0; got {bucket_cap_mb!r}")
+        for name, flag in (("broadcast_buffers", broadcast_buffers),
+                           ("gradient_as_bucket_view", gradient_as_bucket_view)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False; got {flag!r}")
         if grad_reduction not in GRAD_REDUCTIONS:
             raise ValueError(f"grad_reduction must be one of {', '.join(GRAD_REDUCTIONS)}; "
                              f"got {grad_reduction!r}")
@@ -141,19 +154,21 @@ class DataParallel(nn.Module):
         self.comm = collectives.init() if comm is None else comm
         self.grad_reduction = grad_reduction
         self.broadcast_buffers = bool(broadcast_buffers)
+        self.gradient_as_bucket_view = bool(gradient_as_bucket_view)
         self.bucket_cap_bytes = int(bucket_cap_mb * 1024 * 1024)
         self.require_backward_grad_sync = True
 
         self._broadcast_state()
         self._buckets = self._make_buckets()
-        # parameter -> (bucket, position in the bucket)
-        self._where: dict[nn.Parameter, tuple[_Bucket, int]] = {
-            p: (bucket, i) for bucket in self._buckets for i, p in enumerate(bucket.params)}
+        self._scale = 1.0 / self.comm.size if grad_reduction == "mean" else None
         self._next_bucket = 0  # buckets are launched strictly in this order
+        self._pending: list[Work] = []  # launched, not yet seen complete: poked by every hook
         self._callback_queued = False
         self._in_backward = False
-        self._hook_handles = [p.register_post_accumulate_grad_hook(self._on_grad_accumulated)
-                              for p in self._where]
+        # One hook per parameter, bound to its bucket and position: no lookup per gradient.
+        self._hook_handles = [
+            p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_accumulated, bucket, i))
+            for bucket in self._buckets for i, p in enumerate(bucket.params)]
 
     # -- construction -------------------------------------------------------------------
 
@@ -222,65 +237,79 @@ class DataParallel(nn.Module):
         # no parameter of this rank receives a gradient.
         self._queue_finish()
 
-    def _on_grad_accumulated(self, param: nn.Parameter) -> None:
+    def _on_grad_accumulated(self, bucket: _Bucket, position: int, param: nn.Parameter) -> None:
         if not self.require_backward_grad_sync:
             return  # no_sync(): the gradient stays local and accumulates
-        self._queue_finish()
-        bucket, position = self._where[param]
-        if position in bucket.ready:
-            return  # a second gradient for it in one backward (retain_graph): the last wins
+        if not self._callback_queued:
+            self._queue_finish()
+        if bucket.ready[position]:
+            return  # a second gradient for it in one backward (retain_graph): the first counts
         grad = param.grad
         assert grad is not None, "a post-accumulate-grad hook runs once the gradient is there"
-        with torch.no_grad():
-            view = bucket.grad_view(position)
-            if self.grad_reduction == "mean":
-                torch.mul(grad, 1.0 / self.comm.size, out=view)
+        view = bucket.views[position]
+        if grad is not view:  # (it is when grad was kept from the last step and accumulated in place)
+            if torch.is_grad_enabled():  # backward(create_graph=True): keep the copy off the graph
+                with torch.no_grad():
+                    view.copy_(grad)
             else:
                 view.copy_(grad)
-            bucket.used_counts()[position] = 1
-        bucket.ready.add(position)
-        self._launch_ready_buckets()
-        self._poke()
+        bucket.ready[position] = True
+        bucket.missing -= 1
+        if not bucket.missing and bucket.index == self._next_bucket:
+            self._launch_ready_buckets()
+        if self._pending:
+            self._poke()
 
     def _launch_ready_buckets(self) -> None:
         while self._next_bucket < len(self._buckets):
             bucket = self._buckets[self._next_bucket]
-            if len(bucket.ready) < len(bucket.params):
+            if bucket.missing:
                 return
+            if self._scale is not None:
+                bucket.grads.mul_(self._scale)  # "mean": one multiply per bucket, not per gradient
             bucket.work = self.comm.all_reduce(bucket.buffer, "sum", async_op=True)
+            self._pending.append(bucket.work)
             self._next_bucket += 1
 
     def _poke(self) -> None:
         """Let the transport progress the pending reductions (MPI needs to be called)."""
-        for bucket in self._buckets[:self._next_bucket]:
-            if bucket.work is not None:
-                bucket.work.is_completed()
+        self._pending = [work for work in self._pending if not work.is_completed()]
 
     def _finish_backward(self) -> None:
-        """End of backward: launch what is left (zeros for unused gradients), wait, write grads."""
+        """End of backward: launch what is left (zeros for unused gradients), wait, set grads."""
         try:
             if not self.require_backward_grad_sync:
                 return
             with torch.no_grad():
                 for bucket in self._buckets[self._next_bucket:]:
-                    for position in range(len(bucket.params)):
-                        if position not in bucket.ready:
-                            bucket.grad_view(position).zero_()
-                            bucket.used_counts()[position] = 0
-                            bucket.ready.add(position)
+                    if not bucket.missing:
+                        continue
+                    for position, p in enumerate(bucket.params):
+                        if not bucket.ready[position]:
+                            view = bucket.views[position]
+                            if p.grad is view:  # grad is last step's bucket view: keep its value
+                                p.grad = view.clone()
+                            view.zero_()
+                            bucket.counts[position] = 0
+                            bucket.ready[position] = True
+                    bucket.missing = 0
                 self._launch_ready_buckets()
                 for bucket in self._buckets:
                     assert bucket.work is not None
                     bucket.work.wait()
-                    used = bucket.used_counts().tolist()
+                    used = bucket.counts.tolist()
                     for position, p in enumerate(bucket.params):
-                        if used[position] == 0:
+                        if not used[position]:
                             continue  # no rank produced a gradient: leave grad as it was
-                        reduced = bucket.grad_view(position)
-                        if p.grad is None:
-                            p.grad = reduced.clone()
+                        view = bucket.views[position]
+                        if p.grad is view:
+                            continue
+                        if self.gradient_as_bucket_view:
+                            p.grad = view  # no copy: the gradient lives in the bucket
+                        elif p.grad is None:
+                            p.grad = view.clone()
                         else:
-                            p.grad.copy_(reduced)
+                            p.grad.copy_(view)
         finally:
             self._reset()
 
@@ -288,6 +317,7 @@ class DataParallel(nn.Module):
         for bucket in self._buckets:
             bucket.reset()
         self._next_bucket = 0
+        self._pending = []
         self._callback_queued = False
         self._in_backward = False
 

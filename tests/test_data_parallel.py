@@ -78,6 +78,19 @@ def unused_parameter_job(comm, steps):
     return {"grads": out, "buckets": model.bucket_sizes}
 
 
+def accumulate_without_zero_grad_job(comm, steps):
+    """No zero_grad: gradients pile up in the bucket views. Step 0 every rank uses head_never,
+    later steps rank 0 head a and the others head b (head_never then unused everywhere)."""
+    model = DataParallel(make_two_heads(seed=100 + comm.rank), comm, bucket_cap_mb=1e-4)
+    out = []
+    for step in range(steps):
+        head = "never" if step == 0 else "a" if comm.rank == 0 else "b"
+        x, y = batch(1000 * step + comm.rank)
+        nn.functional.mse_loss(model(x, head), y).backward()
+        out.append(grads_of(model.module))
+    return out
+
+
 def no_sync_accumulates_job(comm, micro_steps):
     model = DataParallel(make_two_heads(seed=7 + comm.rank), comm)
     with model.no_sync():
@@ -170,6 +183,52 @@ def test_unused_parameters_reduce_without_hanging(world):
 
 
 @pytest.mark.parametrize("world", WORLDS, indirect=True)
+def test_gradients_accumulate_in_the_bucket_views_across_steps(world):
+    # grad kept between steps is the bucket's view, accumulated into in place; a parameter
+    # nobody uses in a step keeps its value although its slot in the bucket is zeroed. The
+    # rule (module docs): a rank that used a parameter in this backward contributes its
+    # accumulated grad, one that did not contributes zeros; the sum is divided by size.
+    steps = 3
+    results = world.run(accumulate_without_zero_grad_job, args=(steps,), timeout=60)
+    start = make_two_heads(seed=100)
+    params = dict(start.named_parameters())
+    want = {name: None for name in params}
+    for step in range(steps):
+        heads = ["never" if step == 0 else "a" if r == 0 else "b" for r in range(world.size)]
+        per_rank = [local_grads(start, [(*batch(1000 * step + r), heads[r])]) for r in range(world.size)]
+        for name, p in params.items():
+            users = [g[name] for g in per_rank if g[name] is not None]
+            if not users:
+                continue  # unused everywhere this step: grad stays as it was
+            kept = torch.zeros_like(p) if want[name] is None else want[name]
+            want[name] = sum(kept + g for g in users) / world.size
+        for r in range(world.size):
+            for name, g in results[r][step].items():
+                if want[name] is None:
+                    assert g is None, (step, name)
+                else:
+                    np.testing.assert_allclose(g, want[name].numpy(), rtol=1e-12, atol=1e-12,
+                                               err_msg=f"step {step} {name}")
+
+
+def test_gradients_are_bucket_views_unless_asked_for_copies():
+    x, y = batch(5)
+    shared = DataParallel(make_two_heads(3), LocalCommunicator())
+    nn.functional.mse_loss(shared(x), y).backward()
+    storages = {p.grad.untyped_storage().data_ptr() for p in shared.parameters() if p.grad is not None}
+    assert len(shared.bucket_sizes) == 1 and len(storages) == 1, "every grad lives in the one bucket"
+    own = DataParallel(make_two_heads(3), LocalCommunicator(), gradient_as_bucket_view=False)
+    nn.functional.mse_loss(own(x), y).backward()
+    kept = {name: p.grad for name, p in own.named_parameters() if p.grad is not None}
+    first = {name: g.clone() for name, g in kept.items()}
+    own.zero_grad(set_to_none=True)
+    nn.functional.mse_loss(own(batch(6)[0]), y).backward()
+    for name, g in kept.items():
+        assert torch.equal(g, first[name]), f"{name}: a kept grad is its own tensor"
+    assert len({g.untyped_storage().data_ptr() for g in kept.values()}) == len(kept)
+
+
+@pytest.mark.parametrize("world", WORLDS, indirect=True)
 def test_no_sync_accumulates_locally_then_reduces_the_sum(world):
     micro = 3
     results = world.run(no_sync_accumulates_job, args=(micro,), timeout=60)
@@ -216,6 +275,9 @@ def test_bad_arguments_raise_before_communicating():
         DataParallel(model, comm, bucket_cap_mb=0)
     with pytest.raises(ValueError, match="grad_reduction.*mean, sum"):
         DataParallel(model, comm, grad_reduction="avg")
+    for flag in ("broadcast_buffers", "gradient_as_bucket_view"):
+        with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+            DataParallel(model, comm, **{flag: "yes"})
     for p, b in zip(model.parameters(), before):
         assert torch.equal(p, b)
 
