@@ -25,8 +25,8 @@ What happens, and when:
   first reach the model's output or one of its parameters) the buckets not yet
   launched are launched -- a parameter that got no gradient on this rank
   contributes zeros -- every bucket is waited on, and ``param.grad`` becomes the
-  reduced gradient's view into the bucket (``gradient_as_bucket_view=False``: a
-  copy). So after ``loss.backward()`` returns the gradients are final and
+  reduced gradient's copy (``gradient_as_bucket_view=True``: its view into the
+  bucket). So after ``loss.backward()`` returns the gradients are final and
   the optimizer can step; nothing else needs calling. :meth:`finish` does the
   same explicitly and is harmless to call again.
 - Each bucket carries one extra element per parameter, the number of ranks that
@@ -118,11 +118,11 @@ class DataParallel(nn.Module):
     :param broadcast_buffers: also broadcast rank 0's buffers before every forward in
         training mode, like DDP's default. Off by default: with SyncBatchNorm
         the running statistics are already identical on every rank.
-    :param gradient_as_bucket_view: after backward each ``param.grad`` is a view into its
-        bucket's buffer (DDP's option of that name, on by default here): no copy in or
-        out when the gradient is kept between steps, none out otherwise. The next
-        backward writes that buffer, so a ``grad`` kept past it changes; ``False``
-        gives every ``grad`` its own tensor (a copy per parameter per step).
+    :param gradient_as_bucket_view: ``True``: after backward each ``param.grad`` is a view
+        into its bucket's buffer (DDP's option of that name, off by default as there): no
+        copy in or out when the gradient is kept between steps, none out otherwise. The
+        next backward writes that buffer, so a ``grad`` kept past it changes. ``False``
+        (the default) gives every ``grad`` its own tensor (a copy per parameter per step).
 
     Raises ``TypeError``/``ValueError`` for bad arguments before any communication.
     ``module`` is reachable as ``.module`` (save ``model.module.state_dict()``).
@@ -130,7 +130,7 @@ class DataParallel(nn.Module):
 
     def __init__(self, module: nn.Module, comm: Communicator | None = None, *,
                  bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB, grad_reduction: str = "mean",
-                 broadcast_buffers: bool = False, gradient_as_bucket_view: bool = True) -> None:
+                 broadcast_buffers: bool = False, gradient_as_bucket_view: bool = False) -> None:
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module; got {type(module).__name__}")

@@ -78,10 +78,12 @@ def unused_parameter_job(comm, steps):
     return {"grads": out, "buckets": model.bucket_sizes}
 
 
-def accumulate_without_zero_grad_job(comm, steps):
-    """No zero_grad: gradients pile up in the bucket views. Step 0 every rank uses head_never,
-    later steps rank 0 head a and the others head b (head_never then unused everywhere)."""
-    model = DataParallel(make_two_heads(seed=100 + comm.rank), comm, bucket_cap_mb=1e-4)
+def accumulate_without_zero_grad_job(comm, steps, as_view):
+    """No zero_grad: gradients pile up (in the bucket views with ``as_view``). Step 0 every rank
+    uses head_never, later steps rank 0 head a and the others head b (head_never then unused
+    everywhere)."""
+    model = DataParallel(make_two_heads(seed=100 + comm.rank), comm, bucket_cap_mb=1e-4,
+                         gradient_as_bucket_view=as_view)
     out = []
     for step in range(steps):
         head = "never" if step == 0 else "a" if comm.rank == 0 else "b"
@@ -182,14 +184,15 @@ def test_unused_parameters_reduce_without_hanging(world):
                 np.testing.assert_allclose(g, want.numpy(), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("as_view", [True, False], ids=["views", "copies"])
 @pytest.mark.parametrize("world", WORLDS, indirect=True)
-def test_gradients_accumulate_in_the_bucket_views_across_steps(world):
+def test_gradients_accumulate_in_the_bucket_views_across_steps(world, as_view):
     # grad kept between steps is the bucket's view, accumulated into in place; a parameter
     # nobody uses in a step keeps its value although its slot in the bucket is zeroed. The
     # rule (module docs): a rank that used a parameter in this backward contributes its
     # accumulated grad, one that did not contributes zeros; the sum is divided by size.
     steps = 3
-    results = world.run(accumulate_without_zero_grad_job, args=(steps,), timeout=60)
+    results = world.run(accumulate_without_zero_grad_job, args=(steps, as_view), timeout=60)
     start = make_two_heads(seed=100)
     params = dict(start.named_parameters())
     want = {name: None for name in params}
@@ -213,11 +216,11 @@ def test_gradients_accumulate_in_the_bucket_views_across_steps(world):
 
 def test_gradients_are_bucket_views_unless_asked_for_copies():
     x, y = batch(5)
-    shared = DataParallel(make_two_heads(3), LocalCommunicator())
+    shared = DataParallel(make_two_heads(3), LocalCommunicator(), gradient_as_bucket_view=True)
     nn.functional.mse_loss(shared(x), y).backward()
     storages = {p.grad.untyped_storage().data_ptr() for p in shared.parameters() if p.grad is not None}
     assert len(shared.bucket_sizes) == 1 and len(storages) == 1, "every grad lives in the one bucket"
-    own = DataParallel(make_two_heads(3), LocalCommunicator(), gradient_as_bucket_view=False)
+    own = DataParallel(make_two_heads(3), LocalCommunicator())  # the default, as in DDP
     nn.functional.mse_loss(own(x), y).backward()
     kept = {name: p.grad for name, p in own.named_parameters() if p.grad is not None}
     first = {name: g.clone() for name, g in kept.items()}
