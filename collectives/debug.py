@@ -19,6 +19,7 @@ import zlib
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .errors import CollectiveMismatch
 from .ops import DTYPES, ReduceOp
@@ -41,7 +42,7 @@ FIELDS = {"sequence number": slice(1, 2), "operation": slice(2, 3), "reduce op":
 
 
 def fingerprint(operation: str, seq: int, reduce_op: ReduceOp | None, root: int,
-                dtype: str | None, shape: tuple[int, ...]) -> np.ndarray:
+                dtype: str | None, shape: tuple[int, ...]) -> NDArray[Any]:
     """The int64 vector (length :data:`LENGTH`) that describes one call."""
     vector = np.full(LENGTH, -1, dtype=np.int64)
     vector[0] = MAGIC
@@ -58,7 +59,7 @@ def fingerprint(operation: str, seq: int, reduce_op: ReduceOp | None, root: int,
     return vector
 
 
-def _describe(field: str, row: np.ndarray) -> str:
+def _describe(field: str, row: NDArray[Any]) -> str:
     """One rank's value of ``field`` in words."""
     if row[0] != MAGIC:
         return "not a fingerprint (that rank is not in debug mode, or out of step)"
@@ -80,7 +81,7 @@ def _describe(field: str, row: np.ndarray) -> str:
     return str(tuple(dims))
 
 
-def mismatch(everyone: np.ndarray, comm: Any) -> CollectiveMismatch | None:
+def mismatch(everyone: NDArray[Any], comm: Any) -> CollectiveMismatch | None:
     """``CollectiveMismatch`` describing how the rows of ``everyone`` differ, or ``None``."""
     if (everyone == everyone[0]).all():
         return None
@@ -112,7 +113,7 @@ _HEADER = 4 + MAX_DIMS  # rows, dtype, ndim, MAX_DIMS - 1 dims, tail hash, out r
 
 
 def uneven_header(shape: tuple[int, ...], dtype: str, out_rows: int | None,
-                  splits: Any, size: int) -> np.ndarray:
+                  splits: Any, size: int) -> NDArray[Any]:
     vector = np.full(_HEADER + (size if splits is not None else 0), -1, dtype=np.int64)
     vector[0] = shape[0]
     vector[1] = _DTYPE_CODES[dtype]
@@ -127,17 +128,17 @@ def uneven_header(shape: tuple[int, ...], dtype: str, out_rows: int | None,
     return vector
 
 
-def header_rows(everyone: np.ndarray) -> list[int]:
+def header_rows(everyone: NDArray[Any]) -> list[int]:
     """Each rank's x.shape[0], from the exchanged vectors."""
     return [int(rows) for rows in everyone[:, 0]]
 
 
-def header_splits(everyone: np.ndarray, size: int) -> list[list[int]]:
+def header_splits(everyone: NDArray[Any], size: int) -> list[list[int]]:
     """``splits[i][j]``: rows rank i sends to rank j, from the exchanged vectors."""
     return [[int(count) for count in row[_HEADER:_HEADER + size]] for row in everyone]
 
 
-def _rest_shape(row: np.ndarray) -> str:
+def _rest_shape(row: NDArray[Any]) -> str:
     ndim = int(row[2])
     dims = [int(d) for d in row[3:3 + max(0, min(ndim, MAX_DIMS) - 1)]]
     if ndim > MAX_DIMS:
@@ -153,7 +154,7 @@ def _held(values: list[str]) -> str:
                      for value, held in ranks.items())
 
 
-def uneven_mismatch(everyone: np.ndarray, comm: Any, operation: str,
+def uneven_mismatch(everyone: NDArray[Any], comm: Any, operation: str,
                     with_splits: bool) -> ValueError | None:
     """``ValueError`` when the ranks' dtypes or trailing shapes differ, or some rank's ``out``
     has the wrong number of rows; else ``None``. The same message on every rank."""
@@ -184,17 +185,17 @@ def uneven_mismatch(everyone: np.ndarray, comm: Any, operation: str,
 
 # -- point-to-point (debug mode): a header before each payload --------------------------------
 
-def p2p_header(dtype: str, shape: tuple[int, ...], tag: int, nbytes: int) -> np.ndarray:
+def p2p_header(dtype: str, shape: tuple[int, ...], tag: int, nbytes: int) -> NDArray[Any]:
     """What a debug-mode send sends ahead of its payload (and a recv expects): the
     fingerprint of a ``send`` with the tag as root, then the payload's size in bytes."""
     return np.append(fingerprint("send", 0, None, tag, dtype, shape), np.int64(nbytes))
 
 
-def p2p_nbytes(header: np.ndarray) -> int:
+def p2p_nbytes(header: NDArray[Any]) -> int:
     return int(header[-1])
 
 
-def _p2p_side(header: np.ndarray) -> str:
+def _p2p_side(header: NDArray[Any]) -> str:
     ndim = int(header[6])
     dims = [int(d) for d in header[7:7 + min(ndim, MAX_DIMS)]]
     shape = "(" + ", ".join(map(str, dims)) + ("," if ndim == 1 else "") + \
@@ -202,7 +203,7 @@ def _p2p_side(header: np.ndarray) -> str:
     return f"shape {shape}, {DTYPES[int(header[5])]}, {int(header[-1])} bytes"
 
 
-def p2p_mismatch(mine: np.ndarray, theirs: np.ndarray, comm: Any, src: int,
+def p2p_mismatch(mine: NDArray[Any], theirs: NDArray[Any], comm: Any, src: int,
                  tag: int) -> CollectiveMismatch | None:
     """``CollectiveMismatch`` naming both sides unless the sender's header matches this recv."""
     if int(theirs[0]) != MAGIC:

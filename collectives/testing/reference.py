@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..ops import FLOAT_DTYPES, INTEGER_DTYPES, ReduceOp, resolve_op
 
@@ -35,12 +36,12 @@ LIBRARIES = ("numpy", "torch")
 LAYOUTS = ("contiguous", "strided")
 
 
-def carrier_dtype(dtype: str) -> np.dtype:
+def carrier_dtype(dtype: str) -> np.dtype[Any]:
     """The numpy dtype that carries ``dtype``'s values (float32 for bfloat16)."""
     return np.dtype("float32" if dtype == "bfloat16" else dtype)
 
 
-def round_to_bfloat16(values: np.ndarray) -> np.ndarray:
+def round_to_bfloat16(values: NDArray[Any]) -> NDArray[Any]:
     """float32 values rounded to the nearest bfloat16 (ties to even), as a carrier.
 
     NaNs stay NaN with their sign and the upper bits of their payload (quiet bit set).
@@ -54,7 +55,7 @@ def round_to_bfloat16(values: np.ndarray) -> np.ndarray:
     return rounded.astype(np.uint32).view(np.float32).reshape(f32.shape)
 
 
-def as_array(values: np.ndarray, dtype: str, library: str = "numpy",
+def as_array(values: NDArray[Any], dtype: str, library: str = "numpy",
              layout: str = "contiguous") -> Any:
     """The array a rank hands to a collective: ``values`` (a carrier) as ``library``'s array.
 
@@ -92,7 +93,7 @@ def as_array(values: np.ndarray, dtype: str, library: str = "numpy",
     return tensor
 
 
-def to_numpy(x: Any) -> np.ndarray:
+def to_numpy(x: Any) -> NDArray[Any]:
     """A collective's result (numpy array or CPU tensor) as a contiguous carrier, bit for bit."""
     if isinstance(x, np.ndarray):
         return np.array(x, order="C")  # a copy; keeps 0-d arrays 0-d
@@ -101,11 +102,11 @@ def to_numpy(x: Any) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         upper = t.view(torch.int16).numpy().view(np.uint16).astype(np.uint32)
         return np.asarray(upper << np.uint32(16)).view(np.float32)  # a new array (0-d stays 0-d)
-    carrier: np.ndarray = t.numpy().copy()
+    carrier: NDArray[Any] = t.numpy().copy()
     return carrier
 
 
-def same_bits(a: np.ndarray, b: np.ndarray, *, nan_payloads: bool = True) -> bool:
+def same_bits(a: NDArray[Any], b: NDArray[Any], *, nan_payloads: bool = True) -> bool:
     """Whether two carriers hold the same dtype, shape and bytes.
 
     With ``nan_payloads=False`` NaNs only need to be NaN in the same places (their sign
@@ -123,7 +124,7 @@ def same_bits(a: np.ndarray, b: np.ndarray, *, nan_payloads: bool = True) -> boo
 
 # -- the numpy reference -------------------------------------------------------------------
 
-def reference_reduce(inputs: Sequence[np.ndarray], dtype: str, op: Any) -> np.ndarray:
+def reference_reduce(inputs: Sequence[NDArray[Any]], dtype: str, op: Any) -> NDArray[Any]:
     """The exact reduction of every rank's carrier, elementwise.
 
     bool and integer dtypes: in that dtype (SUM and PROD wrap around like C). Float
@@ -133,7 +134,7 @@ def reference_reduce(inputs: Sequence[np.ndarray], dtype: str, op: Any) -> np.nd
     op = resolve_op(op)
     stack = np.stack([np.asarray(x) for x in inputs])
     table: dict[ReduceOp, np.ufunc]
-    result: np.ndarray
+    result: NDArray[Any]
     if dtype == "bool":
         table = {ReduceOp.MIN: np.logical_and, ReduceOp.BAND: np.logical_and,
                  ReduceOp.MAX: np.logical_or, ReduceOp.BOR: np.logical_or,
@@ -157,7 +158,7 @@ def reference_reduce(inputs: Sequence[np.ndarray], dtype: str, op: Any) -> np.nd
         return result
 
 
-def _fsum(wide: np.ndarray) -> np.ndarray:
+def _fsum(wide: NDArray[Any]) -> NDArray[Any]:
     """Correctly rounded elementwise sum over axis 0 (NaN and inf as numpy gives them)."""
     with np.errstate(all="ignore"):
         total = np.array(wide.sum(axis=0))  # a 0-d array, not a scalar, for 0-d inputs
@@ -168,7 +169,7 @@ def _fsum(wide: np.ndarray) -> np.ndarray:
     return total
 
 
-def float_tolerance(inputs: Sequence[np.ndarray], dtype: str, op: Any) -> tuple[np.ndarray, np.ndarray]:
+def float_tolerance(inputs: Sequence[NDArray[Any]], dtype: str, op: Any) -> tuple[NDArray[Any], NDArray[Any]]:
     """Per element: the error a correct float reduction may have, and whether it is checked.
 
     With n = size ranks, eps = ``finfo(dtype).eps`` (twice the unit roundoff u) and
@@ -236,7 +237,7 @@ def float_tolerance(inputs: Sequence[np.ndarray], dtype: str, op: Any) -> tuple[
     return bound, checked | always_nan
 
 
-def check_reduction_result(got: np.ndarray, inputs: Sequence[np.ndarray], dtype: str, op: Any,
+def check_reduction_result(got: NDArray[Any], inputs: Sequence[NDArray[Any]], dtype: str, op: Any,
                            what: str = "result") -> None:
     """``AssertionError`` (with the offending elements) unless ``got`` is a correct reduction.
 
@@ -267,9 +268,9 @@ def check_reduction_result(got: np.ndarray, inputs: Sequence[np.ndarray], dtype:
         raise AssertionError(_describe(what, got, exact, bad, inputs, dtype, op, bound))
 
 
-def _describe(what: str, got: np.ndarray, exact: np.ndarray, bad: np.ndarray,
-              inputs: Sequence[np.ndarray], dtype: str, op: ReduceOp,
-              bound: np.ndarray | None = None) -> str:
+def _describe(what: str, got: NDArray[Any], exact: NDArray[Any], bad: NDArray[Any],
+              inputs: Sequence[NDArray[Any]], dtype: str, op: ReduceOp,
+              bound: NDArray[Any] | None = None) -> str:
     lines = [f"{what}: {int(bad.sum())} of {bad.size} elements wrong for {op.name} on {dtype}"]
     got, exact, bad = np.atleast_1d(got), np.atleast_1d(exact), np.atleast_1d(bad)
     bound = None if bound is None else np.atleast_1d(bound)

@@ -34,6 +34,7 @@ import numpy as np
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from numpy.typing import NDArray
 
 from .. import config
 from ..ops import ALLOWED_OPS, BOOL_DTYPES, DTYPES, FLOAT_DTYPES, INTEGER_DTYPES, ReduceOp
@@ -228,7 +229,7 @@ def element_values(dtype: str, *, edges: bool = True,
 
 
 def arrays(dtype: str, shape: tuple[int, ...], *, edges: bool = True, allow_nan: bool = True,
-           allow_infinity: bool = True) -> st.SearchStrategy[np.ndarray]:
+           allow_infinity: bool = True) -> st.SearchStrategy[NDArray[Any]]:
     """A carrier of ``dtype`` and ``shape`` (see the module docstring for bfloat16)."""
     carrier = np.dtype("float32" if dtype == "bfloat16" else dtype)
     elements = element_values(dtype, edges=edges, allow_nan=allow_nan,
@@ -242,6 +243,6 @@ def arrays(dtype: str, shape: tuple[int, ...], *, edges: bool = True, allow_nan:
 
 
 def rank_arrays(dtype: str, shape: tuple[int, ...], size: int, **kwargs: Any
-                ) -> st.SearchStrategy[list[np.ndarray]]:
+                ) -> st.SearchStrategy[list[NDArray[Any]]]:
     """One carrier per rank, all of ``dtype`` and ``shape``; keywords as for :func:`arrays`."""
     return st.lists(arrays(dtype, shape, **kwargs), min_size=size, max_size=size)
