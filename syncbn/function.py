@@ -76,9 +76,11 @@ def _fused_sums(x: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torc
     return sums, sum_squares
 
 
-def _far(mean: torch.Tensor, var: torch.Tensor) -> bool:
-    """Whether some channel is far from zero: ``|mean| > FAR·sqrt(var)``."""
-    return bool((mean * mean > (FAR * FAR) * var).any())
+def _far(mean: torch.Tensor, var: torch.Tensor, min_var: float | None = None) -> bool:
+    """Whether some channel is far from zero (``|mean| > FAR·sqrt(var)``), or, with
+    ``min_var``, has a variance below it."""
+    far = mean * mean > (FAR * FAR) * var
+    return bool((far if min_var is None else far | (var < min_var)).any())
 
 
 def _channels_last_like(x: torch.Tensor) -> bool:
@@ -144,8 +146,13 @@ def local_stats(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's ``[count, K, mean, var]`` row (float64, length 1 + 3C) for the merge, and
     ``x - K`` (see :func:`local_moments`)."""
     count, shift, mean, var, shifted = local_moments(x)
-    counts = torch.full((1,), float(count), dtype=torch.float64, device=x.device)
-    return torch.cat([counts, shift.double(), mean, var]), shifted
+    return _row(count, shift, mean, var), shifted
+
+
+def _row(count: int, shift: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """The ``[count, K, mean, var]`` row of :func:`local_stats` (float64)."""
+    counts = torch.full((1,), float(count), dtype=torch.float64, device=mean.device)
+    return torch.cat([counts, shift.double(), mean, var])
 
 
 def merge_stats(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -210,7 +217,7 @@ def _forward_alone_by_torch(ctx: Any, x: torch.Tensor, weight: torch.Tensor | No
     the shifted path."""
     y, mean, invstd = torch.native_batch_norm(x, weight, bias, None, None, True, 0.0, eps)
     var = invstd.double().pow(-2) - eps
-    if bool(((mean.double() ** 2 > (FAR * FAR) * var) | (var < eps)).any()):
+    if _far(mean.double(), var, min_var=eps):
         return None
     count = x.numel() // x.shape[1]
     if running_mean is not None and running_var is not None:
@@ -250,8 +257,7 @@ class SyncBatchNormFunction(torch.autograd.Function):
             total, center, var = count, local_mean.to(stat), local_var.to(stat)
         else:
             assert comm is not None  # for the type checker: not alone
-            counts = torch.full((1,), float(count), dtype=torch.float64, device=x.device)
-            rows = comm.all_gather(torch.cat([counts, shift.double(), local_mean, local_var]))
+            rows = comm.all_gather(_row(count, shift, local_mean, local_var))
             total, mean, m2, shifts = merge_stats(rows)
             # The global mean relative to this rank's shift: small, so exact in working precision.
             center = (mean - shifts[comm.rank]).to(stat)
@@ -276,8 +282,6 @@ class SyncBatchNormFunction(torch.autograd.Function):
     def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[Any, ...]:
         shifted, weight, center, var, invstd, total = ctx.saved_tensors
         comm, bias_dtype = ctx.comm, ctx.bias_dtype
-        channels = center.shape[0]
-        ones = torch.ones_like(center)
         if comm is None and ctx.count > 0:
             # One rank: its sums are the global ones, so torch's training-mode backward
             # (one reduction pass, one elementwise pass) is exactly ours, on x - K.
@@ -285,6 +289,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
                 grad_output, shifted, weight, None, None, center, invstd, True, ctx.eps,
                 list(ctx.needs_input_grad[:3]))
             return grad_input, grad_weight, grad_bias, None, None, None, None, None, None
+        channels = center.shape[0]
+        ones = torch.ones_like(center)
         if shifted.numel() == 0:
             sum_dy = torch.zeros_like(center)
             sum_dy_xhat = torch.zeros_like(center)
