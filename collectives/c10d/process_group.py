@@ -24,7 +24,7 @@ from .worker import CollectivesWork, Started, Worker
 #: The name torch knows this backend by (``init_process_group(backend=...)``).
 BACKEND_NAME = "collectives"
 
-_RED = dist.ReduceOp.RedOpType
+_RED: Any = dist.ReduceOp.RedOpType
 #: torch's reduce ops, by their RedOpType, as ours.
 REDUCE_OPS = {_RED.SUM: ReduceOp.SUM, _RED.PRODUCT: ReduceOp.PROD, _RED.MIN: ReduceOp.MIN,
               _RED.MAX: ReduceOp.MAX, _RED.BAND: ReduceOp.BAND, _RED.BOR: ReduceOp.BOR,
@@ -36,7 +36,8 @@ def reduce_op(op: Any, tensors: list[torch.Tensor]) -> ReduceOp:
     kind = getattr(op, "op", op)
     if kind not in REDUCE_OPS:
         names = ", ".join(f"ReduceOp.{t.name}" for t in REDUCE_OPS)
-        raise ValueError(f"the 'collectives' backend does not take {op}; it takes {names} "
+        label = f"ReduceOp.{kind.name}" if hasattr(kind, "name") else repr(op)
+        raise ValueError(f"the 'collectives' backend does not take {label}; it takes {names} "
                          "(PREMUL_SUM: multiply by the factor first, then reduce with SUM)")
     ours = REDUCE_OPS[kind]
     for t in tensors:
@@ -44,7 +45,11 @@ def reduce_op(op: Any, tensors: list[torch.Tensor]) -> ReduceOp:
     return ours
 
 
-class ProcessGroupCollectives(dist.ProcessGroup):  # type: ignore[misc]
+# torch's stubs overload each operation two ways (the C++ one is what a subclass overrides).
+_ProcessGroup: Any = dist.ProcessGroup
+
+
+class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     """A torch process group over ``comm`` (every rank of it); ``worker_comm`` is a
     communicator over the same ranks that only the group's worker thread uses."""
 
@@ -297,10 +302,20 @@ def _gather_into(comm: Communicator, outputs: list[torch.Tensor], x: torch.Tenso
         t.copy_(piece.view(t.shape))
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors share memory (the transports refuse aliased send and receive buffers)."""
+    if a.device != b.device or a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def _all_gather_single(comm: Communicator, output: torch.Tensor, x: torch.Tensor) -> None:
     if output.numel() != comm.size * x.numel():
         raise ValueError(f"all_gather_into_tensor needs an output of size * input.numel() = "
                          f"{comm.size * x.numel()} elements; got {output.numel()}")
+    if _overlap(x, output):  # in place (FSDP2 gathers from its own shard of the output)
+        x = x.clone()
     if output.is_contiguous():
         comm.all_gather(x, out=output.view(comm.size, *x.shape))
     else:
@@ -312,7 +327,7 @@ def _reduce_scatter_single(comm: Communicator, output: torch.Tensor, x: torch.Te
         raise ValueError(f"reduce_scatter_tensor needs an input of size * output.numel() = "
                          f"{comm.size * output.numel()} elements; got {x.numel()}")
     rows = x.reshape(comm.size, output.numel())
-    if output.is_contiguous():
+    if output.is_contiguous() and not _overlap(x, output):
         comm.reduce_scatter(rows, op, out=output.view(1, -1))
     else:
         output.copy_(comm.reduce_scatter(rows, op).view(output.shape))

@@ -49,7 +49,10 @@ _STOP = object()
 _WORKERS: weakref.WeakSet[Worker] = weakref.WeakSet()
 
 
-class CollectivesWork(dist._Work):  # type: ignore[misc, name-defined]
+_TorchWork: Any = dist._Work
+
+
+class CollectivesWork(_TorchWork):  # type: ignore[misc]
     """The handle torch gets for an operation of a "collectives" process group.
 
     ``wait()`` blocks until the worker has run the operation and raises its error, if it
