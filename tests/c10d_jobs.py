@@ -335,3 +335,48 @@ def dead_rank_job(comm: Any) -> None:
     if dist.get_rank() == dist.get_world_size() - 1:
         os._exit(3)
     model(torch.randn(2, 6, dtype=torch.float64)).sum().backward()
+
+
+# -- CUDA (tests/test_gpu.py): DDP with torch's nn.SyncBatchNorm on the GPU ------------------------
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4 * 6 * 6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).flatten(1))
+
+
+def image_batch(step: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(200 + step)
+    return (torch.randn(2 * n, 3, 8, 8, generator=g, dtype=torch.float64),
+            torch.randn(2 * n, 3, generator=g, dtype=torch.float64))
+
+
+def cuda_ddp_syncbn_job(comm: Any, steps: int) -> dict[str, Any]:
+    """DDP + nn.SyncBatchNorm on CUDA over "collectives", against one process with plain
+    BatchNorm on the global batch (CPU, float64)."""
+    torch.cuda.set_device(comm.local_rank % torch.cuda.device_count())
+    n = ensure_group(comm)
+    device = torch.device("cuda", torch.cuda.current_device())
+    torch.manual_seed(0)
+    reference = ConvNet().double()
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(reference)).to(device)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device.index])
+    opts = [torch.optim.SGD(ddp.parameters(), lr=0.1), torch.optim.SGD(reference.parameters(), lr=0.1)]
+    rank = dist.get_rank()
+    for step in range(steps):
+        for opt in opts:
+            opt.zero_grad()
+        x, y = image_batch(step, n)
+        shard = slice(2 * rank, 2 * rank + 2)
+        nn.functional.mse_loss(ddp(x[shard].to(device)), y[shard].to(device)).backward()
+        nn.functional.mse_loss(reference(x), y).backward()
+        for opt in opts:
+            opt.step()
+    got = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    want = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
+    return {"got": got, "want": want}

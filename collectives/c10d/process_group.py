@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from collectives import arrays
-from collectives.communicator import Communicator, Work
+from collectives.communicator import Communicator
 from collectives.ops import ReduceOp, check_reduction
+from collectives.work import Work
 
 from .worker import CollectivesWork, Started, Worker
 
