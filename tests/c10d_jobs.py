@@ -380,3 +380,27 @@ def cuda_ddp_syncbn_job(comm: Any, steps: int) -> dict[str, Any]:
     got = {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
     want = {k: v.detach().numpy() for k, v in reference.state_dict().items()}
     return {"got": got, "want": want}
+
+
+def host_backend_job(comm: Any) -> dict[str, Any]:
+    """The CPU twin of the cupy transport's host backend: a group whose CPU-tensor operations
+    go to Gloo, and whose communicators are never used for them."""
+    import datetime  # noqa: PLC0415
+
+    from collectives.c10d import ProcessGroupCollectives  # noqa: PLC0415
+
+    ensure_group(comm)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    store = dist.PrefixStore("host-twin/", dist.distributed_c10d._get_default_store())
+    host = dist.ProcessGroupGloo(store, rank, size, datetime.timedelta(seconds=60))
+    ours, worker = comm.split(0), comm.split(0)
+    pg = ProcessGroupCollectives(ours, worker, rank, size, host)
+    t = torch.full((3,), float(rank + 1))
+    opts = dist.distributed_c10d.AllreduceOptions()
+    pg.allreduce([t], opts).wait()
+    out = torch.empty(3 * size)
+    pg._allgather_base(out, torch.full((3,), float(rank)), dist.distributed_c10d.AllgatherOptions()).wait()
+    sequence = worker.sequence_number
+    pg.shutdown()
+    ours.close()
+    return {"t": t.numpy(), "out": out.numpy(), "worker_calls": sequence}

@@ -121,3 +121,11 @@ def test_torch_transport_is_refused_naming_gloo_and_nccl():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "COLLECTIVES_BACKEND": "torch"}).stdout
     assert out.startswith("BackendUnavailable") and "gloo" in out and "nccl" in out, out
+
+
+def test_cpu_tensors_go_to_the_host_backend_when_the_group_has_one(two):
+    """The CPU twin of the cupy transport, whose group hands CPU tensors to Gloo."""
+    for out in two.run(jobs.host_backend_job, timeout=60):
+        np.testing.assert_array_equal(out["t"], [3.0, 3.0, 3.0])
+        np.testing.assert_array_equal(out["out"], [0.0] * 3 + [1.0] * 3)
+        assert out["worker_calls"] == 0

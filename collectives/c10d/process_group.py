@@ -10,6 +10,8 @@ checked at once, on the caller's thread, so a bad call raises there on every ran
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,17 +48,46 @@ def reduce_op(op: Any, tensors: list[torch.Tensor]) -> ReduceOp:
     return ours
 
 
+def _tensors(args: Any) -> list[torch.Tensor]:
+    found: list[torch.Tensor] = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            found.append(arg)
+        elif isinstance(arg, (list, tuple)):
+            found += _tensors(arg)
+    return found
+
+
+def _host_takes_cpu(name: str) -> Callable[[Any], Any]:
+    """The operation, handed to the group's host backend (``name`` there) when it has one
+    and every tensor is on the CPU: the cupy transport takes CUDA tensors only."""
+    def wrap(method: Any) -> Any:
+        @functools.wraps(method)
+        def operation(self: Any, *args: Any) -> Any:
+            if self._host is not None and not any(t.is_cuda for t in _tensors(args)):
+                return getattr(self._host, name)(*args)
+            return method(self, *args)
+        return operation
+    return wrap
+
+
 # torch's stubs overload each operation two ways (the C++ one is what a subclass overrides).
 _ProcessGroup: Any = dist.ProcessGroup
 
 
 class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     """A torch process group over ``comm`` (every rank of it); ``worker_comm`` is a
-    communicator over the same ranks that only the group's worker thread uses."""
+    communicator over the same ranks that only the group's worker thread uses. ``host``: a
+    torch backend (Gloo) that takes the operations on CPU tensors, for a transport that
+    takes CUDA tensors only (cupy): torch's object collectives and the mixed form
+    ``"cpu:gloo,cuda:collectives"`` need CPU tensors, and torch 2.13 gives a Python process
+    group every device of its group."""
 
-    def __init__(self, comm: Communicator, worker_comm: Communicator, rank: int, size: int) -> None:
+    def __init__(self, comm: Communicator, worker_comm: Communicator, rank: int, size: int,
+                 host: Any = None) -> None:
         super().__init__(rank, size)
         self.comm = comm
+        self._host = host
         self._worker = Worker(worker_comm, f"collectives-pg-{comm.backend}-{id(self):x}")
         self._group_name = ""
         self._group_desc = ""
@@ -107,6 +138,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             raise TypeError(f"the 'collectives' backend ({self.comm.backend} transport) takes CPU "
                             f"and CUDA tensors; got a tensor on {t.device}")
 
+    @_host_takes_cpu("allreduce")
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
 
@@ -116,9 +148,11 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return tensors
         return self._submit(tensors, run)
 
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
+    @_host_takes_cpu("allreduce_coalesced")
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensors, opts)
 
+    @_host_takes_cpu("broadcast")
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
         root = _opt(opts, "rootRank", 0)
 
@@ -128,6 +162,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return tensors
         return self._submit(tensors, run)
 
+    @_host_takes_cpu("reduce")
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
         root = _opt(opts, "rootRank", 0)
@@ -138,6 +173,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return tensors
         return self._submit(tensors, run)
 
+    @_host_takes_cpu("allgather")
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: Any = None) -> CollectivesWork:
         def run(comm: Communicator) -> Any:
@@ -146,10 +182,12 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return output_tensors
         return self._submit([*input_tensors, *_flat(output_tensors)], run)
 
+    @_host_takes_cpu("allgather_coalesced")
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
-                            opts: Any = None) -> CollectivesWork:
+                            opts: Any = None) -> Any:
         return self.allgather(output_lists, input_list, opts)
 
+    @_host_takes_cpu("_allgather_base")
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> CollectivesWork:
         def run(comm: Communicator) -> Any:
             _all_gather_single(comm, output, input)
@@ -168,6 +206,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
+    @_host_takes_cpu("reduce_scatter")
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                        opts: Any = None) -> CollectivesWork:
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), output_tensors)
@@ -179,6 +218,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return output_tensors
         return self._submit([*output_tensors, *_flat(input_tensors)], run)
 
+    @_host_takes_cpu("_reduce_scatter_base")
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> CollectivesWork:
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), [output])
 
@@ -201,6 +241,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
+    @_host_takes_cpu("alltoall_base")
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> CollectivesWork:
         def run(comm: Communicator) -> Any:
@@ -210,6 +251,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     alltoall_base = all_to_all_single
 
+    @_host_takes_cpu("alltoall")
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> CollectivesWork:
         def run(comm: Communicator) -> Any:
@@ -223,6 +265,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return output_tensors
         return self._submit([*output_tensors, *input_tensors], run)
 
+    @_host_takes_cpu("gather")
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts: Any = None) -> CollectivesWork:
         root = _opt(opts, "rootRank", 0)
@@ -236,6 +279,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return output_tensors
         return self._submit([*input_tensors, *_flat(output_tensors)], run)
 
+    @_host_takes_cpu("scatter")
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                 opts: Any = None) -> CollectivesWork:
         root = _opt(opts, "rootRank", 0)
@@ -253,12 +297,14 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return output_tensors
         return self._submit([*output_tensors, *_flat(input_tensors)], run)
 
+    @_host_takes_cpu("send")
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> CollectivesWork:  # noqa: N803
         def run(comm: Communicator) -> Any:
             return Started(_chain(comm.send(t, dstRank, tag=tag, async_op=True) for t in tensors),
                            tensors, f"send to rank {dstRank} (tag {tag})")
         return self._submit(tensors, run)
 
+    @_host_takes_cpu("recv")
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> CollectivesWork:  # noqa: N803
         def run(comm: Communicator) -> Any:
             return Started(_chain(comm.recv(t, srcRank, tag=tag, async_op=True) for t in tensors),

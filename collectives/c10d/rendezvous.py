@@ -87,7 +87,10 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
     if os.environ.get(config.TIMEOUT, "").strip() == "":
         # torch's timeout (init_process_group / new_group) unless COLLECTIVES_TIMEOUT says.
         worker_comm.timeout = options.timeout.total_seconds()
-    pg = ProcessGroupCollectives(comm, worker_comm, rank, size)
+    host = None
+    if name == "cupy":  # NCCL takes CUDA tensors only: CPU tensors go to Gloo (see ProcessGroupCollectives)
+        host = dist.ProcessGroupGloo(dist.PrefixStore("host/", options.store), rank, size, options.timeout)
+    pg = ProcessGroupCollectives(comm, worker_comm, rank, size, host)
     if name == "mpi" and size > 1:
         # init_process_group wraps sys.excepthook (to prefix tracebacks with the rank): ours goes
         # around it again, so that an uncaught exception on one rank ends the job (MPI_Abort).
