@@ -52,6 +52,7 @@ def rank_main(backend: str, names: list[str], out_dir: Path) -> None:
     import unittest
 
     import torch.distributed as dist
+    from torch.testing._internal.common_utils import SEED, set_rng_seed
     from torch.testing._internal.distributed import distributed_test as dt
 
     import collectives.c10d
@@ -63,7 +64,8 @@ def rank_main(backend: str, names: list[str], out_dir: Path) -> None:
     log = open(out_dir / f"rank{rank}.jsonl", "a", buffering=1)
     for name in names:
         work = out_dir / name
-        os.makedirs(work / "barrier", exist_ok=True)
+        for sub in ("barrier", "test_dir", "init_dir"):
+            os.makedirs(work / sub, exist_ok=True)
         os.environ["TEMP_DIR"] = str(work)
         dt.Barrier.barrier_id = 0
         test = Suite(name)
@@ -71,6 +73,8 @@ def rank_main(backend: str, names: list[str], out_dir: Path) -> None:
         test.file_name = str(work / "init")
         for variable in ("MASTER_ADDR", "MASTER_PORT"):  # the store travels over MPI
             os.environ.pop(variable, None)
+        os.environ["INIT_METHOD"] = f"file://{work / 'init_dir' / 'shared_init_file'}"
+        set_rng_seed(SEED)  # as torch's TestCase.setUp: every rank draws the same "random" data
         start = time.monotonic()
         outcome, detail = "passed", ""
         try:

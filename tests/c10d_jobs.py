@@ -85,6 +85,11 @@ def op_set_job(comm: Any, subgroup: bool) -> dict[str, tuple[np.ndarray, np.ndar
     dist.all_gather(outs, torch.from_numpy(everyone[me]), group=group)
     check("all_gather", torch.stack(outs), np.stack(everyone))
 
+    sizes = [inputs(r, (i + 1,), seed=3) for i, r in enumerate(members)]  # rank i sends i + 1
+    outs = [torch.empty(i + 1, dtype=torch.float64) for i in range(n)]
+    dist.all_gather(outs, torch.from_numpy(sizes[me]), group=group)
+    check("all_gather uneven", torch.cat(outs), np.concatenate(sizes))
+
     out = torch.empty(3 * n, 2, dtype=torch.float64)
     dist.all_gather_into_tensor(out, torch.from_numpy(everyone[me]), group=group)
     check("all_gather_into_tensor", out, np.concatenate(everyone))
@@ -235,8 +240,8 @@ def ddp_job(comm: Any, steps: int, variant: str) -> dict[str, Any]:
                 if m < micro - 1:
                     with ddp.no_sync():
                         loss.backward()
-                else:
-                    loss.backward()
+                else:  # create_graph: the buckets require grad, as torch's backends allow
+                    loss.backward(create_graph=variant == "create_graph")
             opt.step()
         out[name] = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()
                      if not k.startswith("unused")}
@@ -404,3 +409,33 @@ def host_backend_job(comm: Any) -> dict[str, Any]:
     pg.shutdown()
     ours.close()
     return {"t": t.numpy(), "out": out.numpy(), "worker_calls": sequence}
+
+
+def functional_job(comm: Any) -> dict[str, np.ndarray]:
+    """torch's functional collectives (what compiled code and DTensor use) on the group."""
+    import torch.distributed._functional_collectives as fc  # noqa: PLC0415
+
+    n = ensure_group(comm)
+    group, rank = dist.group.WORLD, dist.get_rank()
+    mine = torch.from_numpy(inputs(rank, (n, 2)))
+    compiled = torch.compile(lambda x: fc.all_reduce(x * 2, "sum", group) + 1, backend="eager")
+    return {name: fc.wait_tensor(value).numpy().copy() for name, value in {
+        "all_reduce": fc.all_reduce(mine, "sum", group),
+        "all_gather_tensor": fc.all_gather_tensor(mine, 0, group),
+        "reduce_scatter_tensor": fc.reduce_scatter_tensor(mine, "sum", 0, group),
+        "all_to_all_single": fc.all_to_all_single(mine, None, None, group),
+        "compiled all_reduce": compiled(mine),
+    }.items()}
+
+
+def ddp_timeout_job(comm: Any) -> str:
+    """The last rank skips a DDP backward (COLLECTIVES_TIMEOUT): the others' backward raises."""
+    ensure_group(comm)
+    model = nn.parallel.DistributedDataParallel(make_net())
+    if dist.get_rank() == dist.get_world_size() - 1:
+        return "skipped"
+    try:
+        model(torch.randn(2, 6, dtype=torch.float64)).sum().backward()
+    except Exception as error:  # noqa: BLE001
+        return f"{type(error).__name__}: {error}"
+    return "no error"

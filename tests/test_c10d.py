@@ -44,7 +44,7 @@ def test_every_operation_matches_numpy(group, subgroup):
             assert got.shape == want.shape and np.array_equal(got, want), (rank, name, got, want)
 
 
-VARIANTS = ["plain", "fp16_compress_hook", "no_sync", "find_unused_parameters", "static_graph"]
+VARIANTS = ["plain", "fp16_compress_hook", "no_sync", "find_unused_parameters", "static_graph", "create_graph"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -99,6 +99,13 @@ def test_a_skipped_call_times_out_on_the_ranks_that_made_it():
         assert message.startswith("CollectiveTimeout") and "timeout=2s" in message, message
 
 
+def test_a_skipped_ddp_backward_is_an_error_in_the_others_backward():
+    with RankPool("mpi", 2, env={"COLLECTIVES_TIMEOUT": "2"}) as pool:
+        results = pool.run(jobs.ddp_timeout_job, timeout=60)
+    assert results[-1] == "skipped"
+    assert "CollectiveTimeout" in results[0] and "timeout=2s" in results[0], results[0]
+
+
 def test_a_dead_rank_ends_the_job_instead_of_hanging():
     with RankPool("mpi", 2) as pool:
         with pytest.raises(RankCrashed):
@@ -129,3 +136,13 @@ def test_cpu_tensors_go_to_the_host_backend_when_the_group_has_one(two):
         np.testing.assert_array_equal(out["t"], [3.0, 3.0, 3.0])
         np.testing.assert_array_equal(out["out"], [0.0] * 3 + [1.0] * 3)
         assert out["worker_calls"] == 0
+
+
+def test_functional_collectives_match_numpy(two):
+    everyone = np.stack([jobs.inputs(r, (2, 2)) for r in range(2)])
+    for rank, out in enumerate(two.run(jobs.functional_job, timeout=120)):
+        np.testing.assert_array_equal(out["all_reduce"], everyone.sum(0))
+        np.testing.assert_array_equal(out["all_gather_tensor"], np.concatenate(everyone))
+        np.testing.assert_array_equal(out["reduce_scatter_tensor"], everyone.sum(0)[rank:rank + 1])
+        np.testing.assert_array_equal(out["all_to_all_single"], everyone[:, rank])
+        np.testing.assert_array_equal(out["compiled all_reduce"], 2 * everyone.sum(0) + 1)

@@ -58,14 +58,27 @@ def _tensors(args: Any) -> list[torch.Tensor]:
     return found
 
 
-def _host_takes_cpu(name: str) -> Callable[[Any], Any]:
-    """The operation, handed to the group's host backend (``name`` there) when it has one
-    and every tensor is on the CPU: the cupy transport takes CUDA tensors only."""
+def _detached(args: Any) -> Any:
+    """``args`` with every tensor detached (same memory): torch's backends write results
+    without autograd (DDP's buckets require grad under ``backward(create_graph=True)``),
+    where a Communicator refuses in-place writes into autograd tensors."""
+    if isinstance(args, torch.Tensor):
+        return args.detach() if args.requires_grad else args
+    if isinstance(args, (list, tuple)):
+        return type(args)(_detached(arg) for arg in args)
+    return args
+
+
+def _operation(host_name: str) -> Callable[[Any], Any]:
+    """A torch operation of the group: its tensors detached, and handed to the group's host
+    backend (``host_name`` there) when it has one and every tensor is on the CPU (the cupy
+    transport takes CUDA tensors only)."""
     def wrap(method: Any) -> Any:
         @functools.wraps(method)
         def operation(self: Any, *args: Any) -> Any:
+            args = _detached(args)
             if self._host is not None and not any(t.is_cuda for t in _tensors(args)):
-                return getattr(self._host, name)(*args)
+                return getattr(self._host, host_name)(*args)
             return method(self, *args)
         return operation
     return wrap
@@ -138,7 +151,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             raise TypeError(f"the 'collectives' backend ({self.comm.backend} transport) takes CPU "
                             f"and CUDA tensors; got a tensor on {t.device}")
 
-    @_host_takes_cpu("allreduce")
+    @_operation("allreduce")
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
 
@@ -148,11 +161,11 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return tensors
         return self._submit(tensors, run)
 
-    @_host_takes_cpu("allreduce_coalesced")
+    @_operation("allreduce_coalesced")
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         return self.allreduce(tensors, opts)
 
-    @_host_takes_cpu("broadcast")
+    @_operation("broadcast")
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
         root = _opt(opts, "rootRank", 0)
 
@@ -162,7 +175,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return tensors
         return self._submit(tensors, run)
 
-    @_host_takes_cpu("reduce")
+    @_operation("reduce")
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
         root = _opt(opts, "rootRank", 0)
@@ -173,7 +186,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return tensors
         return self._submit(tensors, run)
 
-    @_host_takes_cpu("allgather")
+    @_operation("allgather")
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: Any = None) -> CollectivesWork:
         def run(comm: Communicator) -> Any:
@@ -182,12 +195,17 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return output_tensors
         return self._submit([*input_tensors, *_flat(output_tensors)], run)
 
-    @_host_takes_cpu("allgather_coalesced")
+    @_operation("allgather_coalesced")
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
-                            opts: Any = None) -> Any:
-        return self.allgather(output_lists, input_list, opts)
+                            opts: Any = None) -> CollectivesWork:
+        # output_lists[r][i] receives rank r's input_list[i].
+        def run(comm: Communicator) -> Any:
+            for i, x in enumerate(input_list):
+                _gather_into(comm, [outputs[i] for outputs in output_lists], x)
+            return output_lists
+        return self._submit([*input_list, *_flat(output_lists)], run)
 
-    @_host_takes_cpu("_allgather_base")
+    @_operation("_allgather_base")
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> CollectivesWork:
         def run(comm: Communicator) -> Any:
             _all_gather_single(comm, output, input)
@@ -206,7 +224,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    @_host_takes_cpu("reduce_scatter")
+    @_operation("reduce_scatter")
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                        opts: Any = None) -> CollectivesWork:
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), output_tensors)
@@ -218,7 +236,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return output_tensors
         return self._submit([*output_tensors, *_flat(input_tensors)], run)
 
-    @_host_takes_cpu("_reduce_scatter_base")
+    @_operation("_reduce_scatter_base")
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> CollectivesWork:
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), [output])
 
@@ -241,7 +259,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    @_host_takes_cpu("alltoall_base")
+    @_operation("alltoall_base")
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> CollectivesWork:
         def run(comm: Communicator) -> Any:
@@ -251,7 +269,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     alltoall_base = all_to_all_single
 
-    @_host_takes_cpu("alltoall")
+    @_operation("alltoall")
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> CollectivesWork:
         def run(comm: Communicator) -> Any:
@@ -265,7 +283,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return output_tensors
         return self._submit([*output_tensors, *input_tensors], run)
 
-    @_host_takes_cpu("gather")
+    @_operation("gather")
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts: Any = None) -> CollectivesWork:
         root = _opt(opts, "rootRank", 0)
@@ -279,7 +297,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return output_tensors
         return self._submit([*input_tensors, *_flat(output_tensors)], run)
 
-    @_host_takes_cpu("scatter")
+    @_operation("scatter")
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                 opts: Any = None) -> CollectivesWork:
         root = _opt(opts, "rootRank", 0)
@@ -297,14 +315,14 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return output_tensors
         return self._submit([*output_tensors, *_flat(input_tensors)], run)
 
-    @_host_takes_cpu("send")
+    @_operation("send")
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> CollectivesWork:  # noqa: N803
         def run(comm: Communicator) -> Any:
             return Started(_chain(comm.send(t, dstRank, tag=tag, async_op=True) for t in tensors),
                            tensors, f"send to rank {dstRank} (tag {tag})")
         return self._submit(tensors, run)
 
-    @_host_takes_cpu("recv")
+    @_operation("recv")
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> CollectivesWork:  # noqa: N803
         def run(comm: Communicator) -> Any:
             return Started(_chain(comm.recv(t, srcRank, tag=tag, async_op=True) for t in tensors),

@@ -56,49 +56,43 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
     """The handle torch gets for an operation of a "collectives" process group.
 
     ``wait()`` blocks until the worker has run the operation and raises its error, if it
-    had one; ``get_future()`` is the ``torch.futures.Future`` the worker completes (its
-    value is what torch's own backends give: the tensors written).
+    had one; ``get_future()`` is a ``torch.futures.Future`` that completes with it (its
+    value is what torch's own backends give, the tensors written, or the error).
     """
 
-    def __init__(self, future: torch.futures.Future[Any], worker: Worker) -> None:
+    def __init__(self, source: torch.futures.Future[Any], worker: Worker) -> None:
         super().__init__()
-        self._future = future
+        self._source = source  # completed by the worker (a _Failure when the operation failed)
+        self._future = source.then(_unwrap)
         self._worker = worker
 
     def wait(self, timeout: Any = None) -> bool:
-        if not self._future.done() and threading.get_ident() == self._worker.ident:
+        if not self._source.done() and threading.get_ident() == self._worker.ident:
             raise CollectiveError(
                 "a callback of a 'collectives' future waits for another operation of its "
                 "process group; callbacks run on the group's worker thread, which runs that "
                 "operation only after the callback returns: chain it with then() instead")
-        self._future.wait()
+        failure = self._source.wait()
+        if isinstance(failure, _Failure):
+            raise failure.error
         return True
 
     def get_future(self) -> torch.futures.Future[Any]:
         return self._future
 
     def is_completed(self) -> bool:
-        return bool(self._future.done())
+        return bool(self._source.done())
 
     def is_success(self) -> bool:
         return self.exception() is None and self.is_completed()
 
     def exception(self) -> BaseException | None:
-        if not self._future.done():
-            return None
-        try:
-            self._future.value()
-        except BaseException as error:  # noqa: BLE001 - reported, not handled
-            return error
-        return None
+        value = self._source.value() if self._source.done() else None
+        return value.error if isinstance(value, _Failure) else None
 
     def result(self) -> Any:
         self.wait()
-        return self._future.value()
-
-    def source_rank(self) -> int:
-        value = self._future.value() if self._future.done() else None
-        return int(getattr(value, "source_rank", -1))
+        return self._source.value()
 
 
 class _InFlight:
@@ -135,11 +129,16 @@ class Worker:
 
     def submit(self, operation: Callable[[Communicator], Any]) -> CollectivesWork:
         """Queue ``operation(comm)``; its return value (or a :class:`Started`) completes the work."""
-        future: torch.futures.Future[Any] = torch.futures.Future()
         if self._stopped:
             raise CollectiveError("this 'collectives' process group was destroyed; create a new one")
-        self._queue.put((operation, future))
-        return CollectivesWork(future, self)
+        # The worker completes ``source``; the caller's future is ``source.then(_unwrap)``, which
+        # fails where the operation failed. A future completed through Future.set_exception holds
+        # the exception as its VALUE (Python raises it on unwrapping; C++ consumers such as DDP's
+        # reducer would take it for the tensors), while an error raised in a then() callback is
+        # the future's error for C++ too.
+        source: torch.futures.Future[Any] = torch.futures.Future()
+        self._queue.put((operation, source))
+        return CollectivesWork(source, self)
 
     def stop(self) -> None:
         """Run what is queued, then end the thread (and close its communicator)."""
@@ -215,10 +214,26 @@ class Worker:
                         "the matching call, or is stuck or dead"))
 
 
+class _Failure:
+    """What a failed operation completes its source future with (see Worker.submit)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _unwrap(source: torch.futures.Future[Any]) -> Any:
+    value = source.value()
+    if isinstance(value, _Failure):
+        raise value.error
+    return value
+
+
 def _fail(future: Any, error: BaseException) -> None:
     if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: the worker's own end
         error = CollectiveError(f"the operation was interrupted: {error!r}")
-    future.set_exception(error)
+    future.set_result(_Failure(error))
 
 
 @atexit.register
