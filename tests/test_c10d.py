@@ -44,7 +44,7 @@ def test_every_operation_matches_numpy(group, subgroup):
             assert got.shape == want.shape and np.array_equal(got, want), (rank, name, got, want)
 
 
-VARIANTS = ["plain", "fp16_compress_hook", "no_sync", "find_unused_parameters", "static_graph", "create_graph"]
+VARIANTS = ["plain", "fp16_compress_hook", "no_sync", "find_unused_parameters", "static_graph"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -146,3 +146,9 @@ def test_functional_collectives_match_numpy(two):
         np.testing.assert_array_equal(out["reduce_scatter_tensor"], everyone.sum(0)[rank:rank + 1])
         np.testing.assert_array_equal(out["all_to_all_single"], everyone[:, rank])
         np.testing.assert_array_equal(out["compiled all_reduce"], 2 * everyone.sum(0) + 1)
+
+
+def test_ddp_backward_with_create_graph_averages_gradients(two):
+    # rank r's gradient of (r + 1) * p**2 at p = 1 is 2 * (r + 1): the average over 2 ranks is 3.
+    for grads in two.run(jobs.create_graph_job, timeout=60):
+        assert grads == [3.0, 3.0]
