@@ -23,6 +23,7 @@ from collectives.communicator import Communicator
 
 from .process_group import BACKEND_NAME, ProcessGroupCollectives
 from .rendezvous import create_process_group, rendezvous_kwargs
+from .worker import CollectivesWork
 
 
 def register() -> None:
@@ -64,4 +65,5 @@ def communicator(group: Any = None) -> Communicator:
     return pg.comm
 
 
-__all__ = ["BACKEND_NAME", "ProcessGroupCollectives", "communicator", "init_process_group", "register"]
+__all__ = ["BACKEND_NAME", "CollectivesWork", "ProcessGroupCollectives", "communicator", "init_process_group",
+           "register"]

@@ -60,7 +60,7 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
     value is what torch's own backends give, the tensors written, or the error).
     """
 
-    def __init__(self, source: torch.futures.Future[Any], worker: Worker) -> None:
+    def __init__(self, source: torch.futures.Future[Any], worker: Any) -> None:
         super().__init__()
         self._source = source  # completed by the worker (a _Failure when the operation failed)
         self._future = source.then(_unwrap)
