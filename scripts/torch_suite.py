@@ -197,7 +197,13 @@ def main() -> None:
         if r["outcome"] == "failed":
             print(f"  FAILED {name}: {r['detail'][:200]}")
     if args.json:
+        import datetime
+
+        import torch
+
         Path(args.json).write_text(json.dumps({"backend": args.backend, "ranks": args.n, "counts": counts,
+                                               "date": datetime.date.today().isoformat(),
+                                               "torch": torch.__version__, "load": os.getloadavg(),
                                                "seconds": round(time.time() - started),
                                                "results": results}, indent=1, sort_keys=True) + "\n")
 
