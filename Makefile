@@ -82,6 +82,13 @@ test-torch-suite: $(STAMP)
 	    --json docs/bench/torch-suite-$$b-$(SUITE_RANKS).json $(SUITE_ARGS) || exit 1; \
 	done
 
+# torch DDP over "collectives" (mpi) against DDP over Gloo and our DataParallel, steps interleaved
+# in one job (scripts/bench_c10d.py; docs/torch_distributed.md).
+bench-c10d: $(STAMP)
+	for n in 2 4; do \
+	  $(VENV)/bin/mpiexec -n $$n $(PY) scripts/bench_c10d.py --json docs/bench/c10d-ddp-$$n.json || exit 1; \
+	done
+
 # `make test` once per Python in PYTHONS, each in its own venv (3.11: .venv); a summary at the end.
 test-pythons:
 	@summary=""; failed=0; \
