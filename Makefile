@@ -43,7 +43,7 @@ demo-collectives: $(STAMP)
 	COLLECTIVES_BACKEND=mpi $(VENV)/bin/mpiexec -n $(DEMO_RANKS) $(PY) scripts/demo.py
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check collectives backends syncbn tests scripts docs
+	$(VENV)/bin/ruff check collectives backends syncbn tests scripts docs examples
 	$(MAKE) typecheck docs
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
 
