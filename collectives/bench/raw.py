@@ -51,8 +51,9 @@ class RawMPI(Raw):
         if op == "barrier":
             return comm.Barrier  # type: ignore[no-any-return]
         T = None if case.arr.dtype_name == "bfloat16" else self._types.get(np.dtype(case.arr.dtype_name))
-        if T is None:
-            return None
+        on_device = case.arr.lib == "cupy" or (case.arr.lib == "torch" and x.is_cuda)
+        if T is None or (on_device and not self._cuda_aware()):
+            return None  # no such datatype; device memory that this MPI cannot take
         mpi_op = getattr(MPI, case.redop.upper().replace("AVG", "SUM"))
         if case.arr.lib == "torch" and not x.is_cuda and op in ("all_reduce", "broadcast"):
             # A torch CPU tensor: what a raw mpi4py caller writes, its numpy view each call.
@@ -94,6 +95,11 @@ class RawMPI(Raw):
             return ping_pong(rank, n, lambda peer: comm.Send(spec, peer), lambda peer: comm.Recv(out_spec, peer),
                              lambda peer: comm.Send(out_spec, peer))
         return None
+
+    def _cuda_aware(self) -> bool:
+        from collectives.backends.mpi import mpi_cuda_aware  # noqa: PLC0415
+
+        return bool(mpi_cuda_aware(self.MPI))
 
     def barrier(self) -> None:
         self.comm.Barrier()
