@@ -58,9 +58,9 @@ docs: $(STAMP)
 
 # Every collective, ours against the raw transport in the same run, nccl-tests style (collectives-bench).
 bench: $(STAMP)
-	$(VENV)/bin/mpiexec -n 2 $(VENV)/bin/collectives-bench all --raw --check --json docs/bench/mpi.json
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/torchrun --nproc_per_node 2 -m collectives.bench all --raw \
-	  --check -e 4M --json docs/bench/torch-gloo.json
+	$(VENV)/bin/mpiexec -n 2 $(VENV)/bin/collectives-bench all -b 8 -e 16M -f 4 --raw --check --json docs/bench/mpi.json
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/torchrun --nproc_per_node 2 -m collectives.bench all \
+	  -b 8 -e 4M -f 4 --raw --check --json docs/bench/torch-gloo.json
 	$(VENV)/bin/collectives-bench --plot-only docs/bench/mpi.json docs/bench/torch-gloo.json --plot docs/bench.png
 
 # End-to-end training step: our DataParallel (+SyncBatchNorm) against torch DDP over Gloo (docs/performance.md).
