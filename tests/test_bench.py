@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -56,6 +57,20 @@ def test_every_collective_runs_right_under_mpiexec_against_raw_mpi4py(tmp_path: 
     # nccl-tests' bus factors at 2 ranks
     assert by_op["all_reduce"]["ours"]["busbw_GBps"] == pytest.approx(by_op["all_reduce"]["ours"]["algbw_GBps"])
     assert by_op["all_gather"]["ours"]["busbw_GBps"] == pytest.approx(by_op["all_gather"]["ours"]["algbw_GBps"] / 2)
+
+
+def test_every_collective_runs_right_under_torchrun_against_raw_torch_distributed() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    text = bench("all", *SMALL, "--raw", launcher=[str(BIN / "torchrun"), "--nproc_per_node", "2",
+                                                   "--master_port", port, "--no-python"])
+    assert "backend torch" in text and "raw: torch.distributed" in text
+    rows = parse_table(text)
+    assert {r["op"] for r in rows} == set(OPS)
+    assert all(r["wrong"] == 0 for r in rows)
+    # torch.distributed has every one but an uneven all_gather
+    assert {r["op"] for r in rows if r["raw_time_us"] is None} == {"all_gather_v"}
 
 
 class Broken:

@@ -54,7 +54,11 @@ class RawMPI(Raw):
         on_device = case.arr.lib == "cupy" or (case.arr.lib == "torch" and x.is_cuda)
         if T is None or (on_device and not self._cuda_aware()):
             return None  # no such datatype; device memory that this MPI cannot take
-        mpi_op = getattr(MPI, case.redop.upper().replace("AVG", "SUM"))
+        # AVG is SUM (then a division ours makes); MPI reduces C_BOOL with the logical ops only.
+        name = {"avg": "SUM"}.get(case.redop, case.redop.upper())
+        if case.arr.dtype_name == "bool":
+            name = {"MIN": "LAND", "MAX": "LOR", "BAND": "LAND", "BOR": "LOR", "BXOR": "LXOR"}.get(name, name)
+        mpi_op = getattr(MPI, name)
         if case.arr.lib == "torch" and not x.is_cuda and op in ("all_reduce", "broadcast"):
             # A torch CPU tensor: what a raw mpi4py caller writes, its numpy view each call.
             if op == "all_reduce":
@@ -122,7 +126,11 @@ class RawTorch(Raw):
         dist, group, op = self.dist, self.group, case.op
         if op == "barrier":
             return lambda: dist.barrier(group)
-        reduce_op = getattr(dist.ReduceOp, {"prod": "PRODUCT"}.get(case.redop, case.redop.upper()))
+        dtype, reducing = case.arr.dtype_name, op in ("all_reduce", "reduce", "reduce_scatter")
+        if dtype == "int16" or (x.is_cuda and reducing and (dtype == "bool" or case.redop in ("band", "bor", "bxor"))):
+            return None  # Gloo and NCCL have no int16; NCCL no bool or bitwise reductions
+        # AVG is SUM (then a division ours makes: Gloo has no AVG)
+        reduce_op = getattr(dist.ReduceOp, {"prod": "PRODUCT", "avg": "SUM"}.get(case.redop, case.redop.upper()))
         root, rank, n = self._global(case.root), case.comm.rank, case.comm.size
         if op == "all_reduce":
             return lambda: dist.all_reduce(x, reduce_op, group)
