@@ -9,7 +9,7 @@ as a raw caller writes it), with the default timeout (nonblocking call polled ag
 deadline) and with ``timeout=0`` (blocking MPI calls). Each pair runs in interleaved rounds
 and the best round counts. ``time.thread_time`` counts only this thread's CPU time, so on a
 loaded machine the difference still shows the call path's cost (wall-clock benchmarks are
-scripts/bench.py). Prints microseconds per call and the difference; ``--json PATH`` writes them.
+collectives-bench). Prints microseconds per call and the difference; ``--json PATH`` writes them.
 """
 
 from __future__ import annotations
