@@ -22,7 +22,7 @@ launcher's address only (loopback on one node; TCPStore alone would listen on ev
 interface), and on one node Gloo's sockets use the loopback interface unless
 ``GLOO_SOCKET_IFNAME`` says otherwise. The store speaks torch's fixed binary protocol;
 nothing the project sends is pickled. Under an MPI launcher an uncaught exception
-calls ``MPI_Abort`` (see :func:`collectives.backends.mpi.install_abort_on_uncaught_exception`).
+calls ``MPI_Abort`` (see :mod:`collectives.process_hooks`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _float_order, _interrupt, _network
+from . import _float_order, _network
 
 # Minutes torch waits in a collective before it raises (torch's own default).
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -114,18 +114,13 @@ def _bootstrap_process_group(dist: Any, launch: LaunchInfo,
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         return
-    # MPI launcher: rank 0's store address travels over MPI. From here on an uncaught
-    # exception (even one in this bootstrap) ends the job instead of leaving peers waiting.
-    from collectives.backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
-
-    install_abort_on_uncaught_exception(import_mpi())
+    # MPI launcher: rank 0's store address travels over MPI. (collectives.init() installed
+    # the MPI abort hook before, and installs it again around torch's after: see
+    # collectives/process_hooks.py.)
     store = mpi_shared_tcp_store(launch, timeout)
     _choose_gloo_interface(launch, store.host)
     dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.size,
                             timeout=timeout)
-    # init_process_group wrapped our hook in its own (which buffers the traceback to prefix
-    # it with the rank): ours goes around it again, so the traceback is printed before MPI_Abort.
-    install_abort_on_uncaught_exception(import_mpi())
 
 
 def _has_interface(name: str) -> bool:
@@ -343,8 +338,6 @@ class TorchCommunicator(Communicator):
         seconds = config.timeout_seconds(timeout)
         if not dist.is_initialized():
             _bootstrap_process_group(dist, launch, _timedelta(seconds))
-        if launch.size > 1:  # a SIGINT in Gloo's wait would wait for the timeout
-            _interrupt.install(_interrupt.rank_of(launch))
         return cls(local_rank=launch.local_rank, timeout=0 if seconds is None else seconds)
 
     def _transport_error(self, error: Exception) -> Exception:

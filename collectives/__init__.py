@@ -7,7 +7,6 @@
 Importing this package imports no transport (no torch, mpi4py or cupy).
 """
 
-from . import _exits
 from .communicator import Communicator, Work
 from .errors import BackendUnavailable, CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .launcher import LaunchInfo, detect_launcher
@@ -15,10 +14,6 @@ from .ops import ALLOWED_OPS, DTYPES, ReduceOp
 from .registry import BACKENDS, init
 
 __version__ = "0.1.0"
-
-# sys.exit records its status from here on, for the MPI abort hook's verdict at exit
-# (collectives/_exits.py): `sys.exit(main())` looks sys.exit up before main() calls init().
-_exits.record_exit_calls()
 
 __all__ = [
     "ALLOWED_OPS",

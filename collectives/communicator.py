@@ -27,19 +27,22 @@ from __future__ import annotations
 
 import abc
 import collections
+import itertools
 import operator
 import sys
+import time
 import weakref
 from _thread import get_ident as _thread_id
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import arrays, calls, config
+from . import arrays, calls, config, recorder
 from .arrays import ArrayAdapter
 from .calls import Call
 from .errors import CollectiveError, CollectiveTimeout
 from .launcher import LaunchInfo
 from .ops import ReduceOp, check_reduction
+from .recorder import COMPLETED, END, ERROR, FAILED, POSTED, SEQ, STARTED, STATE, CallRecord, HookHandle
 
 _C_INT_MAX = 2**31 - 1
 
@@ -53,6 +56,16 @@ MAX_PENDING = 1024
 # peer's abandoned data. So a timeout makes every live communicator of its backend in
 # this process unusable (see Communicator._timeout_error).
 _LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
+
+_clock = time.monotonic
+# Names of communicators in the split tree (see Communicator.trace_name): communicators made
+# without a parent are numbered in the order this process made them; a split's child is
+# named by split() before the backend makes it (pushed here, taken by __init__).
+_ROOTS = itertools.count()
+_ORDER = itertools.count()
+_CHILD_NAME: list[str] = []
+#: The tag of a barrier's messages (see Communicator.barrier): every MPI allows it.
+BARRIER_TAG = 32767
 
 
 class Work:
@@ -231,46 +244,64 @@ class Communicator(abc.ABC):
         self._gate: int | None = self._owner
         # The plans of the kinds of arrays that passed the checks (see _plan).
         self._plans: dict[tuple[Any, ...], _Plan] = {}
+        #: This communicator's place in the split tree, the same on every member: "world" (the
+        #: one init() made), "comm<N>" (made directly), "<parent>/<k>:<color>" (the k-th split).
+        self.trace_name = _CHILD_NAME.pop() if _CHILD_NAME else f"comm{next(_ROOTS)}"
+        self._trace_order = next(_ORDER)
+        self._trace_splits = 0
+        # The flight recorder (collectives/recorder.py): the last calls, None when turned off.
+        self._ring = recorder.new_ring(self)
+        self._call_site = bool(config.env_flag(config.TRACE_CALLSITE))
+        self._hooks: list[Callable[[CallRecord], Any]] = []
+        if config.env_flag(config.PROFILE):
+            from . import profile  # noqa: PLC0415
+
+            profile.attach(self)
         _LIVE.add(self)
 
     # -- the public interface: every method hands its arguments to _run ------------------
 
-    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", *, async_op: bool = False) -> Any:
+    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", *, async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Reduce ``x`` elementwise over all ranks, in place; every rank gets the result.
 
         ``x`` keeps its shape and dtype. ``op`` must be allowed on ``x``'s dtype
         (see :data:`collectives.ops.ALLOWED_OPS`), else ``TypeError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        return self._run(ALL_REDUCE, x, op, -1, None, async_op)
+        return self._run(ALL_REDUCE, x, op, -1, None, async_op, None, timeout)
 
-    def broadcast(self, x: Any, src: int = 0, *, async_op: bool = False) -> Any:
+    def broadcast(self, x: Any, src: int = 0, *, async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Copy rank ``src``'s ``x`` into ``x`` on every rank, in place.
 
         ``x`` must have the same shape and dtype on every rank. ``src`` is a rank
         of this communicator (``0 <= src < size``), else ``ValueError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        return self._run(BROADCAST, x, None, src, None, async_op)
+        return self._run(BROADCAST, x, None, src, None, async_op, None, timeout)
 
     def reduce(self, x: Any, op: ReduceOp | str = "sum", dst: int = 0, *,
-               async_op: bool = False) -> Any:
+               async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Reduce ``x`` elementwise over all ranks into ``x`` on rank ``dst``, in place.
 
         On the other ranks ``x`` is left untouched. ``op`` as for :meth:`all_reduce`.
         Returns ``x`` (or a :class:`Work` whose ``wait()`` returns ``x``).
         """
-        return self._run(REDUCE, x, op, dst, None, async_op)
+        return self._run(REDUCE, x, op, dst, None, async_op, None, timeout)
 
-    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
+    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Gather every rank's ``x``: a new array of shape ``(size, *x.shape)``.
 
         Row ``r`` of the result is rank ``r``'s ``x``. ``x`` is not modified. With
         ``out=`` the rows are written into ``out`` (shape ``(size, *x.shape)``).
         """
-        return self._run(ALL_GATHER, x, None, -1, out, async_op)
+        return self._run(ALL_GATHER, x, None, -1, out, async_op, None, timeout)
 
-    def all_gather_v(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
+    def all_gather_v(self, x: Any, *, out: Any = None, async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Gather arrays whose first dimension may differ between ranks.
 
         Returns ``(gathered, counts)``: every rank's ``x`` concatenated in rank order
@@ -279,10 +310,11 @@ class Communicator(abc.ABC):
         on every rank. ``out=`` (shape ``(sum(counts), *x.shape[1:])``) receives the
         concatenation. The counts travel first, in one small all_gather.
         """
-        return self._run(ALL_GATHER_V, x, None, -1, out, async_op)
+        return self._run(ALL_GATHER_V, x, None, -1, out, async_op, None, timeout)
 
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None,
-                       async_op: bool = False) -> Any:
+                       async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Reduce ``x`` over all ranks and return this rank's block of rows.
 
         ``x.shape[0]`` must be divisible by ``size`` (else ``ValueError``); the
@@ -290,27 +322,30 @@ class Communicator(abc.ABC):
         holding rows ``rank * n // size`` to ``(rank + 1) * n // size`` of the
         reduction. ``x`` is not modified.
         """
-        return self._run(REDUCE_SCATTER, x, op, -1, out, async_op)
+        return self._run(REDUCE_SCATTER, x, op, -1, out, async_op, None, timeout)
 
-    def gather(self, x: Any, dst: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+    def gather(self, x: Any, dst: int = 0, *, out: Any = None, async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Gather every rank's ``x`` on rank ``dst``: there a new ``(size, *x.shape)``
         array (row ``r`` is rank ``r``'s ``x``), ``None`` on the other ranks.
 
         ``out=`` is used on ``dst`` only (the other ranks may pass ``None``).
         """
-        return self._run(GATHER, x, None, dst, out, async_op)
+        return self._run(GATHER, x, None, dst, out, async_op, None, timeout)
 
-    def scatter(self, x: Any, src: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+    def scatter(self, x: Any, src: int = 0, *, out: Any = None, async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Hand row ``r`` of rank ``src``'s ``x`` to rank ``r``.
 
         Every rank passes ``x`` of the same shape ``(size, *rest)`` and dtype (only
         ``src``'s content is read; ``x`` is never modified). Returns a new array of
         shape ``rest`` (or ``out``).
         """
-        return self._run(SCATTER, x, None, src, out, async_op)
+        return self._run(SCATTER, x, None, src, out, async_op, None, timeout)
 
     def all_to_all(self, x: Any, send_splits: Sequence[int] | None = None, *, out: Any = None,
-                   async_op: bool = False) -> Any:
+                   async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Every rank sends a block of rows to every rank.
 
         Equal form (``send_splits=None``): ``x`` has shape ``(size, *rest)``; row ``j``
@@ -323,37 +358,51 @@ class Communicator(abc.ABC):
         rank).
         """
         if send_splits is None:
-            return self._run(ALL_TO_ALL, x, None, -1, out, async_op)
-        return self._run(ALL_TO_ALL_V, x, None, -1, out, async_op, send_splits)
+            return self._run(ALL_TO_ALL, x, None, -1, out, async_op, None, timeout)
+        return self._run(ALL_TO_ALL_V, x, None, -1, out, async_op, send_splits, timeout)
 
-    def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False) -> Any:
+    def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Send ``x`` to rank ``dst`` (matched by a :meth:`recv` there with the same ``tag``).
 
         Returns ``None``, or with ``async_op=True`` a :class:`Work`; ``x`` must not be
         changed until that has completed.
         """
-        return self._run(SEND, x, None, dst, None, async_op, tag)
+        return self._run(SEND, x, None, dst, None, async_op, tag, timeout)
 
-    def recv(self, x: Any, src: int, *, tag: int = 0, async_op: bool = False) -> Any:
+    def recv(self, x: Any, src: int, *, tag: int = 0, async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Receive into ``x``, in place, what rank ``src`` sent with ``tag``; returns ``x``.
 
         ``x`` must have the shape and dtype of the sender's array (in debug mode a
         difference is :class:`CollectiveMismatch`; otherwise the transport's error).
         """
-        return self._run(RECV, x, None, src, None, async_op, tag)
+        return self._run(RECV, x, None, src, None, async_op, tag, timeout)
 
-    def barrier(self) -> None:
-        """Block until every rank of this communicator has called ``barrier``."""
+    def barrier(self, *, timeout: Any = None) -> None:
+        """Block until every rank of this communicator has called ``barrier``.
+
+        Under a timeout (the communicator's, or ``timeout=`` for this call) the
+        :class:`CollectiveTimeout` on rank 0 names the ranks that never arrived: every rank
+        tells rank 0 it arrived and waits for rank 0's word (messages of tag
+        :data:`BARRIER_TAG`). Without a timeout it is the transport's own barrier.
+        """
         self._check_open()
-        self._begin(BARRIER)
-        if self.debug:
-            self._compare_fingerprints(None, -1, None, ())
+        seconds = self.timeout if timeout is None else config.timeout_seconds(timeout or 0)
+        record = self._begin(BARRIER)
         try:
-            self._barrier()
-        except CollectiveError:
-            raise
+            if self.debug:
+                self._compare_fingerprints(None, -1, None, ())
+            if seconds is None or self.size == 1:
+                self._barrier()
+            else:
+                self._monitored_barrier(seconds)
         except Exception as error:
+            self._failed(record, error)
+            if isinstance(error, CollectiveError):
+                raise
             raise self._transport_error(error) from error
+        self._completed(record)
 
     def split(self, color: int | None, key: int | None = None) -> Communicator | None:
         """A new communicator over the ranks that passed the same ``color``.
@@ -374,16 +423,42 @@ class Communicator(abc.ABC):
             raise ValueError(f"color must be at most 2**31 - 1 = {_C_INT_MAX}; got {color}")
         if key is not None and not -_C_INT_MAX - 1 <= int(key) <= _C_INT_MAX:
             raise ValueError(f"key must be between -2**31 and 2**31 - 1; got {key}")
-        self._begin(SPLIT)
-        if self.debug:  # colors and keys differ by design: only the call itself is compared
-            self._compare_fingerprints(None, -1, None, ())
+        record = self._begin(SPLIT)
+        _CHILD_NAME[:] = [f"{self.trace_name}/{self._trace_splits}:{color}"]
+        self._trace_splits += 1
         try:
-            return self._split(None if color is None else int(color),
-                               self.rank if key is None else int(key))
-        except CollectiveError:
-            raise
+            if self.debug:  # colors and keys differ by design: only the call itself is compared
+                self._compare_fingerprints(None, -1, None, ())
+            child = self._split(None if color is None else int(color),
+                                self.rank if key is None else int(key))
         except Exception as error:
+            self._failed(record, error)
+            if isinstance(error, CollectiveError):
+                raise
             raise self._transport_error(error) from error
+        finally:
+            _CHILD_NAME.clear()
+        self._completed(record)
+        return child
+
+    def register_hook(self, fn: Callable[[CallRecord], Any]) -> HookHandle:
+        """Call ``fn(record)`` when each call on this communicator completes (in the calling
+        thread, after the transport returned). ``record`` is a
+        :class:`collectives.recorder.CallRecord`: ``op``, ``seq``, ``dtype``, ``shape``,
+        ``bytes``, ``start`` and ``end`` (``time.monotonic()``). An asynchronous call is
+        reported when it is posted. Returns a handle whose ``remove()`` unregisters ``fn``.
+        Hooks need the flight recorder: with ``COLLECTIVES_TRACE_SIZE=0`` they are not called.
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable; got {type(fn).__name__}")
+        self._hooks.append(fn)
+        return HookHandle(self._hooks, fn)
+
+    def dump_trace(self, path: str | None = None) -> str | None:
+        """Write this rank's flight-recorder dump (every communicator's recent calls, every
+        thread's stack) to ``path``, else to ``COLLECTIVES_TRACE_DIR/rank-<R>.json``; returns
+        the path written, None when neither is given. Local: no other rank takes part."""
+        return recorder.dump(f"dump_trace() on {self.trace_name}", path)
 
     def close(self) -> None:
         """Complete outstanding asynchronous calls, then release the transport's resources;
@@ -437,14 +512,17 @@ class Communicator(abc.ABC):
     # -- the one call path ---------------------------------------------------------------
 
     def _run(self, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: Any,
-             extra: Any = None) -> Any:
-        """Check, number, fingerprint, run and map the errors of one call of ``call``'s kind.
+             extra: Any = None, timeout: Any = None) -> Any:
+        """Check, number, fingerprint, record, run and map the errors of one call of
+        ``call``'s kind.
 
         Everything before the backend's method is local: a bad argument raises on this
         rank with nothing sent and ``x`` untouched.
         """
         if self._gate != _thread_id():  # closed, unusable, or another thread
             self._check_open()
+        if timeout is not None:
+            return self._run_with_timeout(call, x, op, root, out, async_op, extra, timeout)
         if async_op is not False and async_op is not True:
             raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
         try:  # a kind of x (type, dtype, and op) that passed the checks before: its plan
@@ -464,22 +542,33 @@ class Communicator(abc.ABC):
             self._reap()
         if call.collective:
             self._seq += 1
-            self._operation = call.name
-            if self.debug:
-                self._compare_fingerprints(reduce_op, root, dtype, call.fingerprint_shape(x.shape))
-        else:
-            self._operation = call.name
+        self._operation = call.name
+        record = None
+        if self._ring is not None:  # the flight recorder (collectives/recorder.py)
+            record = [self._seq if call.collective else -1, call.name, dtype, x.shape, root,
+                      STARTED, _clock(), 0.0, recorder.call_site() if self._call_site else None,
+                      None]
+            self._ring.append(record)
         try:
+            if self.debug and call.collective:
+                self._compare_fingerprints(reduce_op, root, dtype, call.fingerprint_shape(x.shape))
             if view is not None and not async_op and fast(view, root):
-                return x  # the backend's fast path ran it (see _fast_path)
-            if self.debug and not call.collective:
+                result = x  # the backend's fast path ran it (see _fast_path)
+            elif self.debug and not call.collective:
                 result = self._checked_p2p(call, x, adapter, dtype, root, async_op, extra)
             else:
                 result = call.run(self, x, adapter, dtype, reduce_op, root, out, async_op, extra)
-        except CollectiveError:
-            raise
         except Exception as error:
+            if record is not None:
+                self._failed(record, error)
+            if isinstance(error, CollectiveError):
+                raise
             raise self._transport_error(error) from error
+        if record is not None:
+            record[STATE] = POSTED if async_op else COMPLETED
+            record[END] = _clock()
+            if self._hooks:
+                self._call_hooks(record)
         if async_op:
             if type(result) is not Work:  # a handle that may still be running: keep it
                 if call.collective:
@@ -490,12 +579,111 @@ class Communicator(abc.ABC):
             return result
         return x if call.in_place else result
 
-    def _begin(self, call: Call) -> None:
-        """Number a call that takes no array (barrier, split)."""
+    def _begin(self, call: Call) -> list[Any] | None:
+        """Number (and record) a call that takes no array (barrier, split)."""
         if self._pending:
             self._reap()
         self._seq += 1
         self._operation = call.name
+        if self._ring is None:
+            return None
+        record = [self._seq, call.name, None, None, -1, STARTED, _clock(), 0.0,
+                  recorder.call_site() if self._call_site else None, None]
+        self._ring.append(record)
+        return record
+
+    # -- the flight recorder and hooks ---------------------------------------------------
+
+    def _completed(self, record: list[Any] | None) -> None:
+        if record is not None:
+            record[STATE], record[END] = COMPLETED, _clock()
+            if self._hooks:
+                self._call_hooks(record)
+
+    def _failed(self, record: list[Any] | None, error: BaseException) -> None:
+        if record is not None and record[STATE] is not FAILED:
+            record[STATE], record[END] = FAILED, _clock()
+            record[ERROR] = f"{type(error).__name__}: {str(error)[:300]}"
+
+    def _call_hooks(self, record: list[Any]) -> None:
+        described = CallRecord(record, self)
+        for hook in list(self._hooks):
+            hook(described)
+
+    def _record_of(self, seq: int) -> list[Any] | None:
+        """The recorded collective numbered ``seq``, if the ring still holds it."""
+        for record in reversed(self._ring or ()):
+            if record[SEQ] == seq:
+                return record
+        return None
+
+    def _run_with_timeout(self, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: Any,
+                          extra: Any, timeout: Any) -> Any:
+        """A call with its own ``timeout=``: the communicator's timeout is replaced for it (a
+        backend's deadline reads ``self.timeout``); a blocking call runs as an asynchronous
+        one whose handle is polled against the deadline, so the value holds on transports
+        that take their timeout from elsewhere (torch's process group), when it is shorter."""
+        seconds = config.timeout_seconds(timeout or 0)  # 0 / None: no timeout for this call
+        kept, self.timeout = self.timeout, seconds
+        try:
+            if seconds is None or async_op is not False:
+                return self._run(call, x, op, root, out, async_op, extra)
+            deadline = _clock() + seconds
+            work = self._run(call, x, op, root, out, True, extra)
+            seq = self._seq
+            delay = 0.0
+            while not work.is_completed():
+                if _clock() > deadline:
+                    error = self._timeout_error(call=(call.name, seq))
+                    self._failed(self._record_of(seq), error)
+                    raise error
+                time.sleep(delay)
+                delay = min(0.001, delay + 0.0001)
+            result = work.wait()
+            record = self._record_of(seq) if call.collective else None
+            if record is not None:
+                record[STATE], record[END] = COMPLETED, _clock()
+            return x if call.in_place else result
+        finally:
+            self.timeout = kept
+
+    def _monitored_barrier(self, seconds: float) -> None:
+        """The barrier under a timeout: every rank sends a word to rank 0, which answers each
+        once all have arrived; rank 0's timeout names those that did not."""
+        import numpy as np  # noqa: PLC0415
+
+        deadline = _clock() + seconds
+        if self.rank == 0:
+            words = [np.zeros(1, np.int64) for _ in range(self.size)]
+            arrivals = {peer: self._recv_small(words[peer], peer, BARRIER_TAG)
+                        for peer in range(1, self.size)}
+            missing = self._wait_all(arrivals, deadline)
+            if missing:
+                raise self._timeout_error(
+                    detail=f"rank(s) {', '.join(map(str, missing))} never arrived at the barrier")
+            releases = {peer: self._send_small(np.ones(1, np.int64), peer, BARRIER_TAG)
+                        for peer in range(1, self.size)}
+            self._wait_all(releases, deadline + seconds)
+            return
+        works = {0: self._send_small(np.ones(1, np.int64), 0, BARRIER_TAG),
+                 -1: self._recv_small(np.zeros(1, np.int64), 0, BARRIER_TAG)}
+        if self._wait_all(works, deadline):
+            raise self._timeout_error(
+                detail="rank 0 did not release the barrier: its CollectiveTimeout (or its "
+                       "dump, with COLLECTIVES_TRACE_DIR) names the ranks that never arrived")
+
+    def _wait_all(self, works: dict[int, Work], deadline: float) -> list[int]:
+        """Poll ``works`` until all completed or ``deadline``; the keys of those that did not."""
+        delay = 0.0
+        while True:
+            waiting = sorted(key for key, work in works.items() if not work.is_completed())
+            if not waiting or _clock() > deadline:
+                for key, work in works.items():
+                    if key not in waiting:
+                        work.wait()
+                return waiting
+            time.sleep(delay)
+            delay = min(0.001, delay + 0.0001)
 
     # -- asynchronous handles ------------------------------------------------------------
 
@@ -660,6 +848,9 @@ class Communicator(abc.ABC):
         Backends call this when their deadline passes (or their transport timed out).
         """
         call_name = self._call_name(call)
+        seq = call[1] if call is not None else self._seq
+        self._failed(self._record_of(seq), CollectiveTimeout(f"did not complete within {self.timeout}s"))
+        recorder.dump(f"CollectiveTimeout in {call_name}")
         self._broken = (f"{self!r} is unusable: {call_name} timed out, and the transport cannot "
                         "take it back (some ranks may still be inside it); create a new "
                         "communicator, or end the job")
@@ -716,6 +907,8 @@ class Communicator(abc.ABC):
             raise self._transport_error(error) from error
         found = mismatch(everyone, self)
         if found is not None:
+            self._failed(self._record_of(self._seq), found)
+            recorder.dump(f"CollectiveMismatch in {self._call_name()}")
             raise found
 
     def _split_groups(self, color: int | None, key: int) -> list[int] | None:
