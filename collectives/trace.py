@@ -13,6 +13,8 @@ its place in the split tree) the ranks' rings are lined up by sequence number:
 - a **hang**: the first call that not every rank completed; ``behind`` are the ranks that
   never entered it (with their last completed call, call site, and main thread's stack);
   a rank that wrote no dump is named as such (killed with SIGKILL, or the host died);
+- a **crash**: a rank died of an uncaught exception and no dump shows a rank waiting (under
+  mpiexec, ``MPI_Abort`` has the launcher kill the others before they can write);
 - **ok**: every rank that wrote a dump completed every call the others made.
 """
 
@@ -158,7 +160,8 @@ def _analyze_one(name: str, members: list[_Member], world_size: int) -> dict[str
 
 def analyze(dumps: dict[int, dict[str, Any]], world_size: int | None = None) -> dict[str, Any]:
     """The verdict as one object: ``world_size``, ``dumps`` (ranks that wrote one), ``verdict``
-    ("hang", "mismatch" or "ok"), ``call`` (``seq``, ``op``, ``dtype``, ``shape``, ``root``,
+    ("hang", "mismatch", "crash" or "ok"; crash: a rank died of an uncaught exception and no
+    dump shows a rank waiting for it, ``call`` then is its last completed call), ``call`` (``seq``, ``op``, ``dtype``, ``shape``, ``root``,
     ``communicator``; None when ok), ``behind`` and ``odd`` (sorted world ranks; a rank of a
     split whose world rank no dump tells is given as -1), ``no_dump`` (world ranks that
     wrote none), ``reasons`` (why each rank wrote its dump) and ``details``."""
@@ -170,23 +173,41 @@ def analyze(dumps: dict[int, dict[str, Any]], world_size: int | None = None) -> 
     no_dump = sorted(set(range(world_size)) - set(dumps))
     result: dict[str, Any] = {
         "world_size": world_size, "dumps": sorted(dumps), "verdict": "ok", "call": None,
-        "behind": [], "odd": [], "no_dump": no_dump,
+        "behind": [], "odd": [], "no_dump": no_dump, "crashed": [],
         "reasons": {str(rank): dump.get("reason") for rank, dump in sorted(dumps.items())},
         "details": None,
     }
     if not dumps:
         result["verdict"] = "hang" if world_size else "ok"
         return result
+    # Ranks inside a call when they wrote their dump (waiting, or failed there: a timeout, a
+    # peer that died); ranks that died of an uncaught exception outside any call.
+    waiting = {rank for rank, dump in dumps.items() for entry in dump["communicators"]
+               for call in entry["calls"] if call["state"] in ("started", "failed")}
+    result["crashed"] = sorted(rank for rank, dump in dumps.items() if rank not in waiting
+                               and str(dump.get("reason", "")).startswith("uncaught"))
+    if result["crashed"] and not waiting:
+        # No dump shows a rank waiting for another: the crash is the story (the launcher
+        # killed the other ranks before they could write, as mpiexec does on MPI_Abort).
+        rank = result["crashed"][0]
+        members = [m for m in _communicators(dumps).get("world", []) if m.world_rank == rank]
+        last = members[0].last_completed() if members else None
+        result.update(verdict="crash", call=None if last is None else {
+            "seq": last["seq"], "op": last["op"], "dtype": last["dtype"], "shape": last["shape"],
+            "root": last["root"], "communicator": "world"})
+        return result
     if not problems and no_dump:  # nothing recorded disagrees; the silent ranks are the question
         result.update(verdict="hang", behind=no_dump)
         return result
     if problems:
-        # A mismatch explains the rest; else the hang whose call started first.
-        def order(problem: dict[str, Any]) -> tuple[int, float]:
+        # A mismatch explains the rest; else the hang whose ranks behind are not themselves
+        # waiting in another call (they are the cause, the others follow); then the earliest.
+        def order(problem: dict[str, Any]) -> tuple[bool, bool, float]:
             starts = [m.calls[problem["call"]["seq"]]["start"]
                       for m in _communicators(dumps)[problem["communicator"]]
                       if problem["call"]["seq"] in m.calls]
-            return (problem["verdict"] != "mismatch", min(starts, default=0.0))
+            behind = {problem["world_of"][rank] for rank in problem["behind_ranks"]}
+            return (problem["verdict"] != "mismatch", bool(behind & waiting), min(starts, default=0.0))
         chosen = min(problems, key=order)
         world_of = chosen["world_of"]
         result.update(
@@ -201,7 +222,11 @@ def _text(result: dict[str, Any]) -> str:
     lines = []
     call, details = result["call"], result["details"]
     dumped = ", ".join(map(str, result["dumps"])) or "none"
-    if result["verdict"] == "ok":
+    if result["verdict"] == "crash":
+        rank = result["crashed"][0]
+        lines.append(f"crash: rank {rank} died of an {result['reasons'][str(rank)]}; its last completed "
+                     f"call: {_describe_call(call)}; no dump shows a rank waiting for it")
+    elif result["verdict"] == "ok":
         lines.append(f"ok: the {len(result['dumps'])} ranks that wrote a dump (of {result['world_size']}) "
                      "agree on every call they recorded")
     elif details is None:
