@@ -161,10 +161,12 @@ def _analyze_one(name: str, members: list[_Member], world_size: int) -> dict[str
 def analyze(dumps: dict[int, dict[str, Any]], world_size: int | None = None) -> dict[str, Any]:
     """The verdict as one object: ``world_size``, ``dumps`` (ranks that wrote one), ``verdict``
     ("hang", "mismatch", "crash" or "ok"; crash: a rank died of an uncaught exception and no
-    dump shows a rank waiting for it, ``call`` then is its last completed call), ``call`` (``seq``, ``op``, ``dtype``, ``shape``, ``root``,
-    ``communicator``; None when ok), ``behind`` and ``odd`` (sorted world ranks; a rank of a
-    split whose world rank no dump tells is given as -1), ``no_dump`` (world ranks that
-    wrote none), ``reasons`` (why each rank wrote its dump) and ``details``."""
+    dump shows a rank waiting for it, ``call`` then is its last completed call), ``call``
+    (``seq``, ``op``, ``dtype``, ``shape``, ``root``, ``communicator``; None when ok),
+    ``behind`` and ``odd`` (sorted world ranks; a rank of a split whose world rank no dump
+    tells is given as -1), ``no_dump`` (world ranks that wrote none), ``crashed`` (ranks that
+    died of an uncaught exception outside any call), ``reasons`` (why each rank wrote its
+    dump) and ``details``."""
     if world_size is None:
         world_size = max((int(d["world_size"]) for d in dumps.values()), default=0)
     found = {name: _analyze_one(name, members, world_size)

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from collectives.backends.local import LocalCommunicator
 from test_reliability import _describe, _launcher, _processes_with
 
 import collectives
 from collectives import recorder, trace
-from collectives.backends.local import LocalCommunicator
 from collectives.launcher import without_launcher_variables
 
 ROOT = Path(__file__).resolve().parents[1]
