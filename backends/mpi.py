@@ -40,7 +40,8 @@ import numpy as np
 
 from collectives import _exits, arrays, config, process_hooks
 from collectives.arrays import ArrayAdapter
-from collectives.communicator import ALL_REDUCE, BROADCAST, Communicator, Work
+from collectives.calls import ALL_REDUCE, BROADCAST
+from collectives.communicator import Communicator, Work
 from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp

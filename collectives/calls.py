@@ -89,7 +89,7 @@ def check_splits(comm: Any, shape: Shape, splits: Sequence[int], root: Any) -> N
         raise ValueError(f"send_splits must have one entry per rank (size={comm.size}); "
                          f"got {len(splits)}")
     for count in splits:
-        if isinstance(count, bool) or not _is_int(count):
+        if isinstance(count, bool) or not is_int(count):
             raise TypeError(f"send_splits must hold ints; got {type(count).__name__}")
         if count < 0:
             raise ValueError(f"send_splits must be >= 0; got {list(splits)}")
@@ -104,14 +104,15 @@ def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
         if peer == comm.rank:
             raise ValueError(f"{name}={peer} is this rank; point-to-point calls go to another "
                              f"rank (valid: 0 to {comm.size - 1} except {comm.rank})")
-        if isinstance(tag, bool) or not _is_int(tag):
+        if isinstance(tag, bool) or not is_int(tag):
             raise TypeError(f"tag must be an int; got {type(tag).__name__}")
         if not 0 <= tag < 2**31 - 1:
             raise ValueError(f"tag must be between 0 and 2**31 - 2; got {tag}")
     return check
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is an int or a numpy integer (not a float, str or None)."""
     try:
         operator.index(value)
     except TypeError:
@@ -140,3 +141,48 @@ def same_shape(comm: Any, shape: Shape, extra: Any) -> Shape:
 def rows_free(shape: Shape) -> Shape:
     """Fingerprint shape of calls whose first dimension differs between ranks by design."""
     return (-1, *shape[1:]) if shape else ()
+
+
+# -- the table: one row per collective ------------------------------------------------------
+# Each row's ``run`` maps the call path's arguments to the backend's method:
+# (comm, x, adapter, dtype, reduce_op, root, out, async_op, extra).
+
+ALL_REDUCE = Call(
+    "all_reduce", reduces=True, in_place=True,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_reduce(x, a, d, op, asy))
+BROADCAST = Call(
+    "broadcast", in_place=True, root="src",
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._broadcast(x, a, d, root, asy))
+REDUCE = Call(
+    "reduce", reduces=True, in_place=True, root="dst",
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._reduce(x, a, d, op, root, asy))
+ALL_GATHER = Call(
+    "all_gather", out_shape=stacked,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_gather(x, a, d, out, asy))
+ALL_GATHER_V = Call(
+    "all_gather_v", check=at_least_one_dim("all_gather_v"),
+    fingerprint_shape=rows_free,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_gather_v_counted(x, a, d, out, asy))
+REDUCE_SCATTER = Call(
+    "reduce_scatter", reduces=True, check=rows_divisible, out_shape=block_of_rows,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._reduce_scatter(x, a, d, op, out, asy))
+GATHER = Call(
+    "gather", root="dst", out_shape=stacked,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._gather(x, a, d, root, out, asy))
+SCATTER = Call(
+    "scatter", root="src", check=rows_equal_size("scatter"), out_shape=one_row,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._scatter(x, a, d, root, out, asy))
+ALL_TO_ALL = Call(
+    "all_to_all", check=rows_equal_size("all_to_all"), out_shape=same_shape,
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_to_all(x, a, d, out, asy))
+ALL_TO_ALL_V = Call(
+    "all_to_all", check=check_splits, fingerprint_shape=rows_free,
+    run=lambda c, x, a, d, op, root, out, asy, splits: c._all_to_all_counted(x, a, d, splits, out, asy))
+SEND = Call(
+    "send", root="dst", collective=False, check=peer_and_tag("dst"),
+    run=lambda c, x, a, d, op, root, out, asy, tag: c._send(x, a, d, root, tag, asy))
+RECV = Call(
+    "recv", in_place=True, root="src", collective=False, check=peer_and_tag("src"),
+    run=lambda c, x, a, d, op, root, out, asy, tag: c._recv(x, a, d, root, tag, asy))
+BARRIER = Call("barrier")
+SPLIT = Call("split")

@@ -22,6 +22,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 from . import config
@@ -41,15 +42,17 @@ _RECORDED: weakref.WeakSet[Any] = weakref.WeakSet()
 # Reentrant: a signal handler may dump while the main thread is dumping already.
 _dumping = threading.RLock()
 _LIBRARY = (os.path.dirname(os.path.abspath(__file__)),)
+#: The recorder's clock (seconds): a dump converts it to wall-clock time.
+clock = time.monotonic
 
 
 def _library_directories() -> tuple[str, ...]:
     """collectives/ and the installed backends/ and syncbn/ (their own directories)."""
     found = list(_LIBRARY)
     for name in ("collectives.backends", "collectives.syncbn"):
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "__file__", None):
-            found.append(os.path.dirname(os.path.abspath(module.__file__)))  # type: ignore[arg-type]
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            found.append(os.path.dirname(os.path.abspath(path)))
     return tuple(found)
 
 
@@ -67,12 +70,12 @@ def new_ring(comm: Any) -> Any:
 def call_site() -> str | None:
     """``file:line in function`` of the first frame outside the library (the user's call)."""
     ours = _library_directories()
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(ours):
             return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return None
 
 

@@ -70,7 +70,7 @@ class _Member:
         self.oldest = min(self.calls, default=self.seq + 1)
 
     def entered(self, seq: int) -> bool:
-        return seq <= self.seq
+        return seq <= int(self.seq)
 
     def completed(self, seq: int) -> bool:
         if seq > self.seq:

@@ -1,0 +1,129 @@
+"""The call path's argument checks, and the plans that let a kind of array skip them.
+
+Every call is checked before anything is sent, on every backend, so a bad argument is
+the same ``TypeError``/``ValueError`` everywhere with the input untouched.
+:class:`ArgumentChecks` is a base of :class:`collectives.Communicator`; its methods are
+called by ``Communicator._run``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from . import arrays
+from .arrays import ArrayAdapter
+from .calls import Call, is_int
+from .ops import ReduceOp, check_reduction
+from .transport import Transport
+
+# What a communicator remembers per (row, type(x), x.dtype, op as spelled or None) that
+# passed the checks: (per-array check, fast path, adapter, dtype name, ReduceOp or None).
+Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any], bool], ArrayAdapter, str,
+             ReduceOp | None]
+
+# Calls whose out= rows are known only once the counts have travelled (checked then).
+_OUT_SHAPE_AFTER_COUNTS = frozenset({"all_gather_v", "all_to_all"})
+
+
+class ArgumentChecks(Transport):
+    """The checks of the call path (a base of :class:`collectives.Communicator`)."""
+
+    #: Whether this class overrides ``_check_device`` (the call path skips it when not).
+    _checks_device: bool = False
+    # The plans of the kinds of arrays that passed the checks (see _plan).
+    _plans: dict[tuple[Any, ...], Plan]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._checks_device = cls._check_device is not Transport._check_device
+
+    # The checks run on every call. _run first looks the kind of x (its type and dtype,
+    # and op) up among the kinds that passed before on this communicator, for this row of
+    # the table, and then checks only what can differ from one array to the next (memory,
+    # writable, device); a kind not seen yet goes through the full checks below. The order
+    # of the checks, and so which error a call with several faults gets, is the same on
+    # both paths.
+
+    def _check_kind(self, x: Any, op: Any, reduces: bool, in_place: bool
+                    ) -> tuple[ArrayAdapter, str, ReduceOp | None]:
+        """The adapter and dtype name of ``x`` and, for a reduction, the ReduceOp; for
+        ``in_place`` also that x is writable."""
+        adapter = arrays.adapter_for(x)
+        dtype = adapter.dtype_name(x)
+        adapter.check_array(x, in_place)
+        if self._checks_device:
+            self._check_device(x, adapter)
+        reduce_op = check_reduction(dtype, op) if reduces else None
+        return adapter, dtype, reduce_op
+
+    def _plan(self, call: Call, x: Any, op: Any) -> Plan:
+        """The full checks of a kind of ``x`` (and ``op``) not seen before by ``call``, and
+        what later calls of that kind run (remembered): the per-array check, the backend's
+        fast path if it has one (:meth:`_fast_path`; in-place collectives only, so its
+        result is ``x``), the adapter, dtype name and ReduceOp."""
+        adapter, dtype, reduce_op = self._check_kind(x, op, call.reduces, call.in_place)
+        fast = self._fast_path(call, adapter, dtype, reduce_op) \
+            if call.in_place and call.collective else None
+        # The per-array check: with a fast path, the one that also returns x's host view
+        # (without, check_array's None means the fast path, never taken, is never called);
+        # then the backend's device check, where it has one.
+        check: Callable[[Any, bool], Any] = adapter.check_array if fast is None else adapter.host_view
+        if self._checks_device:
+            check = self._checked_device(check, adapter)
+        plan = (check, fast or _no_fast_path, adapter, dtype, reduce_op)
+        try:
+            self._plans[call, type(x), x.dtype, op] = plan
+        except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered
+            pass
+        return plan
+
+    def _checked_device(self, check: Callable[[Any, bool], Any], adapter: ArrayAdapter
+                        ) -> Callable[[Any, bool], Any]:
+        """``check``, then :meth:`_check_device` (as in :meth:`_check_kind`)."""
+        def check_and_device(x: Any, in_place: bool) -> Any:
+            view = check(x, in_place)
+            self._check_device(x, adapter)
+            return view
+        return check_and_device
+
+    def _check_out(self, call: Call, x: Any, adapter: ArrayAdapter, out: Any, extra: Any,
+                   root: Any) -> None:
+        """``out=`` must be an array of x's kind, dtype and device, contiguous and writable,
+        of the result's shape (``ValueError``/``TypeError`` naming expected and got)."""
+        if call.out_shape is None and call.name not in _OUT_SHAPE_AFTER_COUNTS:
+            raise TypeError(f"{call.name} takes no out= argument")
+        try:
+            out_adapter = arrays.adapter_for(out)
+        except TypeError:
+            raise TypeError(f"out must be an array of x's type ({adapter.name}); got "
+                            f"{arrays.type_name(type(out))}") from None
+        if out_adapter is not adapter:
+            raise TypeError(f"out must be a {adapter.name} array like x; got a {out_adapter.name} array")
+        if out.dtype != x.dtype:
+            raise ValueError(f"out has dtype {out.dtype}; expected x's dtype {x.dtype}")
+        if adapter.device_index(out) != adapter.device_index(x) or \
+                (adapter is arrays.TORCH and out.device != x.device):
+            raise ValueError(f"out is on device {getattr(out, 'device', 'cpu')}; expected x's "
+                             f"device {getattr(x, 'device', 'cpu')}")
+        if call.out_shape is not None:
+            expected = call.out_shape(self, tuple(x.shape), extra)
+            if tuple(out.shape) != expected:
+                raise ValueError(f"out has shape {tuple(out.shape)}; {call.name} of x.shape="
+                                 f"{tuple(x.shape)} on size={self.size} needs out.shape={expected}")
+        elif len(out.shape) != len(x.shape) or tuple(out.shape[1:]) != tuple(x.shape[1:]):
+            raise ValueError(f"out has shape {tuple(out.shape)}; {call.name} of x.shape="
+                             f"{tuple(x.shape)} needs out.shape=(total rows, *x.shape[1:])")
+        if not adapter.is_contiguous(out):
+            raise ValueError("out must be contiguous (C order)")
+        adapter.check_writable(out)
+
+    def _check_rank(self, rank: Any, name: str) -> None:
+        if isinstance(rank, bool) or not is_int(rank):
+            raise TypeError(f"{name} must be an int rank; got {type(rank).__name__}")
+        if not 0 <= rank < self.size:
+            raise ValueError(f"{name}={rank} is out of range; valid ranks: 0 to {self.size - 1}")
+
+
+def _no_fast_path(view: Any, root: Any) -> bool:
+    return False

@@ -1,0 +1,113 @@
+"""What a backend implements: the transport's methods that the call path calls.
+
+A backend subclasses :class:`collectives.Communicator` (which derives from
+:class:`Transport`) and implements the abstract methods here. The call path
+(``Communicator._run``) calls them only with arguments that passed every check:
+``x`` is an array of a known kind, ``adapter`` is its :class:`~collectives.arrays.ArrayAdapter`,
+``dtype`` its dtype name, ``op`` a :class:`~collectives.ReduceOp` allowed on that dtype,
+roots and peers are valid ranks. The methods with a body are hooks with a default that
+a backend overrides where its transport does better; the collectives a transport may
+lack have correct emulations in :mod:`collectives.emulations`.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import arrays
+from .arrays import ArrayAdapter
+from .ops import ReduceOp
+from .work import Work
+
+if TYPE_CHECKING:
+    from .calls import Call
+    from .communicator import Communicator
+
+
+class Transport(abc.ABC):
+    """The methods a backend implements, and the state the call path's helpers share."""
+
+    # Set by Communicator.__init__ (declared here for the helpers that read them).
+    rank: int
+    size: int
+    # The running call, for error messages: its operation and sequence number.
+    _seq: int
+    _operation: str
+    # Point-to-point handles not known to be complete (see Communicator.__init__).
+    _pending_p2p: collections.deque[Work]
+
+    @abc.abstractmethod
+    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                    async_op: bool) -> Work | None:
+        """Reduce in place; return a Work when ``async_op``."""
+
+    @abc.abstractmethod
+    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
+                   async_op: bool) -> Work | None:
+        """Broadcast in place; return a Work when ``async_op``."""
+
+    @abc.abstractmethod
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
+                    async_op: bool = False) -> Any:
+        """Return the gathered ``(size, *x.shape)`` array (``out`` when given, its shape
+        checked), or a Work whose ``wait()`` returns it."""
+
+    @abc.abstractmethod
+    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                        out: Any = None, async_op: bool = False) -> Any:
+        """Return this rank's reduced block (shape already checked), into ``out`` when given,
+        or a Work whose ``wait()`` returns it."""
+
+    @abc.abstractmethod
+    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
+              async_op: bool) -> Work | None:
+        """Send ``x`` to ``dst`` (another rank); a Work when ``async_op``."""
+
+    @abc.abstractmethod
+    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
+              async_op: bool) -> Work | None:
+        """Receive into ``x`` from ``src`` (another rank); a Work when ``async_op``."""
+
+    @abc.abstractmethod
+    def _barrier(self) -> None: ...
+
+    @abc.abstractmethod
+    def _split(self, color: int | None, key: int) -> Communicator | None: ...
+
+    def _close(self) -> None:
+        """Release transport resources (called once)."""
+
+    # -- hooks with a default ------------------------------------------------------------
+
+    def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
+        """``TypeError``/``ValueError`` if this backend cannot take ``x`` (device, kind)."""
+
+    def _fast_path(self, call: Call, adapter: ArrayAdapter, dtype: str,
+                   reduce_op: ReduceOp | None) -> Callable[[Any, Any], bool] | None:
+        """For backends: a callable ``(view, root)`` that runs the in-place collective
+        ``call`` on ``view``, the C-contiguous numpy array of a host ``x`` of this kind
+        (``adapter.host_view``), blocking; it returns ``False`` when it cannot take that
+        array (the row's general ``run`` then does). ``None``: no fast path for this kind.
+        Called once per kind, after every check of the call path has passed; the fast path
+        runs after the checks, the sequence number and the fingerprint of each call."""
+        return None
+
+    def _exchange_small(self, vector: Any) -> Any:
+        """Every rank's small int64 numpy ``vector`` (same length everywhere), as a numpy
+        ``(size, len)`` array: the fingerprints of debug mode and the counts of the uneven
+        collectives travel this way. Backends whose transport takes no host memory
+        override it (the vector goes through device memory)."""
+        return self._all_gather(vector, arrays.NUMPY, "int64", None, False)
+
+    def _send_small(self, vector: Any, dst: int, tag: int) -> Work:
+        """Send a small int64 numpy vector to ``dst``, nonblocking (the debug-mode header of a
+        send). Backends whose transport takes no host memory override it and
+        :meth:`_recv_small`."""
+        return self._send(vector, arrays.NUMPY, "int64", dst, tag, True) or Work(vector)
+
+    def _recv_small(self, vector: Any, src: int, tag: int) -> Work:
+        """Receive into a small int64 numpy vector from ``src``, nonblocking."""
+        return self._recv(vector, arrays.NUMPY, "int64", src, tag, True) or Work(vector)
