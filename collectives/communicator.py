@@ -65,7 +65,7 @@ from .emulations import Emulations
 from .errors import CollectiveError
 from .launcher import LaunchInfo
 from .ops import ReduceOp
-from .recorder import COMPLETED, END, POSTED, STARTED, STATE, CallRecord
+from .recorder import END, POSTED, STARTED, STATE, CallRecord
 from .reliability import _LIVE, Reliability
 from .work import Work, deliver
 
@@ -146,7 +146,6 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         self._trace_splits = 0
         # The flight recorder (collectives/recorder.py): the last calls, None when turned off.
         self._ring = recorder.new_ring(self)
-        self._call_site = bool(config.env_flag(config.TRACE_CALLSITE))
         self._hooks: list[Callable[[CallRecord], Any]] = []
         if config.env_flag(config.PROFILE):
             from . import profile  # noqa: PLC0415
@@ -419,12 +418,13 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         if call.collective:
             self._seq += 1
         self._operation = call.name
-        record = None
-        if self._ring is not None:  # the flight recorder (collectives/recorder.py)
-            record = [self._seq if call.collective else -1, call.name, dtype, x.shape, root,
-                      STARTED, _clock(), 0.0, recorder.call_site() if self._call_site else None,
-                      None]
-            self._ring.append(record)
+        ring = self._ring
+        if ring is not None:  # the flight recorder (collectives/recorder.py); a call with an
+            # end time and no error has completed (one STORE less on every call)
+            record = [self._seq, call, dtype, x.shape, root, STARTED, _clock(), 0.0, None, None]
+            ring.append(record)
+        else:
+            record = None
         try:
             if self.debug and call.collective:
                 self._compare_fingerprints(reduce_op, root, dtype, call.fingerprint_shape(x.shape))
@@ -441,11 +441,12 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
                 raise
             raise self._transport_error(error) from error
         if record is not None:
-            record[STATE] = POSTED if async_op else COMPLETED
             record[END] = _clock()
             if self._hooks:
                 self._call_hooks(record)
         if async_op:
+            if record is not None:
+                record[STATE] = POSTED
             if type(result) is not Work:  # a handle that may still be running: keep it
                 if call.collective:
                     self._keep(result)
@@ -463,8 +464,7 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         self._operation = call.name
         if self._ring is None:
             return None
-        record = [self._seq, call.name, None, None, -1, STARTED, _clock(), 0.0,
-                  recorder.call_site() if self._call_site else None, None]
+        record = [self._seq, call, None, None, -1, STARTED, _clock(), 0.0, None, None]
         self._ring.append(record)
         return record
 

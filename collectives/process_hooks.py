@@ -1,12 +1,17 @@
 """Every process-wide hook of collectives, installed from one place: :func:`install`.
 
 ``collectives.init()`` calls :func:`install` when it creates a communicator for a process
-that a launcher started with more than one rank (never at ``import collectives``, never for
-a single process). ``COLLECTIVES_PROCESS_HOOKS=0`` installs none of them, for programs that
-manage their own exits and signals. Each hook, what it does and why:
+that a launcher started with more than one rank (never for a single process).
+``COLLECTIVES_PROCESS_HOOKS=0`` installs none of them, for programs that manage their own
+exits and signals. Each hook, what it does and why:
 
 - ``sys.exit`` records its status (MPI launchers): an uncaught ``SystemExit`` reaches no
-  other hook, and the exit watch below needs its code (see :mod:`collectives._exits`).
+  other hook, and the exit watch below needs its code (see :mod:`collectives._exits`). The
+  one hook installed at ``import collectives`` (:func:`at_import`), and only in a process
+  that an MPI launcher started with more than one rank: ``sys.exit(main())`` looks
+  ``sys.exit`` up before ``main()`` creates the communicator, and on Python 3.10/3.11
+  nothing else can read that exit's code (a wrapper installed later would take a
+  ``sys.exit(0)`` for a failure and abort the job).
 - ``sys.excepthook`` and an ``atexit`` exit watch (MPI launchers): an uncaught exception, or
   an uncaught ``sys.exit(n)`` with ``n`` not 0, prints the rank and calls ``MPI_Abort``;
   otherwise the other ranks wait for this one in a collective, or in ``MPI_Finalize``, forever.
@@ -55,6 +60,21 @@ _installed: dict[str, Any] = {}
 def enabled() -> bool:
     """False with ``COLLECTIVES_PROCESS_HOOKS=0``."""
     return config.env_flag(config.PROCESS_HOOKS) is not False
+
+
+def at_import() -> None:
+    """At ``import collectives``: wrap ``sys.exit`` where an MPI launcher started more than one
+    rank (reads the launcher's environment variables only; see the module's text)."""
+    from .launcher import detect_launcher  # noqa: PLC0415
+
+    try:
+        launch = detect_launcher()
+        wanted = launch.is_mpi_launcher and launch.size > 1 and enabled()
+    except ValueError:  # a malformed variable: init() reports it
+        return
+    if wanted:
+        _exits.record_exit_calls()
+        _installed["sys.exit"] = True
 
 
 def install(launch: LaunchInfo) -> list[str]:

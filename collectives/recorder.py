@@ -13,6 +13,7 @@ never waits on the network) and never leaves a half-written file (write, then re
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import socket
@@ -27,11 +28,14 @@ from typing import Any
 
 from . import config
 
-#: A call's fields, in the order of its list.
+#: A call's fields, in the order of its list (``op`` is the row of collectives.calls: its
+#: ``name`` is the operation; no string is looked up on the call path).
 FIELDS = ("seq", "op", "dtype", "shape", "root", "state", "start", "end", "site", "error")
 SEQ, OP, DTYPE, SHAPE, ROOT, STATE, START, END, SITE, ERROR = range(len(FIELDS))
 #: States: entered the transport / returned / raised / posted (async_op: completion not followed).
 STARTED, COMPLETED, FAILED, POSTED = "started", "completed", "failed", "posted"
+#: Operations outside the sequence numbers (a send or recv records the collectives' number then).
+POINT_TO_POINT = ("send", "recv")
 #: Version of the dump's layout (collectives-trace refuses others).
 FORMAT = 1
 
@@ -56,21 +60,37 @@ def _library_directories() -> tuple[str, ...]:
     return tuple(found)
 
 
+class _CallSiteRing(collections.deque):  # type: ignore[type-arg]
+    """A ring that also records each call's site (``COLLECTIVES_TRACE_CALLSITE=1``): the
+    default ring is a plain deque, so the call path pays for the site only when asked."""
+
+    def append(self, call: list[Any]) -> None:
+        call[SITE] = call_site()
+        super().append(call)
+
+
 def new_ring(comm: Any) -> Any:
     """The ring a new communicator keeps (``None`` with ``COLLECTIVES_TRACE_SIZE=0``)."""
-    import collections  # noqa: PLC0415
-
     size = config.trace_size()
     if size == 0:
         return None
     _RECORDED.add(comm)
+    if config.env_flag(config.TRACE_CALLSITE):
+        return _CallSiteRing(maxlen=size)
     return collections.deque(maxlen=size)
+
+
+def state(call: list[Any]) -> str:
+    """A recorded call's state: the call path leaves a completed call "started" with an end time."""
+    if call[STATE] == STARTED and call[END]:
+        return COMPLETED
+    return str(call[STATE])
 
 
 def call_site() -> str | None:
     """``file:line in function`` of the first frame outside the library (the user's call)."""
     ours = _library_directories()
-    frame: FrameType | None = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(ours):
@@ -95,7 +115,7 @@ class CallRecord:
                  "communicator")
 
     def __init__(self, call: list[Any], communicator: Any) -> None:
-        self.op: str = call[OP]
+        self.op: str = call[OP].name
         self.seq: int = call[SEQ]
         self.dtype: str | None = call[DTYPE]
         self.shape: tuple[int, ...] = tuple(call[SHAPE] or ())
@@ -103,7 +123,7 @@ class CallRecord:
         self.bytes: int = nbytes(call)
         self.start: float = call[START]
         self.end: float = call[END]
-        self.state: str = call[STATE]
+        self.state: str = state(call)
         self.communicator = communicator
 
     @property
@@ -140,6 +160,8 @@ def _world() -> tuple[int, int]:
 
 def _call_dict(call: list[Any], wall_minus_monotonic: float) -> dict[str, Any]:
     entry = dict(zip(FIELDS, call))
+    entry["op"] = call[OP].name
+    entry["state"] = state(call)
     entry["shape"] = None if call[SHAPE] is None else [int(d) for d in call[SHAPE]]
     entry["start"] = round(call[START] + wall_minus_monotonic, 6)
     entry["end"] = round(call[END] + wall_minus_monotonic, 6) if call[END] else None

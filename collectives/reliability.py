@@ -18,7 +18,7 @@ from . import config, recorder
 from .calls import Call
 from .errors import CollectiveError, CollectiveTimeout
 from .ops import ReduceOp
-from .recorder import COMPLETED, END, ERROR, FAILED, SEQ, STATE, CallRecord, HookHandle
+from .recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE, CallRecord, HookHandle
 from .transport import Transport
 from .work import Work
 
@@ -69,7 +69,7 @@ class Reliability(Transport):
 
     def _completed(self, record: list[Any] | None) -> None:
         if record is not None:
-            record[STATE], record[END] = COMPLETED, _clock()
+            record[END] = _clock()
             if self._hooks:
                 self._call_hooks(record)
 
@@ -86,7 +86,7 @@ class Reliability(Transport):
     def _record_of(self, seq: int) -> list[Any] | None:
         """The recorded collective numbered ``seq``, if the ring still holds it."""
         for record in reversed(self._ring or ()):
-            if record[SEQ] == seq:
+            if record[SEQ] == seq and record[OP].collective:
                 found: list[Any] = record
                 return found
         return None
@@ -116,7 +116,7 @@ class Reliability(Transport):
             result = work.wait()
             record = self._record_of(seq) if call.collective else None
             if record is not None:
-                record[STATE], record[END] = COMPLETED, _clock()
+                record[STATE], record[END] = STARTED, _clock()  # completed (see recorder.state)
             return x if call.in_place else result
         finally:
             self.timeout = kept

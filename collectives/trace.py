@@ -28,7 +28,7 @@ import sys
 from collections import Counter
 from typing import Any
 
-from .recorder import COMPLETED, FORMAT, POSTED
+from .recorder import COMPLETED, FORMAT, POINT_TO_POINT, POSTED
 
 # A call as the ranks compare it.
 _Signature = tuple[Any, ...]
@@ -66,7 +66,8 @@ class _Member:
     def __init__(self, world_rank: int, dump: dict[str, Any], entry: dict[str, Any]) -> None:
         self.world_rank, self.dump = world_rank, dump
         self.rank, self.size, self.seq = entry["rank"], entry["size"], entry["seq"]
-        self.calls = {call["seq"]: call for call in entry["calls"] if call["seq"] > 0}
+        self.calls = {call["seq"]: call for call in entry["calls"]
+                      if call["seq"] > 0 and call["op"] not in POINT_TO_POINT}
         self.oldest = min(self.calls, default=self.seq + 1)
 
     def entered(self, seq: int) -> bool:

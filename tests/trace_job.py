@@ -35,8 +35,8 @@ def say_when_inside(comms, rank: int) -> None:
     while True:
         for comm in comms:
             call = comm._ring[-1] if comm._ring else None
-            if call is not None and call[recorder.STATE] == recorder.STARTED and (
-                    call[recorder.SEQ] == CALLS or call[recorder.OP] == "barrier"):
+            if call is not None and recorder.state(call) == recorder.STARTED and (
+                    call[recorder.SEQ] == CALLS or call[recorder.OP].name == "barrier"):
                 print(f"ENTERING rank {rank}", flush=True)
                 return
         time.sleep(0.005)
