@@ -278,8 +278,8 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
 
         Under a timeout (the communicator's, or ``timeout=`` for this call) the
         :class:`CollectiveTimeout` on rank 0 names the ranks that never arrived: every rank
-        tells rank 0 it arrived and waits for rank 0's word (messages of tag
-        :data:`BARRIER_TAG`). Without a timeout it is the transport's own barrier.
+        tells rank 0 it arrived and waits for rank 0's word (messages of tag 32767,
+        ``collectives.reliability.BARRIER_TAG``). Without a timeout: the transport's barrier.
         """
         self._check_open()
         seconds = self.timeout if timeout is None else config.timeout_seconds(timeout or 0)

@@ -1,13 +1,13 @@
-"""Every process-wide hook of collectives, installed from one place: :func:`install`.
+"""Every process-wide hook of collectives, installed from one place: ``install``.
 
-``collectives.init()`` calls :func:`install` when it creates a communicator for a process
+``collectives.init()`` calls ``install`` when it creates a communicator for a process
 that a launcher started with more than one rank (never for a single process).
 ``COLLECTIVES_PROCESS_HOOKS=0`` installs none of them, for programs that manage their own
 exits and signals. Each hook, what it does and why:
 
 - ``sys.exit`` records its status (MPI launchers): an uncaught ``SystemExit`` reaches no
-  other hook, and the exit watch below needs its code (see :mod:`collectives._exits`). The
-  one hook installed at ``import collectives`` (:func:`at_import`), and only in a process
+  other hook, and the exit watch below needs its code (see ``collectives._exits``). The
+  one hook installed at ``import collectives`` (``at_import``), and only in a process
   that an MPI launcher started with more than one rank: ``sys.exit(main())`` looks
   ``sys.exit`` up before ``main()`` creates the communicator, and on Python 3.10/3.11
   nothing else can read that exit's code (a wrapper installed later would take a
@@ -23,7 +23,7 @@ exits and signals. Each hook, what it does and why:
 - A watcher thread on Python's wakeup fd (``signal.set_wakeup_fd``), with an at-fork hook
   that drops it in forked children: a SIGINT while the main thread is blocked in a transport
   call Python cannot interrupt (Gloo's wait, a blocking MPI call) ends the process after
-  :data:`GRACE` seconds (exit code 130), instead of after the collective's timeout. With
+  ``GRACE`` seconds (exit code 130), instead of after the collective's timeout. With
   ``COLLECTIVES_TRACE_DIR`` it also writes the dump on SIGINT, SIGTERM and SIGUSR1, even while
   the main thread is blocked.
 - With ``COLLECTIVES_TRACE_DIR``: handlers for SIGTERM (dump, then die of SIGTERM as before)

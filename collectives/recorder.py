@@ -2,13 +2,13 @@
 
 Each communicator keeps a ring (a ``deque`` with ``maxlen``: memory stays bounded over any
 number of calls) of its last ``COLLECTIVES_TRACE_SIZE`` calls. A call is one small list,
-made by the call path when the call starts and updated when it ends (see :data:`FIELDS`);
-nothing in it refers to the caller's arrays. :func:`dump` writes every communicator's ring,
+made by the call path when the call starts and updated when it ends (see ``FIELDS``);
+nothing in it refers to the caller's arrays. ``dump`` writes every communicator's ring,
 and the Python stack of every thread, to ``COLLECTIVES_TRACE_DIR/rank-<R>.json``: on a
-timeout, a mismatch, a signal, a crash (see :mod:`collectives.process_hooks`), or when the
+timeout, a mismatch, a signal, a crash (see ``collectives.process_hooks``), or when the
 program asks (``comm.dump_trace()``). Writing a dump reads only this process's memory (it
 never waits on the network) and never leaves a half-written file (write, then rename).
-``collectives-trace DIR`` (:mod:`collectives.trace`) reads the dumps of every rank.
+``collectives-trace DIR`` (``collectives.trace``) reads the dumps of every rank.
 """
 
 from __future__ import annotations

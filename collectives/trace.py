@@ -5,7 +5,7 @@
     python -m collectives.trace /tmp/trace
 
 The dumps are the ``rank-<R>.json`` files that ranks write with ``COLLECTIVES_TRACE_DIR``
-set (see :mod:`collectives.recorder`). For each communicator (the world, and every split by
+set (see ``collectives.recorder``). For each communicator (the world, and every split by
 its place in the split tree) the ranks' rings are lined up by sequence number:
 
 - a **mismatch**: the first call that the ranks made differently (operation, dtype, shape or
