@@ -282,20 +282,24 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         ``collectives.reliability.BARRIER_TAG``). Without a timeout: the transport's barrier.
         """
         self._check_open()
-        seconds = self.timeout if timeout is None else config.timeout_seconds(timeout or 0)
+        kept = self.timeout
+        if timeout is not None:  # this call's (a timeout's message names it)
+            self.timeout = config.timeout_seconds(timeout or 0)
         record = self._begin(BARRIER)
         try:
             if self.debug:
                 self._compare_fingerprints(None, -1, None, ())
-            if seconds is None or self.size == 1:
+            if self.timeout is None or self.size == 1:
                 self._barrier()
             else:
-                self._monitored_barrier(seconds)
+                self._monitored_barrier(self.timeout)
         except Exception as error:
             self._failed(record, error)
             if isinstance(error, CollectiveError):
                 raise
             raise self._transport_error(error) from error
+        finally:
+            self.timeout = kept
         self._completed(record)
 
     def split(self, color: int | None, key: int | None = None) -> Communicator | None:

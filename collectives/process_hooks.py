@@ -26,6 +26,9 @@ exits and signals. Each hook, what it does and why:
   ``GRACE`` seconds (exit code 130), instead of after the collective's timeout. With
   ``COLLECTIVES_TRACE_DIR`` it also writes the dump on SIGINT, SIGTERM and SIGUSR1, even while
   the main thread is blocked.
+- ``sys.excepthook`` (other launchers: torchrun): writes the dump; after a timeout in this
+  process it ends the process with ``os._exit(1)``, since the interpreter's exit would wait
+  for the timed-out call that the transport still holds (a Gloo operation cannot be taken back).
 - With ``COLLECTIVES_TRACE_DIR``: handlers for SIGTERM (dump, then die of SIGTERM as before)
   and SIGUSR1 (dump; the process goes on: ask a hung job where it is with ``kill -USR1``),
   and the excepthooks above write the dump before the process ends. Installed only where the
@@ -183,9 +186,11 @@ def _abort_mpi_on_uncaught_exception(describe: str = "") -> None:
 
 
 def _dump_on_uncaught_exception() -> None:
-    """Where no MPI abort hook is (torchrun): ``sys.excepthook`` writes the dump, after the
-    traceback (the launcher ends the other ranks when this one exits)."""
-    if "sys.excepthook" in _installed or recorder.dump_path() is None:
+    """Where no MPI abort hook is (torchrun): ``sys.excepthook`` writes the dump after the
+    traceback (the launcher ends the other ranks when this one exits), and where a call of
+    this process timed out ends it at once: the transport may still hold that call (torch
+    cannot take a Gloo operation back), and the interpreter's exit would wait for it."""
+    if "sys.excepthook" in _installed:
         return
     previous = sys.excepthook
 
@@ -193,6 +198,12 @@ def _dump_on_uncaught_exception() -> None:
                                    tb: TracebackType | None) -> None:
         previous(kind, value, tb)
         recorder.dump(f"uncaught {kind.__name__}: {value}")
+        from .reliability import _LIVE  # noqa: PLC0415
+
+        if any(comm._why_broken for comm in list(_LIVE)):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
 
     sys.excepthook = dump_on_uncaught_exception
     _installed["sys.excepthook"] = dump_on_uncaught_exception

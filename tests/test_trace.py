@@ -261,6 +261,57 @@ def test_uncaught_exception_in_a_thread_ends_the_job(hooks, tmp_path):
     assert reason == "uncaught RuntimeError in thread 'worker': a worker thread fails", reason
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_barrier_that_times_out_names_the_ranks_that_never_arrived(launcher, tmp_path):
+    job = Job(launcher, "barrier", 3, tmp_path)
+    assert job.end() != 0
+    text = "".join(job.lines)
+    raised = dict(re.findall(r"RAISED rank (\d) after [0-9.]+ s: (.*)", text))
+    assert raised["0"].startswith("CollectiveTimeout: barrier (call #5)"), text
+    assert "rank(s) 2 never arrived at the barrier" in raised["0"], text
+    if "1" in raised:  # (rank 0's abort may end rank 1 first)
+        assert "rank 0 did not release the barrier" in raised["1"], text
+    found = verdict(tmp_path)
+    assert (found["verdict"], found["call"]["op"], found["call"]["seq"], found["behind"]) == \
+        ("hang", "barrier", CALLS, [2]), found
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_per_call_timeout_overrides_the_communicators(launcher, tmp_path):
+    """COLLECTIVES_TIMEOUT=600; all_reduce(x, timeout=1) that rank 2 never joins."""
+    job = Job(launcher, "call-timeout", 3, tmp_path)
+    assert job.end() != 0
+    text = "".join(job.lines)
+    after, message = re.search(r"RAISED rank 0 after ([0-9.]+) s: (.*)", text).groups()
+    assert message.startswith("CollectiveTimeout: all_reduce (call #5)") and "timeout=1s" in message, text
+    assert 1 <= float(after) < 10, text
+    found = verdict(tmp_path)
+    assert_verdict(found, "hang", "all_reduce", behind=[2], odd=[])
+
+
+def test_profile_prints_a_table_at_exit():
+    code = ("import numpy as np, collectives; c = collectives.init('local')\n"
+            "for _ in range(10): c.all_reduce(np.ones(1000, np.float32))\n"
+            "c.broadcast(np.ones(10**6, np.float32), 0)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**without_launcher_variables(dict(os.environ)), "COLLECTIVES_PROFILE": "1"})
+    rows = {tuple(line.split()[:2]): line.split() for line in run.stderr.splitlines()[2:]}
+    assert rows[("all_reduce", "1")][2:4] == ["KiB-64", "KiB"] or "all_reduce" in run.stderr, run.stderr
+    assert re.search(r"all_reduce\s+1 KiB-64 KiB\s+10 ", run.stderr), run.stderr
+    assert re.search(r"broadcast\s+1 MiB-16 MiB\s+1 ", run.stderr), run.stderr
+    assert "algbw GB/s" in run.stderr and "busbw GB/s" in run.stderr, run.stderr
+
+
+def test_bus_bandwidth_factors_are_nccl_tests():
+    from collectives.profile import bus_factor
+
+    assert bus_factor("all_reduce", 4) == 1.5
+    assert bus_factor("all_gather", 4) == bus_factor("reduce_scatter", 4) == 0.75
+    assert bus_factor("broadcast", 4) == bus_factor("reduce", 4) == 1.0
+
+
 # -- in this process: the recorder on the local backend ----------------------------------------
 
 def test_ring_stays_bounded_over_a_million_calls(monkeypatch):

@@ -13,6 +13,9 @@ prints ``READY rank R pid P``, then by MODE:
 - ``crash``: as ``hang``, but the last rank raises ``RuntimeError`` (uncaught) instead.
 - ``thread-crash``: every rank enters call CALLS, except the last, whose worker thread raises
   (uncaught); its main thread waits: the thread's exception must end the job.
+- ``barrier`` / ``call-timeout``: the others call ``barrier(timeout=1)`` / ``all_reduce(x,
+  timeout=1)`` (COLLECTIVES_TIMEOUT stays long), the last rank never does; each prints
+  ``RAISED rank R after S s: <error>`` and lets it end the job.
 """
 
 import os
@@ -52,6 +55,16 @@ def main(mode: str) -> None:
     for _ in range(CALLS - 1):
         comm.all_reduce(x) if not split else on.all_reduce(x)
     print(f"READY rank {comm.rank} pid {os.getpid()}", flush=True)
+    if mode in ("barrier", "call-timeout") and comm.rank != last:
+        start = time.monotonic()
+        try:
+            on.barrier(timeout=1) if mode == "barrier" else on.all_reduce(x, timeout=1)
+        except Exception as error:
+            print(f"RAISED rank {comm.rank} after {time.monotonic() - start:.2f} s: "
+                  f"{type(error).__name__}: {error}", flush=True)
+            raise
+        print(f"FINISHED rank {comm.rank}: the call returned", flush=True)
+        return
     if comm.rank != last:
         threading.Thread(target=say_when_inside, args=({on, comm}, comm.rank), daemon=True).start()
         on.all_reduce(x)  # the last rank never comes (or comes with another call)
@@ -63,6 +76,8 @@ def main(mode: str) -> None:
         on.broadcast(x, 0)
     elif mode == "crash":
         raise RuntimeError("the last rank fails before its call")
+    elif mode in ("barrier", "call-timeout"):
+        time.sleep(120)  # the others' timeouts end the job well before
     elif mode == "thread-crash":
         def fail() -> None:
             raise RuntimeError("a worker thread fails")
