@@ -297,8 +297,6 @@ def test_profile_prints_a_table_at_exit():
             "c.broadcast(np.ones(10**6, np.float32), 0)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**without_launcher_variables(dict(os.environ)), "COLLECTIVES_PROFILE": "1"})
-    rows = {tuple(line.split()[:2]): line.split() for line in run.stderr.splitlines()[2:]}
-    assert rows[("all_reduce", "1")][2:4] == ["KiB-64", "KiB"] or "all_reduce" in run.stderr, run.stderr
     assert re.search(r"all_reduce\s+1 KiB-64 KiB\s+10 ", run.stderr), run.stderr
     assert re.search(r"broadcast\s+1 MiB-16 MiB\s+1 ", run.stderr), run.stderr
     assert "algbw GB/s" in run.stderr and "busbw GB/s" in run.stderr, run.stderr
