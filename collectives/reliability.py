@@ -9,6 +9,7 @@ under a timeout, and write the dump when a call times out or the ranks' calls di
 
 from __future__ import annotations
 
+import collections
 import time
 import weakref
 from collections.abc import Callable
@@ -54,10 +55,11 @@ class Reliability(Transport):
         :class:`collectives.recorder.CallRecord`: ``op``, ``seq``, ``dtype``, ``shape``,
         ``bytes``, ``start`` and ``end`` (``time.monotonic()``). An asynchronous call is
         reported when it is posted. Returns a handle whose ``remove()`` unregisters ``fn``.
-        Hooks need the flight recorder: with ``COLLECTIVES_TRACE_SIZE=0`` they are not called.
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable; got {type(fn).__name__}")
+        if self._ring is None:  # COLLECTIVES_TRACE_SIZE=0: a ring of one call carries the hooks' records
+            self._ring = collections.deque(maxlen=1)
         self._hooks.append(fn)
         return HookHandle(self._hooks, fn)
 

@@ -330,11 +330,17 @@ def test_ring_stays_bounded_over_a_million_calls(monkeypatch):
     assert len(gc.get_objects()) - before < 1000
 
 
-def test_trace_size_zero_turns_the_recorder_off(monkeypatch):
+def test_trace_size_zero_turns_the_recorder_off_but_not_the_hooks(monkeypatch, tmp_path):
     monkeypatch.setenv("COLLECTIVES_TRACE_SIZE", "0")
     comm = LocalCommunicator()
     comm.all_reduce(np.ones(2))
     assert comm._ring is None
+    seen = []
+    comm.register_hook(seen.append)
+    comm.all_reduce(np.ones(2))
+    assert [r.op for r in seen] == ["all_reduce"]
+    content = json.loads(Path(comm.dump_trace(str(tmp_path / "d.json"))).read_text())
+    assert comm.trace_name not in [c["name"] for c in content["communicators"]]
 
 
 def test_hooks_see_each_call_until_removed():
