@@ -235,9 +235,14 @@ def _end_process_on_thread_exception(describe: str) -> None:
 # -- signals ------------------------------------------------------------------------------
 
 def _watching() -> bool:
-    """Whether this process's watcher thread is alive (not a forked child's inherited view)."""
+    """Whether this process's watcher thread is alive and still hears the signals (nobody,
+    an asyncio loop say, took the wakeup fd over). From the main thread only."""
     watcher = _installed.get("watcher")
-    return watcher is not None and watcher[1] == os.getpid() and watcher[0].is_alive()
+    if watcher is None or watcher[1] != os.getpid() or not watcher[0].is_alive():
+        return False
+    current = signal.set_wakeup_fd(-1)  # read it back (there is no getter)
+    signal.set_wakeup_fd(current, warn_on_full_buffer=current != watcher[2])
+    return bool(current == watcher[2])
 
 
 def _watch_signals(describe: str) -> bool:
@@ -264,7 +269,7 @@ def _watch_signals(describe: str) -> bool:
     watcher = threading.Thread(target=_watch, args=(read, describe), name="collectives-signals",
                                daemon=True)
     watcher.start()
-    _installed["watcher"] = (watcher, os.getpid())
+    _installed["watcher"] = (watcher, os.getpid(), write)
     # A forked child (a DataLoader worker) has no watcher, and its signals must not reach
     # this process's pipe: it drops the wakeup fd and the pipe.
     os.register_at_fork(after_in_child=lambda: _forget(read, write))
