@@ -104,6 +104,11 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
     and a ``split`` inherits it. ``debug`` is whether calls are fingerprinted
     (``COLLECTIVES_DEBUG=1``).
 
+    Every collective (and ``barrier``) takes ``timeout=``: seconds (or a timedelta) for this
+    call, overriding the communicator's ``timeout`` (0: none); bad values are the same errors
+    as the constructor's. Every call is remembered by the flight recorder
+    (:mod:`collectives.recorder`; ``register_hook``, ``dump_trace``).
+
     Every collective takes ``async_op=True``: it then returns a :class:`Work` whose
     ``wait()`` returns what the call would have returned. The collectives that return
     an array take ``out=``: an array of the result's type, dtype, device and shape
@@ -166,7 +171,7 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         return self._run(ALL_REDUCE, x, op, -1, None, async_op, None, timeout)
 
     def broadcast(self, x: Any, src: int = 0, *, async_op: bool = False,
-                   timeout: Any = None) -> Any:
+                  timeout: Any = None) -> Any:
         """Copy rank ``src``'s ``x`` into ``x`` on every rank, in place.
 
         ``x`` must have the same shape and dtype on every rank. ``src`` is a rank
@@ -177,7 +182,7 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
 
     def reduce(self, x: Any, op: ReduceOp | str = "sum", dst: int = 0, *,
                async_op: bool = False,
-                   timeout: Any = None) -> Any:
+               timeout: Any = None) -> Any:
         """Reduce ``x`` elementwise over all ranks into ``x`` on rank ``dst``, in place.
 
         On the other ranks ``x`` is left untouched. ``op`` as for :meth:`all_reduce`.
@@ -195,7 +200,7 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         return self._run(ALL_GATHER, x, None, -1, out, async_op, None, timeout)
 
     def all_gather_v(self, x: Any, *, out: Any = None, async_op: bool = False,
-                   timeout: Any = None) -> Any:
+                     timeout: Any = None) -> Any:
         """Gather arrays whose first dimension may differ between ranks.
 
         Returns ``(gathered, counts)``: every rank's ``x`` concatenated in rank order
@@ -208,7 +213,7 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
 
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None,
                        async_op: bool = False,
-                   timeout: Any = None) -> Any:
+                       timeout: Any = None) -> Any:
         """Reduce ``x`` over all ranks and return this rank's block of rows.
 
         ``x.shape[0]`` must be divisible by ``size`` (else ``ValueError``); the
@@ -219,7 +224,7 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         return self._run(REDUCE_SCATTER, x, op, -1, out, async_op, None, timeout)
 
     def gather(self, x: Any, dst: int = 0, *, out: Any = None, async_op: bool = False,
-                   timeout: Any = None) -> Any:
+               timeout: Any = None) -> Any:
         """Gather every rank's ``x`` on rank ``dst``: there a new ``(size, *x.shape)``
         array (row ``r`` is rank ``r``'s ``x``), ``None`` on the other ranks.
 
@@ -228,7 +233,7 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         return self._run(GATHER, x, None, dst, out, async_op, None, timeout)
 
     def scatter(self, x: Any, src: int = 0, *, out: Any = None, async_op: bool = False,
-                   timeout: Any = None) -> Any:
+                timeout: Any = None) -> Any:
         """Hand row ``r`` of rank ``src``'s ``x`` to rank ``r``.
 
         Every rank passes ``x`` of the same shape ``(size, *rest)`` and dtype (only
@@ -256,7 +261,7 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         return self._run(ALL_TO_ALL_V, x, None, -1, out, async_op, send_splits, timeout)
 
     def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False,
-                   timeout: Any = None) -> Any:
+             timeout: Any = None) -> Any:
         """Send ``x`` to rank ``dst`` (matched by a :meth:`recv` there with the same ``tag``).
 
         Returns ``None``, or with ``async_op=True`` a :class:`Work`; ``x`` must not be
@@ -265,7 +270,7 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         return self._run(SEND, x, None, dst, None, async_op, tag, timeout)
 
     def recv(self, x: Any, src: int, *, tag: int = 0, async_op: bool = False,
-                   timeout: Any = None) -> Any:
+             timeout: Any = None) -> Any:
         """Receive into ``x``, in place, what rank ``src`` sent with ``tag``; returns ``x``.
 
         ``x`` must have the shape and dtype of the sender's array (in debug mode a
