@@ -430,7 +430,9 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         ring = self._ring
         if ring is not None:  # the flight recorder (collectives/recorder.py); a call with an
             # end time and no error has completed (one STORE less on every call)
-            record = [self._seq, call, dtype, x.shape, root, STARTED, _clock(), 0.0, None, None]
+            # (the fast path's numpy view has x's shape as a plain tuple: a torch.Size costs more)
+            record = [self._seq, call, dtype, (x if view is None else view).shape, root, STARTED,
+                      _clock(), 0.0, None, None]
             ring.append(record)
         else:
             record = None
