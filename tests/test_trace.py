@@ -310,6 +310,17 @@ def test_bus_bandwidth_factors_are_nccl_tests():
     assert bus_factor("broadcast", 4) == bus_factor("reduce", 4) == 1.0
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("hooks", ["1", "0"])
+def test_one_switch_turns_every_process_hook_off(hooks, tmp_path):
+    job = Job("mpiexec", "hooks", 2, tmp_path, COLLECTIVES_PROCESS_HOOKS=hooks)
+    assert job.end() == 0
+    on = "True" if hooks == "1" else "False"
+    for rank in (0, 1):
+        assert f"HOOKS rank {rank} excepthook={on} thread={on} exit={on} sigterm={on} wakeup={on}" \
+            in "".join(job.lines), "".join(job.lines)
+
+
 # -- in this process: the recorder on the local backend ----------------------------------------
 
 def test_ring_stays_bounded_over_a_million_calls(monkeypatch):

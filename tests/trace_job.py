@@ -13,6 +13,7 @@ prints ``READY rank R pid P``, then by MODE:
 - ``crash``: as ``hang``, but the last rank raises ``RuntimeError`` (uncaught) instead.
 - ``thread-crash``: every rank enters call CALLS, except the last, whose worker thread raises
   (uncaught); its main thread waits: the thread's exception must end the job.
+- ``hooks``: prints which process-wide hooks are installed (``HOOKS rank R ...``) and ends.
 - ``barrier`` / ``call-timeout``: the others call ``barrier(timeout=1)`` / ``all_reduce(x,
   timeout=1)`` (COLLECTIVES_TIMEOUT stays long), the last rank never does; each prints
   ``RAISED rank R after S s: <error>`` and lets it end the job.
@@ -47,6 +48,15 @@ def say_when_inside(comms, rank: int) -> None:
 
 def main(mode: str) -> None:
     comm = collectives.init()
+    if mode == "hooks":  # which process-wide hooks are in place
+        import signal
+
+        print(f"HOOKS rank {comm.rank} excepthook={sys.excepthook is not sys.__excepthook__} "
+              f"thread={threading.excepthook is not threading.__excepthook__} "
+              f"exit={getattr(sys.exit, '_collectives_records', False)} "
+              f"sigterm={signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL} "
+              f"wakeup={signal.set_wakeup_fd(-1) != -1}", flush=True)
+        return
     split = mode.endswith("-split")
     mode = mode.removesuffix("-split")
     on = comm.split(comm.rank % 2) if split else comm
