@@ -291,6 +291,15 @@ def test_per_call_timeout_overrides_the_communicators(launcher, tmp_path):
     assert_verdict(found, "hang", "all_reduce", behind=[2], odd=[])
 
 
+@pytest.mark.timeout(60)
+def test_profile_of_a_job_is_aggregated_on_rank_0(tmp_path):
+    job = Job("mpiexec", "profile", 3, tmp_path, COLLECTIVES_PROFILE="1")
+    assert job.end() == 0
+    text = "".join(job.lines)
+    assert text.count("collectives profile (3 ranks; time: mean per rank)") == 1, text
+    assert re.search(r"all_reduce\s+0 B-1 KiB\s+4 ", text), text  # 16 bytes, 4 calls per rank
+
+
 def test_profile_prints_a_table_at_exit():
     code = ("import numpy as np, collectives; c = collectives.init('local')\n"
             "for _ in range(10): c.all_reduce(np.ones(1000, np.float32))\n"

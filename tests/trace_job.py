@@ -13,6 +13,7 @@ prints ``READY rank R pid P``, then by MODE:
 - ``crash``: as ``hang``, but the last rank raises ``RuntimeError`` (uncaught) instead.
 - ``thread-crash``: every rank enters call CALLS, except the last, whose worker thread raises
   (uncaught); its main thread waits: the thread's exception must end the job.
+- ``profile``: ends after its CALLS - 1 all_reduces (run with ``COLLECTIVES_PROFILE=1``).
 - ``hooks``: prints which process-wide hooks are installed (``HOOKS rank R ...``) and ends.
 - ``barrier`` / ``call-timeout``: the others call ``barrier(timeout=1)`` / ``all_reduce(x,
   timeout=1)`` (COLLECTIVES_TIMEOUT stays long), the last rank never does; each prints
@@ -65,6 +66,8 @@ def main(mode: str) -> None:
     for _ in range(CALLS - 1):
         comm.all_reduce(x) if not split else on.all_reduce(x)
     print(f"READY rank {comm.rank} pid {os.getpid()}", flush=True)
+    if mode == "profile":  # COLLECTIVES_PROFILE=1: the table comes at exit
+        return
     if mode in ("barrier", "call-timeout") and comm.rank != last:
         start = time.monotonic()
         try:
