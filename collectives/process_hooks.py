@@ -157,7 +157,6 @@ def _abort_mpi_on_uncaught_exception(describe: str = "") -> None:
             # has printed; aborting here would lose the traceback in that buffer.
             return
         recorder.dump(f"uncaught {kind.__name__}: {value}")
-        _installed["dumped"] = True  # the exit watch below must not overwrite it
         # KeyboardInterrupt too: a rank interrupted on its own (SIGINT to its pid) would
         # otherwise wait in MPI_Finalize for peers that wait for it. Code 130 = 128 + SIGINT.
         _abort(f"uncaught {kind.__name__}", 130 if issubclass(kind, KeyboardInterrupt) else 1)
@@ -177,7 +176,7 @@ def _abort_mpi_on_uncaught_exception(describe: str = "") -> None:
     def abort_on_failing_exit() -> None:
         failing = watch.failing_exit()
         if failing is not None:
-            if not _installed.get("dumped"):
+            if not recorder.written:  # a dump that says more (a timeout, a crash) stays
                 recorder.dump(failing[0])
             _abort(*failing)
 

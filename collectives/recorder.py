@@ -43,6 +43,8 @@ _ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "float16": 2, "bfloat
              "int32": 4, "float32": 4, "int64": 8, "float64": 8}
 # Every communicator that has a ring, for the dumps (weak: a dropped one is forgotten).
 _RECORDED: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Why this process wrote its dumps so far, oldest first.
+written: list[str] = []
 # Reentrant: a signal handler may dump while the main thread is dumping already.
 _dumping = threading.RLock()
 _LIBRARY = (os.path.dirname(os.path.abspath(__file__)),)
@@ -223,6 +225,7 @@ def dump(reason: str, path: str | None = None) -> str | None:
             with open(temporary, "w") as file:
                 json.dump(content, file, indent=1, default=str)
             os.replace(temporary, path)  # a reader sees the old dump or the new, never half
+            written.append(reason)
         return path
     except Exception as error:  # noqa: BLE001  (the dump must not hide the real failure)
         try:
