@@ -282,9 +282,9 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         """Block until every rank of this communicator has called ``barrier``.
 
         Under a timeout (the communicator's, or ``timeout=`` for this call) the
-        :class:`CollectiveTimeout` on rank 0 names the ranks that never arrived: every rank
-        tells rank 0 it arrived and waits for rank 0's word (messages of tag 32767,
-        ``collectives.reliability.BARRIER_TAG``). Without a timeout: the transport's barrier.
+        :class:`CollectiveTimeout` on rank 0 names the ranks that never arrived: before the
+        transport's barrier every rank sends rank 0 a word (tag 32767,
+        ``collectives.calls.BARRIER_TAG``, which send/recv refuse). Without a timeout: the transport's barrier.
         """
         self._check_open()
         kept = self.timeout

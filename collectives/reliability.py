@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import config, recorder
-from .calls import Call
+from .calls import BARRIER_TAG, Call
 from .errors import CollectiveError, CollectiveTimeout
 from .ops import ReduceOp
 from .recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE, CallRecord, HookHandle
@@ -24,14 +24,37 @@ from .transport import Transport
 from .work import Work
 
 _clock = recorder.clock
+
+#: Seconds ``poll_until`` polls without giving up the CPU (a peer's answer is seen the moment it
+#: lands), then polls with a yield until YIELD_SECONDS, then sleeps up to 1 ms between polls
+#: (a long wait does not burn the CPU).
+SPIN_SECONDS = 50e-6
+YIELD_SECONDS = 0.002
+
+
+def poll_until(done: Callable[[], bool], deadline: float) -> bool:
+    """Poll ``done()`` until it is true (``True``) or ``deadline`` passes (``False``)."""
+    start = _clock()
+    delay = 0.0
+    while not done():
+        now = _clock()
+        if now > deadline:
+            return False
+        waited = now - start
+        if waited < SPIN_SECONDS:
+            continue
+        if waited < YIELD_SECONDS:
+            time.sleep(0)
+        else:
+            delay = min(0.001, delay + 0.0001)
+            time.sleep(delay)
+    return True
 # Every communicator not yet closed. A timeout leaves requests behind in the transport,
 # and a peer that timed out on ANOTHER communicator left its own behind there: the next
 # call on any communicator of that transport could match one of them and return the
 # peer's abandoned data. So a timeout makes every live communicator of its backend in
 # this process unusable (see Reliability._timeout_error).
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-#: The tag of a barrier's messages (see Communicator.barrier): every MPI allows it.
-BARRIER_TAG = 32767
 
 
 class Reliability(Transport):
@@ -107,14 +130,10 @@ class Reliability(Transport):
             deadline = _clock() + seconds
             work = self._run(call, x, op, root, out, True, extra)
             seq = self._seq
-            delay = 0.0
-            while not work.is_completed():
-                if _clock() > deadline:
-                    error = self._timeout_error(call=(call.name, seq))
-                    self._failed(self._record_of(seq), error)
-                    raise error
-                time.sleep(delay)
-                delay = min(0.001, delay + 0.0001)
+            if not poll_until(work.is_completed, deadline):
+                error = self._timeout_error(call=(call.name, seq))
+                self._failed(self._record_of(seq), error)
+                raise error
             result = work.wait()
             record = self._record_of(seq) if call.collective else None
             if record is not None:
@@ -124,42 +143,44 @@ class Reliability(Transport):
             self.timeout = kept
 
     def _monitored_barrier(self, seconds: float) -> None:
-        """The barrier under a timeout: every rank sends a word to rank 0, which answers each
-        once all have arrived; rank 0's timeout names those that did not."""
+        """The barrier under a timeout: the transport's own barrier (under the deadline), and
+        before it one word from every rank to rank 0, so that rank 0's timeout can name the
+        ranks that never arrived. The words travel while the barrier runs: a barrier that
+        completes costs one small message more per rank, not a round trip."""
         import numpy as np  # noqa: PLC0415
 
-        deadline = _clock() + seconds
-        if self.rank == 0:
-            words = [np.zeros(1, np.int64) for _ in range(self.size)]
-            arrivals = {peer: self._recv_small(words[peer], peer, BARRIER_TAG)
-                        for peer in range(1, self.size)}
-            missing = self._wait_all(arrivals, deadline)
-            if missing:
-                raise self._timeout_error(
-                    detail=f"rank(s) {', '.join(map(str, missing))} never arrived at the barrier")
-            releases = {peer: self._send_small(np.ones(1, np.int64), peer, BARRIER_TAG)
-                        for peer in range(1, self.size)}
-            self._wait_all(releases, deadline + seconds)
+        if self.rank != 0:
+            arrived = self._send_small(np.ones(1, np.int64), 0, BARRIER_TAG)
+            try:
+                self._barrier()
+            except CollectiveTimeout as error:
+                raise CollectiveTimeout(
+                    f"{error} (rank 0 did not release the barrier: its CollectiveTimeout, or its "
+                    "dump with COLLECTIVES_TRACE_DIR, names the ranks that never arrived)") from error
+            self._wait_all({0: arrived}, _clock() + seconds)
             return
-        works = {0: self._send_small(np.ones(1, np.int64), 0, BARRIER_TAG),
-                 -1: self._recv_small(np.zeros(1, np.int64), 0, BARRIER_TAG)}
-        if self._wait_all(works, deadline):
-            raise self._timeout_error(
-                detail="rank 0 did not release the barrier: its CollectiveTimeout (or its "
-                       "dump, with COLLECTIVES_TRACE_DIR) names the ranks that never arrived")
+        words = [np.zeros(1, np.int64) for _ in range(self.size)]
+        arrivals = {peer: self._recv_small(words[peer], peer, BARRIER_TAG) for peer in range(1, self.size)}
+        try:
+            self._barrier()
+        except CollectiveTimeout as error:
+            missing = self._wait_all(arrivals, _clock())
+            if not missing:
+                raise
+            raise CollectiveTimeout(
+                f"{error} (rank(s) {', '.join(map(str, missing))} never arrived at the barrier)"
+            ) from error
+        # Every word was sent before its rank entered the barrier that just completed.
+        self._wait_all(arrivals, _clock() + seconds)
 
     def _wait_all(self, works: dict[int, Work], deadline: float) -> list[int]:
         """Poll ``works`` until all completed or ``deadline``; the keys of those that did not."""
-        delay = 0.0
-        while True:
-            waiting = sorted(key for key, work in works.items() if not work.is_completed())
-            if not waiting or _clock() > deadline:
-                for key, work in works.items():
-                    if key not in waiting:
-                        work.wait()
-                return waiting
-            time.sleep(delay)
-            delay = min(0.001, delay + 0.0001)
+        poll_until(lambda: all(work.is_completed() for work in works.values()), deadline)
+        waiting = sorted(key for key, work in works.items() if not work.is_completed())
+        for key, work in works.items():
+            if key not in waiting:
+                work.wait()
+        return waiting
 
     # -- reliability: sequence numbers, fingerprints, timeouts ---------------------------
 
