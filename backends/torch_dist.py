@@ -22,7 +22,7 @@ launcher's address only (loopback on one node; TCPStore alone would listen on ev
 interface), and on one node Gloo's sockets use the loopback interface unless
 ``GLOO_SOCKET_IFNAME`` says otherwise. The store speaks torch's fixed binary protocol;
 nothing the project sends is pickled. Under an MPI launcher an uncaught exception
-calls ``MPI_Abort`` (see :func:`collectives.backends.mpi.install_abort_on_uncaught_exception`).
+calls ``MPI_Abort`` (see :mod:`collectives.process_hooks`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import datetime
 import functools
 import math
 import os
+import re
 import socket
 import sys
 from collections.abc import Iterator, Sequence
@@ -45,7 +46,7 @@ from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _float_order, _interrupt, _network
+from . import _float_order, _network
 
 # Minutes torch waits in a collective before it raises (torch's own default).
 DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
@@ -114,18 +115,13 @@ def _bootstrap_process_group(dist: Any, launch: LaunchInfo,
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         return
-    # MPI launcher: rank 0's store address travels over MPI. From here on an uncaught
-    # exception (even one in this bootstrap) ends the job instead of leaving peers waiting.
-    from collectives.backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
-
-    install_abort_on_uncaught_exception(import_mpi())
+    # MPI launcher: rank 0's store address travels over MPI. (collectives.init() installed
+    # the MPI abort hook before, and installs it again around torch's after: see
+    # collectives/process_hooks.py.)
     store = mpi_shared_tcp_store(launch, timeout)
     _choose_gloo_interface(launch, store.host)
     dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.size,
                             timeout=timeout)
-    # init_process_group wrapped our hook in its own (which buffers the traceback to prefix
-    # it with the rank): ours goes around it again, so the traceback is printed before MPI_Abort.
-    install_abort_on_uncaught_exception(import_mpi())
 
 
 def _has_interface(name: str) -> bool:
@@ -343,8 +339,6 @@ class TorchCommunicator(Communicator):
         seconds = config.timeout_seconds(timeout)
         if not dist.is_initialized():
             _bootstrap_process_group(dist, launch, _timedelta(seconds))
-        if launch.size > 1:  # a SIGINT in Gloo's wait would wait for the timeout
-            _interrupt.install(_interrupt.rank_of(launch))
         return cls(local_rank=launch.local_rank, timeout=0 if seconds is None else seconds)
 
     def _transport_error(self, error: Exception) -> Exception:
@@ -723,6 +717,26 @@ class TorchCommunicator(Communicator):
         # guessing a device, and it completes only when every rank has reached it.
         flag = self._torch.zeros(1, dtype=self._torch.int32)
         self._dist.all_reduce(flag, group=self._group)
+
+    def _monitored_barrier(self, seconds: float) -> None:
+        """Gloo's own monitored barrier: a Gloo recv's handle says it completed only once
+        waited for, so the polled one of the base class cannot see who arrived."""
+        if self._dist.get_backend(self._group) != "gloo":
+            super()._monitored_barrier(seconds)
+            return
+        try:
+            self._dist.monitored_barrier(self._group, timeout=_timedelta(seconds), wait_all_ranks=True)
+        except RuntimeError as error:
+            text = str(error).strip()
+            # "Ranks 1, 2 failed to pass monitoredBarrier in 1000 ms" (global ranks), on rank 0
+            found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", text)
+            if found is None:
+                raise self._timeout_error(
+                    detail="rank 0 did not release the barrier: its CollectiveTimeout (or its dump, "
+                           "with COLLECTIVES_TRACE_DIR) names the ranks that never arrived") from error
+            missing = sorted(self._global_ranks.index(int(r)) for r in found.group(1).split(",") if r.strip())
+            raise self._timeout_error(
+                detail=f"rank(s) {', '.join(map(str, missing))} never arrived at the barrier") from error
 
     def _split(self, color: int | None, key: int) -> Communicator | None:
         members = self._split_groups(color, key)
