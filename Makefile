@@ -85,10 +85,10 @@ test-torch-suite: $(STAMP)
 	done
 
 # torch DDP over "collectives" (mpi) against DDP over Gloo and our DataParallel, steps interleaved
-# in one job (scripts/bench_c10d.py; docs/torch_distributed.md).
+# in one job (scripts/bench/c10d.py; docs/torch_distributed.md).
 bench-c10d: $(STAMP)
 	for n in 2 4; do \
-	  $(VENV)/bin/mpiexec -n $$n $(PY) scripts/bench_c10d.py --json docs/bench/c10d-ddp-$$n.json || exit 1; \
+	  $(VENV)/bin/mpiexec -n $$n $(PY) scripts/bench/c10d.py --json docs/bench/c10d-ddp-$$n.json || exit 1; \
 	done
 
 # `make test` once per Python in PYTHONS, each in its own venv (3.11: .venv); a summary at the end.

@@ -1,7 +1,7 @@
 """torch DDP over the backend "collectives" (mpi) against DDP over Gloo and our DataParallel.
 
-    mpiexec -n 2 python scripts/bench_c10d.py --json docs/bench/c10d-2.json
-    mpiexec -n 4 python scripts/bench_c10d.py --json docs/bench/c10d-4.json
+    mpiexec -n 2 python scripts/bench/c10d.py --json docs/bench/c10d-2.json
+    mpiexec -n 4 python scripts/bench/c10d.py --json docs/bench/c10d-4.json
 
 One job under mpiexec trains three copies of the same model, initialised identically, on
 the same batches with the same optimizer, step by step in turn (a, b, c, a, b, c, ...) so
