@@ -461,3 +461,17 @@ def create_graph_job(comm: Any) -> list[float]:
         ddp(float(dist.get_rank() + 1)).backward(create_graph=True)
         grads.append(float(ddp.module.p.grad.detach()))
     return grads
+
+
+def beside_gloo_job(comm: Any) -> dict[str, Any]:
+    """A "collectives" subgroup beside a Gloo default group (made by collectives.c10d's rendezvous)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    collectives.c10d.init_process_group(backend="gloo")
+    try:
+        group = dist.new_group(backend="collectives")
+        t = torch.full((2,), float(dist.get_rank() + 1))
+        dist.all_reduce(t, group=group)
+        return {"default": dist.get_backend(), "group": dist.get_backend(group), "t": t.numpy(),
+                "same": collectives.c10d.communicator(group) is not None}
+    finally:
+        dist.destroy_process_group()

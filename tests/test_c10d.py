@@ -152,3 +152,10 @@ def test_ddp_backward_with_create_graph_averages_gradients(two):
     # rank r's gradient of (r + 1) * p**2 at p = 1 is 2 * (r + 1): the average over 2 ranks is 3.
     for grads in two.run(jobs.create_graph_job, timeout=60):
         assert grads == [3.0, 3.0]
+
+
+def test_a_collectives_group_beside_a_gloo_default_group():
+    with RankPool("mpi", 2) as pool:
+        for out in pool.run(jobs.beside_gloo_job, timeout=60):
+            assert (out["default"], out["group"]) == ("gloo", "collectives")
+            np.testing.assert_array_equal(out["t"], [3.0, 3.0])
