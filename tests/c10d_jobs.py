@@ -228,6 +228,12 @@ def ddp_job(comm: Any, steps: int, variant: str) -> dict[str, Any]:
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: PLC0415
 
             ddp.register_comm_hook(group, default_hooks.fp16_compress_hook)
+        if variant == "powerSGD_hook":  # its callbacks wait for the group's next all_reduce
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd  # noqa: PLC0415
+
+            state = powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=1,
+                                           start_powerSGD_iter=2, min_compression_rate=1, random_seed=0)
+            ddp.register_comm_hook(state, powersgd.powerSGD_hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
         micro = 2 if variant == "no_sync" else 1
         rank = dist.get_rank()

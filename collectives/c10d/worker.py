@@ -18,9 +18,13 @@ Point-to-point operations are started nonblocking and completed by the same work
 between operations (a blocking send would deadlock ``batch_isend_irecv``, where both
 ranks send before they receive). Collectives run blocking, under the communicator's
 timeout; an error (timeout, mismatch, a bad argument) becomes the future's exception,
-raised by ``wait()`` in the caller. A future's callbacks (``then``) run on the worker:
-one that waits for a later operation of the same group cannot complete, and
-``CollectivesWork.wait`` refuses to wait there rather than hang.
+raised by ``wait()`` in the caller.
+
+The worker never runs a future's callbacks. ``wait()`` waits for the worker's word alone,
+and the futures are completed by completer threads (:class:`Completer`): a callback may
+wait for a later operation of the same group (DDP's PowerSGD hook does, inside ``then``),
+which the worker, free, runs meanwhile; one more completer thread is started only when
+every one is inside such a callback, so completions keep their order otherwise.
 """
 
 from __future__ import annotations
@@ -44,6 +48,9 @@ from collectives.errors import CollectiveError, CollectiveTimeout
 P2P_POLL_INTERVAL = 0.0002
 #: Seconds a worker gets to finish its queue when its group is destroyed or the process exits.
 STOP_GRACE = 5.0
+#: Completer threads at most per group: callbacks nested this deep in waits for operations
+#: of their own group (each waiting one holds a thread).
+MAX_COMPLETERS = 32
 
 _STOP = object()
 _WORKERS: weakref.WeakSet[Worker] = weakref.WeakSet()
@@ -60,48 +67,108 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
     value is what torch's own backends give, the tensors written, or the error).
     """
 
-    def __init__(self, source: torch.futures.Future[Any], worker: Any) -> None:
+    def __init__(self, outcome: Outcome) -> None:
         super().__init__()
-        self._source = source  # completed by the worker (a _Failure when the operation failed)
-        self._future = source.then(_unwrap)
-        self._worker = worker
+        self._outcome = outcome
+        self._future = outcome.source.then(_unwrap)
 
     def wait(self, timeout: Any = None) -> bool:
-        if not self._source.done() and threading.get_ident() == self._worker.ident:
-            raise CollectiveError(
-                "a callback of a 'collectives' future waits for another operation of its "
-                "process group; callbacks run on the group's worker thread, which runs that "
-                "operation only after the callback returns: chain it with then() instead")
-        failure = self._source.wait()
-        if isinstance(failure, _Failure):
-            raise failure.error
+        self._outcome.done.wait()
+        if isinstance(self._outcome.value, _Failure):
+            raise self._outcome.value.error
         return True
 
     def get_future(self) -> torch.futures.Future[Any]:
         return self._future
 
     def is_completed(self) -> bool:
-        return bool(self._source.done())
+        return self._outcome.done.is_set()
 
     def is_success(self) -> bool:
         return self.exception() is None and self.is_completed()
 
     def exception(self) -> BaseException | None:
-        value = self._source.value() if self._source.done() else None
+        value = self._outcome.value if self._outcome.done.is_set() else None
         return value.error if isinstance(value, _Failure) else None
 
     def result(self) -> Any:
         self.wait()
-        return self._source.value()
+        return self._outcome.value
+
+
+class Outcome:
+    """What became of one operation: set once by the worker (``done``, ``value``: the
+    tensors, or a :class:`_Failure`), then handed to the completers for ``source``, the
+    future torch's consumers chain on."""
+
+    __slots__ = ("done", "value", "source")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.value: Any = None
+        self.source: torch.futures.Future[Any] = torch.futures.Future()
+
+
+class Completer:
+    """Threads that complete the futures of one group's operations, in the order the worker
+    finished them while one thread suffices. A completion runs the future's callbacks; one
+    that waits for a later operation of the group holds its thread, and the next completion
+    then starts another (at most MAX_COMPLETERS)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._pending = 0  # handed over, not yet taken by a thread
+        self._busy = 0  # threads inside a completion (its callbacks)
+
+    def complete(self, outcome: Outcome) -> None:
+        with self._lock:
+            self._pending += 1
+            start = self._pending + self._busy > len(self._threads) and len(self._threads) < MAX_COMPLETERS
+            if start:
+                thread = threading.Thread(target=self._main, daemon=True,
+                                          name=f"{self._name}-completer-{len(self._threads)}")
+                self._threads.append(thread)
+            self._queue.put(outcome)
+        if start:
+            thread.start()
+
+    def _main(self) -> None:
+        while True:
+            outcome = self._queue.get()
+            if outcome is _STOP:
+                return
+            with self._lock:
+                self._pending -= 1
+                self._busy += 1
+            try:
+                outcome.source.set_result(outcome.value)
+            except Exception:  # noqa: BLE001 - a callback's error is its chained future's
+                pass
+            finally:
+                with self._lock:
+                    self._busy -= 1
+
+    def stop(self, grace: float) -> None:
+        """End the threads once they have completed what was handed to them."""
+        with self._lock:
+            threads = list(self._threads)
+        for _ in threads:
+            self._queue.put(_STOP)
+        deadline = time.monotonic() + grace
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 class _InFlight:
     """A point-to-point operation the worker started and completes later."""
 
-    __slots__ = ("handle", "future", "value", "deadline", "name")
+    __slots__ = ("handle", "outcome", "value", "deadline", "name")
 
-    def __init__(self, handle: Work, future: Any, value: Any, deadline: float | None, name: str):
-        self.handle, self.future, self.value, self.deadline, self.name = handle, future, value, deadline, name
+    def __init__(self, handle: Work, outcome: Outcome, value: Any, deadline: float | None, name: str):
+        self.handle, self.outcome, self.value, self.deadline, self.name = handle, outcome, value, deadline, name
 
 
 class Started:
@@ -119,6 +186,7 @@ class Worker:
         self.comm = comm
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._in_flight: collections.deque[_InFlight] = collections.deque()
+        self._completer = Completer(name)
         self._stopped = False
         bound = threading.Event()
         self._thread = threading.Thread(target=self._main, args=(bound,), name=name, daemon=True)
@@ -131,14 +199,14 @@ class Worker:
         """Queue ``operation(comm)``; its return value (or a :class:`Started`) completes the work."""
         if self._stopped:
             raise CollectiveError("this 'collectives' process group was destroyed; create a new one")
-        # The worker completes ``source``; the caller's future is ``source.then(_unwrap)``, which
-        # fails where the operation failed. A future completed through Future.set_exception holds
-        # the exception as its VALUE (Python raises it on unwrapping; C++ consumers such as DDP's
-        # reducer would take it for the tensors), while an error raised in a then() callback is
-        # the future's error for C++ too.
-        source: torch.futures.Future[Any] = torch.futures.Future()
-        self._queue.put((operation, source))
-        return CollectivesWork(source, self)
+        # The completers complete ``outcome.source``; the caller's future is
+        # ``source.then(_unwrap)``, which fails where the operation failed. A future completed
+        # through Future.set_exception holds the exception as its VALUE (Python raises it on
+        # unwrapping; C++ consumers such as DDP's reducer would take it for the tensors), while
+        # an error raised in a then() callback is the future's error for C++ too.
+        outcome = Outcome()
+        self._queue.put((operation, outcome))
+        return CollectivesWork(outcome)
 
     def stop(self) -> None:
         """Run what is queued, then end the thread (and close its communicator)."""
@@ -147,6 +215,7 @@ class Worker:
             self._queue.put(_STOP)
             if threading.get_ident() != self.ident:
                 self._thread.join(STOP_GRACE)
+                self._completer.stop(STOP_GRACE)
 
     # -- the thread ---------------------------------------------------------------------
 
@@ -175,18 +244,24 @@ class Worker:
         except Exception:  # noqa: BLE001 - the group is going away; its errors were reported
             pass
 
-    def _run(self, operation: Callable[[Communicator], Any], future: Any) -> None:
+    def _run(self, operation: Callable[[Communicator], Any], outcome: Outcome) -> None:
         try:
             value = operation(self.comm)
         except BaseException as error:  # noqa: BLE001 - it belongs to the caller's wait()
-            _fail(future, error)
+            self._finish(outcome, _failure(error))
             return
         if isinstance(value, Started):
             timeout = self.comm.timeout
             deadline = None if timeout is None else time.monotonic() + timeout
-            self._in_flight.append(_InFlight(value.handle, future, value.value, deadline, value.name))
+            self._in_flight.append(_InFlight(value.handle, outcome, value.value, deadline, value.name))
         else:
-            future.set_result(value)
+            self._finish(outcome, value)
+
+    def _finish(self, outcome: Outcome, value: Any) -> None:
+        """The operation's end: ``wait()`` returns now; its future completes on a completer."""
+        outcome.value = value
+        outcome.done.set()
+        self._completer.complete(outcome)
 
     def _poll(self) -> None:
         """Complete the point-to-point operations that have completed (in any order)."""
@@ -198,20 +273,20 @@ class Worker:
                     pending.handle.wait()
             except BaseException as error:  # noqa: BLE001
                 self._in_flight.remove(pending)
-                _fail(pending.future, error)
+                self._finish(pending.outcome, _failure(error))
                 continue
             if done:
                 self._in_flight.remove(pending)
-                pending.future.set_result(pending.value)
+                self._finish(pending.outcome, pending.value)
                 continue
             if pending.deadline is not None:
                 now = time.monotonic() if now is None else now
                 if now >= pending.deadline:
                     self._in_flight.remove(pending)
-                    _fail(pending.future, CollectiveTimeout(
+                    self._finish(pending.outcome, _failure(CollectiveTimeout(
                         f"{pending.name} on {self.comm!r} did not complete within "
                         f"timeout={self.comm.timeout:g}s (COLLECTIVES_TIMEOUT): the peer never made "
-                        "the matching call, or is stuck or dead"))
+                        "the matching call, or is stuck or dead")))
 
 
 class _Failure:
@@ -230,10 +305,10 @@ def _unwrap(source: torch.futures.Future[Any]) -> Any:
     return value
 
 
-def _fail(future: Any, error: BaseException) -> None:
+def _failure(error: BaseException) -> _Failure:
     if not isinstance(error, Exception):  # KeyboardInterrupt, SystemExit: the worker's own end
         error = CollectiveError(f"the operation was interrupted: {error!r}")
-    future.set_result(_Failure(error))
+    return _Failure(error)
 
 
 @atexit.register
