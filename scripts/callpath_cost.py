@@ -10,6 +10,8 @@ deadline) and with ``timeout=0`` (blocking MPI calls). Each pair runs in interle
 and the best round counts. ``time.thread_time`` counts only this thread's CPU time, so on a
 loaded machine the difference still shows the call path's cost (wall-clock benchmarks are
 scripts/bench.py). Prints microseconds per call and the difference; ``--json PATH`` writes them.
+``--poll FAST,SPIN_US`` times the MPI backend with another poll policy (tests before the
+clock is read, microseconds of polls before they yield): for tuning it.
 """
 
 from __future__ import annotations
@@ -42,12 +44,26 @@ def raw_call(op: str, x, comm) -> callable:
     return lambda: comm.Bcast([x.numpy(), FLOAT], 0)
 
 
+def set_poll(spec: str) -> None:
+    """Make the MPI backend wait with ``FAST,SPIN_US`` (see backends/_toolkit.PollPolicy)."""
+    import dataclasses  # noqa: PLC0415
+
+    from collectives.backends import mpi  # noqa: PLC0415
+
+    fast, spin_us = (float(v) for v in spec.split(","))
+    mpi.POLL = dataclasses.replace(mpi.POLL, fast_polls=int(fast), spin_seconds=spin_us * 1e-6)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000, help="calls per round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--poll", default=None, metavar="FAST,SPIN_US",
+                        help="the MPI backend's poll policy to time (default: the backend's)")
     args = parser.parse_args()
+    if args.poll:
+        set_poll(args.poll)
     world = MPI.COMM_WORLD
     rows = []
     for timeout in (None, 0):
@@ -78,7 +94,7 @@ def main() -> None:
                   f"{r['raw_us']:8.2f} {r['diff_us']:+8.2f}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": world.size, "rows": rows}, f, indent=1)
+                json.dump({"ranks": world.size, "poll": args.poll, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
