@@ -42,10 +42,7 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from collectives.backends.nccl_id import UNIQUE_ID_BYTES, comm_id_argument, exchange_unique_id, id_to_bytes
@@ -57,20 +54,34 @@ from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ReduceOp
 
-from ._toolkit import (
-    BITWISE,
-    NARROW_WIRE,
-    PollPolicy,
-    bitwise_as_min_max,
-    count,
-    divide_,
-    fold_bitwise,
-    nbytes,
-    offsets,
-    row_bytes,
-    stage,
-    wait_until,
-    yield_or_sleep,
+from ._toolkit import count, divide_, fold_bitwise, nbytes, row_bytes, stage
+from .nccl_handles import (  # noqa: F401  (wait_for and the poll constants: also importable from here)
+    _GROUP,
+    BUSY_POLL_SECONDS,
+    FAST_POLLS,
+    POLL,
+    POLL_MAX_SECONDS,
+    POLL_MIN_SECONDS,
+    _CupyStreams,
+    _launch_group,
+    _open_group,
+    _StreamWork,
+    _TorchStreams,
+    wait_for,
+)
+from .nccl_plans import (  # noqa: F401  (the plans: also importable from here)
+    BFLOAT16_SINCE,
+    NCCL_DTYPES,
+    NCCL_OPS,
+    P2PPlan,
+    ReducePlan,
+    all_gather_v_plan,
+    all_to_all_plan,
+    all_to_all_v_plan,
+    decode_nccl_version,
+    gather_plan,
+    reduce_plan,
+    scatter_plan,
 )
 
 log = logging.getLogger("collectives")
@@ -78,14 +89,6 @@ log = logging.getLogger("collectives")
 INSTALL_HINT = ("install CuPy for your CUDA: pip install 'pycollectives[cupy]' (cupy-cuda13x), "
                 "or cupy-cuda12x for CUDA 12")
 
-#: ncclDataType_t values of nccl.h (a stable ABI); bfloat16 needs NCCL >= 2.10.
-NCCL_DTYPES: dict[str, int] = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4,
-                               "uint64": 5, "float16": 6, "float32": 7, "float64": 8,
-                               "bfloat16": 9}
-#: ncclRedOp_t values of nccl.h for the ops we hand to NCCL (ncclAvg=4 is not used: see above).
-NCCL_OPS: dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3}
-#: First NCCL with ncclBfloat16.
-BFLOAT16_SINCE = (2, 10, 0)
 #: First NCCL with ncclCommSplit (CuPy >= 14 wraps it as NcclCommunicator.commSplit).
 COMM_SPLIT_SINCE = (2, 18, 1)
 #: ``NCCL_SPLIT_NOCOLOR`` of nccl.h: this rank joins no new communicator.
@@ -93,53 +96,6 @@ NCCL_SPLIT_NOCOLOR = -1
 _NOT_CALLED = object()
 #: First NCCL that allows several ranks on one GPU (with NCCL_MULTI_RANK_GPU_ENABLE=1).
 MULTI_RANK_GPU_SINCE = (2, 30, 0)
-
-#: Waiting for a collective under a timeout (:func:`wait_for`): tight polls of its CUDA event,
-#: then polls that yield the CPU for BUSY_POLL_SECONDS, then sleeps from POLL_MIN_SECONDS
-#: doubling to POLL_MAX_SECONDS.
-FAST_POLLS = 16
-BUSY_POLL_SECONDS = 0.05
-POLL_MIN_SECONDS = 1e-4
-POLL_MAX_SECONDS = 0.01
-POLL = PollPolicy(FAST_POLLS, BUSY_POLL_SECONDS, POLL_MIN_SECONDS, POLL_MAX_SECONDS)
-
-
-@dataclass(frozen=True)
-class ReducePlan:
-    """How one (dtype, op) reduction runs on NCCL.
-
-    ``wire``: the dtype NCCL (or the gather) sees; ``nccl_op``: a key of
-    :data:`NCCL_OPS`, or ``None`` to all_gather and fold locally with ``fold``
-    (``"band"``, ``"bor"``, ``"bxor"``) in ``wire``; ``divide``: divide by size after (AVG).
-    """
-
-    wire: str
-    nccl_op: str | None
-    fold: str | None = None
-    divide: bool = False
-
-
-def reduce_plan(dtype: str, op: ReduceOp, bfloat16_native: bool = True) -> ReducePlan:
-    """The :class:`ReducePlan` for a pair that :func:`collectives.ops.check_reduction` allowed."""
-    if op in BITWISE:
-        native = bitwise_as_min_max(dtype, op)
-        if native is not None:
-            return ReducePlan(NARROW_WIRE[dtype], native.value)
-        return ReducePlan(dtype, None, fold=op.value)
-    wire = NARROW_WIRE.get(dtype, dtype)
-    if dtype == "bfloat16" and not bfloat16_native:
-        wire = "float32"
-    if op is ReduceOp.AVG:
-        return ReducePlan(wire, "sum", divide=True)
-    return ReducePlan(wire, op.value)
-
-
-def decode_nccl_version(code: int) -> tuple[int, int, int]:
-    """``ncclGetVersion``'s integer as (major, minor, patch): 21803 -> (2, 18, 3)."""
-    if code >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
-        return code // 10000, code % 10000 // 100, code % 100
-    return code // 1000, code % 1000 // 100, code % 100  # older: major*1000 + minor*100 + patch
-
 
 def import_cupy_nccl() -> tuple[Any, Any]:
     """``(cupy, cupy.cuda.nccl)``, or ``BackendUnavailable`` saying why and how to install."""
@@ -172,224 +128,6 @@ def check_cuda_array(x: Any, adapter: ArrayAdapter, device: int | None) -> None:
     if device is not None and index != device:
         raise ValueError(f"x is on CUDA device {index}, but this communicator's NCCL runs on "
                          f"device {device} (local_rank % device_count); move x there")
-
-
-# -- CUDA streams and events of each array library (the arrays themselves: collectives.arrays) --
-
-class _TorchStreams:
-    """torch CUDA tensors: torch's current stream and events."""
-
-    def __init__(self) -> None:
-        self.torch = sys.modules["torch"]
-
-    def stream(self, x: Any) -> Any:
-        return self.torch.cuda.current_stream(x.device)
-
-    @staticmethod
-    def stream_ptr(stream: Any) -> int:
-        return int(stream.cuda_stream)
-
-    @staticmethod
-    def ptr(x: Any) -> int:
-        return int(x.data_ptr())
-
-    def record(self, stream: Any) -> Any:
-        event = self.torch.cuda.Event()
-        event.record(stream)
-        return event
-
-    def wait_event(self, event: Any, x: Any) -> None:
-        self.torch.cuda.current_stream(x.device).wait_event(event)
-
-    @staticmethod
-    def query(event: Any) -> bool:
-        return bool(event.query())
-
-
-class _CupyStreams:
-    """CuPy arrays: CuPy's current stream and events."""
-
-    def __init__(self) -> None:
-        self.cupy = sys.modules["cupy"]
-
-    def stream(self, x: Any) -> Any:
-        return self.cupy.cuda.get_current_stream()
-
-    @staticmethod
-    def stream_ptr(stream: Any) -> int:
-        return int(stream.ptr)
-
-    @staticmethod
-    def ptr(x: Any) -> int:
-        return int(x.data.ptr)
-
-    def record(self, stream: Any) -> Any:
-        event = self.cupy.cuda.Event(disable_timing=True)
-        event.record(stream)
-        return event
-
-    def wait_event(self, event: Any, x: Any) -> None:
-        with x.device:
-            self.cupy.cuda.get_current_stream().wait_event(event)
-
-    @staticmethod
-    def query(event: Any) -> bool:
-        return bool(event.done)
-
-
-# -- waiting for the GPU, with a deadline ---------------------------------------------------------
-
-def wait_for(done: Callable[[], bool], timeout: float, check: Callable[[], None] | None = None,
-             clock: Callable[[], float] = time.monotonic,
-             pause: Callable[[float], None] = yield_or_sleep) -> bool:
-    """Poll ``done()`` until it is true (``True``) or ``timeout`` seconds have passed (``False``).
-
-    A few tight polls first (a small collective is done by then), then polls that yield the CPU
-    (``pause(0)``) for :data:`BUSY_POLL_SECONDS`, then sleeps from :data:`POLL_MIN_SECONDS`
-    doubling to :data:`POLL_MAX_SECONDS`, so a hung collective does not burn a core. ``check()``
-    runs before each sleep (NCCL's asynchronous error query: it raises what it finds).
-    """
-    return wait_until(done, timeout, POLL, check, clock, pause)
-
-
-# -- point-to-point plans of the collectives NCCL has no primitive for -----------------------------
-
-@dataclass(frozen=True)
-class P2PPlan:
-    """One rank's part of a collective built from send/recv in one NCCL group: ``sends`` and
-    ``recvs`` are ``(peer, byte offset, bytes)`` into its send and receive buffers. Zero-byte
-    transfers are left out (every rank knows every size, so both sides leave out the same)."""
-
-    sends: tuple[tuple[int, int, int], ...]
-    recvs: tuple[tuple[int, int, int], ...]
-
-
-def _plan(sends: list[tuple[int, int, int]], recvs: list[tuple[int, int, int]]) -> P2PPlan:
-    return P2PPlan(tuple(t for t in sends if t[2]), tuple(t for t in recvs if t[2]))
-
-
-def gather_plan(rank: int, size: int, dst: int, nbytes: int) -> P2PPlan:
-    """Every rank's ``nbytes`` to ``dst``, rank r's at offset ``r * nbytes`` there."""
-    recvs = [(r, r * nbytes, nbytes) for r in range(size)] if rank == dst else []
-    return _plan([(dst, 0, nbytes)], recvs)
-
-
-def scatter_plan(rank: int, size: int, src: int, row_bytes: int) -> P2PPlan:
-    """Row r (``row_bytes`` at ``r * row_bytes``) of ``src``'s buffer to rank r."""
-    sends = [(r, r * row_bytes, row_bytes) for r in range(size)] if rank == src else []
-    return _plan(sends, [(src, 0, row_bytes)])
-
-
-def all_to_all_v_plan(rank: int, splits: list[list[int]], row_bytes: int) -> P2PPlan:
-    """``splits[i][j]`` rows go from rank i to rank j; rows received are concatenated in rank order."""
-    sent = [count * row_bytes for count in splits[rank]]
-    got = [row[rank] * row_bytes for row in splits]
-    return _plan([(j, offset, n) for j, (offset, n) in enumerate(zip(offsets(sent), sent))],
-                 [(i, offset, n) for i, (offset, n) in enumerate(zip(offsets(got), got))])
-
-
-def all_to_all_plan(rank: int, size: int, row_bytes: int) -> P2PPlan:
-    """Row j to rank j; row i of the result from rank i."""
-    return all_to_all_v_plan(rank, [[1] * size for _ in range(size)], row_bytes)
-
-
-def all_gather_v_plan(rank: int, counts: list[int], row_bytes: int) -> P2PPlan:
-    """This rank's ``counts[rank]`` rows to every rank; the result is every rank's rows in order."""
-    got = [count * row_bytes for count in counts]
-    return _plan([(j, 0, got[rank]) for j in range(len(counts))],
-                 [(i, offset, n) for i, (offset, n) in enumerate(zip(offsets(got), got))])
-
-
-# -- the open NCCL group of asynchronous sends/recvs (NCCL groups are per thread) -------------------
-
-_GROUP = threading.local()
-
-
-def _open_group(nccl: Any) -> list[_StreamWork]:
-    """This thread's open group's handles, after ``ncclGroupStart`` if none was open."""
-    works = getattr(_GROUP, "works", None)
-    if works is None:
-        nccl.groupStart()
-        works = _GROUP.works = []
-    return works
-
-
-def _launch_group(nccl: Any) -> None:
-    """``ncclGroupEnd`` of this thread's open group; then each of its calls finishes on its stream."""
-    works, _GROUP.works = _GROUP.works, None
-    try:
-        nccl.groupEnd()
-    except Exception as error:
-        failure = works[0]._comm._transport_error(error) if works else CollectiveError(str(error))
-        for work in works:
-            work._error = failure
-        raise failure from error
-    for work in works:
-        work._launched()
-
-
-# -- handles ----------------------------------------------------------------------------------------
-
-class _StreamWork(Work):
-    """An enqueued NCCL call (or a send/recv waiting in this thread's open NCCL group).
-
-    ``wait()`` launches the open group if this call is in it. With a timeout, the host then
-    polls the call's CUDA event against the deadline (:meth:`CupyNcclCommunicator._complete`);
-    without one it returns at once, like torch's NCCL ``Work.wait()``. Either way the
-    then-current stream (of ``like``'s library and device) is made to wait for the event, so
-    kernels enqueued afterwards see the result.
-    """
-
-    def __init__(self, result: Any, library: Any, event: Any, comm: CupyNcclCommunicator,
-                 like: Any = None, keep: Any = None) -> None:
-        super().__init__(result)
-        self._library, self._event, self._comm = library, event, comm
-        self._like = result if like is None else like  # an array on the device
-        self._keep = keep  # memory NCCL reads or writes until the call completes
-        self._call = (comm._operation, comm._seq)
-        self._stream: Any = None  # a grouped send/recv: its stream, and what follows it there
-        self._then: Callable[[], None] | None = None
-        self._host: Callable[[], None] | None = None  # host work once complete (debug headers)
-        self._error: Exception | None = None
-        self._completed = False
-
-    def _launched(self) -> None:
-        """The group this send/recv was in has been launched: finish it on its stream."""
-        if self._then is not None:
-            self._then()
-            self._then = None
-        self._event = self._library.record(self._stream)
-
-    def wait(self) -> Any:
-        if self._error is not None:
-            raise self._error
-        comm = self._comm
-        if not self._completed:
-            if comm._broken:  # aborted: the call may have ended early, its result is not trusted
-                raise CollectiveError(comm._broken)
-            comm._flush_group()  # launches this call if it is in the open group
-            if comm.timeout is not None:
-                try:
-                    comm._complete(self._library, self._event, self._call)
-                except CollectiveError as error:
-                    self._error = error
-                    raise
-                self._completed, self._keep = True, None
-            self._library.wait_event(self._event, self._like)
-        if self._host is not None:
-            host, self._host = self._host, None
-            host()
-        return self._x
-
-    def is_completed(self) -> bool:
-        if self._completed or self._error is not None:
-            return True
-        if self._event is None:  # still in the open group: launched at the next wait or call
-            return False
-        if self._library.query(self._event):
-            self._completed, self._keep = True, None
-            return True
-        return False
 
 
 # -- the communicator ---------------------------------------------------------------------------

@@ -14,9 +14,11 @@ streams. ``COLLECTIVES_MPI_CUDA_AWARE=0|1`` overrides the detection.
 
 Timeouts: MPI has none, so with a timeout set every collective is the nonblocking
 call (``Iallreduce``, ``Ibcast``, ...) completed by polling ``Test`` against a
-deadline (:data:`POLL`): a few tight polls first (small collectives finish there),
-then polls with ``sched_yield``, then after a second of waiting polls every
-millisecond (a hung job does not burn the CPU). A collective request cannot be
+deadline (:func:`poll_policy`): a few tight polls first (small collectives finish
+there), then, when every rank of the node has a core of its own, polls without
+yielding for up to 50 us (a peer's message is seen the moment it lands), then polls
+with ``sched_yield`` (a rank sharing the core runs), then after a second of waiting
+polls every millisecond (a hung job does not burn the CPU). A collective request cannot be
 cancelled, so after a timeout the communicator refuses further calls. With no
 timeout (``COLLECTIVES_TIMEOUT=0``) the blocking calls are used. Every MPI call goes
 out through :meth:`MPICommunicator._call` (or, for handles, ``_collective``).
@@ -29,7 +31,6 @@ that prints the rank and calls ``MPI_Abort``; mpiexec then ends every rank.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import sys
 import time
@@ -38,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives import _exits, arrays, config
+from collectives import _exits, arrays
 from collectives.arrays import ArrayAdapter
 from collectives.calls import ALL_REDUCE, BROADCAST
 from collectives.communicator import Communicator, Work
@@ -49,7 +50,6 @@ from collectives.ops import ALLOWED_OPS, ReduceOp
 from . import _float_order, _interrupt
 from ._toolkit import (
     INT_OF_WIDTH,
-    PollPolicy,
     clone,
     count,
     divide_,
@@ -61,18 +61,20 @@ from ._toolkit import (
     stage,
     wait_until,
 )
+from .mpi_buffers import cupyx_empty_pinned, device_buffer, host_view, mpi_cuda_aware  # noqa: F401
+from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
+    BUSY_POLL_SECONDS,
+    FAST_POLLS,
+    POLL,
+    POLL_INTERVAL,
+    SPIN_POLL,
+    SPIN_SECONDS,
+    _Request,
+    poll_policy,
+)
 
 #: Elements per MPI call: MPI counts are C ints unless the library has large counts.
 MAX_COUNT = 2**31 - 1
-
-#: Waiting for a request under a timeout: FAST_POLLS tests before the clock is read (none on
-#: the fast path), then tests with sched_yield (the clock read every 64th) for
-#: BUSY_POLL_SECONDS, then one test per POLL_INTERVAL.
-FAST_POLLS = 16
-BUSY_POLL_SECONDS = 1.0
-POLL_INTERVAL = 0.001
-POLL = PollPolicy(FAST_POLLS, BUSY_POLL_SECONDS, POLL_INTERVAL, POLL_INTERVAL, clock_every=64)
-
 
 #: The MPI thread level MPI is initialized at when this backend initializes it: mpi4py's
 #: default, which this backend leaves as it is (mpi4py.rc is the user's to set).
@@ -99,30 +101,6 @@ def import_mpi() -> Any:
             "install them with: pip install 'pycollectives[mpi,mpich]' (only [mpi] where the cluster has an MPI)"
         ) from error
     return MPI
-
-
-def mpi_cuda_aware(MPI: Any) -> bool:
-    """Whether the loaded MPI library takes CUDA device pointers.
-
-    ``COLLECTIVES_MPI_CUDA_AWARE`` decides when set; else MPICH's and Open MPI's
-    ``MPIX_Query_cuda_support()`` is asked, from the libmpi this process loaded.
-    """
-    forced = config.env_flag(config.MPI_CUDA_AWARE)
-    if forced is not None:
-        return forced
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "libmpi" in line})
-    except OSError:
-        return False
-    for path in paths:
-        try:
-            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
-        except OSError:
-            continue
-        if query is not None:
-            return bool(query())
-    return False
 
 
 _exit_hook_installed: list[Any] = []  # the exit watch, installed once per process
@@ -192,51 +170,6 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
     _exit_hook_installed.append(watch)
 
 
-class _Request(Work):
-    """Nonblocking MPI requests, plus what must happen once they complete."""
-
-    def __init__(self, x: Any, MPI: Any, requests: list[Any], finish: Callable[[], None],
-                 comm: MPICommunicator | None = None, statuses: list[Any] | None = None,
-                 buffers: Any = None):
-        super().__init__(x)
-        self._MPI = MPI
-        self._requests = requests
-        self._statuses = statuses
-        # Memory MPI reads or writes until the requests complete (staging copies).
-        self._buffers = buffers
-        self._finish: Callable[[], None] | None = finish
-        self._comm = comm
-        # The call this is, for a timeout's message (the communicator moves on).
-        self._call = (comm._operation, comm._seq) if comm is not None else None
-
-    def wait(self) -> Any:
-        if self._finish is not None:
-            statuses = self._statuses or [None] * len(self._requests)
-            if self._comm is None or self._comm.timeout is None:
-                for request, status in zip(self._requests, statuses):
-                    request.Wait(status)
-            else:
-                for request, status in zip(self._requests, statuses):
-                    self._comm._wait(request, self._call, status)
-            self._complete()
-        return self._x
-
-    def _complete(self) -> None:
-        # Once: a completed request is inactive, and waiting on it again would reset its status.
-        finish, self._finish, self._buffers = self._finish, None, None
-        if finish is not None:
-            finish()
-
-    def is_completed(self) -> bool:
-        if self._finish is None:
-            return True
-        statuses = self._statuses or [None] * len(self._requests)
-        if not all(request.Test(status) for request, status in zip(self._requests, statuses)):
-            return False
-        self._complete()
-        return True
-
-
 class MPICommunicator(Communicator):
     """A communicator over an ``mpi4py.MPI.Comm`` (by default a duplicate of COMM_WORLD)."""
 
@@ -250,9 +183,12 @@ class MPICommunicator(Communicator):
         MPI = import_mpi()
         self._MPI = MPI
         self._comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
+        #: How this communicator waits for a request (see poll_policy); a split inherits it.
+        self._poll = POLL
         if local_rank is None:
             node = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
             local_rank = node.Get_rank()
+            self._poll = poll_policy(node.Get_size())
             node.Free()
         super().__init__(self._comm.Get_rank(), self._comm.Get_size(), local_rank,
                          timeout=timeout)
@@ -323,45 +259,11 @@ class MPICommunicator(Communicator):
         ``wire`` is the dtype to stage x (of dtype ``dtype``) through, or ``None`` for x's
         bytes as they are. A CPU torch tensor goes to MPI as a numpy view of its memory."""
         if adapter.is_cuda(x):
-            return self._device_buffer(x, adapter, dtype, wire)
+            return device_buffer(x, adapter, dtype, wire, self.cuda_aware)
         buf, writeback = stage(x, adapter, dtype, wire)
         if adapter is arrays.TORCH:
-            buf = _host_view(buf)
+            buf = host_view(buf)
         return buf, writeback
-
-    def _device_buffer(self, x: Any, adapter: ArrayAdapter, dtype: str | None, wire: str | None
-                       ) -> tuple[Any, Callable[[], None] | None]:
-        # MPI does not know CUDA streams: whatever produced x must be finished.
-        if self.cuda_aware:
-            staged, copy_back = stage(x, adapter, dtype, wire)
-            if adapter is arrays.TORCH:
-                torch = sys.modules["torch"]
-                torch.cuda.current_stream(staged.device).synchronize()
-                return _device_view(staged), copy_back
-            sys.modules["cupy"].cuda.get_current_stream().synchronize()
-            return staged, copy_back
-        if adapter is arrays.TORCH:
-            torch = sys.modules["torch"]
-            t = x.detach()
-            host = torch.empty(t.shape, dtype=t.dtype if wire is None else getattr(torch, wire),
-                               pin_memory=True)
-            host.copy_(t)  # a blocking device-to-host copy: ordered after the producer
-            return _host_view(host), lambda: t.copy_(host)
-        cupy = sys.modules["cupy"]
-        target = x.dtype if wire is None else arrays.NUMPY.dtype_of(wire)
-        # Pinned host memory, filled by a copy on CuPy's current stream that blocks the host:
-        # so it is ordered after whatever produced x on that stream.
-        host = cupyx_empty_pinned(x.shape, target)
-        cupy.ascontiguousarray(x, dtype=target).get(out=host, blocking=True)
-
-        def writeback() -> None:
-            staged_back = cupy.asarray(host)
-            x[...] = staged_back
-            # The copy from pinned memory may still run when we return; the next call may
-            # reuse that memory, so wait for it here (as torch's blocking copy_ does).
-            cupy.cuda.get_current_stream().synchronize()
-
-        return host, writeback
 
     # -- completion with a deadline ------------------------------------------------------
 
@@ -369,7 +271,7 @@ class MPICommunicator(Communicator):
         """Complete ``request`` within ``timeout``, else :class:`CollectiveTimeout`."""
         assert self.timeout is not None, "only calls with a timeout wait through _wait"
         if not wait_until(request.Test if status is None else lambda: request.Test(status),
-                          self.timeout, POLL):
+                          self.timeout, self._poll):
             self._abandoned.append(request)
             raise self._timeout_error(call=call)
 
@@ -686,7 +588,9 @@ class MPICommunicator(Communicator):
         if new == MPI.COMM_NULL:
             return None
         try:
-            return MPICommunicator(new, local_rank=self.local_rank, timeout=self._timeout_arg)
+            child = MPICommunicator(new, local_rank=self.local_rank, timeout=self._timeout_arg)
+            child._poll = self._poll
+            return child
         finally:
             new.Free()  # MPICommunicator keeps its own Dup
 
@@ -730,23 +634,3 @@ def _chunks(buf: Any) -> list[Any]:
         return [buf]
     flat = buf.reshape(-1)
     return [flat[start:start + MAX_COUNT] for start in range(0, total, MAX_COUNT)]
-
-
-def cupyx_empty_pinned(shape: tuple[int, ...], dtype: Any) -> Any:
-    """A numpy array in pinned (page-locked) host memory, from CuPy's pinned pool."""
-    import cupyx  # noqa: PLC0415
-
-    return cupyx.empty_pinned(shape, dtype=dtype)
-
-
-def _host_view(t: Any) -> Any:
-    """A CPU tensor's memory as a numpy array (bfloat16, which numpy lacks, as its int16 bytes)."""
-    torch = sys.modules["torch"]
-    return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
-
-
-def _device_view(t: Any) -> Any:
-    """What mpi4py takes for CUDA memory: the tensor itself (it has __cuda_array_interface__),
-    with bfloat16 reinterpreted as int16 since only its bytes matter when we get here."""
-    torch = sys.modules["torch"]
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t

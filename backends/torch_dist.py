@@ -34,6 +34,7 @@ from typing import Any
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work, deliver
+from collectives.emulations import Emulations
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
@@ -139,7 +140,9 @@ class TorchCommunicator(Communicator):
         # Position in torch's order for each of our ranks.
         torch_order = sorted(group_ranks) if ranks is not None else list(group_ranks)
         self._torch_rank = [torch_order.index(g) for g in self._global_ranks]
-        self._reordered = self._torch_rank != list(range(len(self._torch_rank)))
+        if self._torch_rank != list(range(len(self._torch_rank))):
+            # The one place the order matters: a communicator of that other order.
+            self.__class__ = _ReorderedTorchCommunicator
         me = self._global_ranks.index(dist.get_rank())
         if local_rank is None:
             local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
@@ -318,20 +321,18 @@ class TorchCommunicator(Communicator):
         staged = t if t.is_contiguous() else t.contiguous()
         out = self._torch.empty((self.size, *t.shape), dtype=t.dtype, device=t.device)
         self._all_gather_single(flat_bytes(out), flat_bytes(staged), group=self._group)
-        if self._reordered:  # rows arrived in torch's rank order
-            out = out[self._torch_rank]
         return out
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
                     async_op: bool = False) -> Any:
         if out is None and not async_op and adapter is _TORCH and dtype in _GATHER_DIRECT \
-                and x.dim() == 1 and not self._reordered and not x.requires_grad and x.is_contiguous():
+                and x.dim() == 1 and not x.requires_grad and x.is_contiguous():
             # SyncBatchNorm's forward call: 1-d tensors of the dtypes every transport gathers
             # go straight to torch (no byte views, no wrapper: one output, one call).
             gathered = self._torch.empty((self.size * x.shape[0],), dtype=x.dtype, device=x.device)
             self._all_gather_single(gathered, x, group=self._group)
             return gathered.view(self.size, x.shape[0])
-        if (out is None and not async_op) or self._reordered:
+        if out is None and not async_op:
             return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
         result = out if out is not None else adapter.empty(x, (self.size, *x.shape))
         return self._move_bytes(x, adapter, result, result, async_op,
@@ -370,9 +371,8 @@ class TorchCommunicator(Communicator):
 
     def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
                 async_op: bool) -> Any:
-        # Reordered split groups (rows would arrive in torch's rank order) and empty arrays
-        # (Gloo refuses zero-byte lists) take the emulation.
-        if self._reordered or not math.prod(x.shape):
+        # Empty arrays (Gloo refuses zero-byte lists) take the emulation.
+        if not math.prod(x.shape):
             return super()._gather(x, adapter, dtype, dst, out, async_op)
         here = self.rank == dst
         result = (out if out is not None else adapter.empty(x, (self.size, *x.shape))) if here else None
@@ -382,7 +382,7 @@ class TorchCommunicator(Communicator):
 
     def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
                  async_op: bool) -> Any:
-        if self._reordered or not math.prod(x.shape):
+        if not math.prod(x.shape):
             return super()._scatter(x, adapter, dtype, src, out, async_op)
         here = self.rank == src
         result = out if out is not None else adapter.empty(x, tuple(x.shape[1:]))
@@ -394,7 +394,7 @@ class TorchCommunicator(Communicator):
 
     def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
                     async_op: bool) -> Any:
-        if self._reordered or not math.prod(x.shape):
+        if not math.prod(x.shape):
             return super()._all_to_all(x, adapter, dtype, out, async_op)
         result = out if out is not None else adapter.empty(x, tuple(x.shape))
         return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
@@ -403,8 +403,6 @@ class TorchCommunicator(Communicator):
 
     def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
                       splits: list[list[int]], out: Any, async_op: bool) -> Any:
-        if self._reordered:
-            return super()._all_to_all_v(x, adapter, dtype, splits, out, async_op)
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
         row = math.prod(x.shape[1:]) * itemsize(x)
@@ -457,7 +455,7 @@ class TorchCommunicator(Communicator):
     @_on_cupy_stream
     def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         torch = self._torch
-        if (adapter is _TORCH and x.dim() == 1 and not self._reordered and not x.requires_grad
+        if (adapter is _TORCH and x.dim() == 1 and not x.requires_grad
                 and _DIRECT[dtype].get(op) is not None and x.is_contiguous()):
             out = torch.empty((x.shape[0] // self.size,), dtype=x.dtype, device=x.device)
             self._reduce_scatter_single(out, x, self._ops[op], group=self._group)
@@ -467,16 +465,10 @@ class TorchCommunicator(Communicator):
         t = self._as_tensor(x, adapter)
         staged, _ = stage(t, _TORCH, dtype, NARROW_WIRE.get(dtype))
         rows = t.shape[0] // self.size
-        if self._reordered:  # torch hands block i to torch's rank i
-            blocks = staged.reshape(self.size, rows, *t.shape[1:])
-            order = [0] * self.size
-            for ours, theirs in enumerate(self._torch_rank):
-                order[theirs] = ours
-            staged = blocks[order].reshape(t.shape)
         if staged.is_cuda and op in BITWISE:
             full = staged.clone()
             self._bitwise_on_nccl(full, dtype, op)
-            mine = self._torch_rank[self.rank]
+            mine = self._torch_rank[self.rank]  # (torch's rank: x's blocks are in its order)
             out = full[mine * rows:(mine + 1) * rows].clone()
         elif (keys := self._order_keys(staged, op)) is not None:
             out_keys = torch.empty((rows, *t.shape[1:]), dtype=keys.dtype, device=t.device)
@@ -557,6 +549,35 @@ class TorchCommunicator(Communicator):
             if self._group in created_groups:
                 created_groups.remove(self._group)
             self._dist.destroy_process_group(self._group)
+
+
+class _ReorderedTorchCommunicator(TorchCommunicator):
+    """A communicator whose rank order (split's key) is not torch's order of its group's ranks
+    (ascending global rank): torch places rows and blocks in its own order. all_gather puts
+    the rows in ours; reduce_scatter hands torch x's blocks in its order; the collectives
+    whose rows go to or come from given ranks take the emulations, through that all_gather."""
+
+    def _gather_tensor(self, t: Any) -> Any:
+        return super()._gather_tensor(t)[self._torch_rank]
+
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
+                    async_op: bool = False) -> Any:
+        return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
+
+    def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+        if adapter is _TORCH:
+            x = x.detach()
+        rows = x.shape[0] // self.size
+        order = [0] * self.size  # torch hands block i to torch's rank i
+        for ours, theirs in enumerate(self._torch_rank):
+            order[theirs] = ours
+        in_torch_order = x.reshape(self.size, rows, *x.shape[1:])[order].reshape(x.shape)
+        return super()._reduce_scatter_new(in_torch_order, adapter, dtype, op)
+
+    _gather = Emulations._gather
+    _scatter = Emulations._scatter
+    _all_to_all = Emulations._all_to_all
+    _all_to_all_v = Emulations._all_to_all_v
 
 
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.

@@ -84,6 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--thread-level", choices=THREAD_LEVELS, default=None,
                    help="MPI thread level to initialize MPI with (sets mpi4py.rc.thread_level; "
                         "default: what the MPI backend picks)")
+    p.add_argument("--poll", default=None, metavar="FAST,SPIN_US",
+                   help="MPI backend: wait with this poll policy instead of the backend's (tests before "
+                        "the clock is read, microseconds of tests before they yield): for tuning it")
     p.add_argument("--json", default=None, metavar="PATH", help="write the results as JSON ('-': stdout)")
     p.add_argument("--plot", default=None, metavar="PNG", help="write a plot of busbw and ours/raw")
     p.add_argument("--plot-only", nargs="+", default=None, metavar="JSON",
@@ -598,6 +601,17 @@ def plot(docs: list[dict[str, Any]], path: str) -> None:
 
 # -- main --------------------------------------------------------------------------------------
 
+def set_poll(spec: str) -> None:
+    """Make MPI communicators made from here on wait with ``FAST,SPIN_US``."""
+    import dataclasses  # noqa: PLC0415
+
+    from collectives.backends import mpi  # noqa: PLC0415
+
+    fast, spin_us = (float(v) for v in spec.split(","))
+    forced = dataclasses.replace(mpi.POLL, fast_polls=int(fast), spin_seconds=spin_us * 1e-6)
+    mpi.poll_policy = lambda ranks_on_node: forced
+
+
 def set_thread_level(level: str | None) -> None:
     if level is None:
         return
@@ -616,6 +630,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     set_thread_level(args.thread_level)
     import collectives  # noqa: PLC0415
 
+    if args.poll:
+        set_poll(args.poll)
     comm = collectives.init(args.backend)
     if comm.backend == "local":
         raise SystemExit("backend 'local' has no transport to compare with; start the bench "

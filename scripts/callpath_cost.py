@@ -17,6 +17,7 @@ clock is read, microseconds of polls before they yield): for tuning it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -44,14 +45,10 @@ def raw_call(op: str, x, comm) -> callable:
     return lambda: comm.Bcast([x.numpy(), FLOAT], 0)
 
 
-def set_poll(spec: str) -> None:
-    """Make the MPI backend wait with ``FAST,SPIN_US`` (see backends/_toolkit.PollPolicy)."""
-    import dataclasses  # noqa: PLC0415
-
-    from collectives.backends import mpi  # noqa: PLC0415
-
+def set_poll(comm: MPICommunicator, spec: str) -> None:
+    """Make ``comm`` wait with ``FAST,SPIN_US`` (see backends/_toolkit.py's PollPolicy)."""
     fast, spin_us = (float(v) for v in spec.split(","))
-    mpi.POLL = dataclasses.replace(mpi.POLL, fast_polls=int(fast), spin_seconds=spin_us * 1e-6)
+    comm._poll = dataclasses.replace(comm._poll, fast_polls=int(fast), spin_seconds=spin_us * 1e-6)
 
 
 def main() -> None:
@@ -62,12 +59,12 @@ def main() -> None:
     parser.add_argument("--poll", default=None, metavar="FAST,SPIN_US",
                         help="the MPI backend's poll policy to time (default: the backend's)")
     args = parser.parse_args()
-    if args.poll:
-        set_poll(args.poll)
     world = MPI.COMM_WORLD
     rows = []
     for timeout in (None, 0):
         ours_comm = MPICommunicator(timeout=timeout)
+        if args.poll:
+            set_poll(ours_comm, args.poll)
         raw_comm = world.Dup()
         for kind in ("numpy", "torch"):
             for op in ("all_reduce", "broadcast"):
@@ -94,7 +91,7 @@ def main() -> None:
                   f"{r['raw_us']:8.2f} {r['diff_us']:+8.2f}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": world.size, "poll": args.poll, "rows": rows}, f, indent=1)
+                json.dump({"ranks": world.size, "poll": args.poll or repr(ours_comm._poll), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
