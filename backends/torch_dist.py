@@ -141,8 +141,8 @@ class TorchCommunicator(Communicator):
         torch_order = sorted(group_ranks) if ranks is not None else list(group_ranks)
         self._torch_rank = [torch_order.index(g) for g in self._global_ranks]
         if self._torch_rank != list(range(len(self._torch_rank))):
-            # The one place the order matters: a communicator of that other order.
-            self.__class__ = _ReorderedTorchCommunicator
+            # The one place the order matters: this communicator takes _InOurOrder's methods.
+            self.__class__ = _in_our_order(type(self))
         me = self._global_ranks.index(dist.get_rank())
         if local_rank is None:
             local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
@@ -551,11 +551,12 @@ class TorchCommunicator(Communicator):
             self._dist.destroy_process_group(self._group)
 
 
-class _ReorderedTorchCommunicator(TorchCommunicator):
-    """A communicator whose rank order (split's key) is not torch's order of its group's ranks
-    (ascending global rank): torch places rows and blocks in its own order. all_gather puts
-    the rows in ours; reduce_scatter hands torch x's blocks in its order; the collectives
-    whose rows go to or come from given ranks take the emulations, through that all_gather."""
+class _InOurOrder(TorchCommunicator):
+    """For a communicator whose rank order (split's key) is not torch's order of its group's
+    ranks (ascending global rank): torch places rows and blocks in its own order. all_gather
+    puts the rows in ours; reduce_scatter hands torch x's blocks in its order; the collectives
+    whose rows go to or come from given ranks take the emulations, through that all_gather.
+    Put ahead of the communicator's own class (see :func:`_in_our_order`)."""
 
     def _gather_tensor(self, t: Any) -> Any:
         return super()._gather_tensor(t)[self._torch_rank]
@@ -578,6 +579,16 @@ class _ReorderedTorchCommunicator(TorchCommunicator):
     _scatter = Emulations._scatter
     _all_to_all = Emulations._all_to_all
     _all_to_all_v = Emulations._all_to_all_v
+
+
+@functools.cache
+def _in_our_order(cls: type[TorchCommunicator]) -> type[TorchCommunicator]:
+    """``cls`` (TorchCommunicator or a subclass of it) with :class:`_InOurOrder`'s methods first."""
+    if issubclass(cls, _InOurOrder):
+        return cls
+    # The same name: messages and reprs name the class the user made.
+    return type(cls.__name__, (_InOurOrder, cls), {"__module__": cls.__module__,
+                                                   "__qualname__": cls.__qualname__})
 
 
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.
