@@ -9,15 +9,12 @@ as a raw caller writes it), with the default timeout (nonblocking call polled ag
 deadline) and with ``timeout=0`` (blocking MPI calls). Each pair runs in interleaved rounds
 and the best round counts. ``time.thread_time`` counts only this thread's CPU time, so on a
 loaded machine the difference still shows the call path's cost (wall-clock benchmarks are
-scripts/bench.py). Prints microseconds per call and the difference; ``--json PATH`` writes them.
-``--poll FAST,SPIN_US`` times the MPI backend with another poll policy (tests before the
-clock is read, microseconds of polls before they yield): for tuning it.
+collectives-bench). Prints microseconds per call and the difference; ``--json PATH`` writes them.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 
@@ -45,26 +42,16 @@ def raw_call(op: str, x, comm) -> callable:
     return lambda: comm.Bcast([x.numpy(), FLOAT], 0)
 
 
-def set_poll(comm: MPICommunicator, spec: str) -> None:
-    """Make ``comm`` wait with ``FAST,SPIN_US`` (see backends/_toolkit.py's PollPolicy)."""
-    fast, spin_us = (float(v) for v in spec.split(","))
-    comm._poll = dataclasses.replace(comm._poll, fast_polls=int(fast), spin_seconds=spin_us * 1e-6)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000, help="calls per round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--poll", default=None, metavar="FAST,SPIN_US",
-                        help="the MPI backend's poll policy to time (default: the backend's)")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     rows = []
     for timeout in (None, 0):
         ours_comm = MPICommunicator(timeout=timeout)
-        if args.poll:
-            set_poll(ours_comm, args.poll)
         raw_comm = world.Dup()
         for kind in ("numpy", "torch"):
             for op in ("all_reduce", "broadcast"):
@@ -91,7 +78,7 @@ def main() -> None:
                   f"{r['raw_us']:8.2f} {r['diff_us']:+8.2f}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": world.size, "poll": args.poll or repr(ours_comm._poll), "rows": rows}, f, indent=1)
+                json.dump({"ranks": world.size, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":
