@@ -43,7 +43,7 @@ demo-collectives: $(STAMP)
 	COLLECTIVES_BACKEND=mpi $(VENV)/bin/mpiexec -n $(DEMO_RANKS) $(PY) scripts/demo.py
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check collectives backends syncbn tests scripts docs
+	$(VENV)/bin/ruff check collectives backends syncbn tests scripts docs examples
 	$(MAKE) typecheck docs
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest $(PYTEST_ARGS)
 
@@ -56,20 +56,22 @@ typecheck: $(STAMP)
 docs: $(STAMP)
 	$(VENV)/bin/sphinx-build -q -E -W --keep-going -n -b html -d build/docs/doctrees docs build/docs/html
 
+# Every collective, ours against the raw transport in the same run, nccl-tests style (collectives-bench).
 bench: $(STAMP)
-	$(VENV)/bin/mpiexec -n 2 $(PY) scripts/bench.py --json docs/bench/mpi-multiple.json
-	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/torchrun --nproc_per_node 2 scripts/bench.py --json docs/bench/torch-gloo.json
-	$(PY) scripts/bench.py --plot-only docs/bench/mpi-multiple.json docs/bench/torch-gloo.json --plot docs/bench.png
+	$(VENV)/bin/mpiexec -n 2 $(VENV)/bin/collectives-bench all -b 8 -e 16M -f 4 --raw --check --json docs/bench/mpi.json
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/torchrun --nproc_per_node 2 -m collectives.bench all \
+	  -b 8 -e 4M -f 4 --raw --check --json docs/bench/torch-gloo.json
+	$(VENV)/bin/collectives-bench --plot-only docs/bench/mpi.json docs/bench/torch-gloo.json --plot docs/bench.png
 
 # End-to-end training step: our DataParallel (+SyncBatchNorm) against torch DDP over Gloo (docs/performance.md).
 bench-train: $(STAMP)
 	for n in 2 4; do \
-	  COLLECTIVES_BACKEND=mpi $(VENV)/bin/mpiexec -n $$n $(PY) scripts/bench_train.py --collective-times \
+	  COLLECTIVES_BACKEND=mpi $(VENV)/bin/mpiexec -n $$n $(PY) scripts/bench/train.py --collective-times \
 	    --json docs/bench/train-mpi-$$n.json && \
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH COLLECTIVES_BACKEND=torch $(VENV)/bin/torchrun --nproc_per_node $$n \
-	    scripts/bench_train.py --collective-times --json docs/bench/train-torch-$$n.json || exit 1; \
+	    scripts/bench/train.py --collective-times --json docs/bench/train-torch-$$n.json || exit 1; \
 	done
-	$(PY) scripts/bench_train.py --plot-only docs/bench/train-mpi-2.json docs/bench/train-torch-2.json \
+	$(PY) scripts/bench/train.py --plot-only docs/bench/train-mpi-2.json docs/bench/train-torch-2.json \
 	  docs/bench/train-mpi-4.json docs/bench/train-torch-4.json --plot docs/bench/train.png
 
 # `make test` once per Python in PYTHONS, each in its own venv (3.11: .venv); a summary at the end.

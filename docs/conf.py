@@ -1,7 +1,9 @@
-"""Sphinx configuration of the API reference: ``make docs`` (sphinx-build -W --keep-going -n).
+"""Sphinx configuration of the user guide and the API reference: ``make docs`` (sphinx-build -W
+--keep-going -n).
 
-Everything is read from the installed package's docstrings (autodoc); nothing is fetched
-(no intersphinx), so the build needs only the docs extra. Two local extensions in _ext/:
+The guide is the Markdown pages beside this file (myst-parser); the reference is read from the
+installed package's docstrings (autodoc). Nothing is fetched (no intersphinx), so the build
+needs only the docs extra. Two local extensions in _ext/:
 ``public_names`` fails the build when a public name is missing from the reference, and
 resolves references to a name at its defining module (``collectives.communicator.Work``,
 as annotations spell it) to where the reference documents it (``collectives.Work``).
@@ -21,11 +23,15 @@ author = "the collectives authors"
 copyright = "the collectives authors"  # noqa: A001  (Sphinx's name)
 release = version = collectives.__version__
 
-extensions = ["sphinx.ext.autodoc", "public_names"]
+extensions = ["sphinx.ext.autodoc", "myst_parser", "public_names"]
 root_doc = "index"
-# The Markdown pages beside this file are read on GitHub; the reference is the .rst pages.
-source_suffix = {".rst": "restructuredtext"}
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+# docs/bench/ holds the measurements (JSON) and their dated log: data, not pages of the guide.
 exclude_patterns = ["_build", "bench"]
+# Headings get anchors (``reliability.md#exits-and-signals``), as GitHub makes them.
+myst_heading_anchors = 3
+# The pages are also read on GitHub, where a "###" under the title is fine.
+suppress_warnings = ["myst.header"]
 html_theme = "alabaster"
 html_static_path: list[str] = []
 

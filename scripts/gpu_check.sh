@@ -145,25 +145,25 @@ EOF
     }
     echo "| backend | ranks | array | bytes | ours (µs/call) | raw (µs/call) | ours / raw | ours (GB/s) |" >>"$TIMING"
     echo "|---|---|---|---|---|---|---|---|" >>"$TIMING"
-    timed $PY scripts/gpu_timing.py --backend torch
+    timed $PY scripts/bench/gpu_timing.py --backend torch
     if [ "$(multi torch)" = 1 ]; then
         NCCL_MULTI_RANK_GPU_ENABLE=1 timed $PY -m torch.distributed.run --nproc_per_node 2 \
-            scripts/gpu_timing.py --backend torch
+            scripts/bench/gpu_timing.py --backend torch
     fi
     if $PY -c 'import cupy' >/dev/null 2>&1; then
-        timed $PY scripts/gpu_timing.py --backend cupy
-        COLLECTIVES_TIMEOUT=0 timed $PY scripts/gpu_timing.py --backend cupy  # the deadline's cost
+        timed $PY scripts/bench/gpu_timing.py --backend cupy
+        COLLECTIVES_TIMEOUT=0 timed $PY scripts/bench/gpu_timing.py --backend cupy  # the deadline's cost
         if [ "$(multi cupy)" = 1 ]; then
-            NCCL_MULTI_RANK_GPU_ENABLE=1 timed mpiexec -n 2 $PY scripts/gpu_timing.py --backend cupy
+            NCCL_MULTI_RANK_GPU_ENABLE=1 timed mpiexec -n 2 $PY scripts/bench/gpu_timing.py --backend cupy
         fi
     fi
     if mpi_ok; then
         for n in 2 4; do
-            COLLECTIVES_MPI_CUDA_AWARE=0 timed mpiexec -n $n $PY scripts/gpu_timing.py --backend mpi
+            COLLECTIVES_MPI_CUDA_AWARE=0 timed mpiexec -n $n $PY scripts/bench/gpu_timing.py --backend mpi
         done
         if $PY -c 'from mpi4py import MPI; from collectives.backends.mpi import mpi_cuda_aware; import sys; sys.exit(0 if mpi_cuda_aware(MPI) else 1)' 2>/dev/null; then
             for n in 2 4; do
-                COLLECTIVES_MPI_CUDA_AWARE=1 timed mpiexec -n $n $PY scripts/gpu_timing.py --backend mpi
+                COLLECTIVES_MPI_CUDA_AWARE=1 timed mpiexec -n $n $PY scripts/bench/gpu_timing.py --backend mpi
             done
         else
             echo "| mpi (CUDA-aware) | - | - | - | skipped: the MPI library is not CUDA-aware | | | |" >>"$TIMING"

@@ -1,4 +1,4 @@
-"""scripts/bench_train.py in its smallest mode (2 MPI ranks, 3 steps), so that it cannot rot.
+"""scripts/bench/train.py in its smallest mode (2 MPI ranks, 3 steps), so that it cannot rot.
 
 Times are not asserted (speed is the benchmark's business); what is: the three
 variants ran, the JSON holds every timed step, our DataParallel with plain
@@ -15,7 +15,7 @@ import sys
 import pytest
 from test_train import ROOT, _free_port, _launch, _tool
 
-BENCH = ROOT / "scripts" / "bench_train.py"
+BENCH = ROOT / "scripts" / "bench" / "train.py"
 SMALL = ["--steps", "3", "--warmup", "1", "--widths", "4,4,8,8,8,8"]
 
 
@@ -67,18 +67,3 @@ def test_torchrun_with_ddp_on_its_own_gloo_group(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["meta"]["backend"] == "torch" and sorted(doc["variants"]) == ["b", "c"]
     assert doc["max_param_diff"]["b-c"] <= 1e-6
-
-
-def test_collective_after_compute_reports_every_mode_and_collective(tmp_path):
-    script = ROOT / "scripts" / "bench_collective_after_compute.py"
-    out = tmp_path / "after.json"
-    done = _launch([_tool("mpiexec"), "-n", "2", sys.executable, str(script), "--iterations", "3",
-                    "--channels", "64", "--batch", "1", "--compute-ms", "1",
-                    "--modes", "idle,syncbn,conv,spin,asleep", "--json", str(out)], tmp_path, "mpi")
-    assert done.returncode == 0, done.stdout + done.stderr
-    rows = json.loads(out.read_text())["rows"]
-    assert [(row["mode"], row["collective"]) for row in rows] == [
-        (mode, name) for mode in ("idle", "syncbn", "conv", "spin", "asleep")
-        for name in ("all_gather", "all_reduce32", "all_reduce64")]
-    assert all(row[impl][key] > 0 for row in rows for impl in ("ours", "raw") for key in ("in_call", "last_own"))
-    assert sum(line.startswith("syncbn ") for line in done.stdout.splitlines()) == 3

@@ -839,3 +839,31 @@ def test_cupy_backend_with_one_rank_on_each_of_two_hosts(launcher, id_route):
                               ranks_per_host=1, env=MULTI_RANK)
     assert set(codes.values()) == {0}, text
     assert "CUPY OK ranks=2 hosts=2" in text, text
+
+
+@pytest.mark.parametrize("how", [
+    pytest.param(("cupy", []), id="cupy-1"),
+    pytest.param(("torch", []), id="torch-nccl-1"),
+    pytest.param(("mpi", ["mpiexec", "-n", "2"]), id="mpi-2-torch-cuda"),
+])
+def test_collectives_bench_checks_every_collective_on_the_gpu(how):
+    """collectives-bench --check --raw on device memory: every collective right, the raw column there."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from collectives.bench import parse_table
+
+    backend, launcher = how
+    if backend == "cupy" and not HAS_CUPY:
+        pytest.skip("CuPy is not installed")
+    bin_dir = Path(sys.executable).parent
+    args = ["all", "-b", "8", "-e", "1M", "-f", "64", "-n", "3", "-w", "1", "--check", "--raw",
+            "--backend", backend] + (["--array", "torch", "--device", "cuda"] if backend != "cupy" else [])
+    argv = [str(bin_dir / launcher[0]), *launcher[1:]] if launcher else []
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    done = subprocess.run([*argv, str(bin_dir / "collectives-bench"), *args], env=env, capture_output=True,
+                          text=True, timeout=JOB_TIMEOUT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = parse_table(done.stdout)
+    assert rows and all(row["wrong"] == 0 for row in rows)

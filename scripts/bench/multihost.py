@@ -1,13 +1,13 @@
-"""scripts/bench.py with its ranks on two hosts joined by a shaped link (root only).
+"""collectives-bench with its ranks on two hosts joined by a shaped link (root only).
 
 The hosts are network namespaces on this machine (``collectives.testing.hosts.TestBed``),
 one rank on each, so every byte of a collective crosses the link. ``--rate`` caps each
 host's sending rate with ``tc`` (netem where the kernel has it, else tbf), ``--delay-ms``
 adds latency (netem only: without it the script says so and stops). Arguments after ``--``
-go to bench.py.
+go to collectives-bench.
 
-    sudo .venv/bin/python scripts/bench_multihost.py --rate 1gbit -- --max-bytes 16M
-    sudo .venv/bin/python scripts/bench_multihost.py --rate 100mbit --launcher torchrun -- --json t.json
+    sudo .venv/bin/python scripts/bench/multihost.py --rate 1gbit -- all_reduce -e 16M --raw
+    sudo .venv/bin/python scripts/bench/multihost.py --rate 100mbit --launcher torchrun -- all --raw --json t.json
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from pathlib import Path
 from collectives.launcher import without_launcher_variables
 from collectives.testing.hosts import TestBed, unavailable_reason
 
-ROOT = Path(__file__).resolve().parents[1]
 BACKENDS = {"mpiexec": "mpi", "torchrun": "torch"}
 
 
@@ -32,18 +31,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", default=None, help="link rate in tc's units (1gbit, 100mbit); default: unshaped")
     p.add_argument("--delay-ms", type=float, default=None, help="added one-way latency (needs sch_netem)")
     p.add_argument("--timeout", type=float, default=1200, help="seconds the benchmark may take")
-    p.add_argument("bench_args", nargs="*", help="arguments for bench.py (after --)")
+    p.add_argument("bench_args", nargs="+", help="arguments for collectives-bench (after --): OP [options]")
     args = p.parse_args(argv)
     reason = unavailable_reason()
     if reason is not None:
-        print(f"bench_multihost: {reason}", file=sys.stderr)
+        print(f"multihost: {reason}", file=sys.stderr)
         return 2
     backend = args.backend or BACKENDS[args.launcher]
     with TestBed(2) as bed:
         if args.rate or args.delay_ms:
             qdisc = bed.shape(delay_ms=args.delay_ms, rate=args.rate)
             if args.delay_ms and not qdisc.startswith("netem"):
-                print(f"bench_multihost: this kernel has no sch_netem: latency cannot be added "
+                print(f"multihost: this kernel has no sch_netem: latency cannot be added "
                       f"(only `{qdisc}` could be set)", file=sys.stderr)
                 return 2
         else:
@@ -51,15 +50,14 @@ def main(argv: list[str] | None = None) -> int:
         env = {**without_launcher_variables(os.environ), **bed.env, "COLLECTIVES_BACKEND": backend,
                "OMP_NUM_THREADS": "1"}
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-        commands = bed.launch_commands(args.launcher, [str(ROOT / "scripts" / "bench.py"),
-                                                       "--no-progress", *args.bench_args], 1)
+        commands = bed.launch_commands(args.launcher, ["-m", "collectives.bench", *args.bench_args], 1)
         print(f"# two hosts, one rank each; link shaping on each host's eth0: {qdisc}", flush=True)
         procs = [bed.popen(host, command, env=env, cwd=os.getcwd(), stdin=subprocess.DEVNULL)
                  for host, command in commands.items()]
         try:
             codes = [proc.wait(timeout=args.timeout) for proc in procs]
         except subprocess.TimeoutExpired:
-            print(f"bench_multihost: the benchmark did not end within {args.timeout:g} s",
+            print(f"multihost: the benchmark did not end within {args.timeout:g} s",
                   file=sys.stderr)
             return 1
         finally:

@@ -1,9 +1,9 @@
 """Time our all_reduce against the raw transport on the same GPU buffers; print a markdown table.
 
-    python scripts/gpu_timing.py --backend torch                  # world size 1, no launcher
-    python scripts/gpu_timing.py --backend cupy
-    mpiexec -n 2 python scripts/gpu_timing.py --backend mpi
-    torchrun --nproc_per_node 2 scripts/gpu_timing.py --backend torch   # NCCL >= 2.30 on one GPU
+    python scripts/bench/gpu_timing.py --backend torch                  # world size 1, no launcher
+    python scripts/bench/gpu_timing.py --backend cupy
+    mpiexec -n 2 python scripts/bench/gpu_timing.py --backend mpi
+    torchrun --nproc_per_node 2 scripts/bench/gpu_timing.py --backend torch   # NCCL >= 2.30 on one GPU
 
 "raw" is the transport called directly on the same buffer: ``dist.all_reduce`` (torch),
 ``NcclCommunicator.allReduce`` on the caller's stream (cupy), ``MPI_Allreduce`` on the
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import collectives  # noqa: E402
 

@@ -1,8 +1,8 @@
 """End-to-end training step time: our DataParallel (+ SyncBatchNorm) against torch DDP over Gloo.
 
-    COLLECTIVES_BACKEND=mpi mpiexec -n 2 python scripts/bench_train.py --json docs/bench/train-mpi-2.json
-    torchrun --nproc_per_node 2 scripts/bench_train.py --json docs/bench/train-torch-2.json
-    python scripts/bench_train.py --plot-only docs/bench/train-*.json --plot docs/bench/train.png
+    COLLECTIVES_BACKEND=mpi mpiexec -n 2 python scripts/bench/train.py --json docs/bench/train-mpi-2.json
+    torchrun --nproc_per_node 2 scripts/bench/train.py --json docs/bench/train-torch-2.json
+    python scripts/bench/train.py --plot-only docs/bench/train-*.json --plot docs/bench/train.png
 
 One job trains three copies of the same CNN (six BatchNorm2d layers, CIFAR-sized
 3x32x32 input, ``--batch`` images per rank), initialised identically, on the

@@ -1,8 +1,8 @@
 """Per-rank forward+backward time of syncbn.SyncBatchNorm against unsynchronized torch BatchNorm1d/2d/3d.
 
-    COLLECTIVES_BACKEND=local python scripts/bench_syncbn.py       # 1 rank: compute only
-    COLLECTIVES_BACKEND=mpi   mpiexec -n 2 python scripts/bench_syncbn.py
-    COLLECTIVES_BACKEND=torch torchrun --nproc_per_node 2 scripts/bench_syncbn.py
+    COLLECTIVES_BACKEND=local python scripts/bench/syncbn.py       # 1 rank: compute only
+    COLLECTIVES_BACKEND=mpi   mpiexec -n 2 python scripts/bench/syncbn.py
+    COLLECTIVES_BACKEND=torch torchrun --nproc_per_node 2 scripts/bench/syncbn.py
 
 Every rank runs the same local batch through both layers (torch's BatchNorm of the
 input's dimensionality against ours), alternating iteration by iteration so that a

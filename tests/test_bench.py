@@ -1,0 +1,123 @@
+"""collectives-bench: every collective under no launcher and under mpiexec, its table read back,
+#wrong 0 with --check, and --check counting the elements a broken collective gets wrong."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import collectives
+from collectives.bench import cli, parse_table
+from collectives.bench.cases import OPS
+
+BIN = Path(sys.executable).parent
+SMALL = ["-b", "64", "-e", "256", "-f", "4", "-n", "3", "-w", "1", "--check"]
+
+
+def bench(*args: str, launcher: list[str] | None = None, timeout: float = 240) -> str:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("COLLECTIVES_BACKEND", None)
+    done = subprocess.run([*(launcher or []), str(BIN / "collectives-bench"), *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_every_collective_runs_right_without_a_launcher() -> None:
+    rows = parse_table(bench("all", *SMALL))
+    ops = {r["op"] for r in rows}
+    assert ops == set(OPS) - {"send_recv"}  # one rank has no peer
+    assert all(r["wrong"] == 0 for r in rows)
+    assert {r["bytes"] for r in rows if r["op"] == "all_reduce"} == {64, 256}
+    assert all(r["time_us"] > 0 for r in rows)
+
+
+def test_every_collective_runs_right_under_mpiexec_against_raw_mpi4py(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    text = bench("all", *SMALL, "--raw", "--json", str(out), launcher=[str(BIN / "mpiexec"), "-n", "2"])
+    assert "backend mpi" in text and "raw: mpi4py" in text
+    rows = parse_table(text)
+    assert {r["op"] for r in rows} == set(OPS)
+    assert all(r["wrong"] == 0 for r in rows)
+    assert all(r["raw_time_us"] and r["ratio"] for r in rows)  # MPI has every one of them
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["ranks"] == 2
+    assert [(r["op"], r["bytes"], r["wrong"]) for r in doc["results"]] == \
+        [(r["op"], r["bytes"], r["wrong"]) for r in rows]
+    by_op = {r["op"]: r for r in doc["results"] if r["bytes"] in (64, 0, 68)}
+    # nccl-tests' bus factors at 2 ranks
+    assert by_op["all_reduce"]["ours"]["busbw_GBps"] == pytest.approx(by_op["all_reduce"]["ours"]["algbw_GBps"])
+    assert by_op["all_gather"]["ours"]["busbw_GBps"] == pytest.approx(by_op["all_gather"]["ours"]["algbw_GBps"] / 2)
+
+
+def test_every_collective_runs_right_under_torchrun_against_raw_torch_distributed() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    text = bench("all", *SMALL, "--raw", launcher=[str(BIN / "torchrun"), "--nproc_per_node", "2",
+                                                   "--master_port", port, "--no-python"])
+    assert "backend torch" in text and "raw: torch.distributed" in text
+    rows = parse_table(text)
+    assert {r["op"] for r in rows} == set(OPS)
+    assert all(r["wrong"] == 0 for r in rows)
+    # torch.distributed has every one but an uneven all_gather
+    assert {r["op"] for r in rows if r["raw_time_us"] is None} == {"all_gather_v"}
+
+
+class Broken:
+    """A communicator whose ``op`` returns a float32 result with one element off by one (on top of
+    the real call): what --check must notice. The bench's own float64 statistics stay right."""
+
+    def __init__(self, comm: Any, op: str) -> None:
+        self._comm, self._op = comm, op
+
+    def __getattr__(self, name: str) -> Any:
+        real = getattr(self._comm, name)
+        if name != self._op:
+            return real
+
+        def broken(x: Any, *args: Any, **kwargs: Any) -> Any:
+            result = real(x, *args, **kwargs)
+            if x.dtype != np.float32:
+                return result
+            target = x if name in ("all_reduce", "broadcast", "reduce") else kwargs.get("out", result)
+            np.asarray(target).reshape(-1)[0] += 1
+            return result
+        return broken
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all"])
+def test_check_counts_what_a_broken_collective_gets_wrong(op: str) -> None:
+    args = cli.parse_args([op, *SMALL])
+    table = io.StringIO()
+    cli.run(args, comm=Broken(collectives.init("local"), op), out=table)
+    rows = parse_table(table.getvalue())
+    assert [r["wrong"] for r in rows] == [1, 1]  # one wrong element at each size
+    table = io.StringIO()
+    cli.run(args, comm=collectives.init("local"), out=table)
+    assert [r["wrong"] for r in parse_table(table.getvalue())] == [0, 0]
+
+
+def test_a_reduce_op_the_dtype_does_not_allow_is_refused_naming_the_allowed_ones() -> None:
+    with pytest.raises(SystemExit):
+        cli.parse_args(["all_reduce", "-d", "float32", "-o", "bxor"])
+    done = subprocess.run([str(BIN / "collectives-bench"), "all_reduce", "-o", "bxor"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert "-o bxor is not allowed on -d float32; allowed: sum, prod, min, max, avg" in done.stderr
+
+
+def test_importing_the_bench_imports_no_transport() -> None:
+    code = ("import sys, collectives.bench; "
+            "print([m for m in ('torch', 'mpi4py', 'cupy') if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "[]", done.stderr
