@@ -24,22 +24,20 @@ timeout (``COLLECTIVES_TIMEOUT=0``) the blocking calls are used. Every MPI call 
 out through :meth:`MPICommunicator._call` (or, for handles, ``_collective``).
 
 Rank failure: an uncaught exception on one rank would leave the others waiting
-in a collective forever, so the world communicator installs a ``sys.excepthook``
-that prints the rank and calls ``MPI_Abort``; mpiexec then ends every rank.
+in a collective forever, so ``collectives.init()`` under an MPI launcher installs a
+``sys.excepthook`` that prints the rank and calls ``MPI_Abort`` (see
+:mod:`collectives.process_hooks`); mpiexec then ends every rank.
 """
 
 from __future__ import annotations
 
-import atexit
-import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from collectives import _exits, arrays
+from collectives import _exits, arrays, process_hooks
 from collectives.arrays import ArrayAdapter
 from collectives.calls import ALL_REDUCE, BROADCAST
 from collectives.communicator import Communicator, Work
@@ -47,7 +45,7 @@ from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _float_order, _interrupt
+from . import _float_order
 from ._toolkit import (
     INT_OF_WIDTH,
     clone,
@@ -103,71 +101,14 @@ def import_mpi() -> Any:
     return MPI
 
 
-_exit_hook_installed: list[Any] = []  # the exit watch, installed once per process
 
 
 def install_abort_on_uncaught_exception(MPI: Any) -> None:
-    """Make an uncaught exception on this rank end the whole MPI job (once per process).
-
-    Without it the other ranks wait in their next collective forever. The hook
-    prints the traceback as before, then which rank failed, then calls ``MPI_Abort``:
-    mpiexec kills every rank and exits non-zero. An uncaught ``sys.exit(n)`` /
-    ``raise SystemExit(n)`` with ``n`` not 0 does the same at exit, with code ``n``
-    (on Python < 3.12 a SystemExit raised other than through ``sys.exit`` aborts with
-    code 1: see ``collectives/_exits.py``); an exit the program caught does not.
-    ``os._exit`` is not seen: it ends the process without MPI_Finalize, so mpiexec
-    ends the job.
-    """
-    if getattr(sys.excepthook, "_collectives_abort", False):
-        return
-    previous = sys.excepthook  # may be an earlier one of ours, wrapped by someone else
-
-    def abort(what: str, code: int) -> None:
-        if not MPI.Is_initialized() or MPI.Is_finalized():
-            return
-        world = MPI.COMM_WORLD
-        sys.stdout.flush()
-        sys.stderr.write(
-            f"collectives: {what} on rank {world.Get_rank()} of {world.Get_size()} (pid "
-            f"{os.getpid()}); calling MPI_Abort so that the other ranks do not wait for it "
-            "forever\n")
-        sys.stderr.flush()
-        # Abort kills the launcher's output forwarding too: give it a moment to pass on
-        # the traceback and this line (a failing job can spare it).
-        time.sleep(_interrupt.FORWARDING_GRACE)
-        world.Abort(code)
-
-    def abort_on_uncaught_exception(kind: Any, value: Any, tb: Any) -> None:
-        previous(kind, value, tb)
-        outer = sys.excepthook
-        if outer is not abort_on_uncaught_exception and getattr(outer, "_collectives_abort", False):
-            # Installed again later around another hook (torch's init_process_group wraps
-            # the hook and buffers what it prints): the outer one aborts, once the wrapper
-            # has printed; aborting here would lose the traceback in that buffer.
-            return
-        # KeyboardInterrupt too: a rank interrupted on its own (SIGINT to its pid) would
-        # otherwise wait in MPI_Finalize for peers that wait for it. Code 130 = 128 + SIGINT.
-        abort(f"uncaught {kind.__name__}", 130 if issubclass(kind, KeyboardInterrupt) else 1)
-
-    abort_on_uncaught_exception._collectives_abort = True  # type: ignore[attr-defined]
-    sys.excepthook = abort_on_uncaught_exception
-    if _exit_hook_installed:
-        return
-
-    # An uncaught SystemExit skips the excepthook, and MPI_Finalize at exit would then wait
-    # for peers that wait for this rank: a hang. At exit, abort when the process is really
-    # ending through an exit with a non-zero code (collectives/_exits.py tells; an exit that
-    # the program caught before finishing normally does not count).
-    # (Registered after mpi4py's finalizer, so it runs before it.)
-    watch = _exits.ExitWatch()
-
-    def abort_on_failing_exit() -> None:
-        failing = watch.failing_exit()
-        if failing is not None:
-            abort(*failing)
-
-    atexit.register(abort_on_failing_exit)
-    _exit_hook_installed.append(watch)
+    """Make an uncaught exception (or an uncaught ``sys.exit(n)``, n not 0) on this rank end
+    the whole MPI job with ``MPI_Abort`` (once per process). ``collectives.init()`` installs
+    it for jobs started by an MPI launcher; see :mod:`collectives.process_hooks`."""
+    _exits.record_exit_calls()
+    process_hooks._abort_mpi_on_uncaught_exception()
 
 
 class MPICommunicator(Communicator):
@@ -227,9 +168,6 @@ class MPICommunicator(Communicator):
                 "process was started by torchrun; launch with mpiexec -n N, or use "
                 "COLLECTIVES_BACKEND=torch (or cupy) under torchrun"
             )
-        if launch.size > 1:
-            install_abort_on_uncaught_exception(import_mpi())
-            _interrupt.install(_interrupt.rank_of(launch))
         return cls(timeout=timeout)
 
     @property

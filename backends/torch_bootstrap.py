@@ -9,7 +9,7 @@ address only (loopback on one node; TCPStore alone would listen on every interfa
 and on one node Gloo's sockets use the loopback interface unless
 ``GLOO_SOCKET_IFNAME`` says otherwise. The store speaks torch's fixed binary protocol;
 nothing the project sends is pickled. Under an MPI launcher an uncaught exception
-calls ``MPI_Abort`` (see :func:`collectives.backends.mpi.install_abort_on_uncaught_exception`).
+calls ``MPI_Abort`` (see :mod:`collectives.process_hooks`).
 
 Gloo's interface: torch (2.13) builds every Gloo group's device from
 ``GLOO_SOCKET_IFNAME`` when it makes the group (``init_process_group`` and ``new_group``
@@ -101,18 +101,13 @@ def bootstrap_process_group(dist: Any, launch: LaunchInfo,
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         return
-    # MPI launcher: rank 0's store address travels over MPI. From here on an uncaught
-    # exception (even one in this bootstrap) ends the job instead of leaving peers waiting.
-    from collectives.backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
-
-    install_abort_on_uncaught_exception(import_mpi())
+    # MPI launcher: rank 0's store address travels over MPI. (collectives.init() installed
+    # the MPI abort hook before, and installs it again around torch's after: see
+    # collectives/process_hooks.py.)
     store = mpi_shared_tcp_store(launch, timeout)
     _choose_gloo_interface(launch, store.host)
     dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.size,
                             timeout=timeout)
-    # init_process_group wrapped our hook in its own (which buffers the traceback to prefix
-    # it with the rank): ours goes around it again, so the traceback is printed before MPI_Abort.
-    install_abort_on_uncaught_exception(import_mpi())
 
 
 def _has_interface(name: str) -> bool:

@@ -27,6 +27,7 @@ import contextlib
 import functools
 import math
 import os
+import re
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -39,7 +40,7 @@ from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _float_order, _interrupt
+from . import _float_order
 from ._toolkit import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
 from .torch_bootstrap import (  # noqa: F401  (mpi_shared_tcp_store, store_host: also importable from here)
     DEFAULT_TIMEOUT,
@@ -168,8 +169,6 @@ class TorchCommunicator(Communicator):
         seconds = config.timeout_seconds(timeout)
         if not dist.is_initialized():
             bootstrap_process_group(dist, launch, torch_timeout(seconds))
-        if launch.size > 1:  # a SIGINT in Gloo's wait would wait for the timeout
-            _interrupt.install(_interrupt.rank_of(launch))
         return cls(local_rank=launch.local_rank, timeout=0 if seconds is None else seconds)
 
     def _transport_error(self, error: Exception) -> Exception:
@@ -522,6 +521,26 @@ class TorchCommunicator(Communicator):
         # guessing a device, and it completes only when every rank has reached it.
         flag = self._torch.zeros(1, dtype=self._torch.int32)
         self._dist.all_reduce(flag, group=self._group)
+
+    def _monitored_barrier(self, seconds: float) -> None:
+        """Gloo's own monitored barrier: a Gloo recv's handle says it completed only once
+        waited for, so the polled one of the base class cannot see who arrived."""
+        if self._dist.get_backend(self._group) != "gloo":
+            super()._monitored_barrier(seconds)
+            return
+        try:
+            self._dist.monitored_barrier(self._group, timeout=torch_timeout(seconds), wait_all_ranks=True)
+        except RuntimeError as error:
+            text = str(error).strip()
+            # "Ranks 1, 2 failed to pass monitoredBarrier in 1000 ms" (global ranks), on rank 0
+            found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", text)
+            if found is None:
+                raise self._timeout_error(
+                    detail="rank 0 did not release the barrier: its CollectiveTimeout (or its dump, "
+                           "with COLLECTIVES_TRACE_DIR) names the ranks that never arrived") from error
+            missing = sorted(self._global_ranks.index(int(r)) for r in found.group(1).split(",") if r.strip())
+            raise self._timeout_error(
+                detail=f"rank(s) {', '.join(map(str, missing))} never arrived at the barrier") from error
 
     def _split(self, color: int | None, key: int) -> Communicator | None:
         members = self._split_groups(color, key)

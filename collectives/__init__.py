@@ -7,7 +7,6 @@
 Importing this package imports no transport (no torch, mpi4py or cupy).
 """
 
-from . import _exits
 from .communicator import Communicator, Work
 from .errors import BackendUnavailable, CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .launcher import LaunchInfo, detect_launcher
@@ -16,9 +15,11 @@ from .registry import BACKENDS, init
 
 __version__ = "0.1.0"
 
-# sys.exit records its status from here on, for the MPI abort hook's verdict at exit
-# (collectives/_exits.py): `sys.exit(main())` looks sys.exit up before main() calls init().
-_exits.record_exit_calls()
+# The one process-wide hook that cannot wait for init() (collectives/process_hooks.py): under
+# an MPI launcher sys.exit records its status, since `sys.exit(main())` looks it up first.
+from . import process_hooks as _process_hooks  # noqa: E402
+
+_process_hooks.at_import()
 
 __all__ = [
     "ALLOWED_OPS",

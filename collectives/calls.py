@@ -98,8 +98,13 @@ def check_splits(comm: Any, shape: Shape, splits: Sequence[int], root: Any) -> N
                          f"(sum {sum(int(c) for c in splits)})")
 
 
+#: The tag of the barrier's own messages under a timeout (see ``Communicator.barrier``): a
+#: user's send of this tag could be taken for a rank's arrival, so send/recv refuse it.
+BARRIER_TAG = 32767
+
+
 def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
-    """send/recv: the peer is another rank; ``tag`` a non-negative int."""
+    """send/recv: the peer is another rank; ``tag`` a non-negative int other than BARRIER_TAG."""
     def check(comm: Any, shape: Shape, tag: Any, peer: Any) -> None:
         if peer == comm.rank:
             raise ValueError(f"{name}={peer} is this rank; point-to-point calls go to another "
@@ -108,6 +113,9 @@ def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
             raise TypeError(f"tag must be an int; got {type(tag).__name__}")
         if not 0 <= tag < 2**31 - 1:
             raise ValueError(f"tag must be between 0 and 2**31 - 2; got {tag}")
+        if tag == BARRIER_TAG:
+            raise ValueError(f"tag {BARRIER_TAG} is reserved for the barrier's messages; use any "
+                             f"other tag between 0 and 2**31 - 2")
     return check
 
 

@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import abc
 import collections
+import itertools
 import sys
-import weakref
 from _thread import get_ident as _thread_id
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import config
+from . import config, recorder
 from .arrays import ArrayAdapter
 from .calls import (
     ALL_GATHER,
@@ -62,9 +62,11 @@ from .calls import (
 from .checks import ArgumentChecks, Plan
 from .debug_p2p import CheckedPointToPoint
 from .emulations import Emulations
-from .errors import CollectiveError, CollectiveTimeout
+from .errors import CollectiveError
 from .launcher import LaunchInfo
 from .ops import ReduceOp
+from .recorder import END, POSTED, STARTED, STATE, CallRecord
+from .reliability import _LIVE, Reliability
 from .work import Work, deliver
 
 _C_INT_MAX = 2**31 - 1
@@ -73,15 +75,17 @@ _C_INT_MAX = 2**31 - 1
 #: program that drops handles in a loop runs in bounded memory.
 MAX_PENDING = 1024
 
-# Every communicator not yet closed. A timeout leaves requests behind in the transport,
-# and a peer that timed out on ANOTHER communicator left its own behind there: the next
-# call on any communicator of that transport could match one of them and return the
-# peer's abandoned data. So a timeout makes every live communicator of its backend in
-# this process unusable (see Communicator._timeout_error).
-_LIVE: weakref.WeakSet[Communicator] = weakref.WeakSet()
+
+_clock = recorder.clock
+# Names of communicators in the split tree (see Communicator.trace_name): communicators made
+# without a parent are numbered in the order this process made them; a split's child is
+# named by split() before the backend makes it (pushed here, taken by __init__).
+_ROOTS = itertools.count()
+_ORDER = itertools.count()
+_CHILD_NAME: list[str] = []
 
 
-class Communicator(CheckedPointToPoint, Emulations, ArgumentChecks):
+class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks):
     """A group of ranks that run collectives together.
 
     Attributes: ``rank`` (0 .. size-1 within this communicator), ``size``,
@@ -99,6 +103,11 @@ class Communicator(CheckedPointToPoint, Emulations, ArgumentChecks):
     constructor's ``timeout`` argument, else ``COLLECTIVES_TIMEOUT``, else 1800 s,
     and a ``split`` inherits it. ``debug`` is whether calls are fingerprinted
     (``COLLECTIVES_DEBUG=1``).
+
+    Every collective (and ``barrier``) takes ``timeout=``: seconds (or a timedelta) for this
+    call, overriding the communicator's ``timeout`` (0: none); bad values are the same errors
+    as the constructor's. Every call is remembered by the flight recorder
+    (:mod:`collectives.recorder`; ``register_hook``, ``dump_trace``).
 
     Every collective takes ``async_op=True``: it then returns a :class:`Work` whose
     ``wait()`` returns what the call would have returned. The collectives that return
@@ -135,46 +144,63 @@ class Communicator(CheckedPointToPoint, Emulations, ArgumentChecks):
         self._gate: int | None = self._owner
         # The plans of the kinds of arrays that passed the checks (see _plan).
         self._plans: dict[tuple[Any, ...], Plan] = {}
+        #: This communicator's place in the split tree, the same on every member: "world" (the
+        #: one init() made), "comm<N>" (made directly), "<parent>/<k>:<color>" (the k-th split).
+        self.trace_name = _CHILD_NAME.pop() if _CHILD_NAME else f"comm{next(_ROOTS)}"
+        self._trace_order = next(_ORDER)
+        self._trace_splits = 0
+        # The flight recorder (collectives/recorder.py): the last calls, None when turned off.
+        self._ring = recorder.new_ring(self)
+        self._hooks: list[Callable[[CallRecord], Any]] = []
+        if config.env_flag(config.PROFILE):
+            from . import profile  # noqa: PLC0415
+
+            profile.attach(self)
         _LIVE.add(self)
 
     # -- the public interface: every method hands its arguments to _run ------------------
 
-    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", *, async_op: bool = False) -> Any:
+    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", *, async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Reduce ``x`` elementwise over all ranks, in place; every rank gets the result.
 
         ``x`` keeps its shape and dtype. ``op`` must be allowed on ``x``'s dtype
         (see :data:`collectives.ops.ALLOWED_OPS`), else ``TypeError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        return self._run(ALL_REDUCE, x, op, -1, None, async_op)
+        return self._run(ALL_REDUCE, x, op, -1, None, async_op, None, timeout)
 
-    def broadcast(self, x: Any, src: int = 0, *, async_op: bool = False) -> Any:
+    def broadcast(self, x: Any, src: int = 0, *, async_op: bool = False,
+                  timeout: Any = None) -> Any:
         """Copy rank ``src``'s ``x`` into ``x`` on every rank, in place.
 
         ``x`` must have the same shape and dtype on every rank. ``src`` is a rank
         of this communicator (``0 <= src < size``), else ``ValueError``. Returns
         ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
         """
-        return self._run(BROADCAST, x, None, src, None, async_op)
+        return self._run(BROADCAST, x, None, src, None, async_op, None, timeout)
 
     def reduce(self, x: Any, op: ReduceOp | str = "sum", dst: int = 0, *,
-               async_op: bool = False) -> Any:
+               async_op: bool = False,
+               timeout: Any = None) -> Any:
         """Reduce ``x`` elementwise over all ranks into ``x`` on rank ``dst``, in place.
 
         On the other ranks ``x`` is left untouched. ``op`` as for :meth:`all_reduce`.
         Returns ``x`` (or a :class:`Work` whose ``wait()`` returns ``x``).
         """
-        return self._run(REDUCE, x, op, dst, None, async_op)
+        return self._run(REDUCE, x, op, dst, None, async_op, None, timeout)
 
-    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
+    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Gather every rank's ``x``: a new array of shape ``(size, *x.shape)``.
 
         Row ``r`` of the result is rank ``r``'s ``x``. ``x`` is not modified. With
         ``out=`` the rows are written into ``out`` (shape ``(size, *x.shape)``).
         """
-        return self._run(ALL_GATHER, x, None, -1, out, async_op)
+        return self._run(ALL_GATHER, x, None, -1, out, async_op, None, timeout)
 
-    def all_gather_v(self, x: Any, *, out: Any = None, async_op: bool = False) -> Any:
+    def all_gather_v(self, x: Any, *, out: Any = None, async_op: bool = False,
+                     timeout: Any = None) -> Any:
         """Gather arrays whose first dimension may differ between ranks.
 
         Returns ``(gathered, counts)``: every rank's ``x`` concatenated in rank order
@@ -183,10 +209,11 @@ class Communicator(CheckedPointToPoint, Emulations, ArgumentChecks):
         on every rank. ``out=`` (shape ``(sum(counts), *x.shape[1:])``) receives the
         concatenation. The counts travel first, in one small all_gather.
         """
-        return self._run(ALL_GATHER_V, x, None, -1, out, async_op)
+        return self._run(ALL_GATHER_V, x, None, -1, out, async_op, None, timeout)
 
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None,
-                       async_op: bool = False) -> Any:
+                       async_op: bool = False,
+                       timeout: Any = None) -> Any:
         """Reduce ``x`` over all ranks and return this rank's block of rows.
 
         ``x.shape[0]`` must be divisible by ``size`` (else ``ValueError``); the
@@ -194,27 +221,30 @@ class Communicator(CheckedPointToPoint, Emulations, ArgumentChecks):
         holding rows ``rank * n // size`` to ``(rank + 1) * n // size`` of the
         reduction. ``x`` is not modified.
         """
-        return self._run(REDUCE_SCATTER, x, op, -1, out, async_op)
+        return self._run(REDUCE_SCATTER, x, op, -1, out, async_op, None, timeout)
 
-    def gather(self, x: Any, dst: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+    def gather(self, x: Any, dst: int = 0, *, out: Any = None, async_op: bool = False,
+               timeout: Any = None) -> Any:
         """Gather every rank's ``x`` on rank ``dst``: there a new ``(size, *x.shape)``
         array (row ``r`` is rank ``r``'s ``x``), ``None`` on the other ranks.
 
         ``out=`` is used on ``dst`` only (the other ranks may pass ``None``).
         """
-        return self._run(GATHER, x, None, dst, out, async_op)
+        return self._run(GATHER, x, None, dst, out, async_op, None, timeout)
 
-    def scatter(self, x: Any, src: int = 0, *, out: Any = None, async_op: bool = False) -> Any:
+    def scatter(self, x: Any, src: int = 0, *, out: Any = None, async_op: bool = False,
+                timeout: Any = None) -> Any:
         """Hand row ``r`` of rank ``src``'s ``x`` to rank ``r``.
 
         Every rank passes ``x`` of the same shape ``(size, *rest)`` and dtype (only
         ``src``'s content is read; ``x`` is never modified). Returns a new array of
         shape ``rest`` (or ``out``).
         """
-        return self._run(SCATTER, x, None, src, out, async_op)
+        return self._run(SCATTER, x, None, src, out, async_op, None, timeout)
 
     def all_to_all(self, x: Any, send_splits: Sequence[int] | None = None, *, out: Any = None,
-                   async_op: bool = False) -> Any:
+                   async_op: bool = False,
+                   timeout: Any = None) -> Any:
         """Every rank sends a block of rows to every rank.
 
         Equal form (``send_splits=None``): ``x`` has shape ``(size, *rest)``; row ``j``
@@ -227,37 +257,55 @@ class Communicator(CheckedPointToPoint, Emulations, ArgumentChecks):
         rank).
         """
         if send_splits is None:
-            return self._run(ALL_TO_ALL, x, None, -1, out, async_op)
-        return self._run(ALL_TO_ALL_V, x, None, -1, out, async_op, send_splits)
+            return self._run(ALL_TO_ALL, x, None, -1, out, async_op, None, timeout)
+        return self._run(ALL_TO_ALL_V, x, None, -1, out, async_op, send_splits, timeout)
 
-    def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False) -> Any:
+    def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False,
+             timeout: Any = None) -> Any:
         """Send ``x`` to rank ``dst`` (matched by a :meth:`recv` there with the same ``tag``).
 
         Returns ``None``, or with ``async_op=True`` a :class:`Work`; ``x`` must not be
         changed until that has completed.
         """
-        return self._run(SEND, x, None, dst, None, async_op, tag)
+        return self._run(SEND, x, None, dst, None, async_op, tag, timeout)
 
-    def recv(self, x: Any, src: int, *, tag: int = 0, async_op: bool = False) -> Any:
+    def recv(self, x: Any, src: int, *, tag: int = 0, async_op: bool = False,
+             timeout: Any = None) -> Any:
         """Receive into ``x``, in place, what rank ``src`` sent with ``tag``; returns ``x``.
 
         ``x`` must have the shape and dtype of the sender's array (in debug mode a
         difference is :class:`CollectiveMismatch`; otherwise the transport's error).
         """
-        return self._run(RECV, x, None, src, None, async_op, tag)
+        return self._run(RECV, x, None, src, None, async_op, tag, timeout)
 
-    def barrier(self) -> None:
-        """Block until every rank of this communicator has called ``barrier``."""
+    def barrier(self, *, timeout: Any = None) -> None:
+        """Block until every rank of this communicator has called ``barrier``.
+
+        Under a timeout (the communicator's, or ``timeout=`` for this call) the
+        :class:`CollectiveTimeout` on rank 0 names the ranks that never arrived: before the
+        transport's barrier every rank sends rank 0 a word (tag 32767,
+        ``collectives.calls.BARRIER_TAG``, which send/recv refuse). Without a timeout: the transport's barrier.
+        """
         self._check_open()
-        self._begin(BARRIER)
-        if self.debug:
-            self._compare_fingerprints(None, -1, None, ())
+        kept = self.timeout
+        if timeout is not None:  # this call's (a timeout's message names it)
+            self.timeout = config.timeout_seconds(timeout or 0)
+        record = self._begin(BARRIER)
         try:
-            self._barrier()
-        except CollectiveError:
-            raise
+            if self.debug:
+                self._compare_fingerprints(None, -1, None, ())
+            if self.timeout is None or self.size == 1:
+                self._barrier()
+            else:
+                self._monitored_barrier(self.timeout)
         except Exception as error:
+            self._failed(record, error)
+            if isinstance(error, CollectiveError):
+                raise
             raise self._transport_error(error) from error
+        finally:
+            self.timeout = kept
+        self._completed(record)
 
     def split(self, color: int | None, key: int | None = None) -> Communicator | None:
         """A new communicator over the ranks that passed the same ``color``.
@@ -278,16 +326,23 @@ class Communicator(CheckedPointToPoint, Emulations, ArgumentChecks):
             raise ValueError(f"color must be at most 2**31 - 1 = {_C_INT_MAX}; got {color}")
         if key is not None and not -_C_INT_MAX - 1 <= int(key) <= _C_INT_MAX:
             raise ValueError(f"key must be between -2**31 and 2**31 - 1; got {key}")
-        self._begin(SPLIT)
-        if self.debug:  # colors and keys differ by design: only the call itself is compared
-            self._compare_fingerprints(None, -1, None, ())
+        record = self._begin(SPLIT)
+        _CHILD_NAME[:] = [f"{self.trace_name}/{self._trace_splits}:{color}"]
+        self._trace_splits += 1
         try:
-            return self._split(None if color is None else int(color),
-                               self.rank if key is None else int(key))
-        except CollectiveError:
-            raise
+            if self.debug:  # colors and keys differ by design: only the call itself is compared
+                self._compare_fingerprints(None, -1, None, ())
+            child = self._split(None if color is None else int(color),
+                                self.rank if key is None else int(key))
         except Exception as error:
+            self._failed(record, error)
+            if isinstance(error, CollectiveError):
+                raise
             raise self._transport_error(error) from error
+        finally:
+            _CHILD_NAME.clear()
+        self._completed(record)
+        return child
 
     def close(self) -> None:
         """Complete outstanding asynchronous calls, then release the transport's resources;
@@ -341,14 +396,17 @@ class Communicator(CheckedPointToPoint, Emulations, ArgumentChecks):
     # -- the one call path ---------------------------------------------------------------
 
     def _run(self, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: Any,
-             extra: Any = None) -> Any:
-        """Check, number, fingerprint, run and map the errors of one call of ``call``'s kind.
+             extra: Any = None, timeout: Any = None) -> Any:
+        """Check, number, fingerprint, record, run and map the errors of one call of
+        ``call``'s kind.
 
         Everything before the backend's method is local: a bad argument raises on this
         rank with nothing sent and ``x`` untouched.
         """
         if self._gate != _thread_id():  # closed, unusable, or another thread
             self._check_open()
+        if timeout is not None:
+            return self._run_with_timeout(call, x, op, root, out, async_op, extra, timeout)
         if async_op is not False and async_op is not True:
             raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
         try:  # a kind of x (type, dtype, and op) that passed the checks before: its plan
@@ -368,23 +426,38 @@ class Communicator(CheckedPointToPoint, Emulations, ArgumentChecks):
             self._reap()
         if call.collective:
             self._seq += 1
-            self._operation = call.name
-            if self.debug:
-                self._compare_fingerprints(reduce_op, root, dtype, call.fingerprint_shape(x.shape))
+        self._operation = call.name
+        ring = self._ring
+        if ring is not None:  # the flight recorder (collectives/recorder.py); a call with an
+            # end time and no error has completed (one STORE less on every call)
+            # (the fast path's numpy view has x's shape as a plain tuple: a torch.Size costs more)
+            record = [self._seq, call, dtype, (x if view is None else view).shape, root, STARTED,
+                      _clock(), 0.0, None, None]
+            ring.append(record)
         else:
-            self._operation = call.name
+            record = None
         try:
+            if self.debug and call.collective:
+                self._compare_fingerprints(reduce_op, root, dtype, call.fingerprint_shape(x.shape))
             if view is not None and not async_op and fast(view, root):
-                return x  # the backend's fast path ran it (see _fast_path)
-            if self.debug and not call.collective:
+                result = x  # the backend's fast path ran it (see _fast_path)
+            elif self.debug and not call.collective:
                 result = self._checked_p2p(call, x, adapter, dtype, root, async_op, extra)
             else:
                 result = call.run(self, x, adapter, dtype, reduce_op, root, out, async_op, extra)
-        except CollectiveError:
-            raise
         except Exception as error:
+            if record is not None:
+                self._failed(record, error)
+            if isinstance(error, CollectiveError):
+                raise
             raise self._transport_error(error) from error
+        if record is not None:
+            record[END] = _clock()
+            if self._hooks:
+                self._call_hooks(record)
         if async_op:
+            if record is not None:
+                record[STATE] = POSTED
             if type(result) is not Work:  # a handle that may still be running: keep it
                 if call.collective:
                     self._keep(result)
@@ -394,12 +467,17 @@ class Communicator(CheckedPointToPoint, Emulations, ArgumentChecks):
             return result
         return x if call.in_place else result
 
-    def _begin(self, call: Call) -> None:
-        """Number a call that takes no array (barrier, split)."""
+    def _begin(self, call: Call) -> list[Any] | None:
+        """Number (and record) a call that takes no array (barrier, split)."""
         if self._pending:
             self._reap()
         self._seq += 1
         self._operation = call.name
+        if self._ring is None:
+            return None
+        record = [self._seq, call, None, None, -1, STARTED, _clock(), 0.0, None, None]
+        self._ring.append(record)
+        return record
 
     # -- asynchronous handles ------------------------------------------------------------
 
@@ -439,80 +517,6 @@ class Communicator(CheckedPointToPoint, Emulations, ArgumentChecks):
                 f"{threading.current_thread().name!r}. Two threads on one communicator would "
                 "mix up their calls between ranks: give each thread a communicator of its "
                 "own (split() in the owning thread, then bind_thread() in the other)")
-
-    # -- reliability: sequence numbers, fingerprints, timeouts ---------------------------
-
-    @property
-    def sequence_number(self) -> int:
-        """How many collectives this communicator has started (the running one's number)."""
-        return self._seq
-
-    @property
-    def _timeout_arg(self) -> float:
-        """``timeout`` as a constructor argument, for a split to inherit (0: none)."""
-        return 0.0 if self.timeout is None else self.timeout
-
-    def _call_name(self, call: tuple[str, int] | None = None) -> str:
-        operation, seq = call or (self._operation, self._seq)
-        return f"{operation or 'collective'} (call #{seq}) on {self!r}"
-
-    def _timeout_error(self, detail: str = "", call: tuple[str, int] | None = None) -> CollectiveTimeout:
-        """A :class:`CollectiveTimeout` for the running call (or ``call``: operation and
-        sequence number of an asynchronous one); the communicator becomes unusable.
-
-        Backends call this when their deadline passes (or their transport timed out).
-        """
-        call_name = self._call_name(call)
-        self._broken = (f"{self!r} is unusable: {call_name} timed out, and the transport cannot "
-                        "take it back (some ranks may still be inside it); create a new "
-                        "communicator, or end the job")
-        for sibling in list(_LIVE):  # a peer may have left requests on any of them
-            if sibling is not self and sibling.backend == self.backend and not sibling._broken:
-                sibling._broken = (
-                    f"{sibling!r} is unusable: {call_name} timed out, and this communicator "
-                    f"shares the {self.backend} transport with it (a rank that timed out on "
-                    "another communicator may have left a call behind on this one); end the job")
-        source = f"timeout={self.timeout:g}s" if self.timeout is not None else "the transport's timeout"
-        return CollectiveTimeout(
-            f"{call_name} did not complete within {source} ({config.TIMEOUT}): another rank "
-            f"skipped this call, called a different collective, or is stuck or dead"
-            f"{'; ' + detail if detail else ''}. This communicator is now unusable: "
-            "every later call on it raises."
-        )
-
-    def _transport_error(self, error: Exception) -> Exception:
-        """What an exception raised inside the running call becomes.
-
-        Our own ``TypeError``/``ValueError`` (and ``MemoryError``) propagate unchanged;
-        anything else came from the transport and becomes :class:`CollectiveError` naming
-        the call. Backends override this to turn their transport's timeout into
-        :meth:`_timeout_error` first, and end with this.
-        """
-        if isinstance(error, (TypeError, ValueError, MemoryError)):
-            return error
-        text = str(error).strip()
-        first_line = text.splitlines()[0][:300] if text else ""
-        return CollectiveError(f"{self._call_name()} failed in the {self.backend} transport: "
-                               f"{type(error).__module__}.{type(error).__qualname__}: {first_line}")
-
-    def _compare_fingerprints(self, reduce_op: ReduceOp | None, root: int, dtype: str | None,
-                              shape: tuple[int, ...]) -> None:
-        """Debug mode: ``CollectiveMismatch`` on every rank unless every rank makes this call.
-
-        One all_gather of a fixed-size int64 vector over this communicator's own transport.
-        """
-        from .debug import fingerprint, mismatch  # noqa: PLC0415  (debug mode only)
-
-        mine = fingerprint(self._operation, self._seq, reduce_op, root, dtype, tuple(shape))
-        try:
-            everyone = self._exchange_small(mine)
-        except CollectiveError:
-            raise
-        except Exception as error:
-            raise self._transport_error(error) from error
-        found = mismatch(everyone, self)
-        if found is not None:
-            raise found
 
     def _split_groups(self, color: int | None, key: int) -> list[int] | None:
         """Every rank's group for ``split``, through one all_gather of (color, key).

@@ -16,8 +16,38 @@ TIMEOUT = "COLLECTIVES_TIMEOUT"
 #: (CollectiveMismatch on a difference); costs one small all_gather per collective.
 DEBUG = "COLLECTIVES_DEBUG"
 
+#: Calls each communicator remembers for diagnosis (default DEFAULT_TRACE_SIZE; 0 turns
+#: the flight recorder off).
+TRACE_SIZE = "COLLECTIVES_TRACE_SIZE"
+#: A folder: each rank writes ``rank-<R>.json`` there on a timeout, a mismatch, SIGTERM,
+#: SIGINT, SIGUSR1 or a crash (read them with ``collectives-trace DIR``). Unset: no dumps.
+TRACE_DIR = "COLLECTIVES_TRACE_DIR"
+#: 1 records each call's site (the first frame outside the library): costs a frame walk per call.
+TRACE_CALLSITE = "COLLECTIVES_TRACE_CALLSITE"
+#: 1 prints a table of calls, time, algbw and busbw per op and size range at exit (rank 0).
+PROFILE = "COLLECTIVES_PROFILE"
+#: 0 installs none of the process-wide hooks (exit, excepthook, signal handlers, the SIGINT
+#: watcher; see collectives/process_hooks.py) for programs that manage exits and signals.
+PROCESS_HOOKS = "COLLECTIVES_PROCESS_HOOKS"
+
 #: Seconds, like torch.distributed's own default.
 DEFAULT_TIMEOUT = 1800.0
+#: Calls remembered per communicator (each a small list: a few hundred bytes).
+DEFAULT_TRACE_SIZE = 2000
+
+
+def trace_size() -> int:
+    """``COLLECTIVES_TRACE_SIZE`` (default :data:`DEFAULT_TRACE_SIZE`; 0: no recorder)."""
+    text = os.environ.get(TRACE_SIZE, "").strip()
+    if not text:
+        return DEFAULT_TRACE_SIZE
+    try:
+        size = int(text)
+    except ValueError:
+        size = -1
+    if size < 0:
+        raise ValueError(f"{TRACE_SIZE}={text!r} is not a number of calls; use e.g. 2000, or 0 for none")
+    return size
 
 
 def timeout_seconds(timeout: float | None = None) -> float | None:

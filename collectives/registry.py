@@ -7,7 +7,7 @@ import os
 import threading
 from typing import Any
 
-from . import config
+from . import config, process_hooks
 from .communicator import Communicator
 from .errors import BackendUnavailable
 from .launcher import LaunchInfo, detect_launcher
@@ -82,5 +82,10 @@ def init(backend: str | None = None, *, timeout: Any = None) -> Communicator:
         cls = backend_class(name)
         # Backends that predate timeouts take no such argument: pass it only when given.
         kwargs = {} if timeout is None else {"timeout": timeout}
+        # The process-wide hooks (collectives/process_hooks.py): before the backend starts, so
+        # a failing bootstrap ends the job, and after, around what the transport installed.
+        process_hooks.install(launch)
         _default = cls.from_launcher(launch, **kwargs)
+        _default.trace_name = "world"
+        process_hooks.install(launch)
         return _default

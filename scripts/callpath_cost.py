@@ -6,8 +6,10 @@
 Times ``all_reduce`` and ``broadcast`` of 4 bytes (float32) on numpy arrays and CPU torch
 tensors, ours against raw mpi4py on the same buffer (for a tensor: ``t.numpy()`` each call,
 as a raw caller writes it), with the default timeout (nonblocking call polled against a
-deadline) and with ``timeout=0`` (blocking MPI calls). Each pair runs in interleaved rounds
-and the best round counts. ``time.thread_time`` counts only this thread's CPU time, so on a
+deadline) and with ``timeout=0`` (blocking MPI calls); at the default timeout also with the
+flight recorder off (``COLLECTIVES_TRACE_SIZE=0``), on (the default) and on with the call
+site (``COLLECTIVES_TRACE_CALLSITE=1``). The variants of one array and op run in interleaved
+rounds and the best round counts. ``time.thread_time`` counts only this thread's CPU time, so on a
 loaded machine the difference still shows the call path's cost (wall-clock benchmarks are
 collectives-bench). Prints microseconds per call and the difference; ``--json PATH`` writes them.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -50,35 +53,49 @@ def main() -> None:
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     rows = []
-    for timeout in (None, 0):
-        ours_comm = MPICommunicator(timeout=timeout)
-        raw_comm = world.Dup()
-        for kind in ("numpy", "torch"):
-            for op in ("all_reduce", "broadcast"):
-                x = np.ones(1, np.float32) if kind == "numpy" else torch.ones(1)
-                ours_fn = (lambda c=ours_comm, x=x: c.all_reduce(x)) if op == "all_reduce" else \
-                    (lambda c=ours_comm, x=x: c.broadcast(x, 0))
-                raw_fn = raw_call(op, x, raw_comm)
-                best = {"ours": float("inf"), "raw": float("inf")}
-                for _ in range(args.rounds):
-                    for name, fn in (("ours", ours_fn), ("raw", raw_fn)):
-                        world.Barrier()
-                        best[name] = min(best[name], per_call_us(fn, args.calls))
-                rows.append({"timeout": "default" if timeout is None else "0", "array": kind,
-                             "op": op, "ours_us": best["ours"], "raw_us": best["raw"],
-                             "diff_us": best["ours"] - best["raw"]})
-        ours_comm.close()
-        raw_comm.Free()
+    # (timeout, recorder): the recorder is read from the environment when a communicator is made.
+    variants = [(None, "on"), (0, "on"), (None, "off"), (None, "call site")]
+    recorder_env = {"on": {}, "off": {"COLLECTIVES_TRACE_SIZE": "0"},
+                    "call site": {"COLLECTIVES_TRACE_CALLSITE": "1"}}
+    comms = {}
+    for timeout, recorder in variants:
+        saved = dict(os.environ)
+        os.environ.update(recorder_env[recorder])
+        comms[timeout, recorder] = MPICommunicator(timeout=timeout)
+        os.environ.clear()
+        os.environ.update(saved)
+    raw_comm = world.Dup()
+    for kind in ("numpy", "torch"):
+        for op in ("all_reduce", "broadcast"):
+            x = np.ones(1, np.float32) if kind == "numpy" else torch.ones(1)
+            fns = {variant: (lambda c=comm, x=x: c.all_reduce(x)) if op == "all_reduce" else
+                   (lambda c=comm, x=x: c.broadcast(x, 0)) for variant, comm in comms.items()}
+            fns["raw"] = raw_call(op, x, raw_comm)
+            best = {name: float("inf") for name in fns}
+            for _ in range(args.rounds):  # interleaved: every variant in every round
+                for name, fn in fns.items():
+                    world.Barrier()
+                    best[name] = min(best[name], per_call_us(fn, args.calls))
+            for timeout, recorder in variants:
+                ours = best[timeout, recorder]
+                rows.append({"timeout": "default" if timeout is None else "0", "recorder": recorder,
+                             "array": kind, "op": op, "ours_us": ours, "raw_us": best["raw"],
+                             "diff_us": ours - best["raw"]})
+    for comm in comms.values():
+        comm.close()
+    raw_comm.Free()
     if world.rank == 0:
+        load = os.getloadavg()
         print(f"ranks={world.size}; CPU time of the calling thread per call, best of "
-              f"{args.rounds} rounds of {args.calls}")
-        print(f"{'timeout':>8} {'array':>6} {'op':>11} {'ours us':>8} {'raw us':>8} {'diff us':>8}")
+              f"{args.rounds} rounds of {args.calls}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+        print(f"{'timeout':>8} {'recorder':>9} {'array':>6} {'op':>11} {'ours us':>8} {'raw us':>8} {'diff us':>8}")
         for r in rows:
-            print(f"{r['timeout']:>8} {r['array']:>6} {r['op']:>11} {r['ours_us']:8.2f} "
+            print(f"{r['timeout']:>8} {r['recorder']:>9} {r['array']:>6} {r['op']:>11} {r['ours_us']:8.2f} "
                   f"{r['raw_us']:8.2f} {r['diff_us']:+8.2f}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"ranks": world.size, "rows": rows}, f, indent=1)
+                json.dump({"ranks": world.size, "load_average": load, "calls": args.calls,
+                           "rounds": args.rounds, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ spec = importlib.util.spec_from_file_location(
     "_exits", Path(__file__).resolve().parents[1] / "collectives" / "_exits.py")
 _exits = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(_exits)
-_exits.record_exit_calls()  # what `import collectives` does
+_exits.record_exit_calls()  # what `import collectives` does under an MPI launcher (size > 1)
 
 
 def start():  # what collectives.init() does under an MPI launcher

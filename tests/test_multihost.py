@@ -10,6 +10,7 @@ wait is on the processes' exit or on a line of their output.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import queue
 import re
@@ -326,3 +327,41 @@ def wait_until_hosts_are_empty(bed, timeout=10):
     while (left := {h: pids for h in bed.names if (pids := bed.pids(h))}) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
+
+
+@pytest.mark.parametrize("launcher, backend", [("torchrun", "torch"), ("mpiexec", "mpi")])
+def test_a_host_that_goes_silent_ends_in_a_timeout_on_the_other_host_with_dumps(bed, tmp_path, launcher, backend):
+    """host-b leaves the switch without a reset (its processes live on): host-a's ranks raise
+    CollectiveTimeout at COLLECTIVES_TIMEOUT, write their flight-recorder dumps, and the
+    launcher on host-a (torchrun, or mpiexec after their MPI_Abort) ends with nothing of the
+    job left running there."""
+    seconds = 5
+    job = Job(bed, launcher, [str(SCRIPTS / "fault_check.py")], backend, rank_timeout=seconds,
+              env={"COLLECTIVES_TRACE_DIR": str(tmp_path)})
+    try:
+        job.wait_for(r"READY rank=\d+ host=", RANKS_PER_HOST * len(HOSTS))
+        ranks = {int(r): h for r, h in re.findall(r"READY rank=(\d+) host=(host-[a-d])", job.text)}
+        survivors = sorted(r for r, h in ranks.items() if h == "host-a")
+        cut_at = time.monotonic()
+        bed.cut("host-b")
+        codes = job.wait(["host-a"], timeout=FAULT_DEADLINE + 4 * seconds)
+        ended = time.monotonic() - cut_at
+        deadline = time.monotonic() + 10  # the launcher may exit while its kills are delivered
+        while (left := bed.pids("host-a")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        job.kill()
+        bed.reconnect("host-b")
+    text = job.text
+    assert codes["host-a"] != 0, text
+    assert not left, f"processes left running on host-a after its torchrun ended: {left}\n{text}"
+    for rank in survivors:
+        assert re.search(rf"PEER LOST rank={rank} after=[0-9.]+s: CollectiveTimeout: all_reduce", text), text
+    detected = [float(t) for t in re.findall(r"PEER LOST rank=\d+ after=([0-9.]+)s", text)]
+    assert all(seconds <= t < seconds + 10 for t in detected), detected
+    for rank in survivors:
+        dump = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert dump["reason"].startswith("CollectiveTimeout in all_reduce"), dump["reason"]
+        assert dump["host"] == "host-a"
+    print(f"TIMING host-b silent -> host-a's ranks raised after {max(detected):.2f} s "
+          f"(COLLECTIVES_TIMEOUT={seconds}); {launcher} ({backend}) there ended {ended:.2f} s after the cut")

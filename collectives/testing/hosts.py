@@ -308,6 +308,16 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec sh -c "$1"' 
             raise RuntimeError(f"tc could not shape the link: {results[0].stderr.strip()}")
         return " ".join(chosen)
 
+    def cut(self, host: str) -> None:
+        """Take ``host`` off the switch without a word: its port leaves the bridge, so from
+        then on nothing it sends arrives and nothing reaches it, with no reset, no ICMP and
+        its own ``eth0`` still up (a cable pulled further away, or a host that hangs)."""
+        _ip("-n", self.switch, "link", "set", f"port{self.names.index(host)}", "nomaster")
+
+    def reconnect(self, host: str) -> None:
+        """Undo :meth:`cut`."""
+        _ip("-n", self.switch, "link", "set", f"port{self.names.index(host)}", "master", "br0")
+
     def unshape(self) -> None:
         for name in self.names:
             _ip_tc(self.namespaces[name], None)
