@@ -44,6 +44,7 @@ from collectives.communicator import Communicator, Work
 from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
+from collectives.polling import wait_until
 
 from . import _float_order
 from ._toolkit import (
@@ -57,7 +58,6 @@ from ._toolkit import (
     offsets,
     row_bytes,
     stage,
-    wait_until,
 )
 from .mpi_buffers import cupyx_empty_pinned, device_buffer, host_view, mpi_cuda_aware  # noqa: F401
 from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)

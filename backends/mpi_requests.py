@@ -8,8 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from collectives.communicator import Work
-
-from ._toolkit import PollPolicy
+from collectives.polling import PollPolicy
 
 if TYPE_CHECKING:
     from .mpi import MPICommunicator

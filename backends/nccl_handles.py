@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from collectives.communicator import Work
 from collectives.errors import CollectiveError
-
-from ._toolkit import PollPolicy, wait_until, yield_or_sleep
+from collectives.polling import PollPolicy, wait_until, yield_or_sleep
 
 if TYPE_CHECKING:
     from .cupy_nccl import CupyNcclCommunicator

@@ -9,16 +9,15 @@ import pytest
 import torch
 from collectives.backends import mpi_requests
 from collectives.backends._toolkit import (
-    PollPolicy,
     bitwise_as_min_max,
     flat_bytes,
     fold_bitwise,
     offsets,
     stage,
-    wait_until,
 )
 
 from collectives import ReduceOp, arrays
+from collectives.polling import PollPolicy, wait_until
 
 
 def as_numpy(x):
