@@ -1,7 +1,7 @@
 """The NCCL side of the cupy backend that needs no GPU: nccl.h's enum values, how each
 dtype x op reduction runs on NCCL (:func:`reduce_plan`), and which bytes go to which peer
 in the collectives NCCL builds from send/recv (:class:`P2PPlan`). Checked on CPU by
-tests/test_cupy_backend.py.
+tests/gpu/test_cupy_backend.py.
 """
 
 from __future__ import annotations

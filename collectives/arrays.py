@@ -223,7 +223,7 @@ class TorchAdapter(ArrayAdapter):
 
     def host_view(self, x: Any, in_place: bool) -> Any:
         # x.numpy() refuses every tensor that check_memory or check_writable refuses (non-CPU,
-        # sparse/mkldnn/nested, negative bit, requires grad; tests/test_call_path.py checks
+        # sparse/mkldnn/nested, negative bit, requires grad; tests/collective_calls/test_call_path.py checks
         # each) and bfloat16; those get the checks (and their errors) and the general path.
         try:
             view = x.numpy()
