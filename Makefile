@@ -22,7 +22,7 @@ endif
 PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
 PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
-.PHONY: demo demo-collectives test test-pythons test-oldest typecheck docs lint bench bench-train clean
+.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite typecheck docs lint bench bench-train bench-c10d clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON_VERSION)" || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
@@ -73,6 +73,23 @@ bench-train: $(STAMP)
 	done
 	$(PY) scripts/bench/train.py --plot-only docs/bench/train-mpi-2.json docs/bench/train-torch-2.json \
 	  docs/bench/train-mpi-4.json docs/bench/train-torch-4.json --plot docs/bench/train.png
+
+# torch's own distributed tests (torch.testing._internal.distributed.distributed_test) against the
+# backend "collectives" and against Gloo, in the same harness under mpiexec: counts side by side
+# (docs/torch_distributed.md). SUITE_ARGS=-k PATTERN for a part of it.
+SUITE_RANKS ?= 3
+test-torch-suite: $(STAMP)
+	for b in collectives gloo; do \
+	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/torch_suite.py --backend $$b -n $(SUITE_RANKS) \
+	    --json docs/bench/torch-suite-$$b-$(SUITE_RANKS).json $(SUITE_ARGS) || exit 1; \
+	done
+
+# torch DDP over "collectives" (mpi) against DDP over Gloo and our DataParallel, steps interleaved
+# in one job (scripts/bench/c10d.py; docs/torch_distributed.md).
+bench-c10d: $(STAMP)
+	for n in 2 4; do \
+	  $(VENV)/bin/mpiexec -n $$n $(PY) scripts/bench/c10d.py --json docs/bench/c10d-ddp-$$n.json || exit 1; \
+	done
 
 # `make test` once per Python in PYTHONS, each in its own venv (3.11: .venv); a summary at the end.
 test-pythons:

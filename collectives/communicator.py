@@ -278,6 +278,34 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         """
         return self._run(RECV, x, None, src, None, async_op, tag, timeout)
 
+    # -- object collectives: pickled, through the calls above (collectives/objects.py) -----
+    # Unpickling what another rank sent trusts it, as torch's and mpi4py's do.
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` (any picklable object), on every rank (``src`` gets ``obj``)."""
+        from . import objects  # noqa: PLC0415
+
+        return objects.broadcast_object(self, obj, src)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, as a list in rank order, on every rank."""
+        from . import objects  # noqa: PLC0415
+
+        return objects.all_gather_object(self, obj)
+
+    def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
+        """Every rank's ``obj`` as a list in rank order on rank ``dst``; ``None`` elsewhere."""
+        from . import objects  # noqa: PLC0415
+
+        return objects.gather_object(self, obj, dst)
+
+    def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
+        """Object ``r`` of rank ``src``'s ``objs`` (one per rank) on rank ``r``; the other
+        ranks' ``objs`` is not read (pass ``None``)."""
+        from . import objects  # noqa: PLC0415
+
+        return objects.scatter_object(self, objs, src)
+
     def barrier(self, *, timeout: Any = None) -> None:
         """Block until every rank of this communicator has called ``barrier``.
 

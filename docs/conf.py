@@ -56,6 +56,7 @@ python_use_unqualified_type_names = True
 # the module defines) must all be in the reference, each with its classes' public members.
 public_modules = [
     "collectives",
+    "collectives.c10d",
     "collectives.config",
     "collectives.errors",
     "collectives.ops",

@@ -868,3 +868,30 @@ def test_collectives_bench_checks_every_collective_on_the_gpu(how):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = parse_table(done.stdout)
     assert rows and all(row["wrong"] == 0 for row in rows)
+
+
+# -- torch.distributed over the "collectives" backend (collectives.c10d) on CUDA ----------------
+
+C10D_WORLDS = [
+    ("cupy-1", "cupy", 1, "torchrun", {}),
+    ("cupy-2", "cupy", 2, "mpiexec", MULTI_RANK),
+    ("mpi-2-staged", "mpi", 2, "mpiexec", STAGED),
+    ("mpi-2-cuda-aware", "mpi", 2, "mpiexec", AWARE),
+]
+
+
+@pytest.mark.parametrize("world_id, backend, ranks, launcher, env", C10D_WORLDS,
+                         ids=[w[0] for w in C10D_WORLDS])
+def test_c10d_ddp_with_torch_syncbatchnorm_on_cuda_equals_one_process(world_id, backend, ranks, launcher, env):
+    if backend == "cupy" and not HAS_CUPY:
+        pytest.skip("CuPy is not installed")
+    if backend == "mpi":
+        problem = _mpi_problem(env is AWARE)
+        if problem:
+            pytest.skip(problem)
+    import c10d_jobs
+
+    with RankPool(backend, ranks, launcher=launcher, env=env) as pool:
+        for out in pool.run(c10d_jobs.cuda_ddp_syncbn_job, args=(3,), timeout=JOB_TIMEOUT):
+            for name, want in out["want"].items():
+                np.testing.assert_allclose(out["got"][name], want, rtol=0, atol=1e-10, err_msg=name)

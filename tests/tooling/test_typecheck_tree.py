@@ -21,8 +21,8 @@ def test_the_tree_holds_every_installed_module_at_its_installed_name(tmp_path: P
               for path in tmp_path.rglob("*") if path.is_symlink()}
     # What the installed package holds (the editable install maps the same package-dir).
     installed = {}
-    for package in ("collectives", "collectives.bench", "collectives.testing", "collectives.backends",
-                    "collectives.syncbn"):
+    for package in ("collectives", "collectives.bench", "collectives.c10d", "collectives.testing",
+                    "collectives.backends", "collectives.syncbn"):
         spec = importlib.util.find_spec(package)
         assert spec is not None and spec.submodule_search_locations is not None
         folder = Path(next(iter(spec.submodule_search_locations)))

@@ -1,0 +1,69 @@
+"""A torch.distributed backend named "collectives", made of a Communicator.
+
+    import collectives.c10d                       # registers the backend (once)
+    collectives.c10d.init_process_group()         # rendezvous under mpiexec/mpirun/srun/torchrun
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+or plain ``dist.init_process_group("collectives")`` (env://), or the mixed
+``"cpu:gloo,cuda:collectives"``. The transport is the one ``collectives.init()`` picks
+(``COLLECTIVES_BACKEND``, else auto): ``mpi`` (CPU and CUDA tensors), ``cupy`` (CUDA
+tensors; the NCCL id travels through torch's store) or ``local`` (one rank). torch's
+own transports (``torch``: Gloo, NCCL) are refused: use them as torch backends directly.
+
+Importing this package imports torch; ``import collectives`` does not import it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from collectives.communicator import Communicator
+
+from .process_group import BACKEND_NAME, ProcessGroupCollectives
+from .rendezvous import create_process_group, rendezvous_kwargs
+from .worker import CollectivesWork
+
+
+def register() -> None:
+    """Register the backend "collectives" with torch.distributed (for devices cpu and cuda).
+    Importing this package does it; calling it again does nothing."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True,
+                                  devices=["cpu", "cuda"])
+
+
+register()
+
+
+def init_process_group(backend: str = BACKEND_NAME, **kwargs: Any) -> None:
+    """``torch.distributed.init_process_group(backend="collectives", **kwargs)``, with the
+    rendezvous taken from whatever launched the job.
+
+    Under mpiexec/mpirun/srun (more than one rank) rank 0 serves torch's store and its
+    address reaches the other ranks over MPI: no ``MASTER_ADDR``/``MASTER_PORT`` needed.
+    Under torchrun (or with ``MASTER_ADDR`` set) torch's env:// is used as it is; without
+    a launcher the group has one rank. ``init_method``/``store``, ``rank``,
+    ``world_size``, ``timeout``, ``device_id`` and the rest pass through unchanged.
+    """
+    register()
+    dist.init_process_group(backend=backend, **rendezvous_kwargs(kwargs))
+
+
+def communicator(group: Any = None) -> Communicator:
+    """The Communicator behind a "collectives" process group (``None``: the default group),
+    for the caller's own collectives (``syncbn.SyncBatchNorm(comm=...)``,
+    ``syncbn.DataParallel(..., comm=...)``). It takes calls from the thread that created
+    the group; torch's operations on the group run on a communicator of their own."""
+    pg = dist.distributed_c10d._get_default_group() if group is None else group
+    if not isinstance(pg, ProcessGroupCollectives):
+        raise TypeError(f"group is a process group of backend {dist.get_backend(pg)!r}, not "
+                        f"{BACKEND_NAME!r}; make it with init_process_group(backend={BACKEND_NAME!r}) "
+                        f"or new_group(backend={BACKEND_NAME!r})")
+    return pg.comm
+
+
+__all__ = ["BACKEND_NAME", "CollectivesWork", "ProcessGroupCollectives", "communicator", "init_process_group",
+           "register"]

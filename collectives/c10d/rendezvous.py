@@ -1,0 +1,164 @@
+"""How a "collectives" process group finds its ranks and its communicators.
+
+- :func:`rendezvous_kwargs`: the store torch's ``init_process_group`` needs, from the
+  launcher (under an MPI launcher rank 0's store address travels over MPI).
+- :func:`create_process_group`: the creator torch calls for every group it makes with
+  this backend (the default group and each ``new_group``), on the group's members only.
+  The default group's communicator is ``collectives.init()``'s (mpi, local) or a new NCCL
+  communicator whose id travels through torch's store (cupy). A subgroup's is made by
+  its members alone, since torch never calls the creator on the other ranks (so
+  ``Communicator.split``, which every rank must call, cannot make it): MPI's
+  ``Comm_create_group`` (mpi), an NCCL id through the group's store (cupy), or a
+  communicator of one rank. Each group's worker thread gets ``split(0)`` of it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import collectives
+from collectives import config
+from collectives.communicator import Communicator
+from collectives.errors import BackendUnavailable
+from collectives.launcher import LaunchInfo, detect_launcher
+from collectives.registry import resolve_backend
+
+from .process_group import BACKEND_NAME, ProcessGroupCollectives
+
+#: The transports a "collectives" group can run on.
+TRANSPORTS = ("mpi", "cupy", "local")
+
+
+def mpi_shared_store(launch: LaunchInfo, timeout: datetime.timedelta) -> Any:
+    """torch's store for a job started by an MPI launcher: a TCPStore served by rank 0,
+    its address shared over MPI (one implementation, with the torch transport's)."""
+    from collectives.backends.torch_dist import mpi_shared_tcp_store  # noqa: PLC0415
+
+    return mpi_shared_tcp_store(launch, timeout)
+
+
+def rendezvous_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for ``dist.init_process_group`` with a store where the launcher needs one."""
+    kwargs = dict(kwargs)
+    if "init_method" in kwargs or "store" in kwargs:
+        return kwargs
+    launch = detect_launcher()
+    if launch.launcher == "torchrun" or os.environ.get("MASTER_ADDR"):
+        return kwargs  # env:// as torch reads it
+    timeout = kwargs.get("timeout") or datetime.timedelta(minutes=30)
+    if launch.size == 1:
+        kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
+    elif launch.is_mpi_launcher:
+        from collectives.backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
+
+        install_abort_on_uncaught_exception(import_mpi())
+        kwargs.update(store=mpi_shared_store(launch, timeout), rank=launch.rank, world_size=launch.size)
+    return kwargs
+
+
+def transport(launch: LaunchInfo | None = None) -> str:
+    """The transport ``collectives.init()`` would choose here, if a group can run on it."""
+    name = resolve_backend(None, launch or detect_launcher())
+    if name == "torch":
+        raise BackendUnavailable(
+            f"the {BACKEND_NAME!r} torch backend runs on collectives' own transports (mpi, cupy, "
+            f"local); {config.BACKEND} (or auto under torchrun) chose 'torch', which is torch's "
+            "own Gloo and NCCL: use backend='gloo' or 'nccl' for that, or set "
+            f"{config.BACKEND}=mpi (mpiexec/mpirun/srun) or cupy")
+    return name
+
+
+def create_process_group(options: Any, backend_options: Any = None) -> ProcessGroupCollectives:
+    """torch's creator for this backend (``register_backend(..., extended_api=True)``)."""
+    rank, size = int(options.group_rank), int(options.group_size)
+    ranks = list(options.global_ranks_in_group)
+    name = transport()
+    if not ranks:  # the default group
+        comm = _world_communicator(name, options.store, rank, size)
+    else:
+        comm = _subgroup_communicator(name, options.store, rank, ranks)
+    worker_comm = comm.split(0)
+    assert worker_comm is not None
+    if os.environ.get(config.TIMEOUT, "").strip() == "":
+        # torch's timeout (init_process_group / new_group) unless COLLECTIVES_TIMEOUT says.
+        worker_comm.timeout = options.timeout.total_seconds()
+    host = None
+    if name == "cupy":  # NCCL takes CUDA tensors only: CPU tensors go to Gloo (see ProcessGroupCollectives)
+        host = dist.ProcessGroupGloo(dist.PrefixStore("host/", options.store), rank, size, options.timeout)
+    pg = ProcessGroupCollectives(comm, worker_comm, rank, size, host)
+    if name == "mpi" and size > 1:
+        # init_process_group wraps sys.excepthook (to prefix tracebacks with the rank): ours goes
+        # around it again, so that an uncaught exception on one rank ends the job (MPI_Abort).
+        from collectives.backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
+
+        install_abort_on_uncaught_exception(import_mpi())
+    return pg
+
+
+def _world_communicator(name: str, store: Any, rank: int, size: int) -> Communicator:
+    if name == "cupy":
+        return _cupy_communicator(store, rank, size)
+    comm = collectives.init(name)
+    if (comm.rank, comm.size) != (rank, size):
+        raise BackendUnavailable(
+            f"torch's rank {rank} of {size} is not the {name} transport's rank {comm.rank} of "
+            f"{comm.size}: RANK/WORLD_SIZE (or init_process_group's rank=, world_size=) must be "
+            "the launcher's (or use collectives.c10d.init_process_group())")
+    return comm
+
+
+def _subgroup_communicator(name: str, store: Any, rank: int, ranks: list[int]) -> Communicator:
+    if name == "cupy":
+        return _cupy_communicator(store, rank, len(ranks))
+    world = _default_communicator(name)
+    if len(ranks) == 1 or world.backend == "local":
+        from collectives.backends.local import LocalCommunicator  # noqa: PLC0415
+
+        return LocalCommunicator(world.local_rank, timeout=world._timeout_arg)
+    # MPI: made by the members only (MPI_Comm_create_group), ranks as torch numbers them.
+    from collectives.backends.mpi import MPICommunicator  # noqa: PLC0415
+
+    parent = world.mpi_comm  # type: ignore[attr-defined]
+    group = parent.Get_group().Incl(ranks)
+    try:
+        sub = parent.Create_group(group)
+    finally:
+        group.Free()
+    try:
+        return MPICommunicator(sub, local_rank=world.local_rank, timeout=world._timeout_arg)
+    finally:
+        sub.Free()
+
+
+def _default_communicator(name: str) -> Communicator:
+    default = dist.distributed_c10d._get_default_group()
+    if isinstance(default, ProcessGroupCollectives):
+        return default.comm
+    return _world_communicator(name, None, dist.get_rank(), dist.get_world_size())
+
+
+# Bytes of an NCCL unique id (ncclUniqueId).
+_NCCL_ID_KEY = "collectives/nccl-unique-id"
+
+
+def _cupy_communicator(store: Any, rank: int, size: int) -> Communicator:
+    """An NCCL communicator over the group's ranks, its id made by the group's rank 0 and
+    handed to the others through torch's store (CUDA device: ``LOCAL_RANK`` % devices, or
+    the one ``torch.cuda.set_device`` chose)."""
+    from collectives.backends.cupy_nccl import CupyNcclCommunicator, import_cupy_nccl  # noqa: PLC0415
+    from collectives.backends.nccl_id import comm_id_argument, id_to_bytes  # noqa: PLC0415
+
+    cupy, nccl = import_cupy_nccl()
+    launch = detect_launcher()
+    device = torch.cuda.current_device()
+    if rank == 0:
+        store.set(_NCCL_ID_KEY, id_to_bytes(nccl.get_unique_id()))
+    raw = bytes(store.get(_NCCL_ID_KEY))
+    with cupy.cuda.Device(device):
+        comm = nccl.NcclCommunicator(size, comm_id_argument(raw, cupy.__version__), rank)
+    return CupyNcclCommunicator(comm, rank, size, launch.local_rank, device)
