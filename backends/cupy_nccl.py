@@ -41,13 +41,8 @@ travels in an all_gather).
 from __future__ import annotations
 
 import logging
-import math
 import sys
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import reduce
 from typing import Any
 
 from collectives.backends.nccl_id import UNIQUE_ID_BYTES, comm_id_argument, exchange_unique_id, id_to_bytes
@@ -59,19 +54,41 @@ from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ReduceOp
 
+from ._toolkit import count, divide_, fold_bitwise, nbytes, row_bytes, stage
+from .nccl_handles import (  # noqa: F401  (wait_for and the poll constants: also importable from here)
+    _GROUP,
+    BUSY_POLL_SECONDS,
+    FAST_POLLS,
+    POLL,
+    POLL_MAX_SECONDS,
+    POLL_MIN_SECONDS,
+    _CupyStreams,
+    _launch_group,
+    _open_group,
+    _StreamWork,
+    _TorchStreams,
+    wait_for,
+)
+from .nccl_plans import (  # noqa: F401  (the plans: also importable from here)
+    BFLOAT16_SINCE,
+    NCCL_DTYPES,
+    NCCL_OPS,
+    P2PPlan,
+    ReducePlan,
+    all_gather_v_plan,
+    all_to_all_plan,
+    all_to_all_v_plan,
+    decode_nccl_version,
+    gather_plan,
+    reduce_plan,
+    scatter_plan,
+)
+
 log = logging.getLogger("collectives")
 
 INSTALL_HINT = ("install CuPy for your CUDA: pip install 'pycollectives[cupy]' (cupy-cuda13x), "
                 "or cupy-cuda12x for CUDA 12")
 
-#: ncclDataType_t values of nccl.h (a stable ABI); bfloat16 needs NCCL >= 2.10.
-NCCL_DTYPES: dict[str, int] = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4,
-                               "uint64": 5, "float16": 6, "float32": 7, "float64": 8,
-                               "bfloat16": 9}
-#: ncclRedOp_t values of nccl.h for the ops we hand to NCCL (ncclAvg=4 is not used: see above).
-NCCL_OPS: dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3}
-#: First NCCL with ncclBfloat16.
-BFLOAT16_SINCE = (2, 10, 0)
 #: First NCCL with ncclCommSplit (CuPy >= 14 wraps it as NcclCommunicator.commSplit).
 COMM_SPLIT_SINCE = (2, 18, 1)
 #: ``NCCL_SPLIT_NOCOLOR`` of nccl.h: this rank joins no new communicator.
@@ -79,56 +96,6 @@ NCCL_SPLIT_NOCOLOR = -1
 _NOT_CALLED = object()
 #: First NCCL that allows several ranks on one GPU (with NCCL_MULTI_RANK_GPU_ENABLE=1).
 MULTI_RANK_GPU_SINCE = (2, 30, 0)
-
-#: Waiting for a collective under a timeout (:func:`wait_for`): tight polls of its CUDA event,
-#: then polls that yield the CPU for BUSY_POLL_SECONDS, then sleeps from POLL_MIN_SECONDS
-#: doubling to POLL_MAX_SECONDS.
-FAST_POLLS = 16
-BUSY_POLL_SECONDS = 0.05
-POLL_MIN_SECONDS = 1e-4
-POLL_MAX_SECONDS = 0.01
-
-_ITEMSIZE = {"bool": 1, "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8,
-             "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
-_BITWISE = (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
-
-
-@dataclass(frozen=True)
-class ReducePlan:
-    """How one (dtype, op) reduction runs on NCCL.
-
-    ``wire``: the dtype NCCL (or the gather) sees; ``nccl_op``: a key of
-    :data:`NCCL_OPS`, or ``None`` to all_gather and fold locally with ``fold``
-    (``"band"``, ``"bor"``, ``"bxor"``) in ``wire``; ``divide``: divide by size after (AVG).
-    """
-
-    wire: str
-    nccl_op: str | None
-    fold: str | None = None
-    divide: bool = False
-
-
-def reduce_plan(dtype: str, op: ReduceOp, bfloat16_native: bool = True) -> ReducePlan:
-    """The :class:`ReducePlan` for a pair that :func:`collectives.ops.check_reduction` allowed."""
-    if op in _BITWISE:
-        if dtype == "bool" and op is not ReduceOp.BXOR:
-            # On 0/1 bytes AND is MIN and OR is MAX.
-            return ReducePlan("uint8", "min" if op is ReduceOp.BAND else "max")
-        return ReducePlan(dtype, None, fold=op.value)
-    wire = {"bool": "uint8", "int16": "int32"}.get(dtype, dtype)
-    if dtype == "bfloat16" and not bfloat16_native:
-        wire = "float32"
-    if op is ReduceOp.AVG:
-        return ReducePlan(wire, "sum", divide=True)
-    return ReducePlan(wire, op.value)
-
-
-def decode_nccl_version(code: int) -> tuple[int, int, int]:
-    """``ncclGetVersion``'s integer as (major, minor, patch): 21803 -> (2, 18, 3)."""
-    if code >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
-        return code // 10000, code % 10000 // 100, code % 100
-    return code // 1000, code % 1000 // 100, code % 100  # older: major*1000 + minor*100 + patch
-
 
 def import_cupy_nccl() -> tuple[Any, Any]:
     """``(cupy, cupy.cuda.nccl)``, or ``BackendUnavailable`` saying why and how to install."""
@@ -161,335 +128,6 @@ def check_cuda_array(x: Any, adapter: ArrayAdapter, device: int | None) -> None:
     if device is not None and index != device:
         raise ValueError(f"x is on CUDA device {index}, but this communicator's NCCL runs on "
                          f"device {device} (local_rank % device_count); move x there")
-
-
-# -- what the NCCL calls need from each array library ------------------------------------------
-
-class _TorchArrays:
-    """torch CUDA tensors: torch's current stream, torch's ops."""
-
-    def __init__(self) -> None:
-        self.torch = sys.modules["torch"]
-
-    def stream(self, x: Any) -> Any:
-        return self.torch.cuda.current_stream(x.device)
-
-    @staticmethod
-    def stream_ptr(stream: Any) -> int:
-        return int(stream.cuda_stream)
-
-    @staticmethod
-    def ptr(x: Any) -> int:
-        return int(x.data_ptr())
-
-    @staticmethod
-    def count(x: Any) -> int:
-        return int(x.numel())
-
-    @staticmethod
-    def nbytes(x: Any) -> int:
-        return int(x.numel()) * int(x.element_size())
-
-    @staticmethod
-    def is_contiguous(x: Any) -> bool:
-        return bool(x.is_contiguous())
-
-    @staticmethod
-    def contiguous(x: Any) -> Any:
-        return x.contiguous()
-
-    def view(self, x: Any, dtype: str) -> Any:
-        return x.view(getattr(self.torch, dtype))
-
-    def cast(self, x: Any, dtype: str) -> Any:
-        """A new contiguous copy in ``dtype`` (never ``x`` itself)."""
-        return self.torch.empty(x.shape, dtype=getattr(self.torch, dtype),
-                                device=x.device).copy_(x)
-
-    def empty(self, like: Any, shape: tuple[int, ...], dtype: str | None = None) -> Any:
-        kind = like.dtype if dtype is None else getattr(self.torch, dtype)
-        return self.torch.empty(shape, dtype=kind, device=like.device)
-
-    @staticmethod
-    def copy_(dst: Any, src: Any) -> None:
-        dst.copy_(src)  # casts (wrapping, for int32 -> int16)
-
-    @staticmethod
-    def divide_(x: Any, n: int) -> None:
-        x.div_(n)
-
-    def fold(self, rows: Any, op: str) -> Any:
-        combine = {"band": self.torch.bitwise_and, "bor": self.torch.bitwise_or,
-                   "bxor": self.torch.bitwise_xor}[op]
-        return reduce(lambda acc, row: combine(acc, row, out=acc), rows[1:], rows[0].clone())
-
-    def record(self, stream: Any) -> Any:
-        event = self.torch.cuda.Event()
-        event.record(stream)
-        return event
-
-    def wait_event(self, event: Any, x: Any) -> None:
-        self.torch.cuda.current_stream(x.device).wait_event(event)
-
-    @staticmethod
-    def query(event: Any) -> bool:
-        return bool(event.query())
-
-
-class _CupyArrays:
-    """CuPy arrays: CuPy's current stream, CuPy's ops."""
-
-    def __init__(self) -> None:
-        self.cupy = sys.modules["cupy"]
-        import numpy as np  # noqa: PLC0415
-
-        self._dtypes = {name: np.dtype(name) for name in _ITEMSIZE if name != "bfloat16"}
-        try:  # CuPy arrays of bfloat16 use ml_dtypes' dtype
-            import ml_dtypes  # noqa: PLC0415
-
-            self._dtypes["bfloat16"] = np.dtype(ml_dtypes.bfloat16)
-        except ImportError:
-            pass
-
-    def stream(self, x: Any) -> Any:
-        return self.cupy.cuda.get_current_stream()
-
-    @staticmethod
-    def stream_ptr(stream: Any) -> int:
-        return int(stream.ptr)
-
-    @staticmethod
-    def ptr(x: Any) -> int:
-        return int(x.data.ptr)
-
-    @staticmethod
-    def count(x: Any) -> int:
-        return int(x.size)
-
-    @staticmethod
-    def nbytes(x: Any) -> int:
-        return int(x.nbytes)
-
-    @staticmethod
-    def is_contiguous(x: Any) -> bool:
-        return bool(x.flags.c_contiguous)
-
-    def contiguous(self, x: Any) -> Any:
-        return self.cupy.ascontiguousarray(x)
-
-    def view(self, x: Any, dtype: str) -> Any:
-        return x.view(self._dtypes[dtype])
-
-    def cast(self, x: Any, dtype: str) -> Any:
-        return x.astype(self._dtypes[dtype], order="C", copy=True)
-
-    def empty(self, like: Any, shape: tuple[int, ...], dtype: str | None = None) -> Any:
-        with like.device:
-            return self.cupy.empty(shape, dtype=like.dtype if dtype is None else self._dtypes[dtype])
-
-    def copy_(self, dst: Any, src: Any) -> None:
-        self.cupy.copyto(dst, src, casting="unsafe")  # wrapping, for int32 -> int16
-
-    @staticmethod
-    def divide_(x: Any, n: int) -> None:
-        x /= n
-
-    def fold(self, rows: Any, op: str) -> Any:
-        combine = {"band": self.cupy.bitwise_and, "bor": self.cupy.bitwise_or,
-                   "bxor": self.cupy.bitwise_xor}[op]
-        return reduce(lambda acc, row: combine(acc, row, out=acc), rows[1:], rows[0].copy())
-
-    def record(self, stream: Any) -> Any:
-        event = self.cupy.cuda.Event(disable_timing=True)
-        event.record(stream)
-        return event
-
-    def wait_event(self, event: Any, x: Any) -> None:
-        with x.device:
-            self.cupy.cuda.get_current_stream().wait_event(event)
-
-    @staticmethod
-    def query(event: Any) -> bool:
-        return bool(event.done)
-
-
-# -- waiting for the GPU, with a deadline ---------------------------------------------------------
-
-def wait_for(done: Callable[[], bool], timeout: float, check: Callable[[], None] | None = None,
-             clock: Callable[[], float] = time.monotonic,
-             pause: Callable[[float], None] = time.sleep) -> bool:
-    """Poll ``done()`` until it is true (``True``) or ``timeout`` seconds have passed (``False``).
-
-    A few tight polls first (a small collective is done by then), then polls that yield the CPU
-    (``pause(0)``) for :data:`BUSY_POLL_SECONDS`, then sleeps from :data:`POLL_MIN_SECONDS`
-    doubling to :data:`POLL_MAX_SECONDS`, so a hung collective does not burn a core. ``check()``
-    runs before each sleep (NCCL's asynchronous error query: it raises what it finds).
-    """
-    for _ in range(FAST_POLLS):
-        if done():
-            return True
-    start = clock()
-    deadline, busy_until, interval = start + timeout, start + BUSY_POLL_SECONDS, POLL_MIN_SECONDS
-    while not done():
-        now = clock()
-        if now >= deadline:
-            return False
-        if now < busy_until:
-            pause(0)
-            continue
-        if check is not None:
-            check()
-        pause(min(interval, deadline - now))
-        interval = min(2 * interval, POLL_MAX_SECONDS)
-    return True
-
-
-# -- point-to-point plans of the collectives NCCL has no primitive for -----------------------------
-
-@dataclass(frozen=True)
-class P2PPlan:
-    """One rank's part of a collective built from send/recv in one NCCL group: ``sends`` and
-    ``recvs`` are ``(peer, byte offset, bytes)`` into its send and receive buffers. Zero-byte
-    transfers are left out (every rank knows every size, so both sides leave out the same)."""
-
-    sends: tuple[tuple[int, int, int], ...]
-    recvs: tuple[tuple[int, int, int], ...]
-
-
-def _plan(sends: list[tuple[int, int, int]], recvs: list[tuple[int, int, int]]) -> P2PPlan:
-    return P2PPlan(tuple(t for t in sends if t[2]), tuple(t for t in recvs if t[2]))
-
-
-def _offsets(sizes: list[int]) -> list[int]:
-    offsets, total = [], 0
-    for size in sizes:
-        offsets.append(total)
-        total += size
-    return offsets
-
-
-def gather_plan(rank: int, size: int, dst: int, nbytes: int) -> P2PPlan:
-    """Every rank's ``nbytes`` to ``dst``, rank r's at offset ``r * nbytes`` there."""
-    recvs = [(r, r * nbytes, nbytes) for r in range(size)] if rank == dst else []
-    return _plan([(dst, 0, nbytes)], recvs)
-
-
-def scatter_plan(rank: int, size: int, src: int, row_bytes: int) -> P2PPlan:
-    """Row r (``row_bytes`` at ``r * row_bytes``) of ``src``'s buffer to rank r."""
-    sends = [(r, r * row_bytes, row_bytes) for r in range(size)] if rank == src else []
-    return _plan(sends, [(src, 0, row_bytes)])
-
-
-def all_to_all_v_plan(rank: int, splits: list[list[int]], row_bytes: int) -> P2PPlan:
-    """``splits[i][j]`` rows go from rank i to rank j; rows received are concatenated in rank order."""
-    sent = [count * row_bytes for count in splits[rank]]
-    got = [row[rank] * row_bytes for row in splits]
-    return _plan([(j, offset, n) for j, (offset, n) in enumerate(zip(_offsets(sent), sent))],
-                 [(i, offset, n) for i, (offset, n) in enumerate(zip(_offsets(got), got))])
-
-
-def all_to_all_plan(rank: int, size: int, row_bytes: int) -> P2PPlan:
-    """Row j to rank j; row i of the result from rank i."""
-    return all_to_all_v_plan(rank, [[1] * size for _ in range(size)], row_bytes)
-
-
-def all_gather_v_plan(rank: int, counts: list[int], row_bytes: int) -> P2PPlan:
-    """This rank's ``counts[rank]`` rows to every rank; the result is every rank's rows in order."""
-    got = [count * row_bytes for count in counts]
-    return _plan([(j, 0, got[rank]) for j in range(len(counts))],
-                 [(i, offset, n) for i, (offset, n) in enumerate(zip(_offsets(got), got))])
-
-
-# -- the open NCCL group of asynchronous sends/recvs (NCCL groups are per thread) -------------------
-
-_GROUP = threading.local()
-
-
-def _open_group(nccl: Any) -> list[_StreamWork]:
-    """This thread's open group's handles, after ``ncclGroupStart`` if none was open."""
-    works = getattr(_GROUP, "works", None)
-    if works is None:
-        nccl.groupStart()
-        works = _GROUP.works = []
-    return works
-
-
-def _launch_group(nccl: Any) -> None:
-    """``ncclGroupEnd`` of this thread's open group; then each of its calls finishes on its stream."""
-    works, _GROUP.works = _GROUP.works, None
-    try:
-        nccl.groupEnd()
-    except Exception as error:
-        failure = works[0]._comm._transport_error(error) if works else CollectiveError(str(error))
-        for work in works:
-            work._error = failure
-        raise failure from error
-    for work in works:
-        work._launched()
-
-
-# -- handles ----------------------------------------------------------------------------------------
-
-class _StreamWork(Work):
-    """An enqueued NCCL call (or a send/recv waiting in this thread's open NCCL group).
-
-    ``wait()`` launches the open group if this call is in it. With a timeout, the host then
-    polls the call's CUDA event against the deadline (:meth:`CupyNcclCommunicator._complete`);
-    without one it returns at once, like torch's NCCL ``Work.wait()``. Either way the
-    then-current stream (of ``like``'s library and device) is made to wait for the event, so
-    kernels enqueued afterwards see the result.
-    """
-
-    def __init__(self, result: Any, library: Any, event: Any, comm: CupyNcclCommunicator,
-                 like: Any = None, keep: Any = None) -> None:
-        super().__init__(result)
-        self._library, self._event, self._comm = library, event, comm
-        self._like = result if like is None else like  # an array on the device
-        self._keep = keep  # memory NCCL reads or writes until the call completes
-        self._call = (comm._operation, comm._seq)
-        self._stream: Any = None  # a grouped send/recv: its stream, and what follows it there
-        self._then: Callable[[], None] | None = None
-        self._host: Callable[[], None] | None = None  # host work once complete (debug headers)
-        self._error: Exception | None = None
-        self._completed = False
-
-    def _launched(self) -> None:
-        """The group this send/recv was in has been launched: finish it on its stream."""
-        if self._then is not None:
-            self._then()
-            self._then = None
-        self._event = self._library.record(self._stream)
-
-    def wait(self) -> Any:
-        if self._error is not None:
-            raise self._error
-        comm = self._comm
-        if not self._completed:
-            if comm._broken:  # aborted: the call may have ended early, its result is not trusted
-                raise CollectiveError(comm._broken)
-            comm._flush_group()  # launches this call if it is in the open group
-            if comm.timeout is not None:
-                try:
-                    comm._complete(self._library, self._event, self._call)
-                except CollectiveError as error:
-                    self._error = error
-                    raise
-                self._completed, self._keep = True, None
-            self._library.wait_event(self._event, self._like)
-        if self._host is not None:
-            host, self._host = self._host, None
-            host()
-        return self._x
-
-    def is_completed(self) -> bool:
-        if self._completed or self._error is not None:
-            return True
-        if self._event is None:  # still in the open group: launched at the next wait or call
-            return False
-        if self._library.query(self._event):
-            self._completed, self._keep = True, None
-            return True
-        return False
 
 
 # -- the communicator ---------------------------------------------------------------------------
@@ -543,28 +181,16 @@ class CupyNcclCommunicator(Communicator):
     def _library(self, adapter: ArrayAdapter) -> Any:
         library = self._libraries.get(adapter)
         if library is None:
-            library = _TorchArrays() if adapter is arrays.TORCH else _CupyArrays()
+            library = _TorchStreams() if adapter is arrays.TORCH else _CupyStreams()
             self._libraries[adapter] = library
         return library
 
-    def _prepare(self, lib: Any, x: Any, adapter: ArrayAdapter, dtype: str, wire: str
-                 ) -> tuple[Any, Callable[[], None] | None]:
-        """A contiguous ``wire``-typed buffer for x, and the copy back into x if it is a copy."""
-        if adapter is arrays.TORCH:
-            x = x.detach()
-        if lib.is_contiguous(x):
-            if wire == dtype:
-                return x, None
-            if _ITEMSIZE[wire] == _ITEMSIZE[dtype]:  # bool as its uint8 bytes
-                return lib.view(x, wire), None
-        staged = lib.cast(x, wire) if wire != dtype else lib.contiguous(x)
-        return staged, lambda: lib.copy_(x, staged)
-
-    def _gather_rows(self, lib: Any, buf: Any, stream: Any, out: Any = None) -> Any:
+    def _gather_rows(self, lib: Any, adapter: ArrayAdapter, buf: Any, stream: Any, out: Any = None
+                     ) -> Any:
         """(size, *buf.shape) in buf's dtype (into ``out`` when given), row r from rank r."""
         if out is None:
-            out = lib.empty(buf, (self.size, *buf.shape))
-        self._comm.allGather(lib.ptr(buf), lib.ptr(out), lib.nbytes(buf), NCCL_DTYPES["uint8"],
+            out = adapter.empty(buf, (self.size, *buf.shape))
+        self._comm.allGather(lib.ptr(buf), lib.ptr(out), nbytes(buf), NCCL_DTYPES["uint8"],
                              lib.stream_ptr(stream))
         return out
 
@@ -645,15 +271,15 @@ class CupyNcclCommunicator(Communicator):
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
         self._flush_group()
-        buf, writeback = self._prepare(lib, x, adapter, dtype, plan.wire)
+        buf, writeback = stage(x, adapter, dtype, plan.wire)
         if plan.nccl_op is None:
-            lib.copy_(buf, lib.fold(self._gather_rows(lib, buf, stream), plan.fold))
+            adapter.copy_(buf, fold_bitwise(self._gather_rows(lib, adapter, buf, stream), ReduceOp(plan.fold)))
         else:
             ptr = lib.ptr(buf)
-            self._comm.allReduce(ptr, ptr, lib.count(buf), NCCL_DTYPES[plan.wire],
+            self._comm.allReduce(ptr, ptr, count(buf), NCCL_DTYPES[plan.wire],
                                  NCCL_OPS[plan.nccl_op], lib.stream_ptr(stream))
         if plan.divide:
-            lib.divide_(buf, self.size)
+            divide_(buf, self.size)
         if writeback is not None:
             writeback()
         return self._done(lib, stream, async_op, x)
@@ -666,14 +292,14 @@ class CupyNcclCommunicator(Communicator):
         lib = self._library(adapter)
         stream = lib.stream(x)
         self._flush_group()
-        buf, writeback = self._prepare(lib, x, adapter, dtype, plan.wire)
+        buf, writeback = stage(x, adapter, dtype, plan.wire)
         ptr = lib.ptr(buf)
         # In place: NCCL writes recvbuff on dst only, so x stays as it was on the other ranks.
-        self._comm.reduce(ptr, ptr, lib.count(buf), NCCL_DTYPES[plan.wire], NCCL_OPS[plan.nccl_op],
+        self._comm.reduce(ptr, ptr, count(buf), NCCL_DTYPES[plan.wire], NCCL_OPS[plan.nccl_op],
                           dst, lib.stream_ptr(stream))
         if self.rank == dst:
             if plan.divide:
-                lib.divide_(buf, self.size)
+                divide_(buf, self.size)
             if writeback is not None:
                 writeback()
         return self._done(lib, stream, async_op, x)
@@ -683,9 +309,9 @@ class CupyNcclCommunicator(Communicator):
         lib = self._library(adapter)
         stream = lib.stream(x)
         self._flush_group()
-        buf, writeback = self._prepare(lib, x, adapter, dtype, dtype)
+        buf, writeback = stage(x, adapter, dtype, None)
         ptr = lib.ptr(buf)
-        self._comm.broadcast(ptr, ptr, lib.nbytes(buf), NCCL_DTYPES["uint8"], src,
+        self._comm.broadcast(ptr, ptr, nbytes(buf), NCCL_DTYPES["uint8"], src,
                              lib.stream_ptr(stream))
         if writeback is not None:
             writeback()
@@ -696,8 +322,8 @@ class CupyNcclCommunicator(Communicator):
         lib = self._library(adapter)
         stream = lib.stream(x)
         self._flush_group()
-        buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
-        return self._done(lib, stream, async_op, self._gather_rows(lib, buf, stream, out))
+        buf, _ = stage(x, adapter, dtype, None)
+        return self._done(lib, stream, async_op, self._gather_rows(lib, adapter, buf, stream, out))
 
     def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                         out: Any = None, async_op: bool = False) -> Any:
@@ -705,24 +331,23 @@ class CupyNcclCommunicator(Communicator):
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
         self._flush_group()
-        buf, _ = self._prepare(lib, x, adapter, dtype, plan.wire)  # only read: x stays as it is
+        buf, _ = stage(x, adapter, dtype, plan.wire)  # only read: x stays as it is
         rows = int(x.shape[0]) // self.size
         shape = (rows, *tuple(x.shape)[1:])
         if plan.nccl_op is None:
-            folded = lib.fold(self._gather_rows(lib, buf, stream), plan.fold)
-            result = lib.contiguous(folded[self.rank * rows:(self.rank + 1) * rows])
+            folded = fold_bitwise(self._gather_rows(lib, adapter, buf, stream), ReduceOp(plan.fold))
+            result = adapter.cast(folded[self.rank * rows:(self.rank + 1) * rows], None)
         else:
-            result = out if out is not None and plan.wire == dtype else lib.empty(buf, shape)
-            self._comm.reduceScatter(lib.ptr(buf), lib.ptr(result), lib.count(result),
+            result = out if out is not None and plan.wire == dtype else adapter.empty(buf, shape)
+            self._comm.reduceScatter(lib.ptr(buf), lib.ptr(result), count(result),
                                      NCCL_DTYPES[plan.wire], NCCL_OPS[plan.nccl_op],
                                      lib.stream_ptr(stream))
         if plan.divide:
-            lib.divide_(result, self.size)
-        if plan.wire != dtype:
-            same_size = _ITEMSIZE[plan.wire] == _ITEMSIZE[dtype]
-            result = lib.view(result, dtype) if same_size else lib.cast(result, dtype)
+            divide_(result, self.size)
+        if plan.wire != dtype:  # bool's uint8 bytes are a view; int16's int32 a cast
+            result = adapter.view(result, dtype) if dtype == "bool" else adapter.cast(result, dtype)
         if out is not None and result is not out:
-            lib.copy_(out, result)
+            adapter.copy_(out, result)
             result = out
         return self._done(lib, stream, async_op, result)
 
@@ -747,11 +372,11 @@ class CupyNcclCommunicator(Communicator):
                 async_op: bool) -> Any:
         lib = self._library(adapter)
         stream = lib.stream(x)
-        buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
+        buf, _ = stage(x, adapter, dtype, None)
         result = None
         if self.rank == dst:
-            result = out if out is not None else lib.empty(buf, (self.size, *buf.shape))
-        self._exchange(lib, stream, gather_plan(self.rank, self.size, dst, lib.nbytes(buf)),
+            result = out if out is not None else adapter.empty(buf, (self.size, *buf.shape))
+        self._exchange(lib, stream, gather_plan(self.rank, self.size, dst, nbytes(buf)),
                        buf, result)
         return self._done(lib, stream, async_op, result, like=buf, keep=buf)
 
@@ -759,41 +384,41 @@ class CupyNcclCommunicator(Communicator):
                  async_op: bool) -> Any:
         lib = self._library(adapter)
         stream = lib.stream(x)
-        buf = self._prepare(lib, x, adapter, dtype, dtype)[0] if self.rank == src else None
-        result = out if out is not None else lib.empty(x, tuple(x.shape)[1:])
-        row_bytes = _ITEMSIZE[dtype] * math.prod(tuple(x.shape)[1:])
-        self._exchange(lib, stream, scatter_plan(self.rank, self.size, src, row_bytes), buf, result)
+        buf = stage(x, adapter, dtype, None)[0] if self.rank == src else None
+        result = out if out is not None else adapter.empty(x, tuple(x.shape)[1:])
+        row_size = row_bytes(x)
+        self._exchange(lib, stream, scatter_plan(self.rank, self.size, src, row_size), buf, result)
         return self._done(lib, stream, async_op, result, keep=buf)
 
     def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
                     async_op: bool) -> Any:
         lib = self._library(adapter)
         stream = lib.stream(x)
-        buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
-        result = out if out is not None else lib.empty(buf, tuple(buf.shape))
-        row_bytes = _ITEMSIZE[dtype] * math.prod(tuple(x.shape)[1:])
-        self._exchange(lib, stream, all_to_all_plan(self.rank, self.size, row_bytes), buf, result)
+        buf, _ = stage(x, adapter, dtype, None)
+        result = out if out is not None else adapter.empty(buf, tuple(buf.shape))
+        row_size = row_bytes(x)
+        self._exchange(lib, stream, all_to_all_plan(self.rank, self.size, row_size), buf, result)
         return self._done(lib, stream, async_op, result, keep=buf)
 
     def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
                       splits: list[list[int]], out: Any, async_op: bool) -> Any:
         lib = self._library(adapter)
         stream = lib.stream(x)
-        buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
+        buf, _ = stage(x, adapter, dtype, None)
         rows = sum(row[self.rank] for row in splits)
-        result = out if out is not None else lib.empty(buf, (rows, *tuple(x.shape)[1:]))
-        row_bytes = _ITEMSIZE[dtype] * math.prod(tuple(x.shape)[1:])
-        self._exchange(lib, stream, all_to_all_v_plan(self.rank, splits, row_bytes), buf, result)
+        result = out if out is not None else adapter.empty(buf, (rows, *tuple(x.shape)[1:]))
+        row_size = row_bytes(x)
+        self._exchange(lib, stream, all_to_all_v_plan(self.rank, splits, row_size), buf, result)
         return self._done(lib, stream, async_op, result, like=buf, keep=buf)
 
     def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
                       out: Any, async_op: bool) -> Any:
         lib = self._library(adapter)
         stream = lib.stream(x)
-        buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
-        result = out if out is not None else lib.empty(buf, (sum(counts), *tuple(x.shape)[1:]))
-        row_bytes = _ITEMSIZE[dtype] * math.prod(tuple(x.shape)[1:])
-        self._exchange(lib, stream, all_gather_v_plan(self.rank, counts, row_bytes), buf, result)
+        buf, _ = stage(x, adapter, dtype, None)
+        result = out if out is not None else adapter.empty(buf, (sum(counts), *tuple(x.shape)[1:]))
+        row_size = row_bytes(x)
+        self._exchange(lib, stream, all_gather_v_plan(self.rank, counts, row_size), buf, result)
         return self._done(lib, stream, async_op, (result, counts), like=buf, keep=buf)
 
     # -- point-to-point ---------------------------------------------------------------------
@@ -803,12 +428,12 @@ class CupyNcclCommunicator(Communicator):
         # NCCL has no tags: calls between two ranks match in the order they are made.
         lib = self._library(adapter)
         stream = lib.stream(x)
-        buf, _ = self._prepare(lib, x, adapter, dtype, dtype)
-        nbytes = lib.nbytes(buf)
+        buf, _ = stage(x, adapter, dtype, None)
+        length = nbytes(buf)
 
         def issue(stream_ptr: int) -> None:
-            if nbytes:  # the receiver knows the size too: both leave a zero-byte call out
-                self._comm.send(lib.ptr(buf), nbytes, NCCL_DTYPES["uint8"], dst, stream_ptr)
+            if length:  # the receiver knows the size too: both leave a zero-byte call out
+                self._comm.send(lib.ptr(buf), length, NCCL_DTYPES["uint8"], dst, stream_ptr)
 
         if async_op:
             return self._grouped_p2p(lib, stream, x, issue, keep=buf)
@@ -821,12 +446,12 @@ class CupyNcclCommunicator(Communicator):
               async_op: bool) -> Work | None:
         lib = self._library(adapter)
         stream = lib.stream(x)
-        buf, writeback = self._prepare(lib, x, adapter, dtype, dtype)
-        nbytes = lib.nbytes(buf)
+        buf, writeback = stage(x, adapter, dtype, None)
+        length = nbytes(buf)
 
         def issue(stream_ptr: int) -> None:
-            if nbytes:
-                self._comm.recv(lib.ptr(buf), nbytes, NCCL_DTYPES["uint8"], src, stream_ptr)
+            if length:
+                self._comm.recv(lib.ptr(buf), length, NCCL_DTYPES["uint8"], src, stream_ptr)
 
         if async_op:
             return self._grouped_p2p(lib, stream, x, issue, keep=buf, then=writeback)
@@ -847,7 +472,7 @@ class CupyNcclCommunicator(Communicator):
         self._flush_group()
         with cupy.cuda.Device(self.device):
             stream = cupy.cuda.get_current_stream()
-            everyone = self._gather_rows(lib, cupy.asarray(np.ascontiguousarray(vector)), stream)
+            everyone = self._gather_rows(lib, arrays.CUPY, cupy.asarray(np.ascontiguousarray(vector)), stream)
             if self.timeout is not None:
                 self._complete(lib, lib.record(stream))
             return everyone.get(stream=stream)
@@ -878,7 +503,7 @@ class CupyNcclCommunicator(Communicator):
                                             src, ptr), keep=device, host=to_host)
 
     def _scratch_bytes(self, x: Any, adapter: ArrayAdapter, nbytes: int) -> Any:
-        return self._library(adapter).empty(x, (nbytes,), "uint8")
+        return adapter.empty(x, (nbytes,), "uint8")
 
     # -- the rest ---------------------------------------------------------------------------
 

@@ -14,11 +14,14 @@ streams. ``COLLECTIVES_MPI_CUDA_AWARE=0|1`` overrides the detection.
 
 Timeouts: MPI has none, so with a timeout set every collective is the nonblocking
 call (``Iallreduce``, ``Ibcast``, ...) completed by polling ``Test`` against a
-deadline: a few tight polls first (small collectives finish there), then polls
-with ``sched_yield``, then after a second of waiting polls every millisecond (a
-hung job does not burn the CPU). A collective request cannot be cancelled, so
-after a timeout the communicator refuses further calls. With no timeout
-(``COLLECTIVES_TIMEOUT=0``) the blocking calls are used.
+deadline (:func:`poll_policy`): a few tight polls first (small collectives finish
+there), then, when every rank of the node has a core of its own, polls without
+yielding for up to 50 us (a peer's message is seen the moment it lands), then polls
+with ``sched_yield`` (a rank sharing the core runs), then after a second of waiting
+polls every millisecond (a hung job does not burn the CPU). A collective request cannot be
+cancelled, so after a timeout the communicator refuses further calls. With no
+timeout (``COLLECTIVES_TIMEOUT=0``) the blocking calls are used. Every MPI call goes
+out through :meth:`MPICommunicator._call` (or, for handles, ``_collective``).
 
 Rank failure: an uncaught exception on one rank would leave the others waiting
 in a collective forever, so ``collectives.init()`` under an MPI launcher installs a
@@ -28,64 +31,67 @@ in a collective forever, so ``collectives.init()`` under an MPI launcher install
 
 from __future__ import annotations
 
-import ctypes
-import math
-import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from collectives import _exits, arrays, config, process_hooks
+from collectives import _exits, arrays, process_hooks
 from collectives.arrays import ArrayAdapter
 from collectives.calls import ALL_REDUCE, BROADCAST
 from collectives.communicator import Communicator, Work
 from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
+from collectives.polling import wait_until
 
 from . import _float_order
-
-_MPI4PY_DEFAULT_THREAD_LEVEL = "multiple"
+from ._toolkit import (
+    INT_OF_WIDTH,
+    clone,
+    count,
+    divide_,
+    flat_bytes,
+    itemsize,
+    nbytes,
+    offsets,
+    row_bytes,
+    stage,
+)
+from .mpi_buffers import cupyx_empty_pinned, device_buffer, host_view, mpi_cuda_aware  # noqa: F401
+from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
+    BUSY_POLL_SECONDS,
+    FAST_POLLS,
+    POLL,
+    POLL_INTERVAL,
+    SPIN_POLL,
+    SPIN_SECONDS,
+    _Request,
+    poll_policy,
+)
 
 #: Elements per MPI call: MPI counts are C ints unless the library has large counts.
 MAX_COUNT = 2**31 - 1
 
-#: Tests of a request before the deadline is looked at (no clock read on the fast path).
-FAST_POLLS = 16
-#: Seconds of polling (with sched_yield) before polls back off to one per POLL_INTERVAL.
-BUSY_POLL_SECONDS = 1.0
-POLL_INTERVAL = 0.001
-
-_NUMPY_DTYPES = {name: np.dtype(name) for name in
-                 ("bool", "int8", "uint8", "int16", "int32", "int64", "float16", "float32",
-                  "float64")}
-
-
-#: The MPI thread level MPI is initialized with when this backend initializes it.
+#: The MPI thread level MPI is initialized at when this backend initializes it: mpi4py's
+#: default, which this backend leaves as it is (mpi4py.rc is the user's to set).
 #: Measured with the MPICH wheel on 2 ranks of one node (docs/performance.md): "single"
 #: (and funneled/serialized) lets MPICH use its shared-memory collectives, ~1 us faster
 #: below ~4 KiB, but 2.5-7x slower from 64 KiB up; "multiple" costs ~1 us at 4 B and wins
-#: everywhere else, and it is what threaded callers need. mpi4py's default too.
+#: everywhere else, and it is what threaded callers need.
 THREAD_LEVEL = "multiple"
 
 
 def import_mpi() -> Any:
     """mpi4py's MPI module, or ``BackendUnavailable`` saying how to install it.
 
-    When MPI is not initialized yet, it will be at :data:`THREAD_LEVEL`, unless the user
-    chose a level already: ``MPI4PY_RC_THREAD_LEVEL`` in the environment, or
-    ``mpi4py.rc.thread_level`` set to something else before this call. A program that
-    imported ``mpi4py.MPI`` itself keeps the level it got.
+    Importing it initializes MPI at mpi4py's thread level (:data:`THREAD_LEVEL` unless the
+    program chose another: ``MPI4PY_RC_THREAD_LEVEL`` in the environment, or
+    ``mpi4py.rc.thread_level`` set before this call). A program that imported
+    ``mpi4py.MPI`` itself keeps the level it got.
     """
     try:
-        import mpi4py  # noqa: PLC0415
-
-        if "mpi4py.MPI" not in sys.modules and not os.environ.get("MPI4PY_RC_THREAD_LEVEL"):
-            if mpi4py.rc.thread_level == _MPI4PY_DEFAULT_THREAD_LEVEL:
-                mpi4py.rc.thread_level = THREAD_LEVEL
         from mpi4py import MPI  # noqa: PLC0415
     except ImportError as error:
         raise BackendUnavailable(
@@ -95,28 +101,6 @@ def import_mpi() -> Any:
     return MPI
 
 
-def mpi_cuda_aware(MPI: Any) -> bool:
-    """Whether the loaded MPI library takes CUDA device pointers.
-
-    ``COLLECTIVES_MPI_CUDA_AWARE`` decides when set; else MPICH's and Open MPI's
-    ``MPIX_Query_cuda_support()`` is asked, from the libmpi this process loaded.
-    """
-    forced = config.env_flag(config.MPI_CUDA_AWARE)
-    if forced is not None:
-        return forced
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = sorted({line.split()[-1] for line in maps if "libmpi" in line})
-    except OSError:
-        return False
-    for path in paths:
-        try:
-            query = getattr(ctypes.CDLL(path), "MPIX_Query_cuda_support", None)
-        except OSError:
-            continue
-        if query is not None:
-            return bool(query())
-    return False
 
 
 def install_abort_on_uncaught_exception(MPI: Any) -> None:
@@ -125,51 +109,6 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
     it for jobs started by an MPI launcher; see :mod:`collectives.process_hooks`."""
     _exits.record_exit_calls()
     process_hooks._abort_mpi_on_uncaught_exception()
-
-
-class _Request(Work):
-    """Nonblocking MPI requests, plus what must happen once they complete."""
-
-    def __init__(self, x: Any, MPI: Any, requests: list[Any], finish: Callable[[], None],
-                 comm: MPICommunicator | None = None, statuses: list[Any] | None = None,
-                 buffers: Any = None):
-        super().__init__(x)
-        self._MPI = MPI
-        self._requests = requests
-        self._statuses = statuses
-        # Memory MPI reads or writes until the requests complete (staging copies).
-        self._buffers = buffers
-        self._finish: Callable[[], None] | None = finish
-        self._comm = comm
-        # The call this is, for a timeout's message (the communicator moves on).
-        self._call = (comm._operation, comm._seq) if comm is not None else None
-
-    def wait(self) -> Any:
-        if self._finish is not None:
-            statuses = self._statuses or [None] * len(self._requests)
-            if self._comm is None or self._comm.timeout is None:
-                for request, status in zip(self._requests, statuses):
-                    request.Wait(status)
-            else:
-                for request, status in zip(self._requests, statuses):
-                    self._comm._wait(request, self._call, status)
-            self._complete()
-        return self._x
-
-    def _complete(self) -> None:
-        # Once: a completed request is inactive, and waiting on it again would reset its status.
-        finish, self._finish, self._buffers = self._finish, None, None
-        if finish is not None:
-            finish()
-
-    def is_completed(self) -> bool:
-        if self._finish is None:
-            return True
-        statuses = self._statuses or [None] * len(self._requests)
-        if not all(request.Test(status) for request, status in zip(self._requests, statuses)):
-            return False
-        self._complete()
-        return True
 
 
 class MPICommunicator(Communicator):
@@ -185,9 +124,12 @@ class MPICommunicator(Communicator):
         MPI = import_mpi()
         self._MPI = MPI
         self._comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
+        #: How this communicator waits for a request (see poll_policy); a split inherits it.
+        self._poll = POLL
         if local_rank is None:
             node = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
             local_rank = node.Get_rank()
+            self._poll = poll_policy(node.Get_size())
             node.Free()
         super().__init__(self._comm.Get_rank(), self._comm.Get_size(), local_rank,
                          timeout=timeout)
@@ -248,104 +190,39 @@ class MPICommunicator(Communicator):
             return "float32"
         return dtype
 
-    def _buffer(self, x: Any, adapter: ArrayAdapter, wire: str | None) -> tuple[Any, Callable[[], None] | None]:
+    def _buffer(self, x: Any, adapter: ArrayAdapter, dtype: str | None, wire: str | None = None
+                ) -> tuple[Any, Callable[[], None] | None]:
         """A contiguous buffer MPI can read and write, and the copy back into ``x`` if any.
 
-        ``wire`` is the dtype to stage through, or ``None`` for x's bytes as they are.
-        """
+        ``wire`` is the dtype to stage x (of dtype ``dtype``) through, or ``None`` for x's
+        bytes as they are. A CPU torch tensor goes to MPI as a numpy view of its memory."""
         if adapter.is_cuda(x):
-            return self._device_buffer(x, adapter, wire)
-        if adapter is arrays.NUMPY:
-            if wire is None:
-                wire_dtype = x.dtype
-            else:
-                wire_dtype = _NUMPY_DTYPES[wire]
-            if x.flags.c_contiguous and wire_dtype == x.dtype:
-                return x, None
-            staged = np.ascontiguousarray(x, dtype=wire_dtype)
-            return staged, lambda: np.copyto(x, staged, casting="unsafe")
-        # CPU torch tensor: a numpy view of its memory when possible.
-        torch = sys.modules["torch"]
-        t = x.detach()
-        if t.is_contiguous() and (wire is None or getattr(torch, wire) == t.dtype):
-            if wire is None and t.dtype == torch.bfloat16:
-                return t.view(torch.int16).numpy(), None  # numpy has no bfloat16: its bytes
-            return t.numpy(), None
-        if wire is None:
-            staged_t = t.contiguous()
-            if staged_t.dtype == torch.bfloat16:
-                view = staged_t.view(torch.int16).numpy()
-            else:
-                view = staged_t.numpy()
-        else:
-            staged_t = t.to(getattr(torch, wire)).contiguous()
-            view = staged_t.numpy()
-        return view, lambda: t.copy_(staged_t)
-
-    def _device_buffer(self, x: Any, adapter: ArrayAdapter, wire: str | None) -> tuple[Any, Callable[[], None] | None]:
-        # MPI does not know CUDA streams: whatever produced x must be finished.
+            return device_buffer(x, adapter, dtype, wire, self.cuda_aware)
+        buf, writeback = stage(x, adapter, dtype, wire)
         if adapter is arrays.TORCH:
-            torch = sys.modules["torch"]
-            t = x.detach()
-            target = t.dtype if wire is None else getattr(torch, wire)
-            if self.cuda_aware:
-                staged_t = t if (t.is_contiguous() and target == t.dtype) else t.to(target).contiguous()
-                torch.cuda.current_stream(t.device).synchronize()
-                if staged_t is t:
-                    return _device_view(t), None
-                return _device_view(staged_t), lambda: t.copy_(staged_t)
-            host = torch.empty(t.shape, dtype=target, pin_memory=True)
-            host.copy_(t)  # a blocking device-to-host copy: ordered after the producer
-            view = host.view(torch.int16).numpy() if host.dtype == torch.bfloat16 else host.numpy()
-            return view, lambda: t.copy_(host)
-        cupy = sys.modules["cupy"]
-        target = x.dtype if wire is None else _NUMPY_DTYPES[wire]
-        if self.cuda_aware:
-            staged = x if (x.flags.c_contiguous and target == x.dtype) else cupy.ascontiguousarray(x, dtype=target)
-            cupy.cuda.get_current_stream().synchronize()
-            if staged is x:
-                return x, None
-            return staged, lambda: x.__setitem__(Ellipsis, staged)
-        # Pinned host memory, filled by a copy on CuPy's current stream that blocks the host:
-        # so it is ordered after whatever produced x on that stream.
-        host = cupyx_empty_pinned(x.shape, target)
-        cupy.ascontiguousarray(x, dtype=target).get(out=host, blocking=True)
-
-        def writeback() -> None:
-            staged_back = cupy.asarray(host)
-            x[...] = staged_back
-            # The copy from pinned memory may still run when we return; the next call may
-            # reuse that memory, so wait for it here (as torch's blocking copy_ does).
-            cupy.cuda.get_current_stream().synchronize()
-
-        return host, writeback
+            buf = host_view(buf)
+        return buf, writeback
 
     # -- completion with a deadline ------------------------------------------------------
 
     def _wait(self, request: Any, call: tuple[str, int] | None = None, status: Any = None) -> None:
         """Complete ``request`` within ``timeout``, else :class:`CollectiveTimeout`."""
-        for _ in range(FAST_POLLS):
-            if request.Test(status):
-                return
-        self._wait_slowly(request, call, status)
-
-    def _wait_slowly(self, request: Any, call: tuple[str, int] | None, status: Any = None) -> None:
         assert self.timeout is not None, "only calls with a timeout wait through _wait"
-        start = time.monotonic()
-        deadline = start + self.timeout
-        backoff = start + BUSY_POLL_SECONDS
-        polls = 0
-        while not request.Test(status):
-            polls += 1
-            if polls & 63:
-                os.sched_yield()  # two ranks on one core: let the other one run
-                continue
-            now = time.monotonic()
-            if now >= deadline:
-                self._abandoned.append(request)
-                raise self._timeout_error(call=call)
-            if now >= backoff:
-                time.sleep(POLL_INTERVAL)
+        if not wait_until(request.Test if status is None else lambda: request.Test(status),
+                          self.timeout, self._poll):
+            self._abandoned.append(request)
+            raise self._timeout_error(call=call)
+
+    def _call(self, blocking: Any, nonblocking: Any, *args: Any) -> None:
+        """One MPI call, blocking: the blocking call when there is no timeout, else the
+        nonblocking one completed against the deadline (a small one is complete at its
+        first test: no _wait frame then)."""
+        if self.timeout is None:
+            blocking(*args)
+        else:
+            request = nonblocking(*args)
+            if not request.Test():
+                self._wait(request)
 
     def _order_keys(self, buf: Any, wire: str, op: ReduceOp) -> Any:
         """For MIN/MAX of floats: ``buf``'s memory as integer order keys (encoded in place),
@@ -357,7 +234,7 @@ class MPICommunicator(Communicator):
             return None
         isnan = buf != buf
         keys = _int_view(buf)
-        _float_order.encode(keys, isnan, op, 8 * _itemsize(buf))
+        _float_order.encode(keys, isnan, op, 8 * itemsize(buf))
         return keys
 
     def _reduce_spec(self, dtype: str, op: ReduceOp) -> tuple[str, Any, Any]:
@@ -372,7 +249,7 @@ class MPICommunicator(Communicator):
         """all_reduce (of a dtype x op MPI reduces as it is) and broadcast of a contiguous host
         array in as few steps as raw mpi4py takes: its memory (a CPU tensor's numpy view, as a
         raw caller passes it) is the buffer, bound with the MPI datatype and op once per kind."""
-        comm, in_place, size, most = self._comm, self._in_place, self.size, MAX_COUNT
+        comm, in_place, size, most, one_call = self._comm, self._in_place, self.size, MAX_COUNT, self._call
         if call is ALL_REDUCE:
             spec = self._native[dtype].get(op) if op is not None else None
             if spec is None:
@@ -384,12 +261,7 @@ class MPICommunicator(Communicator):
             def all_reduce(buf: Any, root: Any) -> bool:
                 if buf.size > most:
                     return False
-                if self.timeout is None:
-                    reduce(in_place, [buf, mpi_type], mpi_op)
-                else:  # a small one is complete at its first test: no _wait frame then
-                    request = start_reduce(in_place, [buf, mpi_type], mpi_op)
-                    if not request.Test():
-                        self._wait(request)
+                one_call(reduce, start_reduce, in_place, [buf, mpi_type], mpi_op)
                 if avg:
                     buf /= size
                 return True
@@ -401,12 +273,7 @@ class MPICommunicator(Communicator):
             def broadcast(buf: Any, root: Any) -> bool:
                 if buf.nbytes > most:  # MPI counts the bytes: no uint8 view
                     return False
-                if self.timeout is None:
-                    bcast([buf, byte], root)
-                else:
-                    request = start_bcast([buf, byte], root)
-                    if not request.Test():
-                        self._wait(request)
+                one_call(bcast, start_bcast, [buf, byte], root)
                 return True
             return broadcast
         return None
@@ -414,11 +281,11 @@ class MPICommunicator(Communicator):
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Any:
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
-        buf, writeback = self._buffer(x, adapter, wire)
+        buf, writeback = self._buffer(x, adapter, dtype, wire)
         IN_PLACE = self._MPI.IN_PLACE
         keys = self._order_keys(buf, wire, op)
         if keys is not None:  # float MIN/MAX: integer keys that propagate NaN
-            mpi_type = self._types[_INT_OF_WIDTH[_itemsize(buf)]]
+            mpi_type = self._types[INT_OF_WIDTH[itemsize(buf)]]
         return self._collective("Allreduce", [(IN_PLACE, [chunk, mpi_type], mpi_op)
                                               for chunk in _chunks(buf if keys is None else keys)],
                                 x, async_op, self._finish_reduction(buf, keys, op, writeback), buf)
@@ -426,7 +293,7 @@ class MPICommunicator(Communicator):
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
                    async_op: bool) -> Any:
         buf, writeback = self._buffer(x, adapter, None)
-        return self._collective("Bcast", [([chunk, self._byte], src) for chunk in _chunks(_bytes(buf))],
+        return self._collective("Bcast", [([chunk, self._byte], src) for chunk in _chunks(flat_bytes(buf))],
                                 x, async_op, writeback, buf)
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
@@ -435,10 +302,7 @@ class MPICommunicator(Communicator):
             # The common case in as few steps as raw mpi4py takes (out= is written directly).
             if out is None:
                 out = np.empty((self.size, *x.shape), dtype=x.dtype)
-            if self.timeout is None:
-                self._comm.Allgather([x, self._byte], [out, self._byte])
-            else:
-                self._wait(self._comm.Iallgather([x, self._byte], [out, self._byte]))
+            self._call(self._comm.Allgather, self._comm.Iallgather, [x, self._byte], [out, self._byte])
             return out
         if out is None:
             out = adapter.empty(x, (self.size, *x.shape))
@@ -448,15 +312,15 @@ class MPICommunicator(Communicator):
                                     lambda send, recv: ([send, byte], [recv, byte]))
         send, _ = self._buffer(x, adapter, None)
         recv, writeback = self._buffer(out, adapter, None)
-        send_bytes, recv_bytes = _bytes(send), _bytes(recv)
-        count = _size(send_bytes)
+        send_bytes, recv_bytes = flat_bytes(send), flat_bytes(recv)
+        total = count(send_bytes)
         # Each rank's block in MAX_COUNT pieces, gathered into place (blocking, even async).
         if adapter.is_cuda(x):
             raise ValueError("all_gather of more than 2**31-1 bytes per rank on CUDA "
                              "arrays is not supported by the MPI backend")
-        blocks = recv_bytes.reshape(self.size, count)
-        for start in range(0, count, MAX_COUNT):
-            stop = min(start + MAX_COUNT, count)
+        blocks = recv_bytes.reshape(self.size, total)
+        for start in range(0, total, MAX_COUNT):
+            stop = min(start + MAX_COUNT, total)
             piece = np.empty((self.size, stop - start), dtype=np.uint8)
             self._collective("Allgather", [([send_bytes[start:stop], byte], [piece, byte])],
                              None, False)
@@ -472,11 +336,8 @@ class MPICommunicator(Communicator):
             if spec is not None and x.flags.c_contiguous and x.size // self.size <= MAX_COUNT:
                 if out is None:
                     out = np.empty((x.shape[0] // self.size, *x.shape[1:]), dtype=x.dtype)
-                if self.timeout is None:
-                    self._comm.Reduce_scatter_block([x, spec[0]], [out, spec[0]], spec[1])
-                else:
-                    self._wait(self._comm.Ireduce_scatter_block([x, spec[0]], [out, spec[0]],
-                                                                spec[1]))
+                self._call(self._comm.Reduce_scatter_block, self._comm.Ireduce_scatter_block,
+                           [x, spec[0]], [out, spec[0]], spec[1])
                 if op is _AVG:
                     out /= self.size
                 return out
@@ -484,21 +345,21 @@ class MPICommunicator(Communicator):
         rows = x.shape[0] // self.size
         if out is None:
             out = adapter.empty(x, (rows, *x.shape[1:]))
-        send, _ = self._buffer(x, adapter, wire)
-        recv, writeback = self._buffer(out, adapter, wire)
+        send, _ = self._buffer(x, adapter, dtype, wire)
+        recv, writeback = self._buffer(out, adapter, dtype, wire)
         keyed = _nan_ordered(wire, op)
         if keyed:  # float MIN/MAX: see _order_keys; never change the caller's x
-            send = self._order_keys(_clone(send), wire, op)
-            mpi_type = self._types[_INT_OF_WIDTH[_itemsize(recv)]]
+            send = self._order_keys(clone(send), wire, op)
+            mpi_type = self._types[INT_OF_WIDTH[itemsize(recv)]]
         wire_recv = _int_view(recv) if keyed else recv
         finish = self._finish_reduction(recv, wire_recv if keyed else None, op, writeback)
-        block = _size(recv)
+        block = count(recv)
         if block <= MAX_COUNT:
             return self._collective("Reduce_scatter_block",
                                     [([send, mpi_type], [wire_recv, mpi_type], mpi_op)],
                                     out, async_op, finish, (send, recv))
         # Reduce the whole thing in pieces, keep this rank's rows (blocking, even async).
-        reduced = _clone(send)
+        reduced = clone(send)
         self._collective("Allreduce", [(self._in_place, [chunk, mpi_type], mpi_op)
                                        for chunk in _chunks(reduced)], None, False)
         wire_recv.reshape(-1)[...] = reduced.reshape(-1)[self.rank * block:(self.rank + 1) * block]
@@ -519,14 +380,9 @@ class MPICommunicator(Communicator):
             start = getattr(self._comm, _nonblocking(name))
             return _Request(result, self._MPI, [start(*args) for args in calls],
                             finish or _nothing, self, buffers=buffers)
-        if self.timeout is None:
-            run = getattr(self._comm, name)
-            for args in calls:
-                run(*args)
-        else:
-            start = getattr(self._comm, _nonblocking(name))
-            for args in calls:
-                self._wait(start(*args))
+        run, start = getattr(self._comm, name), getattr(self._comm, _nonblocking(name))
+        for args in calls:
+            self._call(run, start, *args)
         if finish is not None:
             finish()
         return result
@@ -537,9 +393,9 @@ class MPICommunicator(Communicator):
         staging copy written back."""
         def finish() -> None:
             if keys is not None:
-                _float_order.decode(keys, 8 * _itemsize(buf))
+                _float_order.decode(keys, 8 * itemsize(buf))
             if op is _AVG:
-                _divide(buf, self.size)
+                divide_(buf, self.size)
             if writeback is not None:
                 writeback()
         return finish
@@ -554,13 +410,13 @@ class MPICommunicator(Communicator):
         returns ``value`` once it has completed, or a handle whose ``wait()`` does.
         ``arguments(send_bytes, recv_bytes)`` are the call's arguments. ``counts``: the byte
         counts and displacements the call uses (C ints)."""
-        if any(count > MAX_COUNT for count in counts) or (x is not None and _nbytes(x) > MAX_COUNT) \
-                or (result is not None and _nbytes(result) > MAX_COUNT):
+        if any(n > MAX_COUNT for n in counts) or (x is not None and nbytes(x) > MAX_COUNT) \
+                or (result is not None and nbytes(result) > MAX_COUNT):
             raise ValueError(f"{self._operation} of more than 2**31-1 bytes per message is not "
                              "supported by the MPI backend; split the array")
         send = None if x is None else self._buffer(x, adapter, None)[0]
         recv, writeback = (None, None) if result is None else self._buffer(result, adapter, None)
-        call = arguments(None if send is None else _bytes(send), None if recv is None else _bytes(recv))
+        call = arguments(None if send is None else flat_bytes(send), None if recv is None else flat_bytes(recv))
         return self._collective(name, [call], value, async_op, writeback, (send, recv))
 
     def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
@@ -589,20 +445,22 @@ class MPICommunicator(Communicator):
     def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
                       out: Any, async_op: bool) -> Any:
         result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
-        row = _row_bytes(x)
-        sizes, offsets = _layout([count * row for count in counts])
+        row = row_bytes(x)
+        sizes = [n * row for n in counts]
+        starts = offsets(sizes)
         byte = self._byte
         return self._move_bytes(x, adapter, result, (result, counts), async_op, "Allgatherv",
-                                lambda send, recv: ([send, byte], [recv, (sizes, offsets), byte]),
-                                counts=(*sizes, *offsets))
+                                lambda send, recv: ([send, byte], [recv, (sizes, starts), byte]),
+                                counts=(*sizes, *starts))
 
     def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
                       splits: list[list[int]], out: Any, async_op: bool) -> Any:
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
-        row = _row_bytes(x)
-        send_sizes, send_offsets = _layout([count * row for count in splits[self.rank]])
-        recv_sizes, recv_offsets = _layout([count * row for count in received])
+        row = row_bytes(x)
+        send_sizes = [n * row for n in splits[self.rank]]
+        recv_sizes = [n * row for n in received]
+        send_offsets, recv_offsets = offsets(send_sizes), offsets(recv_sizes)
         byte = self._byte
         return self._move_bytes(x, adapter, result, result, async_op, "Alltoallv",
                                 lambda send, recv: ([send, (send_sizes, send_offsets), byte],
@@ -613,11 +471,11 @@ class MPICommunicator(Communicator):
                 async_op: bool) -> Any:
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         here = self.rank == dst
-        buf, writeback = self._buffer(x, adapter, wire)
+        buf, writeback = self._buffer(x, adapter, dtype, wire)
         keys = None
         if _nan_ordered(wire, op):  # float MIN/MAX: integer order keys (see _order_keys)
-            keys = self._order_keys(buf if here else _clone(buf), wire, op)  # x stays off dst
-            mpi_type = self._types[_INT_OF_WIDTH[_itemsize(buf)]]
+            keys = self._order_keys(buf if here else clone(buf), wire, op)  # x stays off dst
+            mpi_type = self._types[INT_OF_WIDTH[itemsize(buf)]]
         data = buf if keys is None else keys
         IN_PLACE = self._MPI.IN_PLACE
         calls = [(IN_PLACE, [chunk, mpi_type], mpi_op, dst) if here else
@@ -629,23 +487,23 @@ class MPICommunicator(Communicator):
     def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
               async_op: bool) -> Work | None:
         buf, _ = self._buffer(x, adapter, None)  # (a staging copy lives as long as the request)
-        work: Work | None = self._collective("Send", [([_bytes(buf), self._byte], dst, tag)], None,
+        work: Work | None = self._collective("Send", [([flat_bytes(buf), self._byte], dst, tag)], None,
                                              async_op, None, buf)
         return work
 
     def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
               async_op: bool) -> Work | None:
         buf, writeback = self._buffer(x, adapter, None)
-        data = _bytes(buf)
+        data = flat_bytes(buf)
         status = self._MPI.Status()
         request = self._comm.Irecv([data, self._byte], src, tag)
 
         def finish() -> None:
             # MPI refuses a longer message (MPI_ERR_TRUNCATE) but takes a shorter one.
             got = status.Get_count(self._byte)
-            if got != _size(data):
+            if got != count(data):
                 raise ValueError(f"recv from rank {src} (tag {tag}) got {got} bytes, but x "
-                                 f"holds {_size(data)} (shape {tuple(x.shape)}, {dtype}): the "
+                                 f"holds {count(data)} (shape {tuple(x.shape)}, {dtype}): the "
                                  "sender's array has another shape or dtype")
             if writeback is not None:
                 writeback()
@@ -668,7 +526,9 @@ class MPICommunicator(Communicator):
         if new == MPI.COMM_NULL:
             return None
         try:
-            return MPICommunicator(new, local_rank=self.local_rank, timeout=self._timeout_arg)
+            child = MPICommunicator(new, local_rank=self.local_rank, timeout=self._timeout_arg)
+            child._poll = self._poll
+            return child
         finally:
             new.Free()  # MPICommunicator keeps its own Dup
 
@@ -681,50 +541,19 @@ class MPICommunicator(Communicator):
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.
 _AVG = ReduceOp.AVG
 _NUMPY = arrays.NUMPY
-_TORCH = arrays.TORCH
-
-
-def _size(buf: Any) -> int:
-    return math.prod(buf.shape)
-
-
-def _nbytes(x: Any) -> int:
-    return _size(x) * _itemsize(x)
-
-
-def _row_bytes(x: Any) -> int:
-    """Bytes of one row (x.shape[1:]) of ``x``."""
-    row: int = math.prod(x.shape[1:])
-    return row * _itemsize(x)
-
-
-def _layout(sizes: list[int]) -> tuple[list[int], list[int]]:
-    """Byte counts and their displacements, back to back."""
-    offsets = [0] * len(sizes)
-    for index in range(1, len(sizes)):
-        offsets[index] = offsets[index - 1] + sizes[index - 1]
-    return sizes, offsets
 
 
 def _nothing() -> None:
     pass
 
 
-_INT_OF_WIDTH = {2: "int16", 4: "int32", 8: "int64"}
-
-
 def _nan_ordered(wire: str, op: ReduceOp) -> bool:
     return op in _float_order.NAN_ORDERED_OPS and wire.startswith("float")
 
 
-def _itemsize(buf: Any) -> int:
-    """Bytes per element of a numpy/CuPy array or torch tensor."""
-    return int(buf.itemsize) if hasattr(buf, "itemsize") else int(buf.element_size())
-
-
 def _int_view(buf: Any) -> Any:
     """``buf``'s memory as signed integers of the same width (numpy, CuPy or torch)."""
-    name = _INT_OF_WIDTH[_itemsize(buf)]
+    name = INT_OF_WIDTH[itemsize(buf)]
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(buf, torch.Tensor):
         return buf.view(getattr(torch, name))
@@ -736,57 +565,10 @@ def _nonblocking(name: str) -> str:
     return "I" + name[0].lower() + name[1:]
 
 
-def _check_bytes(name: str, count: int) -> None:
-    """MPI counts are C ints: more bytes per rank is a clear error, not an overflow."""
-    if count > MAX_COUNT:
-        raise ValueError(f"{name} moves {count} bytes per rank in one piece on the MPI backend, "
-                         f"more than MPI's count limit of 2**31-1; split the array")
-
-
-def _counts_and_displacements(rows: list[int], row_bytes: int) -> tuple[list[int], list[int]]:
-    counts = [r * row_bytes for r in rows]
-    displacements = [0] * len(counts)
-    for i in range(1, len(counts)):
-        displacements[i] = displacements[i - 1] + counts[i - 1]
-    return counts, displacements
-
-
-def _clone(buf: Any) -> Any:
-    return buf.clone() if hasattr(buf, "clone") else buf.copy()
-
-
 def _chunks(buf: Any) -> list[Any]:
     """``buf`` as pieces of at most MAX_COUNT elements (views, not copies)."""
-    count = _size(buf)
-    if count <= MAX_COUNT:
+    total = count(buf)
+    if total <= MAX_COUNT:
         return [buf]
     flat = buf.reshape(-1)
-    return [flat[start:start + MAX_COUNT] for start in range(0, count, MAX_COUNT)]
-
-
-def _bytes(buf: Any) -> Any:
-    """A flat uint8 view of a contiguous numpy/cupy array (or of a torch CUDA tensor)."""
-    if isinstance(buf, np.ndarray):
-        return buf.reshape(-1).view(np.uint8)
-    torch = sys.modules.get("torch")
-    if torch is not None and isinstance(buf, torch.Tensor):
-        return buf.reshape(-1).view(torch.uint8)
-    return buf.reshape(-1).view("uint8")  # cupy
-
-
-def cupyx_empty_pinned(shape: tuple[int, ...], dtype: Any) -> Any:
-    """A numpy array in pinned (page-locked) host memory, from CuPy's pinned pool."""
-    import cupyx  # noqa: PLC0415
-
-    return cupyx.empty_pinned(shape, dtype=dtype)
-
-
-def _divide(buf: Any, size: int) -> None:
-    buf /= size  # in place for numpy, cupy and torch alike
-
-
-def _device_view(t: Any) -> Any:
-    """What mpi4py takes for CUDA memory: the tensor itself (it has __cuda_array_interface__),
-    with bfloat16 reinterpreted as int16 since only its bytes matter when we get here."""
-    torch = sys.modules["torch"]
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+    return [flat[start:start + MAX_COUNT] for start in range(0, total, MAX_COUNT)]

@@ -17,274 +17,41 @@ Broadcast and all_gather move raw bytes (uint8 views), so they need no staging.
 Timeouts are torch's own: the communicator's timeout is the process group's (and the
 bootstrap store's), and torch's timeout errors become ``CollectiveTimeout``.
 
-Bootstrap security: the store rank 0 serves under an MPI launcher listens on the
-launcher's address only (loopback on one node; TCPStore alone would listen on every
-interface), and on one node Gloo's sockets use the loopback interface unless
-``GLOO_SOCKET_IFNAME`` says otherwise. The store speaks torch's fixed binary protocol;
-nothing the project sends is pickled. Under an MPI launcher an uncaught exception
-calls ``MPI_Abort`` (see :mod:`collectives.process_hooks`).
+How the default process group is made under each launcher, and its security, is
+:mod:`collectives.backends.torch_bootstrap`'s.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import datetime
 import functools
 import math
 import os
 import re
-import socket
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work, deliver
+from collectives.emulations import Emulations
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
-from . import _float_order, _network
-
-# Minutes torch waits in a collective before it raises (torch's own default).
-DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
-# What "no timeout" is for torch, which always wants one: ten years.
-NO_TIMEOUT = datetime.timedelta(days=3650)
-
-
-def _timedelta(seconds: float | None) -> datetime.timedelta:
-    return NO_TIMEOUT if seconds is None else datetime.timedelta(seconds=seconds)
-
-
-def import_torch_distributed() -> Any:
-    try:
-        import torch.distributed as dist  # noqa: PLC0415
-    except ImportError as error:
-        raise BackendUnavailable(
-            f"backend 'torch' needs PyTorch ({error}); install it with: pip install torch"
-        ) from error
-    if not dist.is_available():
-        raise BackendUnavailable("backend 'torch': this PyTorch build has no torch.distributed")
-    return dist
-
-
-# Groups this module made (split's), and whether it made the default group: destroyed at
-# exit, since Gloo groups still alive when the interpreter ends abort the process.
-_created_groups: list[Any] = []
-_created_default = False
-
-
-@atexit.register
-def _destroy_created_groups() -> None:
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_initialized():
-        return
-    while _created_groups:
-        group = _created_groups.pop()
-        try:
-            dist.destroy_process_group(group)
-        except (ValueError, RuntimeError):
-            pass  # closed already
-    if _created_default:
-        dist.destroy_process_group()
-
-
-def _bootstrap_process_group(dist: Any, launch: LaunchInfo,
-                             timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> None:
-    """Initialize torch's default group for a process started as ``launch`` says."""
-    import torch  # noqa: PLC0415
-
-    global _created_default
-    _created_default = True
-    if launch.size > 1 and launch.local_size == launch.size and "GLOO_SOCKET_IFNAME" not in os.environ \
-            and _has_interface("lo"):
-        # One node: Gloo's pairs need not listen on the host's public address.
-        os.environ["GLOO_SOCKET_IFNAME"] = "lo"
-
-    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
-        # Bind the GPU before any communicator exists (NCCL picks it up from here).
-        torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
-    if launch.launcher == "torchrun":
-        _choose_gloo_interface(launch, os.environ.get("MASTER_ADDR"))
-        dist.init_process_group(backend, init_method="env://", timeout=timeout)
-        return
-    if launch.size == 1:
-        store = dist.HashStore()
-        dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
-        return
-    # MPI launcher: rank 0's store address travels over MPI. (collectives.init() installed
-    # the MPI abort hook before, and installs it again around torch's after: see
-    # collectives/process_hooks.py.)
-    store = mpi_shared_tcp_store(launch, timeout)
-    _choose_gloo_interface(launch, store.host)
-    dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.size,
-                            timeout=timeout)
-
-
-def _has_interface(name: str) -> bool:
-    try:
-        return any(interface == name for _, interface in socket.if_nameindex())
-    except OSError:
-        return False
-
-
-def _choose_gloo_interface(launch: LaunchInfo, store_address: str | None) -> None:
-    """Across hosts Gloo binds (and advertises) the address this host's name resolves to;
-    where that is a loopback address (Debian's ``127.0.1.1 <hostname>``) no other host could
-    connect, so Gloo is given the interface this host reaches the store over instead."""
-    if launch.size == 1 or launch.local_size == launch.size or "GLOO_SOCKET_IFNAME" in os.environ \
-            or not store_address:
-        return
-    own = _network.own_address()
-    if own is not None and not _network.is_loopback(own):
-        return
-    source = _network.address_towards([store_address])
-    interface = _network.interface_with_address(source) if source else None
-    if interface is not None:
-        os.environ["GLOO_SOCKET_IFNAME"] = interface
-
-
-def store_host(launch: LaunchInfo, peers: Sequence[str] = ()) -> str:
-    """The address rank 0's store listens on and advertises: MASTER_ADDR if set; loopback on
-    one node; else this host's address as its name resolves, unless that is a loopback
-    address (no other host reaches it): then the address this host reaches ``peers`` (the
-    other hosts' names) from."""
-    if os.environ.get("MASTER_ADDR"):
-        return os.environ["MASTER_ADDR"]
-    if launch.local_size is not None and launch.local_size == launch.size:
-        return "127.0.0.1"
-    own = _network.own_address()
-    if own is not None and not _network.is_loopback(own):
-        return own
-    reachable = _network.address_towards(peers)
-    if reachable is None:
-        raise BackendUnavailable(
-            f"backend 'torch': this host's name {socket.gethostname()!r} resolves to {own or 'nothing'}, "
-            f"which the other hosts ({', '.join(peers) or 'unknown'}) cannot reach, and no route to them "
-            "was found; set MASTER_ADDR to an address of rank 0's host that they reach")
-    return reachable
-
-
-# Bytes of a host name or address on the wire (DNS names are at most 253).
-_HOST_BYTES = 256
-
-
-def _host_bytes(name: str) -> Any:
-    import numpy as np  # noqa: PLC0415
-
-    raw = np.zeros(_HOST_BYTES, dtype=np.uint8)
-    encoded = name.encode()[:_HOST_BYTES - 1]
-    raw[:len(encoded)] = np.frombuffer(encoded, dtype=np.uint8)
-    return raw
-
-
-def _host_from_bytes(raw: Any) -> str:
-    host: str = raw.tobytes().split(b"\0", 1)[0].decode()
-    return host
-
-
-def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Any:
-    """A TCPStore served by rank 0 on a free port of :func:`store_host`.
-
-    Every rank's host name goes to rank 0 (fixed-size bytes over ``MPI_Gather``) so that it
-    can pick an address the other hosts reach; rank 0's address (bytes) and port (one int64)
-    go back over ``MPI_Bcast``. Nothing is pickled. Rank 0 binds the listening socket itself
-    and hands it to the store, because TCPStore given only a port listens on every interface."""
-    import numpy as np  # noqa: PLC0415
-    import torch.distributed as dist  # noqa: PLC0415
-    from collectives.backends.mpi import import_mpi  # noqa: PLC0415
-
-    MPI = import_mpi()
-    comm = MPI.COMM_WORLD
-    me = socket.gethostname()
-    names = np.zeros((comm.Get_size(), _HOST_BYTES), dtype=np.uint8) if comm.Get_rank() == 0 else None
-    comm.Gather(_host_bytes(me), names, root=0)
-    port = np.zeros(1, dtype=np.int64)
-    store = None
-    if names is not None:  # rank 0
-        peers = list(dict.fromkeys(name for name in map(_host_from_bytes, names) if name != me))
-        host = store_host(launch, peers)
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.bind((host, 0))
-        listener.listen(max(128, launch.size))
-        port[0] = listener.getsockname()[1]
-        # detach(): the store serves on the descriptor from now on, not the Python object.
-        store = dist.TCPStore(host, int(port[0]), launch.size, is_master=True, timeout=timeout,
-                              wait_for_workers=False, master_listen_fd=listener.detach())
-        host_raw = _host_bytes(host)
-    else:
-        host_raw = np.zeros(_HOST_BYTES, dtype=np.uint8)
-    comm.Bcast(host_raw, root=0)
-    comm.Bcast(port, root=0)
-    if comm.Get_rank() != 0:
-        store = dist.TCPStore(_host_from_bytes(host_raw), int(port[0]), launch.size, is_master=False,
-                              timeout=timeout)
-    return store
-
-
-class _TorchWork(Work):
-    def __init__(self, x: Any, work: Any, finish: Any = None,
-                 comm: TorchCommunicator | None = None) -> None:
-        super().__init__(x)
-        self._work = work
-        self._finish = finish
-        self._comm = comm
-        #: For CuPy arrays: the torch view of CuPy's stream, which wait() orders.
-        self.stream: Any = None
-
-    def wait(self) -> Any:
-        if self._work is not None:
-            torch = sys.modules["torch"]
-            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-                try:
-                    self._work.wait()
-                except RuntimeError as error:
-                    if self._comm is None:
-                        raise
-                    raise self._comm._transport_error(error) from error
-                self._work = None
-                if self._finish is not None:
-                    self._finish()
-        return self._x
-
-    def is_completed(self) -> bool:
-        return self._work is None or bool(self._work.is_completed())
-
-
-def _cupy_stream_as_torch(torch: Any, x: Any) -> Any:
-    """CuPy's current stream (on x's device) as a torch stream."""
-    cupy = sys.modules["cupy"]
-    with x.device:
-        ptr = cupy.cuda.get_current_stream().ptr
-    device = torch.device("cuda", x.device.id)
-    if ptr == 0:  # CuPy's null stream is the legacy default stream, torch's default one
-        return torch.cuda.default_stream(device)
-    return torch.cuda.ExternalStream(ptr, device=device)
-
-
-def _on_cupy_stream(method: Any) -> Any:
-    """For CuPy arrays, run ``method``'s torch work on CuPy's current stream.
-
-    torch enqueues NCCL after (and the staging copies on) torch's current stream; for a
-    CuPy array the kernels that produced it and those that read it are on CuPy's, so
-    that stream is made torch's current one for the call (and for the handle's wait()).
-    """
-    @functools.wraps(method)
-    def on_stream(self: TorchCommunicator, x: Any, adapter: ArrayAdapter, *args: Any) -> Any:
-        if adapter is not arrays.CUPY:
-            return method(self, x, adapter, *args)
-        stream = _cupy_stream_as_torch(self._torch, x)
-        with self._torch.cuda.stream(stream):
-            result = method(self, x, adapter, *args)
-        if isinstance(result, _TorchWork):
-            result.stream = stream
-        return result
-
-    return on_stream
+from . import _float_order
+from ._toolkit import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
+from .torch_bootstrap import (  # noqa: F401  (mpi_shared_tcp_store, store_host: also importable from here)
+    DEFAULT_TIMEOUT,
+    NO_TIMEOUT,
+    bootstrap_process_group,
+    created_groups,
+    import_torch_distributed,
+    mpi_shared_tcp_store,
+    store_host,
+    torch_timeout,
+)
+from .torch_handles import _on_cupy_stream, _TorchWork
 
 
 class TorchCommunicator(Communicator):
@@ -313,7 +80,9 @@ class TorchCommunicator(Communicator):
         # Position in torch's order for each of our ranks.
         torch_order = sorted(group_ranks) if ranks is not None else list(group_ranks)
         self._torch_rank = [torch_order.index(g) for g in self._global_ranks]
-        self._reordered = self._torch_rank != list(range(len(self._torch_rank)))
+        if self._torch_rank != list(range(len(self._torch_rank))):
+            # The one place the order matters: this communicator takes _InOurOrder's methods.
+            self.__class__ = _in_our_order(type(self))
         me = self._global_ranks.index(dist.get_rank())
         if local_rank is None:
             local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
@@ -338,7 +107,7 @@ class TorchCommunicator(Communicator):
         dist = import_torch_distributed()
         seconds = config.timeout_seconds(timeout)
         if not dist.is_initialized():
-            _bootstrap_process_group(dist, launch, _timedelta(seconds))
+            bootstrap_process_group(dist, launch, torch_timeout(seconds))
         return cls(local_rank=launch.local_rank, timeout=0 if seconds is None else seconds)
 
     def _transport_error(self, error: Exception) -> Exception:
@@ -385,15 +154,6 @@ class TorchCommunicator(Communicator):
         # the current device when they differ).
         return self._torch.as_tensor(x, device=f"cuda:{x.device.id}")
 
-    def _staged(self, t: Any, dtype: str) -> tuple[Any, Any]:
-        """The tensor the transport reduces: ``t``, or a contiguous copy in a wider type
-        (returned twice: the second is the copy to write back, ``None`` when none)."""
-        wire = _WIRE.get(dtype)
-        if wire is None and t.is_contiguous():
-            return t, None
-        staged = t.to(getattr(self._torch, wire or dtype)).contiguous()
-        return staged, staged
-
     @_on_cupy_stream
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Work | None:
@@ -414,10 +174,10 @@ class TorchCommunicator(Communicator):
             x[...] = copy
             return Work(x) if async_op else None
         t = self._as_tensor(x, adapter)
-        staged, copy = self._staged(t, dtype)
+        staged, writeback = stage(t, _TORCH, dtype, NARROW_WIRE.get(dtype))
         keys = self._order_keys(staged, op)
-        if staged.is_cuda and op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
-            self._bitwise_on_nccl(staged, op)
+        if staged.is_cuda and op in BITWISE:
+            self._bitwise_on_nccl(staged, dtype, op)
             work = None
         else:
             work = self._dist.all_reduce(staged if keys is None else keys, self._ops[op],
@@ -428,8 +188,8 @@ class TorchCommunicator(Communicator):
                 staged.copy_(self._from_keys(keys, staged.dtype))
             if op is _AVG:
                 staged.div_(self.size)
-            if copy is not None:
-                t.copy_(copy)
+            if writeback is not None:
+                writeback()
 
         if work is not None and async_op:
             return _TorchWork(x, work, finish, self)
@@ -459,25 +219,19 @@ class TorchCommunicator(Communicator):
         _float_order.decode(ints, bits)
         return ints.view(dtype)
 
-    def _bitwise_on_nccl(self, staged: Any, op: ReduceOp) -> None:
-        torch = self._torch
-        if staged.dtype == torch.uint8 and op is not ReduceOp.BXOR:
-            # 0/1 values: AND is MIN and OR is MAX.
-            native = ReduceOp.MIN if op is ReduceOp.BAND else ReduceOp.MAX
+    def _bitwise_on_nccl(self, staged: Any, dtype: str, op: ReduceOp) -> None:
+        """NCCL has no bitwise ops: bool's AND/OR as MIN/MAX of its 0/1 bytes, the rest
+        gathered and folded here."""
+        native = bitwise_as_min_max(dtype, op)
+        if native is not None:
             self._dist.all_reduce(staged, self._ops[native], group=self._group)
             return
-        gathered = self._gather_tensor(staged)
-        combine = {ReduceOp.BAND: torch.bitwise_and, ReduceOp.BOR: torch.bitwise_or,
-                   ReduceOp.BXOR: torch.bitwise_xor}[op]
-        result = gathered[0].clone()
-        for row in gathered[1:]:
-            combine(result, row, out=result)
-        staged.copy_(result)
+        staged.copy_(fold_bitwise(self._gather_tensor(staged), op))
 
     @_on_cupy_stream
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
                    async_op: bool) -> Work | None:
-        if adapter is _TORCH and dtype not in _WIRE and x.is_contiguous():
+        if adapter is _TORCH and dtype not in NARROW_WIRE and x.is_contiguous():
             # dtypes every torch transport moves as they are: no uint8 view to make.
             work = self._dist.broadcast(x, self._global_ranks[src], self._group, async_op)
             return _TorchWork(x, work, None, self) if async_op else None
@@ -488,7 +242,7 @@ class TorchCommunicator(Communicator):
             return Work(x) if async_op else None
         t = self._as_tensor(x, adapter)
         staged = t if t.is_contiguous() else t.contiguous()
-        work = self._dist.broadcast(_bytes(staged), self._global_ranks[src], group=self._group,
+        work = self._dist.broadcast(flat_bytes(staged), self._global_ranks[src], group=self._group,
                                     async_op=async_op)
 
         def finish() -> None:
@@ -504,21 +258,19 @@ class TorchCommunicator(Communicator):
         """torch tensor of shape (size, *t.shape), row r from our rank r."""
         staged = t if t.is_contiguous() else t.contiguous()
         out = self._torch.empty((self.size, *t.shape), dtype=t.dtype, device=t.device)
-        self._all_gather_single(_bytes(out), _bytes(staged), group=self._group)
-        if self._reordered:  # rows arrived in torch's rank order
-            out = out[self._torch_rank]
+        self._all_gather_single(flat_bytes(out), flat_bytes(staged), group=self._group)
         return out
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
                     async_op: bool = False) -> Any:
         if out is None and not async_op and adapter is _TORCH and dtype in _GATHER_DIRECT \
-                and x.dim() == 1 and not self._reordered and not x.requires_grad and x.is_contiguous():
+                and x.dim() == 1 and not x.requires_grad and x.is_contiguous():
             # SyncBatchNorm's forward call: 1-d tensors of the dtypes every transport gathers
             # go straight to torch (no byte views, no wrapper: one output, one call).
             gathered = self._torch.empty((self.size * x.shape[0],), dtype=x.dtype, device=x.device)
             self._all_gather_single(gathered, x, group=self._group)
             return gathered.view(self.size, x.shape[0])
-        if (out is None and not async_op) or self._reordered:
+        if out is None and not async_op:
             return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
         result = out if out is not None else adapter.empty(x, (self.size, *x.shape))
         return self._move_bytes(x, adapter, result, result, async_op,
@@ -548,7 +300,7 @@ class TorchCommunicator(Communicator):
             if recv is not target:
                 target.copy_(recv)
 
-        work = start(None if send is None else _bytes(send), None if recv is None else _bytes(recv),
+        work = start(None if send is None else flat_bytes(send), None if recv is None else flat_bytes(recv),
                      async_op)
         if async_op:
             return _TorchWork(value, work, finish, self)
@@ -557,9 +309,8 @@ class TorchCommunicator(Communicator):
 
     def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
                 async_op: bool) -> Any:
-        # Reordered split groups (rows would arrive in torch's rank order) and empty arrays
-        # (Gloo refuses zero-byte lists) take the emulation.
-        if self._reordered or not math.prod(x.shape):
+        # Empty arrays (Gloo refuses zero-byte lists) take the emulation.
+        if not math.prod(x.shape):
             return super()._gather(x, adapter, dtype, dst, out, async_op)
         here = self.rank == dst
         result = (out if out is not None else adapter.empty(x, (self.size, *x.shape))) if here else None
@@ -569,7 +320,7 @@ class TorchCommunicator(Communicator):
 
     def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
                  async_op: bool) -> Any:
-        if self._reordered or not math.prod(x.shape):
+        if not math.prod(x.shape):
             return super()._scatter(x, adapter, dtype, src, out, async_op)
         here = self.rank == src
         result = out if out is not None else adapter.empty(x, tuple(x.shape[1:]))
@@ -581,7 +332,7 @@ class TorchCommunicator(Communicator):
 
     def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
                     async_op: bool) -> Any:
-        if self._reordered or not math.prod(x.shape):
+        if not math.prod(x.shape):
             return super()._all_to_all(x, adapter, dtype, out, async_op)
         result = out if out is not None else adapter.empty(x, tuple(x.shape))
         return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
@@ -590,11 +341,9 @@ class TorchCommunicator(Communicator):
 
     def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
                       splits: list[list[int]], out: Any, async_op: bool) -> Any:
-        if self._reordered:
-            return super()._all_to_all_v(x, adapter, dtype, splits, out, async_op)
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
-        row = math.prod(x.shape[1:]) * _itemsize(x)
+        row = math.prod(x.shape[1:]) * itemsize(x)
         sent = [count * row for count in splits[self.rank]]
         got = [count * row for count in received]
         return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
@@ -644,7 +393,7 @@ class TorchCommunicator(Communicator):
     @_on_cupy_stream
     def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         torch = self._torch
-        if (adapter is _TORCH and x.dim() == 1 and not self._reordered and not x.requires_grad
+        if (adapter is _TORCH and x.dim() == 1 and not x.requires_grad
                 and _DIRECT[dtype].get(op) is not None and x.is_contiguous()):
             out = torch.empty((x.shape[0] // self.size,), dtype=x.dtype, device=x.device)
             self._reduce_scatter_single(out, x, self._ops[op], group=self._group)
@@ -652,18 +401,12 @@ class TorchCommunicator(Communicator):
                 out.div_(self.size)
             return out
         t = self._as_tensor(x, adapter)
-        staged, _ = self._staged(t, dtype)
+        staged, _ = stage(t, _TORCH, dtype, NARROW_WIRE.get(dtype))
         rows = t.shape[0] // self.size
-        if self._reordered:  # torch hands block i to torch's rank i
-            blocks = staged.reshape(self.size, rows, *t.shape[1:])
-            order = [0] * self.size
-            for ours, theirs in enumerate(self._torch_rank):
-                order[theirs] = ours
-            staged = blocks[order].reshape(t.shape)
-        if staged.is_cuda and op in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+        if staged.is_cuda and op in BITWISE:
             full = staged.clone()
-            self._bitwise_on_nccl(full, op)
-            mine = self._torch_rank[self.rank]
+            self._bitwise_on_nccl(full, dtype, op)
+            mine = self._torch_rank[self.rank]  # (torch's rank: x's blocks are in its order)
             out = full[mine * rows:(mine + 1) * rows].clone()
         elif (keys := self._order_keys(staged, op)) is not None:
             out_keys = torch.empty((rows, *t.shape[1:]), dtype=keys.dtype, device=t.device)
@@ -687,7 +430,7 @@ class TorchCommunicator(Communicator):
     def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
               async_op: bool) -> Work | None:
         t = self._as_tensor(x, adapter)
-        staged = _bytes(t if t.is_contiguous() else t.contiguous())
+        staged = flat_bytes(t if t.is_contiguous() else t.contiguous())
         peer = self._global_ranks[dst]
         if async_op:
             return _TorchWork(x, self._dist.isend(staged, peer, self._group, tag), None, self)
@@ -706,9 +449,9 @@ class TorchCommunicator(Communicator):
                 t.copy_(staged)
 
         if async_op:
-            return _TorchWork(x, self._dist.irecv(_bytes(staged), peer, self._group, tag), finish,
+            return _TorchWork(x, self._dist.irecv(flat_bytes(staged), peer, self._group, tag), finish,
                               self)
-        self._dist.recv(_bytes(staged), peer, self._group, tag)
+        self._dist.recv(flat_bytes(staged), peer, self._group, tag)
         finish()
         return None
 
@@ -725,7 +468,7 @@ class TorchCommunicator(Communicator):
             super()._monitored_barrier(seconds)
             return
         try:
-            self._dist.monitored_barrier(self._group, timeout=_timedelta(seconds), wait_all_ranks=True)
+            self._dist.monitored_barrier(self._group, timeout=torch_timeout(seconds), wait_all_ranks=True)
         except RuntimeError as error:
             text = str(error).strip()
             # "Ranks 1, 2 failed to pass monitoredBarrier in 1000 ms" (global ranks), on rank 0
@@ -752,8 +495,8 @@ class TorchCommunicator(Communicator):
         name = f"collectives/{self._name}/{self._splits}/{color}"
         with _group_named(name):
             group = self._dist.new_group(sorted(global_ranks), use_local_synchronization=True,
-                                         timeout=_timedelta(self.timeout))
-        _created_groups.append(group)
+                                         timeout=torch_timeout(self.timeout))
+        created_groups.append(group)
         child = TorchCommunicator(group, ranks=global_ranks, local_rank=self.local_rank,
                                   timeout=self._timeout_arg)
         child._name = name
@@ -761,14 +504,50 @@ class TorchCommunicator(Communicator):
 
     def _close(self) -> None:
         if self._group is not None and self._dist.is_initialized():
-            if self._group in _created_groups:
-                _created_groups.remove(self._group)
+            if self._group in created_groups:
+                created_groups.remove(self._group)
             self._dist.destroy_process_group(self._group)
 
 
-# dtypes no torch transport reduces, and the type they are reduced in instead: 0/1 bytes
-# keep MIN=AND, MAX=OR, BXOR=XOR; int32 keeps int16's wrapping SUM/PROD and bit patterns.
-_WIRE = {"bool": "uint8", "int16": "int32"}
+class _InOurOrder(TorchCommunicator):
+    """For a communicator whose rank order (split's key) is not torch's order of its group's
+    ranks (ascending global rank): torch places rows and blocks in its own order. all_gather
+    puts the rows in ours; reduce_scatter hands torch x's blocks in its order; the collectives
+    whose rows go to or come from given ranks take the emulations, through that all_gather.
+    Put ahead of the communicator's own class (see :func:`_in_our_order`)."""
+
+    def _gather_tensor(self, t: Any) -> Any:
+        return super()._gather_tensor(t)[self._torch_rank]
+
+    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
+                    async_op: bool = False) -> Any:
+        return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
+
+    def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+        if adapter is _TORCH:
+            x = x.detach()
+        rows = x.shape[0] // self.size
+        order = [0] * self.size  # torch hands block i to torch's rank i
+        for ours, theirs in enumerate(self._torch_rank):
+            order[theirs] = ours
+        in_torch_order = x.reshape(self.size, rows, *x.shape[1:])[order].reshape(x.shape)
+        return super()._reduce_scatter_new(in_torch_order, adapter, dtype, op)
+
+    _gather = Emulations._gather
+    _scatter = Emulations._scatter
+    _all_to_all = Emulations._all_to_all
+    _all_to_all_v = Emulations._all_to_all_v
+
+
+@functools.cache
+def _in_our_order(cls: type[TorchCommunicator]) -> type[TorchCommunicator]:
+    """``cls`` (TorchCommunicator or a subclass of it) with :class:`_InOurOrder`'s methods first."""
+    if issubclass(cls, _InOurOrder):
+        return cls
+    # The same name: messages and reprs name the class the user made.
+    return type(cls.__name__, (_InOurOrder, cls), {"__module__": cls.__module__,
+                                                   "__qualname__": cls.__qualname__})
+
 
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.
 _TORCH = arrays.TORCH
@@ -778,25 +557,18 @@ _GATHER_DIRECT = frozenset({"int8", "uint8", "int32", "int64", "float16", "float
 # dtype -> the ops every torch transport does on it as it is (no bitwise: NCCL has none).
 # Not float MIN/MAX either: those go through order keys (NaN propagates).
 _DIRECT: dict[str, dict[ReduceOp, ReduceOp]] = {dtype: {op: op for op in allowed
-                   if dtype not in _WIRE and op not in (ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)
+                   if dtype not in NARROW_WIRE and op not in BITWISE
                    and not (dtype.startswith(("float", "bfloat")) and op in _float_order.NAN_ORDERED_OPS)}
            for dtype, allowed in ALLOWED_OPS.items()}
 
 
-def _bytes(t: Any) -> Any:
-    """A flat uint8 view of a contiguous tensor: what broadcast and all_gather move."""
-    torch = sys.modules["torch"]
-    if t.numel() == 0:  # torch cannot reinterpret an empty view; nothing moves anyway
-        return torch.empty(0, dtype=torch.uint8, device=t.device)
-    flat = t.reshape(-1)
-    if flat.stride(0) != 1:  # 0 or 1 elements count as contiguous with any stride; .view refuses
-        flat = flat.as_strided(flat.shape, (1,))
-    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
-
-
 @contextlib.contextmanager
 def _group_named(name: str) -> Iterator[None]:
-    """Make torch.distributed's next new_group take ``name`` (see TorchCommunicator._split)."""
+    """Make torch.distributed's next new_group take ``name`` (see TorchCommunicator._split).
+
+    A patch of torch's private ``_process_group_name`` because torch (2.13) has no public way
+    to name a group: ``new_group`` derives the name from the ranks and from how many groups
+    this process has made (``group_desc`` only describes it), and ``split_group`` likewise."""
     import torch.distributed.distributed_c10d as c10d  # noqa: PLC0415
 
     original = getattr(c10d, "_process_group_name", None)
@@ -815,7 +587,3 @@ def _group_named(name: str) -> Iterator[None]:
 
 def _negative_strides(x: Any, adapter: ArrayAdapter) -> bool:
     return adapter is not arrays.TORCH and any(stride < 0 for stride in x.strides)
-
-
-def _itemsize(x: Any) -> int:
-    return int(x.element_size()) if hasattr(x, "element_size") else int(x.itemsize)

@@ -71,13 +71,22 @@ class ArrayAdapter:
     def is_contiguous(self, x: Any) -> bool:
         return bool(x.flags.c_contiguous)
 
-    def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
-        """A new uninitialized array of ``like``'s kind, dtype and device."""
+    def empty(self, like: Any, shape: tuple[int, ...], dtype: str | None = None) -> Any:
+        """A new uninitialized array of ``like``'s kind and device, of ``like``'s dtype
+        or the one named ``dtype``."""
         raise NotImplementedError
 
     def copy_(self, dst: Any, src: Any) -> None:
-        """Copy ``src`` into ``dst`` (same shape), casting to ``dst``'s dtype."""
+        """Copy ``src`` into ``dst`` (same shape), casting to ``dst``'s dtype (integers wrap)."""
         dst[...] = src
+
+    def view(self, x: Any, dtype: str) -> Any:
+        """``x``'s memory seen as the dtype named ``dtype`` (of the same width)."""
+        raise NotImplementedError
+
+    def cast(self, x: Any, dtype: str | None) -> Any:
+        """A new C-contiguous copy of ``x`` in the dtype named ``dtype`` (``None``: x's own)."""
+        raise NotImplementedError
 
 
 def _numpy_dtype_table(np: Any) -> dict[Any, str]:
@@ -94,11 +103,24 @@ def _numpy_dtype_table(np: Any) -> dict[Any, str]:
 class NumpyAdapter(ArrayAdapter):
     name = "numpy"
     _table: dict[Any, str] | None = None
+    _by_name: dict[str, Any] | None = None
 
     def _dtype_names(self) -> dict[Any, str]:
         if self._table is None:
             self._table = _numpy_dtype_table(sys.modules["numpy"])
         return self._table
+
+    def dtype_of(self, name: str) -> Any:
+        """The numpy dtype named ``name`` (bfloat16: ml_dtypes' where installed)."""
+        if self._by_name is None:
+            self._by_name = {dtype_name: dtype for dtype, dtype_name in self._dtype_names().items()}
+        return self._by_name[name]
+
+    def view(self, x: Any, dtype: str) -> Any:
+        return x.view(self.dtype_of(dtype))
+
+    def cast(self, x: Any, dtype: str | None) -> Any:
+        return x.astype(x.dtype if dtype is None else self.dtype_of(dtype), order="C", copy=True)
 
     def check_writable(self, x: Any) -> None:
         if not x.flags.writeable:
@@ -119,8 +141,8 @@ class NumpyAdapter(ArrayAdapter):
         self.check_array(x, in_place)
         return None
 
-    def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
-        return sys.modules["numpy"].empty(shape, dtype=like.dtype)
+    def empty(self, like: Any, shape: tuple[int, ...], dtype: str | None = None) -> Any:
+        return sys.modules["numpy"].empty(shape, dtype=like.dtype if dtype is None else self.dtype_of(dtype))
 
 
 class CupyAdapter(NumpyAdapter):
@@ -140,10 +162,13 @@ class CupyAdapter(NumpyAdapter):
 
     host_view = ArrayAdapter.host_view  # device memory: never a host view
 
-    def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
+    def empty(self, like: Any, shape: tuple[int, ...], dtype: str | None = None) -> Any:
         cupy = sys.modules["cupy"]
         with like.device:
-            return cupy.empty(shape, dtype=like.dtype)
+            return cupy.empty(shape, dtype=like.dtype if dtype is None else self.dtype_of(dtype))
+
+    def copy_(self, dst: Any, src: Any) -> None:
+        sys.modules["cupy"].copyto(dst, src, casting="unsafe")  # wrapping, for int32 -> int16
 
 
 class TorchAdapter(ArrayAdapter):
@@ -198,7 +223,7 @@ class TorchAdapter(ArrayAdapter):
 
     def host_view(self, x: Any, in_place: bool) -> Any:
         # x.numpy() refuses every tensor that check_memory or check_writable refuses (non-CPU,
-        # sparse/mkldnn/nested, negative bit, requires grad; tests/test_call_path.py checks
+        # sparse/mkldnn/nested, negative bit, requires grad; tests/collective_calls/test_call_path.py checks
         # each) and bfloat16; those get the checks (and their errors) and the general path.
         try:
             view = x.numpy()
@@ -213,11 +238,19 @@ class TorchAdapter(ArrayAdapter):
     def is_contiguous(self, x: Any) -> bool:
         return bool(x.is_contiguous())
 
-    def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
-        return sys.modules["torch"].empty(shape, dtype=like.dtype, device=like.device)
+    def empty(self, like: Any, shape: tuple[int, ...], dtype: str | None = None) -> Any:
+        torch = sys.modules["torch"]
+        return torch.empty(shape, dtype=like.dtype if dtype is None else getattr(torch, dtype),
+                           device=like.device)
 
     def copy_(self, dst: Any, src: Any) -> None:
-        dst.copy_(src)
+        dst.copy_(src)  # casts (wrapping, for int32 -> int16)
+
+    def view(self, x: Any, dtype: str) -> Any:
+        return x.view(getattr(sys.modules["torch"], dtype))
+
+    def cast(self, x: Any, dtype: str | None) -> Any:
+        return self.empty(x, tuple(x.shape), dtype).copy_(x)
 
 
 # In-place results need one memory location per element; read-only inputs may overlap.

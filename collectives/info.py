@@ -73,7 +73,7 @@ def mpi_report() -> dict[str, Any]:
     except Exception as error:  # noqa: BLE001
         return {"usable": False, "why": f"mpi4py cannot load an MPI library: {error} "
                                         "(pip install mpich, or set MPI4PY_LIBMPI)"}
-    from collectives.backends.mpi import mpi_cuda_aware  # noqa: PLC0415
+    from collectives.backends.mpi_buffers import mpi_cuda_aware  # noqa: PLC0415
 
     library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
     forced = os.environ.get(config.MPI_CUDA_AWARE, "").strip()
@@ -93,7 +93,8 @@ def cupy_report() -> dict[str, Any]:
         return {"usable": False, "why": "cupy is not installed (pip install 'pycollectives[cupy]', "
                                         "i.e. cupy-cuda13x; cupy-cuda12x for CUDA 12)"}
     try:
-        from collectives.backends.cupy_nccl import decode_nccl_version, import_cupy_nccl  # noqa: PLC0415
+        from collectives.backends.cupy_nccl import import_cupy_nccl  # noqa: PLC0415
+        from collectives.backends.nccl_plans import decode_nccl_version  # noqa: PLC0415
 
         cupy, nccl = import_cupy_nccl()
     except Exception as error:  # noqa: BLE001  (BackendUnavailable, or a broken CUDA install)

@@ -10,7 +10,6 @@ under a timeout, and write the dump when a call times out or the ranks' calls di
 from __future__ import annotations
 
 import collections
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -19,36 +18,27 @@ from . import config, recorder
 from .calls import BARRIER_TAG, Call
 from .errors import CollectiveError, CollectiveTimeout
 from .ops import ReduceOp
+from .polling import PollPolicy, wait_until
 from .recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE, CallRecord, HookHandle
 from .transport import Transport
 from .work import Work
 
 _clock = recorder.clock
 
-#: Seconds ``poll_until`` polls without giving up the CPU (a peer's answer is seen the moment it
-#: lands), then polls with a yield until YIELD_SECONDS, then sleeps up to 1 ms between polls
-#: (a long wait does not burn the CPU).
+#: How ``poll_until`` waits: tests without giving up the CPU for SPIN_SECONDS (a peer's answer
+#: is seen the moment it lands), then tests with a yield until YIELD_SECONDS, then sleeps from
+#: 0.1 ms up to 1 ms between tests (a long wait does not burn the CPU).
 SPIN_SECONDS = 50e-6
 YIELD_SECONDS = 0.002
+POLL = PollPolicy(fast_polls=0, busy_seconds=YIELD_SECONDS, sleep_min=1e-4, sleep_max=1e-3,
+                  spin_seconds=SPIN_SECONDS)
 
 
 def poll_until(done: Callable[[], bool], deadline: float) -> bool:
     """Poll ``done()`` until it is true (``True``) or ``deadline`` passes (``False``)."""
-    start = _clock()
-    delay = 0.0
-    while not done():
-        now = _clock()
-        if now > deadline:
-            return False
-        waited = now - start
-        if waited < SPIN_SECONDS:
-            continue
-        if waited < YIELD_SECONDS:
-            time.sleep(0)
-        else:
-            delay = min(0.001, delay + 0.0001)
-            time.sleep(delay)
-    return True
+    return wait_until(done, deadline - _clock(), POLL, clock=_clock)
+
+
 # Every communicator not yet closed. A timeout leaves requests behind in the transport,
 # and a peer that timed out on ANOTHER communicator left its own behind there: the next
 # call on any communicator of that transport could match one of them and return the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, in one call: every GPU test (tests/test_gpu.py, marker gpu) over torch (NCCL),
+# The GPU check, in one call: every GPU test (tests/gpu/test_gpu.py, marker gpu) over torch (NCCL),
 # cupy and mpi, then a timing table of our all_reduce against the raw transports. Writes a
 # markdown report to $OUT/gpu_report.md (date, GPU, driver, versions, results, timings),
 # plus the pytest log and junit XML beside it. Meant to finish in under 8 minutes.
@@ -97,7 +97,7 @@ say '```'
 
 cuda=$($PY -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
 say ""
-say "## GPU tests (tests/test_gpu.py)"
+say "## GPU tests (tests/gpu/test_gpu.py)"
 say ""
 if [ "$cuda" != 1 ]; then
     say "DRY RUN: no CUDA device here (torch.cuda.is_available() is False). Every GPU test skips,"
@@ -105,14 +105,14 @@ if [ "$cuda" != 1 ]; then
 fi
 # 400 s for the tests (the most a run with every world the machine allows was estimated to need);
 # setup takes about 40 s before, and the timing table after only starts while under 380 s.
-timeout 400 $PY -m pytest tests/test_gpu.py -m gpu -v -rs -p no:cacheprovider \
+timeout 400 $PY -m pytest tests/gpu/test_gpu.py -m gpu -v -rs -p no:cacheprovider \
     --junitxml="$OUT/gpu_junit.xml" -o junit_family=xunit2 >>"$LOG" 2>&1
 rc=$?
 [ "$rc" -eq 124 ] && say "pytest was stopped at its 400 s limit"
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
 say ""
 say '```'
-grep -E '^(tests/test_gpu.py::.*(PASSED|FAILED|SKIPPED|ERROR|XFAIL)|SKIPPED|FAILED|ERROR|=+ .*(passed|failed|skipped|error).* =+$)' \
+grep -E '^(tests/gpu/test_gpu.py::.*(PASSED|FAILED|SKIPPED|ERROR|XFAIL)|SKIPPED|FAILED|ERROR|=+ .*(passed|failed|skipped|error).* =+$)' \
     "$LOG" | sed -E 's/ +\[ *[0-9]+%\]$//' | tee -a "$REPORT"
 say '```'
 say "(pytest exit status $rc after $(elapsed); full log: gpu_pytest.log, junit: gpu_junit.xml)"

@@ -101,7 +101,7 @@ class RawMPI(Raw):
         return None
 
     def _cuda_aware(self) -> bool:
-        from collectives.backends.mpi import mpi_cuda_aware  # noqa: PLC0415
+        from collectives.backends.mpi_buffers import mpi_cuda_aware  # noqa: PLC0415
 
         return bool(mpi_cuda_aware(self.MPI))
 

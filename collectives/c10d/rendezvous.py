@@ -37,7 +37,7 @@ TRANSPORTS = ("mpi", "cupy", "local")
 def mpi_shared_store(launch: LaunchInfo, timeout: datetime.timedelta) -> Any:
     """torch's store for a job started by an MPI launcher: a TCPStore served by rank 0,
     its address shared over MPI (one implementation, with the torch transport's)."""
-    from collectives.backends.torch_dist import mpi_shared_tcp_store  # noqa: PLC0415
+    from collectives.backends.torch_bootstrap import mpi_shared_tcp_store  # noqa: PLC0415
 
     return mpi_shared_tcp_store(launch, timeout)
 

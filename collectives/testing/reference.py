@@ -158,6 +158,32 @@ def reference_reduce(inputs: Sequence[NDArray[Any]], dtype: str, op: Any) -> NDA
         return result
 
 
+def reference_tensor(dtype: str, op: Any, per_rank: Sequence[Any]) -> Any:
+    """:func:`reference_reduce` of CPU torch tensors (one per rank, one shape and dtype), as a
+    torch tensor: of ``dtype`` for bool and integers, float64 for floats."""
+    torch = sys.modules["torch"]
+    return torch.from_numpy(np.ascontiguousarray(reference_reduce([to_numpy(t) for t in per_rank], dtype, op)))
+
+
+#: Relative (and, times the rank count, absolute) tolerance of a float reduction of
+#: :func:`random_rank_tensors` (values in [-2, 2]) against :func:`reference_tensor`.
+FLOAT_TOLERANCE = {"float16": 1e-2, "bfloat16": 5e-2, "float32": 1e-5, "float64": 1e-12}
+
+
+def random_rank_tensors(dtype: str, size: int, rng: np.random.Generator,
+                        shape: tuple[int, ...] = (64,)) -> list[Any]:
+    """One CPU torch tensor per rank: all of the dtype's range for integers, [-2, 2] for floats."""
+    import torch  # noqa: PLC0415  (only tests that use torch call this)
+
+    if dtype == "bool":
+        return [torch.from_numpy(rng.integers(0, 2, shape).astype(bool)) for _ in range(size)]
+    if dtype in INTEGER_DTYPES:
+        info = torch.iinfo(getattr(torch, dtype))
+        return [torch.from_numpy(rng.integers(info.min, info.max, shape, endpoint=True)).to(getattr(torch, dtype))
+                for _ in range(size)]
+    return [torch.from_numpy(rng.uniform(-2, 2, shape)).to(getattr(torch, dtype)) for _ in range(size)]
+
+
 def _fsum(wide: NDArray[Any]) -> NDArray[Any]:
     """Correctly rounded elementwise sum over axis 0 (NaN and inf as numpy gives them)."""
     with np.errstate(all="ignore"):

@@ -1,0 +1,198 @@
+"""How the cupy backend completes its NCCL calls: CUDA streams and events of each array
+library, the deadline on a call's event (:func:`wait_for`), the handles
+(:class:`_StreamWork`) and this thread's open NCCL group of asynchronous sends and recvs.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from collectives.communicator import Work
+from collectives.errors import CollectiveError
+from collectives.polling import PollPolicy, wait_until, yield_or_sleep
+
+if TYPE_CHECKING:
+    from .cupy_nccl import CupyNcclCommunicator
+
+#: Waiting for a collective under a timeout (:func:`wait_for`): tight polls of its CUDA event,
+#: then polls that yield the CPU for BUSY_POLL_SECONDS, then sleeps from POLL_MIN_SECONDS
+#: doubling to POLL_MAX_SECONDS.
+FAST_POLLS = 16
+BUSY_POLL_SECONDS = 0.05
+POLL_MIN_SECONDS = 1e-4
+POLL_MAX_SECONDS = 0.01
+POLL = PollPolicy(FAST_POLLS, BUSY_POLL_SECONDS, POLL_MIN_SECONDS, POLL_MAX_SECONDS)
+
+
+# -- CUDA streams and events of each array library (the arrays themselves: collectives.arrays) --
+
+class _TorchStreams:
+    """torch CUDA tensors: torch's current stream and events."""
+
+    def __init__(self) -> None:
+        self.torch = sys.modules["torch"]
+
+    def stream(self, x: Any) -> Any:
+        return self.torch.cuda.current_stream(x.device)
+
+    @staticmethod
+    def stream_ptr(stream: Any) -> int:
+        return int(stream.cuda_stream)
+
+    @staticmethod
+    def ptr(x: Any) -> int:
+        return int(x.data_ptr())
+
+    def record(self, stream: Any) -> Any:
+        event = self.torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def wait_event(self, event: Any, x: Any) -> None:
+        self.torch.cuda.current_stream(x.device).wait_event(event)
+
+    @staticmethod
+    def query(event: Any) -> bool:
+        return bool(event.query())
+
+
+class _CupyStreams:
+    """CuPy arrays: CuPy's current stream and events."""
+
+    def __init__(self) -> None:
+        self.cupy = sys.modules["cupy"]
+
+    def stream(self, x: Any) -> Any:
+        return self.cupy.cuda.get_current_stream()
+
+    @staticmethod
+    def stream_ptr(stream: Any) -> int:
+        return int(stream.ptr)
+
+    @staticmethod
+    def ptr(x: Any) -> int:
+        return int(x.data.ptr)
+
+    def record(self, stream: Any) -> Any:
+        event = self.cupy.cuda.Event(disable_timing=True)
+        event.record(stream)
+        return event
+
+    def wait_event(self, event: Any, x: Any) -> None:
+        with x.device:
+            self.cupy.cuda.get_current_stream().wait_event(event)
+
+    @staticmethod
+    def query(event: Any) -> bool:
+        return bool(event.done)
+
+
+# -- waiting for the GPU, with a deadline ---------------------------------------------------------
+
+def wait_for(done: Callable[[], bool], timeout: float, check: Callable[[], None] | None = None,
+             clock: Callable[[], float] = time.monotonic,
+             pause: Callable[[float], None] = yield_or_sleep) -> bool:
+    """Poll ``done()`` until it is true (``True``) or ``timeout`` seconds have passed (``False``).
+
+    A few tight polls first (a small collective is done by then), then polls that yield the CPU
+    (``pause(0)``) for :data:`BUSY_POLL_SECONDS`, then sleeps from :data:`POLL_MIN_SECONDS`
+    doubling to :data:`POLL_MAX_SECONDS`, so a hung collective does not burn a core. ``check()``
+    runs before each sleep (NCCL's asynchronous error query: it raises what it finds).
+    """
+    return wait_until(done, timeout, POLL, check, clock, pause)
+
+
+# -- the open NCCL group of asynchronous sends/recvs (NCCL groups are per thread) -------------------
+
+_GROUP = threading.local()
+
+
+def _open_group(nccl: Any) -> list[_StreamWork]:
+    """This thread's open group's handles, after ``ncclGroupStart`` if none was open."""
+    works = getattr(_GROUP, "works", None)
+    if works is None:
+        nccl.groupStart()
+        works = _GROUP.works = []
+    return works
+
+
+def _launch_group(nccl: Any) -> None:
+    """``ncclGroupEnd`` of this thread's open group; then each of its calls finishes on its stream."""
+    works, _GROUP.works = _GROUP.works, None
+    try:
+        nccl.groupEnd()
+    except Exception as error:
+        failure = works[0]._comm._transport_error(error) if works else CollectiveError(str(error))
+        for work in works:
+            work._error = failure
+        raise failure from error
+    for work in works:
+        work._launched()
+
+
+# -- handles ----------------------------------------------------------------------------------------
+
+class _StreamWork(Work):
+    """An enqueued NCCL call (or a send/recv waiting in this thread's open NCCL group).
+
+    ``wait()`` launches the open group if this call is in it. With a timeout, the host then
+    polls the call's CUDA event against the deadline (:meth:`CupyNcclCommunicator._complete`);
+    without one it returns at once, like torch's NCCL ``Work.wait()``. Either way the
+    then-current stream (of ``like``'s library and device) is made to wait for the event, so
+    kernels enqueued afterwards see the result.
+    """
+
+    def __init__(self, result: Any, library: Any, event: Any, comm: CupyNcclCommunicator,
+                 like: Any = None, keep: Any = None) -> None:
+        super().__init__(result)
+        self._library, self._event, self._comm = library, event, comm
+        self._like = result if like is None else like  # an array on the device
+        self._keep = keep  # memory NCCL reads or writes until the call completes
+        self._call = (comm._operation, comm._seq)
+        self._stream: Any = None  # a grouped send/recv: its stream, and what follows it there
+        self._then: Callable[[], None] | None = None
+        self._host: Callable[[], None] | None = None  # host work once complete (debug headers)
+        self._error: Exception | None = None
+        self._completed = False
+
+    def _launched(self) -> None:
+        """The group this send/recv was in has been launched: finish it on its stream."""
+        if self._then is not None:
+            self._then()
+            self._then = None
+        self._event = self._library.record(self._stream)
+
+    def wait(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        comm = self._comm
+        if not self._completed:
+            if comm._broken:  # aborted: the call may have ended early, its result is not trusted
+                raise CollectiveError(comm._broken)
+            comm._flush_group()  # launches this call if it is in the open group
+            if comm.timeout is not None:
+                try:
+                    comm._complete(self._library, self._event, self._call)
+                except CollectiveError as error:
+                    self._error = error
+                    raise
+                self._completed, self._keep = True, None
+            self._library.wait_event(self._event, self._like)
+        if self._host is not None:
+            host, self._host = self._host, None
+            host()
+        return self._x
+
+    def is_completed(self) -> bool:
+        if self._completed or self._error is not None:
+            return True
+        if self._event is None:  # still in the open group: launched at the next wait or call
+            return False
+        if self._library.query(self._event):
+            self._completed, self._keep = True, None
+            return True
+        return False

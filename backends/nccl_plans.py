@@ -1,0 +1,107 @@
+"""The NCCL side of the cupy backend that needs no GPU: nccl.h's enum values, how each
+dtype x op reduction runs on NCCL (:func:`reduce_plan`), and which bytes go to which peer
+in the collectives NCCL builds from send/recv (:class:`P2PPlan`). Checked on CPU by
+tests/gpu/test_cupy_backend.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collectives.ops import ReduceOp
+
+from ._toolkit import BITWISE, NARROW_WIRE, bitwise_as_min_max, offsets
+
+#: ncclDataType_t values of nccl.h (a stable ABI); bfloat16 needs NCCL >= 2.10.
+NCCL_DTYPES: dict[str, int] = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4,
+                               "uint64": 5, "float16": 6, "float32": 7, "float64": 8,
+                               "bfloat16": 9}
+#: ncclRedOp_t values of nccl.h for the ops we hand to NCCL (ncclAvg=4 is not used: see above).
+NCCL_OPS: dict[str, int] = {"sum": 0, "prod": 1, "max": 2, "min": 3}
+#: First NCCL with ncclBfloat16.
+BFLOAT16_SINCE = (2, 10, 0)
+
+
+@dataclass(frozen=True)
+class ReducePlan:
+    """How one (dtype, op) reduction runs on NCCL.
+
+    ``wire``: the dtype NCCL (or the gather) sees; ``nccl_op``: a key of
+    :data:`NCCL_OPS`, or ``None`` to all_gather and fold locally with ``fold``
+    (``"band"``, ``"bor"``, ``"bxor"``) in ``wire``; ``divide``: divide by size after (AVG).
+    """
+
+    wire: str
+    nccl_op: str | None
+    fold: str | None = None
+    divide: bool = False
+
+
+def reduce_plan(dtype: str, op: ReduceOp, bfloat16_native: bool = True) -> ReducePlan:
+    """The :class:`ReducePlan` for a pair that :func:`collectives.ops.check_reduction` allowed."""
+    if op in BITWISE:
+        native = bitwise_as_min_max(dtype, op)
+        if native is not None:
+            return ReducePlan(NARROW_WIRE[dtype], native.value)
+        return ReducePlan(dtype, None, fold=op.value)
+    wire = NARROW_WIRE.get(dtype, dtype)
+    if dtype == "bfloat16" and not bfloat16_native:
+        wire = "float32"
+    if op is ReduceOp.AVG:
+        return ReducePlan(wire, "sum", divide=True)
+    return ReducePlan(wire, op.value)
+
+
+def decode_nccl_version(code: int) -> tuple[int, int, int]:
+    """``ncclGetVersion``'s integer as (major, minor, patch): 21803 -> (2, 18, 3)."""
+    if code >= 10000:  # NCCL >= 2.9: major*10000 + minor*100 + patch
+        return code // 10000, code % 10000 // 100, code % 100
+    return code // 1000, code % 1000 // 100, code % 100  # older: major*1000 + minor*100 + patch
+
+
+# -- point-to-point plans of the collectives NCCL has no primitive for -----------------------------
+
+@dataclass(frozen=True)
+class P2PPlan:
+    """One rank's part of a collective built from send/recv in one NCCL group: ``sends`` and
+    ``recvs`` are ``(peer, byte offset, bytes)`` into its send and receive buffers. Zero-byte
+    transfers are left out (every rank knows every size, so both sides leave out the same)."""
+
+    sends: tuple[tuple[int, int, int], ...]
+    recvs: tuple[tuple[int, int, int], ...]
+
+
+def _plan(sends: list[tuple[int, int, int]], recvs: list[tuple[int, int, int]]) -> P2PPlan:
+    return P2PPlan(tuple(t for t in sends if t[2]), tuple(t for t in recvs if t[2]))
+
+
+def gather_plan(rank: int, size: int, dst: int, nbytes: int) -> P2PPlan:
+    """Every rank's ``nbytes`` to ``dst``, rank r's at offset ``r * nbytes`` there."""
+    recvs = [(r, r * nbytes, nbytes) for r in range(size)] if rank == dst else []
+    return _plan([(dst, 0, nbytes)], recvs)
+
+
+def scatter_plan(rank: int, size: int, src: int, row_bytes: int) -> P2PPlan:
+    """Row r (``row_bytes`` at ``r * row_bytes``) of ``src``'s buffer to rank r."""
+    sends = [(r, r * row_bytes, row_bytes) for r in range(size)] if rank == src else []
+    return _plan(sends, [(src, 0, row_bytes)])
+
+
+def all_to_all_v_plan(rank: int, splits: list[list[int]], row_bytes: int) -> P2PPlan:
+    """``splits[i][j]`` rows go from rank i to rank j; rows received are concatenated in rank order."""
+    sent = [count * row_bytes for count in splits[rank]]
+    got = [row[rank] * row_bytes for row in splits]
+    return _plan([(j, offset, n) for j, (offset, n) in enumerate(zip(offsets(sent), sent))],
+                 [(i, offset, n) for i, (offset, n) in enumerate(zip(offsets(got), got))])
+
+
+def all_to_all_plan(rank: int, size: int, row_bytes: int) -> P2PPlan:
+    """Row j to rank j; row i of the result from rank i."""
+    return all_to_all_v_plan(rank, [[1] * size for _ in range(size)], row_bytes)
+
+
+def all_gather_v_plan(rank: int, counts: list[int], row_bytes: int) -> P2PPlan:
+    """This rank's ``counts[rank]`` rows to every rank; the result is every rank's rows in order."""
+    got = [count * row_bytes for count in counts]
+    return _plan([(j, 0, got[rank]) for j in range(len(counts))],
+                 [(i, offset, n) for i, (offset, n) in enumerate(zip(offsets(got), got))])

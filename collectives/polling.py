@@ -1,0 +1,74 @@
+"""Polling a completion test against a deadline, with a policy per caller: the one loop every
+deadline of the library waits in (the backends' requests and CUDA events, the call path's
+per-call timeouts and barrier).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PollPolicy:
+    """How :func:`wait_until` polls: ``fast_polls`` tests without a clock read (a small call
+    is done by then); then tests without yielding for ``spin_seconds`` (a call a peer
+    completes within microseconds is seen at once); then tests that yield the CPU to a
+    rank sharing the core, until ``busy_seconds`` from the first clock read; then sleeps
+    from ``sleep_min`` doubling to ``sleep_max`` (a hung call does not burn a core). The
+    clock is read every ``clock_every`` tests."""
+
+    fast_polls: int
+    busy_seconds: float
+    sleep_min: float
+    sleep_max: float
+    clock_every: int = 1
+    spin_seconds: float = 0.0
+
+
+def yield_or_sleep(seconds: float) -> None:
+    """Give the CPU to another runnable thread (``0``), or sleep."""
+    if seconds <= 0:
+        os.sched_yield()
+    else:
+        time.sleep(seconds)
+
+
+def wait_until(done: Callable[[], Any], timeout: float, policy: PollPolicy,
+               check: Callable[[], None] | None = None,
+               clock: Callable[[], float] = time.monotonic,
+               pause: Callable[[float], None] = yield_or_sleep) -> bool:
+    """Poll ``done()`` until it is true (``True``) or ``timeout`` seconds have passed
+    (``False``), as ``policy`` says. ``check()`` runs before each sleep (a transport's
+    asynchronous error query: it raises what it finds)."""
+    for _ in range(policy.fast_polls):
+        if done():
+            return True
+    start = clock()
+    deadline, busy_until, interval = start + timeout, start + policy.busy_seconds, policy.sleep_min
+    spin_until = start + policy.spin_seconds
+    spinning = policy.spin_seconds > 0
+    every, polls = policy.clock_every, 0
+    while not done():
+        polls += 1
+        if polls % every:
+            if not spinning:
+                pause(0)
+            continue
+        now = clock()
+        if now >= deadline:
+            return False
+        if now < spin_until:
+            continue
+        spinning = False
+        if now < busy_until:
+            pause(0)
+            continue
+        if check is not None:
+            check()
+        pause(min(interval, deadline - now))
+        interval = min(2 * interval, policy.sleep_max)
+    return True

@@ -1,0 +1,46 @@
+"""scripts/floors.py: the constraints file of `make test-oldest` pins every floor of pyproject.toml."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib", reason="scripts/floors.py needs Python >= 3.11 (tomllib)")
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import floors  # noqa: E402
+
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_every_floor_of_pyproject_becomes_a_pin():
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "floors.py")], capture_output=True,
+                         text=True, check=True).stdout
+    pins = [line for line in out.splitlines() if not line.startswith("#")]
+    specs = [r.split(";")[0].replace(" ", "") for r in floors.requirements(PYPROJECT)]
+    spelled = [spec for spec in specs if ">=" in spec]  # not a marker's python_version >= ...
+    assert spelled, "pyproject.toml claims no floors?"
+    for requirement in spelled:
+        name, floor = requirement.split(">=")
+        assert f"{name}=={floor.split(',')[0]}" in pins, (requirement, pins)
+    assert len(pins) == len({pin.split("==")[0] for pin in pins})
+
+
+def test_markers_are_kept_and_exact_pins_add_nothing():
+    pyproject = {"project": {
+        "dependencies": ["numpy>=1.23.2; python_version < '3.13'", "torch==2.13.0"],
+        "optional-dependencies": {"x": ["pkg[extra]", "Some_Name >= 2.0, <3"]},
+    }}
+    assert list(floors.floors(pyproject).values()) == [
+        "numpy==1.23.2; python_version < '3.13'", "Some_Name==2.0"]
+
+
+def test_two_floors_for_one_name_are_an_error():
+    pyproject = {"build-system": {"requires": ["setuptools>=77"]},
+                 "project": {"optional-dependencies": {"test": ["setuptools>=80"]}}}
+    with pytest.raises(SystemExit, match="two floors for setuptools"):
+        floors.floors(pyproject)
+

@@ -1,0 +1,112 @@
+"""``python -m collectives.info`` on this (CPU) machine: every backend reported, with reasons."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import collectives
+from collectives.launcher import without_launcher_variables
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_info(*args):
+    env = {**without_launcher_variables(os.environ),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "collectives.info", *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def report():
+    return json.loads(run_info("--json"))
+
+
+def test_every_backend_is_reported_with_usable_and_a_reason(report):
+    assert set(report["backends"]) == set(collectives.BACKENDS)
+    for name, entry in report["backends"].items():
+        assert isinstance(entry["usable"], bool), name
+        if not entry["usable"]:
+            assert entry["why"], name
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
+def test_cupy_unavailable_says_why_and_how_to_install():
+    text = run_info()
+    assert "cupy   unavailable: cupy is not installed (pip install 'pycollectives[cupy]'" in text
+    assert "NCCL: cupy not loaded" in text
+
+
+def test_mpi_library_version_and_cuda_awareness_are_printed(report):
+    mpi = report["backends"]["mpi"]
+    if not mpi["usable"]:
+        pytest.skip(f"MPI unavailable here: {mpi['why']}")
+    from mpi4py import MPI  # the test process's own view, independently
+
+    assert mpi["library"].split()[0] == MPI.Get_library_version().split()[0]
+    assert mpi["mpi_version"] == "{}.{}".format(*MPI.Get_version())
+    assert isinstance(mpi["cuda_aware"], bool)
+
+
+def test_forced_cuda_awareness_is_reported_as_forced(monkeypatch):
+    monkeypatch.setenv("COLLECTIVES_MPI_CUDA_AWARE", "1")
+    text = run_info()
+    assert "CUDA-aware: yes [COLLECTIVES_MPI_CUDA_AWARE=1]" in text
+
+
+def test_gpus_and_torch_nccl_match_torch(report):
+    import torch
+
+    assert len(report["gpus"]) == (torch.cuda.device_count() if torch.cuda.is_available() else 0)
+    if not torch.cuda.is_available():
+        assert "GPUs: none seen" in run_info()
+
+
+def test_importing_collectives_imports_no_transport_and_not_info():
+    code = ("import sys, collectives, collectives.registry; "
+            "print(sorted(m for m in ('torch', 'mpi4py', 'cupy', 'collectives.info') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def run_command(*args):
+    """The installed ``collectives-info`` console script (pyproject's [project.scripts])."""
+    command = Path(sys.executable).with_name("collectives-info")
+    assert command.is_file(), f"{command} is not installed: reinstall the package (make .venv/.installed)"
+    return subprocess.run([str(command), *args], env=without_launcher_variables(os.environ), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_collectives_info_command_reports_what_the_module_does(report):
+    done = run_command("--json")
+    assert done.returncode == 0, done.stderr
+    command_report = json.loads(done.stdout)
+    assert {name: entry["usable"] for name, entry in command_report["backends"].items()} == {
+        name: entry["usable"] for name, entry in report["backends"].items()}
+    assert command_report["launcher"] is None
+    assert "usage: collectives-info" in run_command("--help").stdout
+
+
+def test_require_exits_1_naming_the_unavailable_backend(report):
+    usable = [name for name, entry in report["backends"].items() if entry["usable"]]
+    unusable = [name for name, entry in report["backends"].items() if not entry["usable"]]
+    assert run_command("--require", ",".join(usable)).returncode == 0
+    if not unusable:
+        pytest.skip("every backend is usable here")
+    done = run_command("--require", f"local,{unusable[0]}")
+    assert done.returncode == 1
+    assert f"required backend {unusable[0]!r} is unavailable: {report['backends'][unusable[0]]['why']}" in done.stderr
+
+
+def test_require_rejects_an_unknown_backend_listing_the_valid_ones():
+    done = run_command("--require", "nccl")
+    assert done.returncode == 2
+    assert "'nccl' names no backend of: local, torch, mpi, cupy" in done.stderr
