@@ -17,7 +17,7 @@ prints ``READY rank R pid P``, then by MODE:
 - ``hooks``: prints which process-wide hooks are installed (``HOOKS rank R ...``) and ends.
 - ``barrier`` / ``call-timeout``: the others call ``barrier(timeout=1)`` / ``all_reduce(x,
   timeout=1)`` (COLLECTIVES_TIMEOUT stays long), the last rank never does; each prints
-  ``RAISED rank R after S s: <error>`` and lets it end the job.
+  ``RAISED rank R after S s: <error>`` (also into ``DIR/raised-<R>.txt``) and lets it end the job.
 """
 
 import os
@@ -73,8 +73,11 @@ def main(mode: str) -> None:
         try:
             on.barrier(timeout=1) if mode == "barrier" else on.all_reduce(x, timeout=1)
         except Exception as error:
-            print(f"RAISED rank {comm.rank} after {time.monotonic() - start:.2f} s: "
-                  f"{type(error).__name__}: {error}", flush=True)
+            line = f"RAISED rank {comm.rank} after {time.monotonic() - start:.2f} s: {type(error).__name__}: {error}"
+            # Also in a file of its own: the launcher may join two ranks' lines into one.
+            with open(os.path.join(os.environ["COLLECTIVES_TRACE_DIR"], f"raised-{comm.rank}.txt"), "w") as f:
+                f.write(line + "\n")
+            print(line, flush=True)
             raise
         print(f"FINISHED rank {comm.rank}: the call returned", flush=True)
         return

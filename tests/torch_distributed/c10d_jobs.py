@@ -1,4 +1,4 @@
-"""Rank-side jobs of tests/test_c10d.py: torch.distributed over the "collectives" backend.
+"""Rank-side jobs of tests/torch_distributed/test_c10d.py: torch.distributed over the "collectives" backend.
 
 Every rank builds every rank's inputs from the same seeds, so each computes the numpy
 reference of every operation on its own; results travel back as numpy arrays.
@@ -348,7 +348,7 @@ def dead_rank_job(comm: Any) -> None:
     model(torch.randn(2, 6, dtype=torch.float64)).sum().backward()
 
 
-# -- CUDA (tests/test_gpu.py): DDP with torch's nn.SyncBatchNorm on the GPU ------------------------
+# -- CUDA (tests/gpu/test_gpu.py): DDP with torch's nn.SyncBatchNorm on the GPU ------------------------
 
 class ConvNet(nn.Module):
     def __init__(self) -> None:
