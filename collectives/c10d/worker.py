@@ -98,7 +98,7 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
 
 class Outcome:
     """What became of one operation: set once by the worker (``done``, ``value``: the
-    tensors, or a :class:`_Failure`), then handed to the completers for ``source``, the
+    tensors, or the failure), then handed to the completers for ``source``, the
     future torch's consumers chain on."""
 
     __slots__ = ("done", "value", "source")
