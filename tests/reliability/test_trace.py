@@ -217,10 +217,14 @@ def test_rank_killed_with_sigkill_leaves_no_dump_and_the_verdict_says_so(tmp_pat
     job = Job("mpiexec", "hang", 3, tmp_path)
     pids = job.pids()
     job.wait_for(r"ENTERING rank", 2)
-    os.kill(pids[2], signal.SIGKILL)
+    # The others dump first: once a rank is killed, mpiexec kills the rest at once, and a
+    # SIGUSR1 sent after the SIGKILL races with that.
     for rank in (0, 1):
         os.kill(pids[rank], signal.SIGUSR1)
     job.dumps_with([0, 1], "SIGUSR1")
+    os.kill(pids[2], signal.SIGKILL)
+    assert job.end() != 0
+    assert not (tmp_path / "rank-2.json").exists()
     found = verdict(tmp_path)
     assert_verdict(found, "hang", "all_reduce", behind=[2], odd=[], dumps=[0, 1])
     assert found["no_dump"] == [2], found

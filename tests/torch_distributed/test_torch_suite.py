@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("expecttest")  # torch's test base imports it
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SLICE = ["test_all_reduce_sum", "test_all_reduce_max", "test_broadcast", "test_all_gather_object",
          "test_scatter_object_list", "test_all_to_all_single_equal_split", "test_DistributedDataParallelCPU",
          "test_ddp_create_graph", "test_reduce_scatter_tensor", "test_isend"]
