@@ -18,23 +18,7 @@ from .arrays import ArrayAdapter
 from .calls import SEND, Call
 from .errors import CollectiveError
 from .transport import Transport
-from .work import Work
-
-
-class _Both(Work):
-    """Two handles as one (a debug-mode send: its header and its payload)."""
-
-    def __init__(self, first: Work, second: Work | None) -> None:
-        super().__init__(None)
-        self._works = [first] if second is None else [first, second]
-
-    def wait(self) -> Any:
-        for work in self._works:
-            work.wait()
-        return None
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
+from .work import AllOf, Work
 
 
 class _CheckedRecv(Work):
@@ -119,7 +103,7 @@ class CheckedPointToPoint(Transport):
             sent = self._send_small(header, peer, tag)
             payload = self._send(x, adapter, dtype, peer, tag, async_op)
             if async_op:
-                return _Both(sent, payload)
+                return AllOf((sent, payload))
             if type(sent) is not Work:  # completes later: kept like a dropped p2p handle
                 self._pending_p2p.append(sent)
             return None

@@ -8,6 +8,7 @@ caller drops still completes.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from .arrays import ArrayAdapter
@@ -27,6 +28,23 @@ class Work:
     def is_completed(self) -> bool:
         """Whether the collective has completed (once true, ``wait()`` does not block)."""
         return True
+
+
+class AllOf(Work):
+    """Several handles as one: ``wait()`` waits for each in turn and returns ``None`` (a
+    debug-mode send's header and payload; the sends of one torch point-to-point call)."""
+
+    def __init__(self, works: Iterable[Work | None]) -> None:
+        super().__init__(None)
+        self._works = [work for work in works if work is not None]
+
+    def wait(self) -> Any:
+        for work in self._works:
+            work.wait()
+        return None
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
 
 
 def deliver(adapter: ArrayAdapter, result: Any, out: Any, async_op: bool) -> Any:

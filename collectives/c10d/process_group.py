@@ -20,7 +20,7 @@ import torch.distributed as dist
 from collectives import arrays
 from collectives.communicator import Communicator
 from collectives.ops import ReduceOp, check_reduction
-from collectives.work import Work
+from collectives.work import AllOf
 
 from .worker import CollectivesWork, Started, Worker
 
@@ -318,14 +318,14 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     @_operation("send")
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> CollectivesWork:  # noqa: N803
         def run(comm: Communicator) -> Any:
-            return Started(_chain(comm.send(t, dstRank, tag=tag, async_op=True) for t in tensors),
+            return Started(AllOf(comm.send(t, dstRank, tag=tag, async_op=True) for t in tensors),
                            tensors, f"send to rank {dstRank} (tag {tag})")
         return self._submit(tensors, run)
 
     @_operation("recv")
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> CollectivesWork:  # noqa: N803
         def run(comm: Communicator) -> Any:
-            return Started(_chain(comm.recv(t, srcRank, tag=tag, async_op=True) for t in tensors),
+            return Started(AllOf(comm.recv(t, srcRank, tag=tag, async_op=True) for t in tensors),
                            tensors, f"recv from rank {srcRank} (tag {tag})")
         return self._submit(tensors, run)
 
@@ -412,22 +412,6 @@ def _all_to_all_single(comm: Communicator, output: torch.Tensor, x: torch.Tensor
         output.copy_(received)
 
 
-class _Chained(Work):
-    def __init__(self, works: list[Any]) -> None:
-        super().__init__(None)
-        self._works = works
-
-    def wait(self) -> Any:
-        for work in self._works:
-            work.wait()
-        return None
-
-    def is_completed(self) -> bool:
-        return all(work.is_completed() for work in self._works)
-
-
-def _chain(works: Any) -> Work:
-    return _Chained(list(works))
 
 
 def _after_current_stream(operation: Any, tensors: list[torch.Tensor]) -> Any:
