@@ -15,21 +15,17 @@ from __future__ import annotations
 import glob
 import os
 import re
-import secrets
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import weakref
 from pathlib import Path
 
 import pytest
-from test_reliability import _describe, _launcher, _processes_with
-
-from collectives.launcher import without_launcher_variables
+from launched_job import LaunchedJob
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = str(ROOT / "tests" / "reliability" / "signals_job.py")
@@ -37,41 +33,17 @@ JOB = str(ROOT / "tests" / "reliability" / "signals_job.py")
 BOUND = 30
 
 
-class Job:
+class Job(LaunchedJob):
     """A 2-rank signals_job.py under a launcher, its output read as it comes."""
 
     def __init__(self, launcher: str, backend: str, mode: str, timeout: str = "600") -> None:
-        if launcher == "mpiexec":
-            command = [_launcher("mpiexec"), "-n", "2", sys.executable, JOB, mode]
-        else:
-            from collectives.testing.pool import _free_port
-
-            command = [_launcher("torchrun"), "--nnodes", "1", "--nproc_per_node", "2",
-                       "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), JOB, mode]
-        self.token = f"COLLECTIVES_SIGNAL_TEST={secrets.token_hex(8)}"
-        name, value = self.token.split("=")
         # Each rank's stderr goes to a file of its own: what a rank writes just before
         # MPI_Abort is on disk, where Hydra's forwarding of it may be cut off by the abort.
         self.stderr_dir = tempfile.mkdtemp(prefix="signals-job-")
         weakref.finalize(self, shutil.rmtree, self.stderr_dir, True)
-        env = {**os.environ, "COLLECTIVES_BACKEND": backend.split("-")[0], "COLLECTIVES_TIMEOUT": timeout,
-               "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", name: value,
-               "SIGNALS_JOB_STDERR": self.stderr_dir}
-        self.process = subprocess.Popen(command, env=without_launcher_variables(env),
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-        self.lines: list[str] = []
-        self._changed = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for raw in self.process.stdout:
-            with self._changed:
-                self.lines.append(raw.decode(errors="replace"))
-                self._changed.notify_all()
-        with self._changed:
-            self._changed.notify_all()
+        super().__init__(launcher, 2, JOB, [mode], {
+            "COLLECTIVES_BACKEND": backend.split("-")[0], "COLLECTIVES_TIMEOUT": timeout,
+            "SIGNALS_JOB_STDERR": self.stderr_dir}, "COLLECTIVES_SIGNAL_TEST")
 
     @property
     def text(self) -> str:
@@ -80,54 +52,15 @@ class Job:
                  for path in sorted(glob.glob(os.path.join(self.stderr_dir, "*.err")))]
         return "".join(self.lines) + "".join(ranks)
 
-    def wait_for(self, pattern: str, count: int = 1, timeout: float = 60) -> list[re.Match]:
-        """The first ``count`` matches of ``pattern`` in the output, waiting for them."""
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while True:
-                # finditer over all of it: Hydra may join two ranks' lines into one
-                found = list(re.finditer(pattern, "".join(self.lines)))
-                if len(found) >= count:
-                    return found[:count]
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._reader.is_alive():
-                    self.kill()
-                    pytest.fail(f"no {count} x {pattern!r} in the job's output:\n{self.text}")
-                self._changed.wait(left)
-
     def rank_pids(self) -> dict[int, int]:
-        return {int(m.group(1)): int(m.group(2))
-                for m in self.wait_for(r"READY rank (\d+) pid (\d+)", 2)}
+        return self.pids()
 
     def end(self, timeout: float = BOUND) -> tuple[int, float]:
         """The launcher's exit code, and when it exited (time.time())."""
-        try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"the job did not end within {timeout} s:\n{self.text}")
+        code = self.wait_exit(timeout)
         ended = time.time()
-        self._reader.join(10)
         self.assert_nothing_left()
         return code, ended
-
-    def kill(self) -> None:
-        for pid in [self.process.pid, *_processes_with(self.token)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait(10)
-
-    def assert_nothing_left(self) -> None:
-        # Hydra may exit while the SIGKILLs it sent are still being delivered: a moment.
-        deadline = time.monotonic() + 5
-        while (left := _processes_with(self.token)) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if left:
-            described = _describe(left)
-            self.kill()
-            pytest.fail(f"processes left running 5 s after the launcher exited: {described}")
 
 
 def _timing(name: str, seconds: float) -> None:

@@ -12,18 +12,16 @@ from __future__ import annotations
 import json
 import os
 import re
-import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from collectives.backends.local import LocalCommunicator
-from test_reliability import _describe, _launcher, _processes_with
+from launched_job import LaunchedJob
 
 import collectives
 from collectives import recorder, trace
@@ -34,56 +32,15 @@ JOB = str(ROOT / "tests" / "reliability" / "trace_job.py")
 CALLS = 5  # trace_job.CALLS: the call the last rank never makes
 
 
-class Job:
+class Job(LaunchedJob):
     """``trace_job.py MODE`` on ``size`` ranks under ``launcher``, its output read as it comes."""
 
     def __init__(self, launcher: str, mode: str, size: int, directory: Path, **env: str) -> None:
-        if launcher == "mpiexec":
-            command = [_launcher("mpiexec"), "-n", str(size), sys.executable, JOB, mode]
-        else:
-            from collectives.testing.pool import _free_port
-
-            command = [_launcher("torchrun"), "--nnodes", "1", "--nproc_per_node", str(size),
-                       "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), JOB, mode]
-        self.token = f"COLLECTIVES_TRACE_TEST={secrets.token_hex(8)}"
-        name, value = self.token.split("=")
-        environment = {**os.environ, "COLLECTIVES_BACKEND": "mpi" if launcher == "mpiexec" else "torch",
-                       "COLLECTIVES_TIMEOUT": "600", "COLLECTIVES_TRACE_DIR": str(directory),
-                       "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                       name: value, **env}
-        self.size, self.directory = size, directory
-        self.process = subprocess.Popen(command, env=without_launcher_variables(environment),
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
-        self.lines: list[str] = []
-        self._changed = threading.Condition()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for raw in self.process.stdout:
-            with self._changed:
-                self.lines.append(raw.decode(errors="replace"))
-                self._changed.notify_all()
-        with self._changed:
-            self._changed.notify_all()
-
-    def wait_for(self, pattern: str, count: int = 1, timeout: float = 60) -> list[re.Match]:
-        deadline = time.monotonic() + timeout
-        with self._changed:
-            while True:
-                found = list(re.finditer(pattern, "".join(self.lines)))
-                if len(found) >= count:
-                    return found[:count]
-                left = deadline - time.monotonic()
-                if left <= 0 or not self._reader.is_alive():
-                    self.kill()
-                    pytest.fail(f"no {count} x {pattern!r} in the job's output:\n{''.join(self.lines)}")
-                self._changed.wait(left)
-
-    def pids(self) -> dict[int, int]:
-        return {int(m.group(1)): int(m.group(2))
-                for m in self.wait_for(r"READY rank (\d+) pid (\d+)", self.size)}
+        super().__init__(launcher, size, JOB, [mode], {
+            "COLLECTIVES_BACKEND": "mpi" if launcher == "mpiexec" else "torch",
+            "COLLECTIVES_TIMEOUT": "600", "COLLECTIVES_TRACE_DIR": str(directory), **env},
+            "COLLECTIVES_TRACE_TEST")
+        self.directory = directory
 
     def dumps_with(self, ranks: list[int], reason: str, timeout: float = 30) -> None:
         """Wait until each of ``ranks`` has a dump whose reason starts with ``reason``."""
@@ -104,28 +61,9 @@ class Job:
                 self._changed.wait(0.02)
 
     def end(self, timeout: float = 60) -> int:
-        try:
-            code = self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"the job did not end within {timeout} s:\n{''.join(self.lines)}")
-        self._reader.join(10)
-        deadline = time.monotonic() + 5
-        while (left := _processes_with(self.token)) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if left:
-            described = _describe(left)
-            self.kill()
-            pytest.fail(f"processes left running after the launcher exited: {described}")
+        code = self.wait_exit(timeout)
+        self.assert_nothing_left()
         return code
-
-    def kill(self) -> None:
-        for pid in [self.process.pid, *_processes_with(self.token)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait(10)
 
 
 def verdict(directory: Path) -> dict:
