@@ -79,7 +79,9 @@ from .nccl_plans import (  # noqa: F401  (the plans: also importable from here)
     all_to_all_plan,
     all_to_all_v_plan,
     decode_nccl_version,
+    from_order_keys,
     gather_plan,
+    order_keys,
     reduce_plan,
     scatter_plan,
 )
@@ -271,7 +273,7 @@ class CupyNcclCommunicator(Communicator):
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
         self._flush_group()
-        buf, writeback = stage(x, adapter, dtype, plan.wire)
+        buf, writeback = _wire_buffer(x, adapter, dtype, op, plan)
         if plan.nccl_op is None:
             adapter.copy_(buf, fold_bitwise(self._gather_rows(lib, adapter, buf, stream), ReduceOp(plan.fold)))
         else:
@@ -292,7 +294,7 @@ class CupyNcclCommunicator(Communicator):
         lib = self._library(adapter)
         stream = lib.stream(x)
         self._flush_group()
-        buf, writeback = stage(x, adapter, dtype, plan.wire)
+        buf, writeback = _wire_buffer(x, adapter, dtype, op, plan)
         ptr = lib.ptr(buf)
         # In place: NCCL writes recvbuff on dst only, so x stays as it was on the other ranks.
         self._comm.reduce(ptr, ptr, count(buf), NCCL_DTYPES[plan.wire], NCCL_OPS[plan.nccl_op],
@@ -331,7 +333,7 @@ class CupyNcclCommunicator(Communicator):
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
         self._flush_group()
-        buf, _ = stage(x, adapter, dtype, plan.wire)  # only read: x stays as it is
+        buf, _ = _wire_buffer(x, adapter, dtype, op, plan)  # only read: x stays as it is
         rows = int(x.shape[0]) // self.size
         shape = (rows, *tuple(x.shape)[1:])
         if plan.nccl_op is None:
@@ -344,7 +346,9 @@ class CupyNcclCommunicator(Communicator):
                                      lib.stream_ptr(stream))
         if plan.divide:
             divide_(result, self.size)
-        if plan.wire != dtype:  # bool's uint8 bytes are a view; int16's int32 a cast
+        if plan.keys:
+            result = from_order_keys(result, adapter, dtype)
+        elif plan.wire != dtype:  # bool's uint8 bytes are a view; int16's int32 a cast
             result = adapter.view(result, dtype) if dtype == "bool" else adapter.cast(result, dtype)
         if out is not None and result is not out:
             adapter.copy_(out, result)
@@ -568,6 +572,16 @@ class CupyNcclCommunicator(Communicator):
             self._flush_group()
         finally:
             self._comm.destroy()
+
+
+def _wire_buffer(x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, plan: ReducePlan
+                 ) -> tuple[Any, Callable[[], None] | None]:
+    """The contiguous buffer NCCL reduces for ``plan`` and the copy back into ``x`` (``None``
+    when the buffer is x's memory): x's order keys for float MIN/MAX, else ``stage``'s."""
+    if not plan.keys:
+        return stage(x, adapter, dtype, plan.wire)
+    keys = order_keys(x, adapter, dtype, op)
+    return keys, lambda: adapter.copy_(x, from_order_keys(keys, adapter, dtype))
 
 
 def bind_device(cupy: Any, local_rank: int) -> int:

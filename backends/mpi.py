@@ -154,7 +154,7 @@ class MPICommunicator(Communicator):
         # twice as much to look up.
         self._native = {dtype: {op: (self._types[dtype], self._reduce_spec(dtype, op)[2])
                                 for op in allowed
-                                if dtype in self._types and self._wire_dtype(dtype) == dtype
+                                if dtype in self._types and self._wire_dtype(dtype, op) == dtype
                                 and not _nan_ordered(dtype, op)}
                         for dtype, allowed in ALLOWED_OPS.items()}
         self._in_place = MPI.IN_PLACE
@@ -184,8 +184,11 @@ class MPICommunicator(Communicator):
 
     # -- buffers ----------------------------------------------------------------------
 
-    def _wire_dtype(self, dtype: str) -> str:
-        """The dtype MPI reduces in: float32 for the float types MPI lacks."""
+    def _wire_dtype(self, dtype: str, op: ReduceOp | None = None) -> str:
+        """The dtype MPI reduces in: float32 for the float types MPI lacks, except for MIN/MAX,
+        which reduce a float's order keys (integers of its own width)."""
+        if op is not None and _nan_ordered(dtype, op):
+            return dtype
         if dtype == "bfloat16" or (dtype == "float16" and not self._float16_native):
             return "float32"
         return dtype
@@ -232,14 +235,17 @@ class MPICommunicator(Communicator):
         """
         if not _nan_ordered(wire, op):
             return None
-        isnan = buf != buf
         keys = _int_view(buf)
-        _float_order.encode(keys, isnan, op, 8 * itemsize(buf))
+        _float_order.encode(keys, op, wire)
         return keys
 
     def _reduce_spec(self, dtype: str, op: ReduceOp) -> tuple[str, Any, Any]:
-        wire = self._wire_dtype(dtype)
+        """(wire dtype, MPI datatype, MPI op) of a reduction; float MIN/MAX reduce integer
+        order keys (see _order_keys)."""
+        wire = self._wire_dtype(dtype, op)
         mpi_op = self._bool_ops[op] if dtype == "bool" else self._ops[op]
+        if _nan_ordered(wire, op):
+            return wire, self._types[INT_OF_WIDTH[_float_order.FLOAT_BITS[wire] // 8]], mpi_op
         return wire, self._types[wire], mpi_op
 
     # -- collectives --------------------------------------------------------------------
@@ -283,12 +289,10 @@ class MPICommunicator(Communicator):
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         buf, writeback = self._buffer(x, adapter, dtype, wire)
         IN_PLACE = self._MPI.IN_PLACE
-        keys = self._order_keys(buf, wire, op)
-        if keys is not None:  # float MIN/MAX: integer keys that propagate NaN
-            mpi_type = self._types[INT_OF_WIDTH[itemsize(buf)]]
+        keys = self._order_keys(buf, wire, op)  # float MIN/MAX: integer keys that propagate NaN
         return self._collective("Allreduce", [(IN_PLACE, [chunk, mpi_type], mpi_op)
                                               for chunk in _chunks(buf if keys is None else keys)],
-                                x, async_op, self._finish_reduction(buf, keys, op, writeback), buf)
+                                x, async_op, self._finish_reduction(buf, keys, wire, op, writeback), buf)
 
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
                    async_op: bool) -> Any:
@@ -350,9 +354,8 @@ class MPICommunicator(Communicator):
         keyed = _nan_ordered(wire, op)
         if keyed:  # float MIN/MAX: see _order_keys; never change the caller's x
             send = self._order_keys(clone(send), wire, op)
-            mpi_type = self._types[INT_OF_WIDTH[itemsize(recv)]]
         wire_recv = _int_view(recv) if keyed else recv
-        finish = self._finish_reduction(recv, wire_recv if keyed else None, op, writeback)
+        finish = self._finish_reduction(recv, wire_recv if keyed else None, wire, op, writeback)
         block = count(recv)
         if block <= MAX_COUNT:
             return self._collective("Reduce_scatter_block",
@@ -387,13 +390,13 @@ class MPICommunicator(Communicator):
             finish()
         return result
 
-    def _finish_reduction(self, buf: Any, keys: Any, op: ReduceOp,
+    def _finish_reduction(self, buf: Any, keys: Any, wire: str, op: ReduceOp,
                           writeback: Callable[[], None] | None) -> Callable[[], None]:
-        """What follows a reduction into ``buf``: order keys decoded, AVG divided, the
-        staging copy written back."""
+        """What follows a reduction into ``buf`` (of dtype ``wire``): order keys decoded, AVG
+        divided, the staging copy written back."""
         def finish() -> None:
             if keys is not None:
-                _float_order.decode(keys, 8 * itemsize(buf))
+                _float_order.decode(keys, wire)
             if op is _AVG:
                 divide_(buf, self.size)
             if writeback is not None:
@@ -475,13 +478,12 @@ class MPICommunicator(Communicator):
         keys = None
         if _nan_ordered(wire, op):  # float MIN/MAX: integer order keys (see _order_keys)
             keys = self._order_keys(buf if here else clone(buf), wire, op)  # x stays off dst
-            mpi_type = self._types[INT_OF_WIDTH[itemsize(buf)]]
         data = buf if keys is None else keys
         IN_PLACE = self._MPI.IN_PLACE
         calls = [(IN_PLACE, [chunk, mpi_type], mpi_op, dst) if here else
                  ([chunk, mpi_type], None, mpi_op, dst) for chunk in _chunks(data)]
         # Off dst nothing follows: the other ranks' x is left as it was.
-        finish = self._finish_reduction(buf, keys, op, writeback) if here else _nothing
+        finish = self._finish_reduction(buf, keys, wire, op, writeback) if here else _nothing
         return self._collective("Reduce", calls, x, async_op, finish, data)
 
     def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
@@ -548,7 +550,7 @@ def _nothing() -> None:
 
 
 def _nan_ordered(wire: str, op: ReduceOp) -> bool:
-    return op in _float_order.NAN_ORDERED_OPS and wire.startswith("float")
+    return op in _float_order.NAN_ORDERED_OPS and wire in _float_order.FLOAT_BITS
 
 
 def _int_view(buf: Any) -> Any:

@@ -1,5 +1,6 @@
 """The NCCL side of the cupy backend that needs no GPU: nccl.h's enum values, how each
-dtype x op reduction runs on NCCL (:func:`reduce_plan`), and which bytes go to which peer
+dtype x op reduction runs on NCCL (:func:`reduce_plan`; float MIN/MAX through order keys,
+:func:`order_keys`, which work on any array library), and which bytes go to which peer
 in the collectives NCCL builds from send/recv (:class:`P2PPlan`). Checked on CPU by
 tests/gpu/test_cupy_backend.py.
 """
@@ -7,10 +8,13 @@ tests/gpu/test_cupy_backend.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from collectives.arrays import ArrayAdapter
 from collectives.ops import ReduceOp
 
-from ._toolkit import BITWISE, NARROW_WIRE, bitwise_as_min_max, offsets
+from . import _float_order
+from ._toolkit import BITWISE, INT_OF_WIDTH, NARROW_WIRE, bitwise_as_min_max, offsets
 
 #: ncclDataType_t values of nccl.h (a stable ABI); bfloat16 needs NCCL >= 2.10.
 NCCL_DTYPES: dict[str, int] = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4,
@@ -28,13 +32,16 @@ class ReducePlan:
 
     ``wire``: the dtype NCCL (or the gather) sees; ``nccl_op``: a key of
     :data:`NCCL_OPS`, or ``None`` to all_gather and fold locally with ``fold``
-    (``"band"``, ``"bor"``, ``"bxor"``) in ``wire``; ``divide``: divide by size after (AVG).
+    (``"band"``, ``"bor"``, ``"bxor"``) in ``wire``; ``divide``: divide by size after (AVG);
+    ``keys``: float MIN/MAX, reduced as integer order keys (backends/_float_order.py) in
+    ``wire`` (:func:`order_keys`, then :func:`from_order_keys`).
     """
 
     wire: str
     nccl_op: str | None
     fold: str | None = None
     divide: bool = False
+    keys: bool = False
 
 
 def reduce_plan(dtype: str, op: ReduceOp, bfloat16_native: bool = True) -> ReducePlan:
@@ -44,12 +51,38 @@ def reduce_plan(dtype: str, op: ReduceOp, bfloat16_native: bool = True) -> Reduc
         if native is not None:
             return ReducePlan(NARROW_WIRE[dtype], native.value)
         return ReducePlan(dtype, None, fold=op.value)
+    if op in _float_order.NAN_ORDERED_OPS and dtype in _float_order.FLOAT_BITS:
+        # NCCL's float MIN/MAX (fminf/fmaxf, __hmin/__hmax) drop NaNs; the order keys' integer
+        # MIN/MAX keep them. NCCL has no int16: 16-bit floats' keys go in int32.
+        return ReducePlan(_key_wire(dtype), op.value, keys=True)
     wire = NARROW_WIRE.get(dtype, dtype)
     if dtype == "bfloat16" and not bfloat16_native:
         wire = "float32"
     if op is ReduceOp.AVG:
         return ReducePlan(wire, "sum", divide=True)
     return ReducePlan(wire, op.value)
+
+
+def _key_wire(dtype: str) -> str:
+    return "int64" if dtype == "float64" else "int32"
+
+
+def order_keys(x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+    """A new contiguous array of the order keys of float array ``x`` (of dtype ``dtype``) for
+    MIN/MAX ``op``, in the plan's wire dtype; ``x`` is left as it is."""
+    ints = adapter.view(adapter.cast(x, None), INT_OF_WIDTH[_float_order.FLOAT_BITS[dtype] // 8])
+    _float_order.encode(ints, op, dtype)
+    wire = _key_wire(dtype)
+    return ints if str(ints.dtype).endswith(wire) else adapter.cast(ints, wire)
+
+
+def from_order_keys(keys: Any, adapter: ArrayAdapter, dtype: str) -> Any:
+    """The float array of dtype ``dtype`` whose order keys ``keys`` are (reduced NaN keys
+    become the dtype's quiet NaN); ``keys`` may be overwritten."""
+    name = INT_OF_WIDTH[_float_order.FLOAT_BITS[dtype] // 8]
+    ints = keys if str(keys.dtype).endswith(name) else adapter.cast(keys, name)
+    _float_order.decode(ints, dtype)
+    return adapter.view(ints, dtype)
 
 
 def decode_nccl_version(code: int) -> tuple[int, int, int]:

@@ -207,16 +207,16 @@ class TorchCommunicator(Communicator):
             return None
         torch = self._torch
         bits = 8 * t.element_size()
-        contiguous = t.contiguous()
-        keys = contiguous.view(getattr(torch, f"int{bits}")).clone()
-        _float_order.encode(keys, contiguous != contiguous, op, bits)
+        keys = t.contiguous().view(getattr(torch, f"int{bits}")).clone()
+        _float_order.encode(keys, op, str(t.dtype).removeprefix("torch."))
         return keys.to(torch.int32) if bits == 16 else keys
 
     def _from_keys(self, keys: Any, dtype: Any) -> Any:
         """The float tensor of ``dtype`` whose order keys ``keys`` are (see ``_order_keys``)."""
-        bits = 8 * self._torch.empty((), dtype=dtype).element_size()
+        name = str(dtype).removeprefix("torch.")
+        bits = _float_order.FLOAT_BITS[name]
         ints = keys.to(getattr(self._torch, f"int{bits}")) if bits == 16 else keys
-        _float_order.decode(ints, bits)
+        _float_order.decode(ints, name)
         return ints.view(dtype)
 
     def _bitwise_on_nccl(self, staged: Any, dtype: str, op: ReduceOp) -> None:

@@ -85,18 +85,31 @@ def test_nccl_enum_values_are_nccl_h():
 
 _TORCH_OPS = {"sum": torch.add, "prod": torch.mul, "min": torch.minimum, "max": torch.maximum,
               "band": torch.bitwise_and, "bor": torch.bitwise_or, "bxor": torch.bitwise_xor}
+#: NCCL's float MIN/MAX (src/device/reduce_kernel.h: fminf/fmaxf, fmin/fmax, __hmin/__hmax)
+#: return the other operand when one is NaN: torch's fmin/fmax.
+_NCCL_FLOAT_OPS = {"min": torch.fmin, "max": torch.fmax}
 
 
 def run_plan(plan, dtype, per_rank):
     """What the backend computes: NCCL's elementwise op in the wire type (two's complement
-    wrapping, as NCCL's kernels do), or the local fold, then AVG's division, then the cast back."""
-    wire = [t.to(getattr(torch, plan.wire)) for t in per_rank]
+    wrapping, as NCCL's kernels do), or the local fold, then AVG's division, then the cast back.
+    Float MIN/MAX plans with order keys go through the backend's own key functions."""
+    if getattr(plan, "keys", False):
+        from collectives.backends.nccl_plans import from_order_keys, order_keys
+
+        wire = [order_keys(t, arrays.TORCH, dtype, ReduceOp(plan.nccl_op)) for t in per_rank]
+    else:
+        wire = [t.to(getattr(torch, plan.wire)) for t in per_rank]
     combine = _TORCH_OPS[plan.nccl_op or plan.fold]
+    if wire[0].is_floating_point() and plan.nccl_op in _NCCL_FLOAT_OPS:
+        combine = _NCCL_FLOAT_OPS[plan.nccl_op]
     acc = wire[0].clone()
     for t in wire[1:]:
         acc = combine(acc, t)
     if plan.divide:
         acc = acc / len(per_rank)
+    if getattr(plan, "keys", False):
+        return from_order_keys(acc, arrays.TORCH, dtype)
     return acc.to(getattr(torch, dtype))
 
 
@@ -113,6 +126,33 @@ def test_plan_computes_the_contract_on_every_rank_count(dtype, op, size):
         torch.testing.assert_close(got.to(torch.float64), want, rtol=tolerance, atol=tolerance * size)
     else:
         assert torch.equal(got, want), (dtype, op, size)
+
+
+QUIET_NAN = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC0_0000, "float64": 0x7FF8_0000_0000_0000}
+INT_OF = {"float16": torch.int16, "bfloat16": torch.int16, "float32": torch.int32, "float64": torch.int64}
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+@pytest.mark.parametrize("op", [ReduceOp.MIN, ReduceOp.MAX])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_plan_keeps_nan_in_float_min_max_as_the_quiet_nan(dtype, op, size):
+    """The GPU tests draw from [-2, 2]: a NaN on one rank (any NaN: negative, with a payload) must
+    win MIN/MAX, as in numpy and on the other backends, and come out as the dtype's quiet NaN."""
+    rng = np.random.default_rng(size)
+    per_rank = [torch.from_numpy(rng.uniform(-2, 2, 6)).to(getattr(torch, dtype)) for _ in range(size)]
+    bits_per = torch.finfo(getattr(torch, dtype)).bits
+    odd_nans = [QUIET_NAN[dtype] - (1 << (bits_per - 1)), QUIET_NAN[dtype] + 3]  # sign bit set; a payload
+    for r, t in enumerate(per_rank):
+        bits = t.view(INT_OF[dtype])
+        bits[r % 6] = -1  # all ones: a negative NaN with the whole payload set
+        bits[5] = odd_nans[r % 2] if r else bits[5]
+    got = run_plan(reduce_plan(dtype, op), dtype, per_rank)
+    stacked = torch.stack([t.double() for t in per_rank])
+    want = stacked.amin(0) if op is ReduceOp.MIN else stacked.amax(0)  # NaN wins (torch propagates it)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan), (got, want)
+    assert got.view(INT_OF[dtype])[nan].eq(QUIET_NAN[dtype]).all(), got.view(INT_OF[dtype])
+    assert torch.equal(got[~nan].double(), want[~nan])
 
 
 def test_nccl_version_codes_decode_both_layouts():
