@@ -8,9 +8,13 @@ through float32 and rounded back; broadcast and all_gather move raw bytes, so
 they need no staging. AVG is SUM, then a division by size on every rank.
 
 CUDA arrays (torch CUDA tensors, CuPy arrays) are handed to MPI directly when the
-library is CUDA-aware, else staged through pinned host memory. Either way the
-stream that produced the data is synchronized first: MPI knows nothing of CUDA
-streams. ``COLLECTIVES_MPI_CUDA_AWARE=0|1`` overrides the detection.
+library is CUDA-aware, else staged through pinned host memory. MPI knows nothing of
+CUDA streams: the host copy is made after whatever produced the array, and device
+memory is handed over only once its stream has finished every kernel that wrote it,
+the call's own staging copies and order keys included (:func:`hand_over`).
+``COLLECTIVES_MPI_CUDA_AWARE=0|1`` overrides the detection. Like every backend, this one
+makes device ``local_rank % device_count`` current (in torch and CuPy, where loaded)
+before its communicator exists; arrays on any device are taken.
 
 Timeouts: MPI has none, so with a timeout set every collective is the nonblocking
 call (``Iallreduce``, ``Ibcast``, ...) completed by polling ``Test`` against a
@@ -59,7 +63,14 @@ from ._toolkit import (
     row_bytes,
     stage,
 )
-from .mpi_buffers import cupyx_empty_pinned, device_buffer, host_view, mpi_cuda_aware  # noqa: F401
+from .mpi_buffers import (  # noqa: F401  (cupyx_empty_pinned: also importable from here)
+    bind_device,
+    cupyx_empty_pinned,
+    device_buffer,
+    hand_over,
+    host_view,
+    mpi_cuda_aware,
+)
 from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
     BUSY_POLL_SECONDS,
     FAST_POLLS,
@@ -148,6 +159,8 @@ class MPICommunicator(Communicator):
         self._bool_ops: dict[ReduceOp, Any] = {ReduceOp.MIN: MPI.LAND, ReduceOp.BAND: MPI.LAND,
                           ReduceOp.MAX: MPI.LOR, ReduceOp.BOR: MPI.LOR, ReduceOp.BXOR: MPI.LXOR}
         self._cuda_aware: bool | None = None
+        # Whether a call of this communicator has handed MPI device memory (see hand_over).
+        self._device_memory = False
         # The fast path's table: dtype -> {op: (MPI datatype, MPI op)} for every allowed
         # pair MPI reduces as it is: no staging through float32, and not the float MIN/MAX
         # that go through order keys (NaN). Nested: a (str, ReduceOp) tuple key costs
@@ -168,6 +181,7 @@ class MPICommunicator(Communicator):
                 "process was started by torchrun; launch with mpiexec -n N, or use "
                 "COLLECTIVES_BACKEND=torch (or cupy) under torchrun"
             )
+        bind_device(launch.local_rank)
         return cls(timeout=timeout)
 
     @property
@@ -200,6 +214,7 @@ class MPICommunicator(Communicator):
         ``wire`` is the dtype to stage x (of dtype ``dtype``) through, or ``None`` for x's
         bytes as they are. A CPU torch tensor goes to MPI as a numpy view of its memory."""
         if adapter.is_cuda(x):
+            self._device_memory = self._device_memory or self.cuda_aware
             return device_buffer(x, adapter, dtype, wire, self.cuda_aware)
         buf, writeback = stage(x, adapter, dtype, wire)
         if adapter is arrays.TORCH:
@@ -378,7 +393,10 @@ class MPICommunicator(Communicator):
         ``calls``, then ``finish``; return ``result``. With ``async_op`` the nonblocking
         call (``Igather``): a handle whose ``wait()`` finishes and returns ``result``
         (``buffers``, staging copies, live until then). Without, under a timeout, the
-        nonblocking call waited against the deadline; with none, the blocking call."""
+        nonblocking call waited against the deadline; with none, the blocking call.
+        Device memory is made ready for MPI first (:func:`hand_over`)."""
+        if self._device_memory:
+            calls = hand_over(calls)
         if async_op:
             start = getattr(self._comm, _nonblocking(name))
             return _Request(result, self._MPI, [start(*args) for args in calls],
@@ -498,7 +516,10 @@ class MPICommunicator(Communicator):
         buf, writeback = self._buffer(x, adapter, None)
         data = flat_bytes(buf)
         status = self._MPI.Status()
-        request = self._comm.Irecv([data, self._byte], src, tag)
+        spec = [data, self._byte]
+        if self._device_memory:
+            ((spec,),) = hand_over([(spec,)])
+        request = self._comm.Irecv(spec, src, tag)
 
         def finish() -> None:
             # MPI refuses a longer message (MPI_ERR_TRUNCATE) but takes a shorter one.

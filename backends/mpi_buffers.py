@@ -3,7 +3,10 @@
 Host arrays go to MPI without a copy where they can (a CPU torch tensor as a numpy view
 of its memory); CUDA memory directly when the MPI library is CUDA-aware
 (:func:`mpi_cuda_aware`), else through pinned host memory; in both cases after the stream
-that produced it has finished.
+that produced it has finished. Direct device memory is handed over by :func:`hand_over`,
+right before the MPI call: after every kernel of the call that wrote it (staging copies,
+order keys), its stream is synchronized (mpi4py takes device buffers through DLPack with
+``stream=-1``: no synchronization of its own).
 """
 
 from __future__ import annotations
@@ -46,16 +49,10 @@ def mpi_cuda_aware(MPI: Any) -> bool:
 def device_buffer(x: Any, adapter: ArrayAdapter, dtype: str | None, wire: str | None,
                   cuda_aware: bool) -> tuple[Any, Callable[[], None] | None]:
     """:meth:`MPICommunicator._buffer` of CUDA memory: the memory itself (staged where it
-    must be) where MPI is ``cuda_aware``, else a copy in pinned host memory. MPI does not
-    know CUDA streams: whatever produced x is finished first."""
+    must be) where MPI is ``cuda_aware`` (:func:`hand_over` makes it ready for MPI), else a
+    copy in pinned host memory, made after whatever produced x."""
     if cuda_aware:
-        staged, copy_back = stage(x, adapter, dtype, wire)
-        if adapter is arrays.TORCH:
-            torch = sys.modules["torch"]
-            torch.cuda.current_stream(staged.device).synchronize()
-            return device_view(staged), copy_back
-        sys.modules["cupy"].cuda.get_current_stream().synchronize()
-        return staged, copy_back
+        return stage(x, adapter, dtype, wire)
     if adapter is arrays.TORCH:
         torch = sys.modules["torch"]
         t = x.detach()
@@ -68,16 +65,85 @@ def device_buffer(x: Any, adapter: ArrayAdapter, dtype: str | None, wire: str | 
     # Pinned host memory, filled by a copy on CuPy's current stream that blocks the host:
     # so it is ordered after whatever produced x on that stream.
     host = cupyx_empty_pinned(x.shape, target)
-    cupy.ascontiguousarray(x, dtype=target).get(out=host, blocking=True)
+    with x.device:
+        cupy.ascontiguousarray(x, dtype=target).get(out=host, blocking=True)
 
     def writeback() -> None:
-        staged_back = cupy.asarray(host)
-        x[...] = staged_back
-        # The copy from pinned memory may still run when we return; the next call may
-        # reuse that memory, so wait for it here (as torch's blocking copy_ does).
-        cupy.cuda.get_current_stream().synchronize()
+        with x.device:
+            x[...] = cupy.asarray(host)
+            # The copy from pinned memory may still run when we return; the next call may
+            # reuse that memory, so wait for it here (as torch's blocking copy_ does).
+            cupy.cuda.get_current_stream().synchronize()
 
     return host, writeback
+
+
+def hand_over(calls: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The arguments of MPI calls (``[buffer, ...]`` lists among other values) with their
+    CUDA memory made ready for a CUDA-aware MPI, right before the calls:
+
+    - the stream that wrote each device buffer (torch's or CuPy's current stream on the
+      buffer's device) is synchronized, once per device: the staging copies and the order
+      keys of the call ran on it after the caller's kernels;
+    - a torch tensor goes as raw device memory through the CUDA array interface
+      (:class:`DeviceMemory`): its ``__dlpack__`` refuses a tensor of a device other than
+      torch's current one, and would type bfloat16 as a void.
+    """
+    synced: set[Any] = set()
+    return [tuple(_ready(arg, synced) if isinstance(arg, list) and arg else arg for arg in args)
+            for args in calls]
+
+
+def _ready(spec: list[Any], synced: set[Any]) -> list[Any]:
+    buffer = spec[0]
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(buffer, torch.Tensor):
+        if not arrays.TORCH.is_cuda(buffer):
+            return spec
+        if buffer.device not in synced:
+            torch.cuda.current_stream(buffer.device).synchronize()
+            synced.add(buffer.device)
+        return [DeviceMemory(buffer), *spec[1:]]
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(buffer, cupy.ndarray):
+        if buffer.device.id not in synced:
+            with buffer.device:
+                cupy.cuda.get_current_stream().synchronize()
+            synced.add(buffer.device.id)
+    return spec
+
+
+class DeviceMemory:
+    """A contiguous tensor's bytes as mpi4py takes device memory: the CUDA array interface
+    alone (no ``__dlpack__``, no buffer protocol), keeping the tensor alive."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+        nbytes = tensor.numel() * tensor.element_size()
+        self.__cuda_array_interface__ = {
+            "shape": (nbytes,), "typestr": "|u1", "data": (tensor.data_ptr() if nbytes else 0, False),
+            "strides": None, "version": 3, "stream": None}
+
+
+def bind_device(local_rank: int) -> int | None:
+    """Make CUDA device ``local_rank % device_count`` current in the CUDA libraries this
+    process has loaded (torch, CuPy), as every backend does before its communicator exists;
+    ``None`` where neither is loaded with a GPU in sight. Nothing is imported here."""
+    bound = None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        bound = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(bound)
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        try:
+            count = int(cupy.cuda.runtime.getDeviceCount())
+        except Exception:  # noqa: BLE001  (CUDARuntimeError: no driver, no device)
+            count = 0
+        if count:
+            bound = local_rank % count
+            cupy.cuda.Device(bound).use()
+    return bound
 
 
 def cupyx_empty_pinned(shape: tuple[int, ...], dtype: Any) -> Any:
@@ -91,10 +157,3 @@ def host_view(t: Any) -> Any:
     """A CPU tensor's memory as a numpy array (bfloat16, which numpy lacks, as its int16 bytes)."""
     torch = sys.modules["torch"]
     return t.view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
-
-
-def device_view(t: Any) -> Any:
-    """What mpi4py takes for CUDA memory: the tensor itself (it has __cuda_array_interface__),
-    with bfloat16 reinterpreted as int16 since only its bytes matter when we get here."""
-    torch = sys.modules["torch"]
-    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t

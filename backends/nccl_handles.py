@@ -39,6 +39,10 @@ class _TorchStreams:
     def stream(self, x: Any) -> Any:
         return self.torch.cuda.current_stream(x.device)
 
+    def use(self, stream: Any) -> Any:
+        """A context in which ``stream`` is torch's current stream (and its device current)."""
+        return self.torch.cuda.stream(stream)
+
     @staticmethod
     def stream_ptr(stream: Any) -> int:
         return int(stream.cuda_stream)
@@ -68,6 +72,11 @@ class _CupyStreams:
 
     def stream(self, x: Any) -> Any:
         return self.cupy.cuda.get_current_stream()
+
+    @staticmethod
+    def use(stream: Any) -> Any:
+        """A context in which ``stream`` is CuPy's current stream."""
+        return stream
 
     @staticmethod
     def stream_ptr(stream: Any) -> int:
@@ -160,9 +169,12 @@ class _StreamWork(Work):
         self._completed = False
 
     def _launched(self) -> None:
-        """The group this send/recv was in has been launched: finish it on its stream."""
+        """The group this send/recv was in has been launched: finish it on its stream (the
+        write-back of a staged recv runs there, after NCCL's recv, whichever stream is current
+        when the group goes out), then record the call's event there."""
         if self._then is not None:
-            self._then()
+            with self._library.use(self._stream):
+                self._then()
             self._then = None
         self._event = self._library.record(self._stream)
 

@@ -4,7 +4,8 @@ Under torchrun the group is made from env://. Under an MPI launcher rank 0 opens
 TCPStore on a free port and its address reaches the other ranks over MPI (an
 integer broadcast, nothing unpickled). A process group the user initialized
 already is reused as it is. numpy arrays are taken zero-copy through
-``torch.from_numpy``; CuPy arrays through ``torch.as_tensor`` (CUDA array interface).
+``torch.from_numpy``; CuPy arrays through DLPack (``torch.from_dlpack``, and
+``cupy.from_dlpack`` for the arrays returned), which carries bfloat16.
 
 What the transports lack is emulated, never approximated:
 - int16 (neither Gloo nor NCCL) and bool (NCCL) reduce through int32 / uint8;
@@ -51,7 +52,7 @@ from .torch_bootstrap import (  # noqa: F401  (mpi_shared_tcp_store, store_host:
     store_host,
     torch_timeout,
 )
-from .torch_handles import _on_cupy_stream, _TorchWork
+from .torch_handles import _BatchedP2P, _torch_call, _TorchWork, batches, launch_batch
 
 
 class TorchCommunicator(Communicator):
@@ -150,11 +151,11 @@ class TorchCommunicator(Communicator):
             if not x.flags.writeable or _negative_strides(x, adapter):
                 x = x.copy()  # torch.from_numpy takes neither
             return self._torch.from_numpy(x)
-        # CUDA array interface, zero-copy, on x's own device ("cuda" alone would copy to
-        # the current device when they differ).
-        return self._torch.as_tensor(x, device=f"cuda:{x.device.id}")
+        # DLPack, zero-copy, on x's own device. Not the CUDA array interface: CuPy gives
+        # bfloat16 (ml_dtypes') the typestr '<V2' there, which torch cannot take.
+        return self._torch.utils.dlpack.from_dlpack(x)
 
-    @_on_cupy_stream
+    @_torch_call
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Work | None:
         direct = _DIRECT[dtype].get(op) if adapter is _TORCH else None
@@ -228,7 +229,7 @@ class TorchCommunicator(Communicator):
             return
         staged.copy_(fold_bitwise(self._gather_tensor(staged), op))
 
-    @_on_cupy_stream
+    @_torch_call
     def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
                    async_op: bool) -> Work | None:
         if adapter is _TORCH and dtype not in NARROW_WIRE and x.is_contiguous():
@@ -263,6 +264,7 @@ class TorchCommunicator(Communicator):
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
                     async_op: bool = False) -> Any:
+        launch_batch()  # (the other paths go through _torch_call, which does too)
         if out is None and not async_op and adapter is _TORCH and dtype in _GATHER_DIRECT \
                 and x.dim() == 1 and not x.requires_grad and x.is_contiguous():
             # SyncBatchNorm's forward call: 1-d tensors of the dtypes every transport gathers
@@ -279,7 +281,7 @@ class TorchCommunicator(Communicator):
 
     # -- the rest of the set ------------------------------------------------------------
 
-    @_on_cupy_stream
+    @_torch_call
     def _move_bytes(self, x: Any, adapter: ArrayAdapter, result: Any, value: Any, async_op: bool,
                     start: Any) -> Any:
         """One torch.distributed call that moves raw bytes (flat uint8 views) from ``x`` into
@@ -350,7 +352,7 @@ class TorchCommunicator(Communicator):
                                 self._dist.all_to_all_single(recv, send, got, sent, group=self._group,
                                                              async_op=asy))
 
-    @_on_cupy_stream
+    @_torch_call
     def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
                 async_op: bool) -> Work | None:
         direct = _DIRECT[dtype].get(op)
@@ -375,22 +377,20 @@ class TorchCommunicator(Communicator):
         finish()
         return None
 
-    @_on_cupy_stream
+    @_torch_call
     def _all_gather_new(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
         gathered = self._gather_tensor(self._as_tensor(x, adapter))
         if adapter is arrays.TORCH:
             return gathered
         if adapter is arrays.NUMPY:
             return gathered.numpy()
-        import cupy  # noqa: PLC0415
-
-        return cupy.asarray(gathered)
+        return _as_cupy(self._torch, gathered)
 
     def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                         out: Any = None, async_op: bool = False) -> Any:
         return deliver(adapter, self._reduce_scatter_new(x, adapter, dtype, op), out, async_op)
 
-    @_on_cupy_stream
+    @_torch_call
     def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         torch = self._torch
         if (adapter is _TORCH and x.dim() == 1 and not x.requires_grad
@@ -422,22 +422,23 @@ class TorchCommunicator(Communicator):
             return out
         if adapter is arrays.NUMPY:
             return out.numpy()
-        import cupy  # noqa: PLC0415
+        return _as_cupy(self._torch, out)
 
-        return cupy.asarray(out)
-
-    @_on_cupy_stream
+    @_torch_call
     def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
               async_op: bool) -> Work | None:
         t = self._as_tensor(x, adapter)
         staged = flat_bytes(t if t.is_contiguous() else t.contiguous())
         peer = self._global_ranks[dst]
         if async_op:
+            if batches(staged):
+                return _BatchedP2P(x, self._dist.P2POp(self._dist.isend, staged, peer, self._group, tag),
+                                   None, self)
             return _TorchWork(x, self._dist.isend(staged, peer, self._group, tag), None, self)
         self._dist.send(staged, peer, self._group, tag)
         return None
 
-    @_on_cupy_stream
+    @_torch_call
     def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
               async_op: bool) -> Work | None:
         t = self._as_tensor(x, adapter)
@@ -449,6 +450,9 @@ class TorchCommunicator(Communicator):
                 t.copy_(staged)
 
         if async_op:
+            if batches(staged):
+                return _BatchedP2P(x, self._dist.P2POp(self._dist.irecv, flat_bytes(staged), peer, self._group,
+                                                       tag), finish, self)
             return _TorchWork(x, self._dist.irecv(flat_bytes(staged), peer, self._group, tag), finish,
                               self)
         self._dist.recv(flat_bytes(staged), peer, self._group, tag)
@@ -458,12 +462,14 @@ class TorchCommunicator(Communicator):
     def _barrier(self) -> None:
         # A tiny all_reduce rather than dist.barrier(): it works on every group without
         # guessing a device, and it completes only when every rank has reached it.
+        launch_batch()
         flag = self._torch.zeros(1, dtype=self._torch.int32)
         self._dist.all_reduce(flag, group=self._group)
 
     def _monitored_barrier(self, seconds: float) -> None:
         """Gloo's own monitored barrier: a Gloo recv's handle says it completed only once
         waited for, so the polled one of the base class cannot see who arrived."""
+        launch_batch()
         if self._dist.get_backend(self._group) != "gloo":
             super()._monitored_barrier(seconds)
             return
@@ -482,6 +488,7 @@ class TorchCommunicator(Communicator):
                 detail=f"rank(s) {', '.join(map(str, missing))} never arrived at the barrier") from error
 
     def _split(self, color: int | None, key: int) -> Communicator | None:
+        launch_batch()
         members = self._split_groups(color, key)
         self._splits += 1
         if members is None:
@@ -503,6 +510,7 @@ class TorchCommunicator(Communicator):
         return child
 
     def _close(self) -> None:
+        launch_batch()
         if self._group is not None and self._dist.is_initialized():
             if self._group in created_groups:
                 created_groups.remove(self._group)
@@ -583,6 +591,16 @@ def _group_named(name: str) -> Iterator[None]:
         yield
     finally:
         c10d._process_group_name = original
+
+
+def _as_cupy(torch: Any, t: Any) -> Any:
+    """A CUDA tensor as a CuPy array sharing its memory, through DLPack: the CUDA array
+    interface would give a bfloat16 tensor (typestr '<V2') a void dtype. torch exports only a
+    tensor of the current device, so that device is made current for the export."""
+    import cupy  # noqa: PLC0415
+
+    with torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext():
+        return cupy.from_dlpack(t)
 
 
 def _negative_strides(x: Any, adapter: ArrayAdapter) -> bool:

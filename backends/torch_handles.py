@@ -1,12 +1,15 @@
 """The torch backend's handles and streams: what an asynchronous torch.distributed call
-returns (:class:`_TorchWork`), and how a CuPy array's call runs on CuPy's current stream
-(:func:`_on_cupy_stream`)."""
+returns (:class:`_TorchWork`), this thread's batch of asynchronous sends and recvs of CUDA
+tensors (:class:`_BatchedP2P`, :func:`launch_batch`), and how a CuPy array's call runs on
+CuPy's current stream (:func:`_torch_call`)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import sys
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from collectives import arrays
@@ -21,13 +24,16 @@ class _TorchWork(Work):
         self._work = work
         self._finish = finish
         self._comm = comm
-        #: For CuPy arrays: the torch view of CuPy's stream, which wait() orders.
-        self.stream: Any = None
+        #: For CuPy arrays: returns the torch view of the stream that is CuPy's current one when
+        #: wait() is called, which wait() makes wait for the call (as it does torch's current
+        #: stream for tensors).
+        self.stream_at_wait: Callable[[], Any] | None = None
 
     def wait(self) -> Any:
         if self._work is not None:
             torch = sys.modules["torch"]
-            with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            stream = self.stream_at_wait() if self.stream_at_wait is not None else None
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 try:
                     self._work.wait()
                 except RuntimeError as error:
@@ -43,6 +49,114 @@ class _TorchWork(Work):
         return self._work is None or bool(self._work.is_completed())
 
 
+# -- asynchronous sends and recvs of CUDA tensors: one batch per thread -----------------------------
+
+_BATCH = threading.local()
+
+
+def batches(t: Any) -> bool:
+    """Whether an asynchronous send/recv of tensor ``t`` joins this thread's batch: CUDA tensors,
+    which go over NCCL. (Gloo's sends and recvs do not wait for each other: issued as they come.)"""
+    return bool(t.is_cuda)
+
+
+class _BatchedP2P(_TorchWork):
+    """An asynchronous send or recv of a CUDA tensor, held in this thread's batch until the first
+    ``wait()`` of any handle in it or the next call of this backend in this thread, then issued
+    with the rest of the batch by ``dist.batch_isend_irecv`` (one NCCL group).
+
+    NCCL through torch puts a rank pair's sends and recvs on one stream: issued one by one, a
+    send that NCCL cannot buffer (MiBs) waits on the GPU for the peer's recv, which the peer
+    queued behind its own send, so a ring of sends then recvs deadlocks. In one group it cannot.
+    A CUDA event recorded at the call keeps the batch ordered after the kernels that produced
+    the tensor, whichever stream is current when the batch goes out."""
+
+    def __init__(self, x: Any, op: Any, finish: Any, comm: Communicator) -> None:
+        super().__init__(x, None, finish, comm)
+        self._op = op
+        self._pending = True
+        self._error: Exception | None = None
+        self._ready: Any = None
+        tensor = op.tensor
+        if tensor.is_cuda:
+            torch = sys.modules["torch"]
+            self._ready = torch.cuda.Event()
+            self._ready.record(torch.cuda.current_stream(tensor.device))
+        pending = getattr(_BATCH, "pending", None)
+        if pending is None:
+            pending = _BATCH.pending = []
+        pending.append(self)
+
+    def wait(self) -> Any:
+        launch_batch()
+        if self._error is not None:
+            raise self._error
+        return super().wait()
+
+    def is_completed(self) -> bool:
+        if self._error is not None:
+            return True
+        return not self._pending and super().is_completed()
+
+
+class _Joined:
+    """The handles of a whole batch as one, shared by the batch's handles: NCCL returns one for
+    the whole group. Each is waited once (a Gloo recv's handle waited twice never returns)."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self._works = list(works)
+
+    def wait(self) -> None:
+        while self._works:
+            self._works[0].wait()
+            self._works.pop(0)
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+
+def launch_batch() -> None:
+    """Issue this thread's batch of asynchronous sends/recvs, if there is one: one
+    ``batch_isend_irecv`` per process group, in the order they were called. A batch that fails
+    fails its handles (their ``wait()`` raises), and those of the batches after it."""
+    pending: list[_BatchedP2P] | None = getattr(_BATCH, "pending", None)
+    if not pending:
+        return
+    _BATCH.pending = []
+    groups: list[tuple[Any, list[_BatchedP2P]]] = []
+    for work in pending:
+        for group, members in groups:
+            if group is work._op.group:
+                members.append(work)
+                break
+        else:
+            groups.append((work._op.group, [work]))
+    torch = sys.modules["torch"]
+    failure: Exception | None = None
+    for _, members in groups:
+        if failure is not None:  # a batch before this one failed: none of these was issued
+            for work in members:
+                work._error, work._pending = failure, False
+            continue
+        for work in members:
+            if work._ready is not None:
+                torch.cuda.current_stream(work._op.tensor.device).wait_event(work._ready)
+        comm = members[0]._comm
+        try:
+            handles = comm._dist.batch_isend_irecv([work._op for work in members])  # type: ignore[union-attr]
+        except RuntimeError as error:
+            failure = comm._transport_error(error) if comm is not None else error
+            for work in members:
+                work._error, work._pending = failure, False
+            continue
+        if len(handles) != len(members):  # one for the whole group (NCCL)
+            handles = [_Joined(handles)] * len(members)
+        for work, handle in zip(members, handles):
+            work._work, work._pending = handle, False
+
+
+# -- CuPy arrays: torch's work on CuPy's current stream ----------------------------------------------
+
 def _cupy_stream_as_torch(torch: Any, x: Any) -> Any:
     """CuPy's current stream (on x's device) as a torch stream."""
     cupy = sys.modules["cupy"]
@@ -54,22 +168,29 @@ def _cupy_stream_as_torch(torch: Any, x: Any) -> Any:
     return torch.cuda.ExternalStream(ptr, device=device)
 
 
-def _on_cupy_stream(method: Any) -> Any:
-    """For CuPy arrays, run ``method``'s torch work on CuPy's current stream.
+def _torch_call(method: Any) -> Any:
+    """Every transport method of the torch backend that takes an array goes through here.
 
-    torch enqueues NCCL after (and the staging copies on) torch's current stream; for a
-    CuPy array the kernels that produced it and those that read it are on CuPy's, so
-    that stream is made torch's current one for the call (and for the handle's wait()).
+    First this thread's batch of asynchronous CUDA sends/recvs is issued (:func:`launch_batch`),
+    except by an asynchronous send/recv, which joins it. Then, for CuPy arrays, ``method``'s
+    torch work runs on CuPy's current stream: torch enqueues NCCL after (and the staging copies
+    on) torch's current stream, and for a CuPy array the kernels that produced it and those that
+    read it are on CuPy's; the handle's ``wait()`` orders the stream that is CuPy's current one
+    then.
     """
+    joins_batch = method.__name__ in ("_send", "_recv")
+
     @functools.wraps(method)
-    def on_stream(self: Any, x: Any, adapter: ArrayAdapter, *args: Any) -> Any:
+    def call(self: Any, x: Any, adapter: ArrayAdapter, *args: Any) -> Any:
+        if not (joins_batch and args[-1]):  # (their last argument is async_op)
+            launch_batch()
         if adapter is not arrays.CUPY:
             return method(self, x, adapter, *args)
-        stream = _cupy_stream_as_torch(self._torch, x)
-        with self._torch.cuda.stream(stream):
+        torch = self._torch
+        with torch.cuda.stream(_cupy_stream_as_torch(torch, x)):
             result = method(self, x, adapter, *args)
         if isinstance(result, _TorchWork):
-            result.stream = stream
+            result.stream_at_wait = lambda: _cupy_stream_as_torch(torch, x)
         return result
 
-    return on_stream
+    return call

@@ -127,6 +127,19 @@ def _executable(name: str) -> str:
     return found
 
 
+def launcher_command(name: str) -> list[str]:
+    """The command that runs launcher ``name`` (``mpiexec``, ``torchrun``): the one beside the
+    running interpreter, else on PATH; torchrun, torch's own module, as ``python -m
+    torch.distributed.run`` where there is no such script (an interpreter whose console scripts
+    are elsewhere, as in a container image)."""
+    try:
+        return [_executable(name)]
+    except PoolError:
+        if name != "torchrun":
+            raise
+        return [sys.executable, "-m", "torch.distributed.run"]
+
+
 def job_reference(fn: Callable[..., Any]) -> tuple[str, str, str]:
     """(module, file, qualified name) by which a rank finds ``fn``."""
     if not callable(fn) or "<locals>" in getattr(fn, "__qualname__", "<locals>"):
@@ -175,9 +188,9 @@ class RankPool:
     def _command(self) -> list[str]:
         worker = [sys.executable, "-m", "collectives.testing.worker"]
         if self.launcher == "mpiexec":
-            return [_executable("mpiexec"), "-n", str(self.size), *worker]
+            return [*launcher_command("mpiexec"), "-n", str(self.size), *worker]
         if self.launcher == "torchrun":
-            return [_executable("torchrun"), "--nnodes", "1", "--nproc_per_node", str(self.size),
+            return [*launcher_command("torchrun"), "--nnodes", "1", "--nproc_per_node", str(self.size),
                     "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
                     "-m", "collectives.testing.worker"]
         return worker

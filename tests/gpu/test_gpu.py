@@ -17,6 +17,8 @@ world size 1, and at 2 ranks where NCCL >= 2.30 allows several ranks per GPU; mp
   the NCCL id through MPI under mpiexec, through torchrun's agent store under torchrun).
 """
 
+import dataclasses
+import functools
 import importlib
 import importlib.util
 import os
@@ -27,7 +29,7 @@ import pytest
 import torch
 
 from collectives import ALLOWED_OPS, DTYPES, ReduceOp
-from collectives.testing.pool import RankPool
+from collectives.testing.pool import RankPool, launcher_command
 from collectives.testing.reference import FLOAT_TOLERANCE, random_rank_tensors
 from collectives.testing.reference import reference_tensor as reference
 
@@ -43,7 +45,8 @@ STAGED = {"COLLECTIVES_MPI_CUDA_AWARE": "0"}
 AWARE = {"COLLECTIVES_MPI_CUDA_AWARE": "1"}
 #: Cycles of torch.cuda._sleep that keep a stream busy (tens of milliseconds on an H200).
 BUSY_CYCLES = 50_000_000
-JOB_TIMEOUT = 120
+#: Seconds a job may take on the ranks: a hung one fails the test within this, not the check's budget.
+JOB_TIMEOUT = 60
 
 # (id, backend, ranks, launcher, environment of the ranks)
 WORLDS = [
@@ -57,19 +60,66 @@ WORLDS = [
     ("mpi-2-cuda-aware", "mpi", 2, "mpiexec", AWARE),
     ("mpi-4-cuda-aware", "mpi", 4, "mpiexec", AWARE),
 ]
+#: One rank of each backend: scripts/gpu_check.sh runs these first (-k smoke), in seconds, and
+#: skips the worlds of a backend whose smoke failed.
+SMOKE_WORLDS = [
+    ("torch-nccl-1", "torch", 1, "torchrun", {}),
+    ("cupy-1", "cupy", 1, "torchrun", {}),
+    ("mpi-1-staged", "mpi", 1, "mpiexec", STAGED),
+    ("mpi-1-cuda-aware", "mpi", 1, "mpiexec", AWARE),
+]
 
 
 # -- which worlds this machine can run -----------------------------------------------------------
 
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """What a machine offers the GPU worlds: :meth:`probe` reads this one (once); the CPU tests
+    of the skip logic (tests/gpu/test_gpu_paths.py) describe others."""
+
+    gpus: int
+    has_cupy: bool
+    #: The runtime NCCL of "torch" and of "cupy": (major, minor, patch), or None if unknown.
+    nccl: dict
+    #: Why MPI cannot run here, or None; why MPI cannot take device memory directly, or None.
+    mpi_problem: str | None
+    cuda_aware_problem: str | None
+    #: backend -> why scripts/gpu_check.sh's 1-rank smoke of it failed (its worlds then skip).
+    smoke_failed: dict = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    @functools.cache
+    def probe(cls):
+        return cls(gpus=torch.cuda.device_count(), has_cupy=HAS_CUPY,
+                   nccl={"torch": _torch_nccl_version(), "cupy": _cupy_nccl_version() if HAS_CUPY else None},
+                   mpi_problem=_mpi_problem(False), cuda_aware_problem=_mpi_problem(True),
+                   smoke_failed=smoke_failures(os.environ.get(SMOKE_FAILED_ENV, "")))
+
+
+#: Set by scripts/gpu_check.sh: "backend: why; ..." for each backend whose 1-rank smoke failed.
+SMOKE_FAILED_ENV = "GPU_CHECK_SMOKE_FAILED"
+
+
+def smoke_failures(text):
+    pairs = (item.partition(":") for item in text.split(";") if item.strip())
+    return {name.strip(): why.strip() for name, _, why in pairs}
+
+
 def _torch_nccl_version():
-    version = torch.cuda.nccl.version()
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001  (a torch without NCCL)
+        return None
     return tuple(version) if isinstance(version, tuple) else None
 
 
 def _cupy_nccl_version():
     from collectives.backends.cupy_nccl import nccl_runtime_version
 
-    return nccl_runtime_version()
+    try:
+        return nccl_runtime_version()
+    except Exception:  # noqa: BLE001  (a CuPy without NCCL: its worlds fail the smoke instead)
+        return None
 
 
 def _mpi_problem(need_cuda_aware):
@@ -93,23 +143,26 @@ def _mpi_problem(need_cuda_aware):
     return None
 
 
-def skip_reason(backend, size, launcher, env):
-    """Why this machine cannot run the world, or None."""
+def skip_reason(backend, size, launcher, env, machine=None):
+    """Why ``machine`` (default: this one) cannot run the world, or None."""
     from collectives.backends.cupy_nccl import MULTI_RANK_GPU_SINCE
 
-    if backend == "cupy" and not HAS_CUPY:
+    machine = machine or Machine.probe()
+    if backend in machine.smoke_failed:
+        return f"the 1-rank smoke of backend {backend} failed ({machine.smoke_failed[backend]})"
+    if backend == "cupy" and not machine.has_cupy:
         return "CuPy is not installed"
     if launcher == "mpiexec" or backend == "mpi":
-        problem = _mpi_problem(env is AWARE)
+        problem = machine.mpi_problem or (machine.cuda_aware_problem if env is AWARE else None)
         if problem:
             return problem
-    if backend in ("torch", "cupy") and size > 1:
-        version = _torch_nccl_version() if backend == "torch" else _cupy_nccl_version()
+    if backend in ("torch", "cupy") and size > machine.gpus:
+        version = machine.nccl[backend]
         if version is None or version < MULTI_RANK_GPU_SINCE:
             shown = ".".join(map(str, version)) if version else "unknown"
             return (f"{backend}'s NCCL {shown} allows one rank per GPU (several need NCCL >= 2.30 "
-                    "with NCCL_MULTI_RANK_GPU_ENABLE=1), and this machine has "
-                    f"{torch.cuda.device_count()} GPU(s)")
+                    f"with NCCL_MULTI_RANK_GPU_ENABLE=1), and this machine has {machine.gpus} GPU(s): "
+                    f"{size} {backend} ranks not exercised")
     return None
 
 
@@ -125,6 +178,43 @@ def gpu_world(request):
     pool.start()
     yield pool
     pool.close()
+
+
+@pytest.mark.parametrize("world_id, backend, size, launcher, env", SMOKE_WORLDS, ids=[w[0] for w in SMOKE_WORLDS])
+def test_smoke_one_rank(world_id, backend, size, launcher, env):
+    """The calls a broken set-up fails first, on device memory of each array library: the rank
+    starts, a sum, a NaN MIN (the quiet NaN), bfloat16 (CuPy's through DLPack), async, all_gather."""
+    reason = skip_reason(backend, size, launcher, env)
+    if reason:
+        pytest.skip(reason)
+    with RankPool(backend, size, launcher=launcher, env=env, job_timeout=JOB_TIMEOUT) as pool:
+        (out,) = pool.run(smoke_job, timeout=JOB_TIMEOUT)
+    assert "torch" in out["libraries"]
+    for library in out["libraries"]:
+        assert out[library, "sum"] == list(range(8)), library
+        assert out[library, "min-nan"] == [0x7FC0_0000, 1.0, -2.0], library
+        assert out[library, "bfloat16"] in ([1.0] * 4, None), library  # None: CuPy without bfloat16
+        assert out[library, "all_gather"] == [[3.0, 3.0]], library
+
+
+def smoke_job(comm):
+    libraries = ["torch"] + (["cupy"] if importlib.util.find_spec("cupy") else [])
+    out = {"libraries": libraries}
+    for library in libraries:
+        x = _to_device(library, torch.arange(8, dtype=torch.float32))
+        comm.all_reduce(x)
+        out[library, "sum"] = _to_cpu(x).tolist()
+        y = _to_device(library, torch.tensor([float("nan"), 1.0, -2.0]))
+        comm.all_reduce(y, "min")
+        got = _to_cpu(y)
+        out[library, "min-nan"] = [int(got[:1].view(np.int32)[0]), *got[1:].tolist()]
+        z = _to_device(library, torch.ones(4, dtype=torch.bfloat16))
+        if z is not None:
+            assert comm.all_reduce(z, "max", async_op=True).wait() is z
+        out[library, "bfloat16"] = None if z is None else _to_cpu(z).tolist()
+        out[library, "all_gather"] = _to_cpu(comm.all_gather(_to_device(library, torch.full((2,), 3.0)))).tolist()
+    torch.cuda.synchronize()
+    return out
 
 
 # -- helpers that run on the ranks ---------------------------------------------------------------
@@ -851,19 +941,18 @@ def test_collectives_bench_checks_every_collective_on_the_gpu(how):
     """collectives-bench --check --raw on device memory: every collective right, the raw column there."""
     import subprocess
     import sys
-    from pathlib import Path
 
     from collectives.bench import parse_table
 
     backend, launcher = how
-    if backend == "cupy" and not HAS_CUPY:
-        pytest.skip("CuPy is not installed")
-    bin_dir = Path(sys.executable).parent
+    reason = skip_reason(backend, 2 if launcher else 1, launcher[0] if launcher else "torchrun", STAGED)
+    if reason:
+        pytest.skip(reason)
     args = ["all", "-b", "8", "-e", "1M", "-f", "64", "-n", "3", "-w", "1", "--check", "--raw",
             "--backend", backend] + (["--array", "torch", "--device", "cuda"] if backend != "cupy" else [])
-    argv = [str(bin_dir / launcher[0]), *launcher[1:]] if launcher else []
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
-    done = subprocess.run([*argv, str(bin_dir / "collectives-bench"), *args], env=env, capture_output=True,
+    # python -m: the image's python has no console script of ours; mpiexec where the MPI is.
+    argv = [*launcher_command(launcher[0]), *launcher[1:]] if launcher else []
+    done = subprocess.run([*argv, sys.executable, "-m", "collectives.bench", *args], capture_output=True,
                           text=True, timeout=JOB_TIMEOUT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = parse_table(done.stdout)
@@ -883,15 +972,29 @@ C10D_WORLDS = [
 @pytest.mark.parametrize("world_id, backend, ranks, launcher, env", C10D_WORLDS,
                          ids=[w[0] for w in C10D_WORLDS])
 def test_c10d_ddp_with_torch_syncbatchnorm_on_cuda_equals_one_process(world_id, backend, ranks, launcher, env):
-    if backend == "cupy" and not HAS_CUPY:
-        pytest.skip("CuPy is not installed")
-    if backend == "mpi":
-        problem = _mpi_problem(env is AWARE)
-        if problem:
-            pytest.skip(problem)
+    reason = skip_reason(backend, ranks, launcher, env)
+    if reason:
+        pytest.skip(reason)
     import c10d_jobs
 
-    with RankPool(backend, ranks, launcher=launcher, env=env) as pool:
+    with RankPool(backend, ranks, launcher=launcher, env=env, job_timeout=JOB_TIMEOUT) as pool:
         for out in pool.run(c10d_jobs.cuda_ddp_syncbn_job, args=(3,), timeout=JOB_TIMEOUT):
             for name, want in out["want"].items():
                 np.testing.assert_allclose(out["got"][name], want, rtol=0, atol=1e-10, err_msg=name)
+
+
+# -- every pool the GPU tests start, and whether a machine can run it (checked on CPU) --------------
+
+def every_world():
+    """(id, backend, ranks, launcher, env) of every world the GPU tests start."""
+    return (list(WORLDS) + [(f"c10d-{w[0]}", *w[1:]) for w in C10D_WORLDS]
+            + [("cupy-timeout-1", "cupy", 1, "torchrun", {}), ("cupy-timeout-2", "cupy", 2, "torchrun", MULTI_RANK),
+               ("cupy-2-hosts-mpiexec", "cupy", 2, "mpiexec", MULTI_RANK),
+               ("cupy-2-hosts-torchrun", "cupy", 2, "torchrun", MULTI_RANK)]
+            + [(f"smoke-{w[0]}", *w[1:]) for w in SMOKE_WORLDS])
+
+
+def world_skip_reasons(machine):
+    """world id -> why ``machine`` cannot run it (None where it can)."""
+    return {world_id: skip_reason(backend, size, launcher, env, machine)
+            for world_id, backend, size, launcher, env in every_world()}
