@@ -22,7 +22,8 @@ endif
 PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
 PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
-.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite typecheck docs lint bench bench-train bench-c10d clean
+.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite typecheck docs lint bench bench-train bench-c10d clean \
+	rehearse-gpu-image
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON_VERSION)" || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
@@ -110,6 +111,15 @@ test-pythons:
 # them), on CI's Python, in .venv-oldest.
 test-oldest:
 	$(MAKE) --no-print-directory test VENV=.venv-oldest FLOORS=1
+
+# scripts/gpu_check.sh rehearsed on CPU in the device image's conditions with its python (3.12) and
+# torch (2.11.0: the CUDA build, ~3 GB with its nvidia wheels, downloaded into ~/.cache once); CI
+# rehearses with its own python and the suite's torch (tests/gpu/test_gpu_check_script.py). Then the
+# GPU tests' jobs and CPU twins run on host tensors under that torch.
+rehearse-gpu-image:
+	py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin/python3.12 2>/dev/null | tail -1); \
+	PYTHON=$${py:-python3.12} TORCH=2.11.0 NUMPY=2.5.2 \
+	GPU_REHEARSAL_TESTS="tests/gpu/test_gpu_harness.py tests/gpu/test_gpu_paths.py" scripts/gpu_rehearsal.sh
 
 clean:
 	rm -rf .venv .venv-* .pytest_cache .hypothesis .mypy_cache build

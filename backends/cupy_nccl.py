@@ -26,6 +26,7 @@ What NCCL lacks is emulated, as on the torch backend (:func:`reduce_plan` is the
 - BXOR, and every bitwise op on integers, gathers all ranks' arrays and folds locally;
 - AVG is SUM, then a division by size (not ``ncclAvg``, which scales each input first
   and so rounds differently from the other backends);
+- float MIN/MAX reduce integer order keys (NCCL's ``fminf``/``fmaxf`` drop NaN);
 - bfloat16 is native from NCCL 2.10 on, else reduced in float32.
 Broadcast and all_gather move raw bytes; reduce is ``ncclReduce`` (bitwise ops emulated);
 gather, scatter, all_to_all (equal and uneven) and all_gather_v are raw-byte sends and recvs

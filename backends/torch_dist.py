@@ -13,7 +13,10 @@ What the transports lack is emulated, never approximated:
 - bitwise ops on NCCL: BAND/BOR of bool are MIN/MAX; other bitwise reductions
   gather every rank's tensor and reduce locally.
 - AVG is SUM, then a division by size, on every transport.
+- float MIN/MAX reduce integer order keys (backends/_float_order.py): NaN propagates.
 Broadcast and all_gather move raw bytes (uint8 views), so they need no staging.
+Asynchronous sends and recvs of CUDA tensors go out together, in ``batch_isend_irecv``
+(:class:`~.torch_handles._BatchedP2P`).
 
 Timeouts are torch's own: the communicator's timeout is the process group's (and the
 bootstrap store's), and torch's timeout errors become ``CollectiveTimeout``.

@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Download, here, the wheels scripts/gpu_check.sh installs on the GPU machine when its python
-# lacks a working MPI: the MPICH wheel (libmpi + mpiexec) and mpi4py, for CPython 3.12 on
-# x86-64 Linux (the lent machine's python3). They land in .whl/ (git-ignored); pass `.whl` in
-# the device tool's `carry` so they travel with the checkout.
+# Download, here, the wheels scripts/gpu_check.sh installs on the GPU machine, which reaches no
+# index: setuptools (the build backend that installs this checkout), and the MPICH wheel (libmpi
+# + mpiexec) with mpi4py for a python that lacks a working MPI. For CPython 3.12 on x86-64 Linux
+# (the device image's python3) unless PYTHON_VERSION says another. They land in .whl/
+# (git-ignored), or in WHEELS; pass `.whl` in the device tool's `carry` so they travel with the
+# checkout (about 15 MB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qxF '/.whl/' "$(git rev-parse --git-common-dir)/info/exclude" 2>/dev/null \
-    || echo '/.whl/' >>"$(git rev-parse --git-common-dir)/info/exclude"
+DEST=${WHEELS:-.whl}
 PY=${PYTHON:-python3}
-"$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+VERSION=${PYTHON_VERSION:-3.12}
+mkdir -p "$DEST"
+# setuptools >= 77 (pyproject's license fields); < 82 (what torch 2.11 asks of the environment).
+"$PY" -m pip download --quiet --no-deps --only-binary=:all: -d "$DEST" "setuptools==${SETUPTOOLS_VERSION:-80.9.0}"
+"$PY" -m pip download --quiet --no-deps --only-binary=:all: --python-version "$VERSION" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 -d .whl "mpich==${MPICH_VERSION:-5.0.2}" "mpi4py==${MPI4PY_VERSION:-4.1.2}"
-ls -l .whl
+    --platform manylinux_2_5_x86_64 --platform manylinux1_x86_64 -d "$DEST" \
+    "mpich==${MPICH_VERSION:-5.0.2}" "mpi4py==${MPI4PY_VERSION:-4.1.2}"
+ls -l "$DEST"

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# The GPU check, in one call: every GPU test (tests/gpu/test_gpu.py, marker gpu) over torch (NCCL),
-# cupy and mpi, then a timing table of our all_reduce against the raw transports. Writes a
-# markdown report to $OUT/gpu_report.md (date, GPU, driver, versions, results, timings),
-# plus the pytest log and junit XML beside it. Meant to finish in under 8 minutes.
+# The GPU check, in one call, within 6 minutes: install this checkout into the machine's python
+# (from carried wheels only: no index there), a pre-flight (20 s), a 1-rank smoke of every backend,
+# every GPU test (tests/gpu/test_gpu.py, marker gpu) over torch (NCCL), cupy and mpi, then a
+# timing table of our all_reduce against the raw transports while time is left. Writes
+# $OUT/gpu_report.md (versions, what was installed, the pre-flight, results, every skip and why,
+# timings, each phase's time), with gpu_check.log, smoke_junit.xml, gpu_junit.xml and
+# gpu_timing.md beside it.
 #
 #   OUT=/some/dir scripts/gpu_check.sh          # OUT defaults to ./gpu-check-out
-#   PYTHON=python3 (default) selects the interpreter that has torch (and CuPy, mpi4py).
+#   PYTHON=python3 (default): the interpreter that has torch (and CuPy, mpi4py), e.g. the image's
 #
-# MPI: if that interpreter's mpi4py cannot load an MPI library, or there is no mpiexec, the
-# MPICH wheel carried in .whl/ (scripts/fetch_gpu_wheels.sh puts it there) is installed
-# under /tmp and used. On a machine without CUDA it is a dry run: it says what it skipped and
-# exits 0. Exit status: 0 when every test that could run passed, 1 otherwise.
+# Carried wheels (.whl/, git-ignored; scripts/fetch_gpu_wheels.sh fills it where an index is
+# reachable): setuptools (to build the checkout), MPICH (libmpi and mpiexec) and mpi4py, installed
+# into that python only where it lacks them. docs/gpu.md lists the image's versions this expects
+# and each phase's time budget. On a machine without CUDA it is a dry run: set-up and pre-flight,
+# then every GPU test reported skipped with its reason; exit 0. Exit status: 0 when every test that
+# could run passed, 1 otherwise (a failed pre-flight stops the run: 1).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -18,166 +23,225 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-$ROOT/gpu-check-out}
 mkdir -p "$OUT"
 REPORT=$OUT/gpu_report.md
-LOG=$OUT/gpu_pytest.log
+LOG=$OUT/gpu_check.log
 TIMING=$OUT/gpu_timing.md
-export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+# pip may install into the python even if its distribution marks it externally managed (the
+# machine is the check's to change); older pips ignore the variable.
+export PIP_BREAK_SYSTEM_PACKAGES=1
 START=$(date +%s)
+# Time budget (seconds from the start): the whole check, and the limits of each phase.
+TOTAL=${GPU_CHECK_SECONDS:-360}
+SETUP_LIMIT=60 PREFLIGHT_LIMIT=20 SMOKE_LIMIT=75 TIMING_RESERVE=45
 status=0
-
-say() { echo "$*" | tee -a "$REPORT"; }
-elapsed() { echo $(( $(date +%s) - START ))s; }
+phases=""
 
 : >"$REPORT"
+: >"$LOG"
 : >"$TIMING"
+say() { echo "$*" | tee -a "$REPORT"; }
+now() { echo $(( $(date +%s) - START )); }
+left() { echo $(( TOTAL - $(now) )); }
+phase_done() { phases="$phases| $1 | $2 s | $3 |"$'\n'; }  # name, seconds taken, limit
+
+# A test phase: pytest under `timeout -s INT` (pytest stops, writes its junit and closes its pools;
+# -k 10: killed if it does not), the processes it started marked so none outlives it.
+run_pytest() {  # seconds, junit, pytest arguments...
+    local seconds=$1 junit=$2 marker
+    shift 2
+    marker=$RANDOM$RANDOM
+    GPU_CHECK_RUN=$marker timeout -s INT -k 10 "$seconds" "$PY" -m pytest tests/gpu/test_gpu.py -m gpu -v -rs \
+        -p no:cacheprovider --junitxml="$junit" -o junit_family=xunit2 "$@" >>"$LOG" 2>&1
+    local rc=$?
+    reap "$marker"
+    return $rc
+}
+reap() {  # kill what a phase left running: every process carrying its marker
+    local pids
+    pids=$("$PY" - "$1" <<'EOF' 2>>"$LOG"
+import os, sys
+marker = f"GPU_CHECK_RUN={sys.argv[1]}".encode()
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            if marker in environ.read().split(b"\0"):
+                print(pid)
+    except OSError:
+        pass
+EOF
+)
+    if [ -n "$pids" ]; then
+        kill -KILL $pids 2>/dev/null
+        say "- killed processes left by a test phase: $(echo $pids)"
+    fi
+}
+
 say "# GPU check report"
 say ""
 say "- date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 say "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if command -v nvidia-smi >/dev/null 2>&1; then
-    say "- GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | paste -sd ';' -)"
-    say "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)"
+    say "- GPU: $(nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>&1 | paste -sd ';' -)"
+    say "- driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -1)"
 else
     say "- GPU: none (no nvidia-smi)"
 fi
-say "- python: $($PY -c 'import sys; print(sys.version.split()[0], sys.executable)')"
+if ! "$PY" -c '' 2>/dev/null; then
+    say "- python: $PY not found"
+    say ""
+    say "Result: FAIL (no python), $(now) s in all"
+    exit 1
+fi
+say "- python: $("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)')"
 
-# -- MPI: the interpreter's own, else the carried MPICH wheel -----------------------------------
-mpi_ok() { $PY -c 'from mpi4py import MPI; MPI.Get_library_version()' >/dev/null 2>&1 && command -v mpiexec >/dev/null 2>&1; }
-if ! mpi_ok; then
+# -- 1. set-up: MPI and this checkout, into the python, from carried wheels only --------------------------
+say ""
+say "## Set-up"
+say ""
+pip_carried() { "$PY" -m pip install --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check "$@" >>"$LOG" 2>&1; }
+mpi_ok() { "$PY" -c 'from mpi4py import MPI; MPI.Get_library_version()' >/dev/null 2>&1 \
+    && { [ -x "$(dirname "$("$PY" -c 'import sys; print(sys.executable)')")/mpiexec" ] || command -v mpiexec >/dev/null 2>&1; }; }
+if mpi_ok; then
+    say "- MPI: the python's own"
+else
     wheel=$(ls "$ROOT"/.whl/mpich-*.whl 2>/dev/null | head -1)
-    if [ -n "$wheel" ]; then
-        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --prefix /tmp/mpich "$wheel" \
-            >>"$LOG" 2>&1
-        chmod +x /tmp/mpich/bin/* 2>/dev/null
-        export PATH=/tmp/mpich/bin:$PATH
-        export LD_LIBRARY_PATH=/tmp/mpich/lib:/tmp/mpich/lib/mpich${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-        export MPI4PY_LIBMPI=/tmp/mpich/lib/libmpi.so.12
-        if ! $PY -c 'import mpi4py' >/dev/null 2>&1; then
+    if [ -z "$wheel" ]; then
+        say "- MPI: none usable, and no MPICH wheel in .whl/ (scripts/fetch_gpu_wheels.sh): the mpi worlds skip"
+    elif pip_carried "$wheel"; then
+        note="the carried $(basename "$wheel")"
+        if ! mpi_ok; then
             m4p=$(ls "$ROOT"/.whl/mpi4py-*.whl 2>/dev/null | head -1)
-            [ -n "$m4p" ] && $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-                --target /tmp/site "$m4p" >>"$LOG" 2>&1 && export PYTHONPATH=$PYTHONPATH:/tmp/site
+            if [ -n "$m4p" ] && pip_carried --force-reinstall "$m4p"; then note="$note and $(basename "$m4p")"; fi
         fi
-        say "- MPI: the carried $(basename "$wheel") (installed under /tmp/mpich)"
+        mpi_ok && say "- MPI: $note, installed into the python" \
+            || say "- MPI: $note installed, but mpi4py still loads no MPI (see gpu_check.log): the mpi worlds skip"
     else
-        say "- MPI: none usable, and no MPICH wheel in .whl/ (run scripts/fetch_gpu_wheels.sh): MPI worlds skip"
+        say "- MPI: installing $(basename "$wheel") failed (see gpu_check.log): the mpi worlds skip"
     fi
 fi
-say ""
-say "## What this machine offers (python -m collectives.info)"
-say ""
-say '```'
-$PY -m collectives.info 2>&1 | tee -a "$REPORT"
-say '```'
-
-say ""
-say "## libnccl of torch and CuPy, in both import orders (cupy/cupy#8354)"
-say ""
-say '```'
-for order in "torch cupy" "cupy torch"; do
-    $PY - $order <<'EOF' 2>&1 | tee -a "$REPORT"
-import sys
-versions = {}
-for name in sys.argv[1:]:
-    try:
-        if name == "torch":
-            import torch
-            versions["torch"] = torch.cuda.nccl.version() if torch.cuda.is_available() else "no CUDA"
-        else:
-            import cupy.cuda.nccl as nccl
-            versions["cupy"] = nccl.get_version()
-    except Exception as error:  # a missing or broken library is the finding
-        versions[name] = f"{type(error).__name__}: {error}"
-with open("/proc/self/maps") as maps:
-    loaded = sorted({line.split()[-1] for line in maps if "libnccl" in line})
-print(f"import {' then '.join(sys.argv[1:])}: {versions}; libnccl loaded: {loaded or 'none'}")
+# The project: collectives.backends and collectives.syncbn exist only once installed (package-dir).
+if "$PY" - "$ROOT" <<'EOF' >/dev/null 2>&1
+import sys, pathlib, collectives.backends, collectives.syncbn
+sys.exit(0 if str(pathlib.Path(collectives.__file__).resolve()).startswith(sys.argv[1]) else 1)
 EOF
-done
-say '```'
+then
+    say "- collectives: already installed from this checkout"
+else
+    setuptools=$(ls "$ROOT"/.whl/setuptools-*.whl 2>/dev/null | head -1)
+    if [ -n "$setuptools" ]; then  # built in isolation, with the carried setuptools
+        how="pip install --no-index --no-deps --find-links .whl -e . (build backend: the carried $(basename "$setuptools"))"
+        timeout -k 5 $SETUP_LIMIT "$PY" -m pip install --no-index --no-deps --find-links "$ROOT/.whl" \
+            --disable-pip-version-check -e "$ROOT" >>"$LOG" 2>&1
+    else
+        how="pip install --no-index --no-deps --no-build-isolation -e . (build backend: the python's setuptools)"
+        timeout -k 5 $SETUP_LIMIT "$PY" -m pip install --no-index --no-deps --no-build-isolation \
+            --disable-pip-version-check -e "$ROOT" >>"$LOG" 2>&1
+    fi
+    if [ $? -eq 0 ]; then say "- collectives: installed into the python: $how"
+    else say "- collectives: **install failed**: $how (see gpu_check.log)"; fi
+fi
+phase_done "set-up (MPI, install)" "$(now)" "$SETUP_LIMIT s (the install)"
 
-cuda=$($PY -c 'import torch; print(int(torch.cuda.is_available()))' 2>/dev/null || echo 0)
+# -- 2. pre-flight: stops the run with a clear report when the tests could not run ------------------------
+say ""
+say "## Pre-flight"
+say ""
+t0=$(now)
+timeout -k 5 $PREFLIGHT_LIMIT "$PY" scripts/gpu_check.py preflight >"$OUT/preflight.txt" 2>>"$LOG"
+preflight=$?
+tee -a "$REPORT" <"$OUT/preflight.txt"
+rm -f "$OUT/preflight.txt"
+[ "$preflight" -eq 124 ] && say "PRE-FLIGHT FAILED: it took over $PREFLIGHT_LIMIT s"
+phase_done "pre-flight" $(( $(now) - t0 )) "$PREFLIGHT_LIMIT s"
+if [ "$preflight" -ne 0 ] && [ "$preflight" -ne 2 ]; then
+    say ""
+    say "Result: FAIL (pre-flight: nothing was run), $(now) s in all"
+    exit 1
+fi
+cuda=$([ "$preflight" -eq 0 ] && echo 1 || echo 0)
+# Per-test limits (pytest-timeout, signal method: the test fails, the run goes on); a job on the
+# ranks has 60 s (JOB_TIMEOUT of tests/gpu/test_gpu.py).
+per_test=()
+"$PY" -c 'import pytest_timeout' 2>/dev/null && per_test=(--timeout 90 -o timeout_method=signal)
+
+# -- 3. smoke: one rank of each backend, before the long run ---------------------------------------------
 say ""
 say "## GPU tests (tests/gpu/test_gpu.py)"
 say ""
-if [ "$cuda" != 1 ]; then
-    say "DRY RUN: no CUDA device here (torch.cuda.is_available() is False). Every GPU test skips,"
-    say "and the timing table is skipped. Nothing about the GPU paths was checked by this run."
+export GPU_CHECK_SMOKE_FAILED=""
+if [ "$cuda" = 1 ]; then
+    t0=$(now)
+    run_pytest $SMOKE_LIMIT "$OUT/smoke_junit.xml" -k smoke "${per_test[@]}"
+    rc=$?
+    [ "$rc" -eq 124 ] && say "- the smoke was stopped at its $SMOKE_LIMIT s limit"
+    GPU_CHECK_SMOKE_FAILED=$("$PY" scripts/gpu_check.py smoke-failures "$OUT/smoke_junit.xml" 2>>"$LOG")
+    say "- smoke (1 rank of each backend): $("$PY" scripts/gpu_check.py summary "$OUT/smoke_junit.xml" 2>>"$LOG" | head -1)"
+    [ -n "$GPU_CHECK_SMOKE_FAILED" ] && say "- the full run skips the worlds of: $GPU_CHECK_SMOKE_FAILED"
+    phase_done "smoke" $(( $(now) - t0 )) "$SMOKE_LIMIT s"
+else
+    say "DRY RUN: no CUDA device here. Every GPU test skips (each with its reason below), and the"
+    say "timing table is skipped. Nothing about the GPU paths was checked by this run."
 fi
-# 400 s for the tests (the most a run with every world the machine allows was estimated to need);
-# setup takes about 40 s before, and the timing table after only starts while under 380 s.
-timeout 400 $PY -m pytest tests/gpu/test_gpu.py -m gpu -v -rs -p no:cacheprovider \
-    --junitxml="$OUT/gpu_junit.xml" -o junit_family=xunit2 >>"$LOG" 2>&1
-rc=$?
-[ "$rc" -eq 124 ] && say "pytest was stopped at its 400 s limit"
-if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
-say ""
-say '```'
-grep -E '^(tests/gpu/test_gpu.py::.*(PASSED|FAILED|SKIPPED|ERROR|XFAIL)|SKIPPED|FAILED|ERROR|=+ .*(passed|failed|skipped|error).* =+$)' \
-    "$LOG" | sed -E 's/ +\[ *[0-9]+%\]$//' | tee -a "$REPORT"
-say '```'
-say "(pytest exit status $rc after $(elapsed); full log: gpu_pytest.log, junit: gpu_junit.xml)"
 
-# -- timing ----------------------------------------------------------------------------------------
+# -- 4. the full run -------------------------------------------------------------------------------------
+t0=$(now)
+reserve=$(( cuda == 1 ? TIMING_RESERVE : 0 ))
+budget=$(( $(left) - reserve ))
+[ "$budget" -lt 30 ] && budget=30
+selection=(-k "not smoke")  # (a dry run reports the smoke tests skipped too)
+[ "$cuda" = 1 ] || selection=()
+run_pytest "$budget" "$OUT/gpu_junit.xml" "${selection[@]}" --maxfail 5 "${per_test[@]}"
+rc=$?
+[ "$rc" -eq 124 ] && say "- pytest was stopped at its $budget s limit"
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then status=1; fi
+phase_done "full run" $(( $(now) - t0 )) "$budget s (what is left of $TOTAL s, less $reserve s for timing)"
+say ""
+"$PY" scripts/gpu_check.py summary "$OUT/smoke_junit.xml" "$OUT/gpu_junit.xml" 2>>"$LOG" | tee -a "$REPORT"
+[ "${PIPESTATUS[0]}" -ne 0 ] && status=1
+say ""
+say "(pytest exit status $rc; log: gpu_check.log; junit: smoke_junit.xml, gpu_junit.xml)"
+
+# -- 5. timing, while time is left ------------------------------------------------------------------------
 say ""
 say "## all_reduce timing: ours vs the raw transport (float32 SUM, same buffers)"
 say ""
 if [ "$cuda" = 1 ]; then
-    multi() {  # 1 when the given NCCL (torch or cupy) allows several ranks on one GPU
-        $PY - "$1" <<'EOF' 2>/dev/null || echo 0
-import sys
-if sys.argv[1] == "torch":
-    import torch
-    v = tuple(torch.cuda.nccl.version())
-else:
-    from collectives.backends.cupy_nccl import nccl_runtime_version
-    v = nccl_runtime_version()
-print(int(v >= (2, 30, 0)))
-EOF
-    }
-    timed() {  # run one timing command, note a failure in the report; keep the whole under 8 min
-        if [ $(( $(date +%s) - START )) -gt 380 ]; then  # a timing run may take 90 s: end by 470 s
-            echo "| $* | skipped: the check's 8-minute budget is nearly spent | | | | | | |" >>"$TIMING"
+    t0=$(now)
+    timed() {  # one timing command, 40 s at most, and only while the check's budget lasts
+        if [ "$(left)" -lt 45 ]; then
+            echo "| $* | skipped: the check's budget is spent | | | | | | |" >>"$TIMING"
             return
         fi
-        if ! timeout 90 "$@" --out "$TIMING" >>"$LOG" 2>&1; then
-            echo "| $* | failed or timed out (see gpu_pytest.log) | | | | | | |" >>"$TIMING"
-        fi
+        GPU_CHECK_RUN=timing$START timeout -k 5 40 "$@" --out "$TIMING" >>"$LOG" 2>&1 \
+            || echo "| $* | failed or timed out (see gpu_check.log) | | | | | | |" >>"$TIMING"
+        reap "timing$START"
     }
     echo "| backend | ranks | array | bytes | ours (µs/call) | raw (µs/call) | ours / raw | ours (GB/s) |" >>"$TIMING"
     echo "|---|---|---|---|---|---|---|---|" >>"$TIMING"
-    timed $PY scripts/bench/gpu_timing.py --backend torch
-    if [ "$(multi torch)" = 1 ]; then
-        NCCL_MULTI_RANK_GPU_ENABLE=1 timed $PY -m torch.distributed.run --nproc_per_node 2 \
-            scripts/bench/gpu_timing.py --backend torch
-    fi
-    if $PY -c 'import cupy' >/dev/null 2>&1; then
-        timed $PY scripts/bench/gpu_timing.py --backend cupy
-        COLLECTIVES_TIMEOUT=0 timed $PY scripts/bench/gpu_timing.py --backend cupy  # the deadline's cost
-        if [ "$(multi cupy)" = 1 ]; then
-            NCCL_MULTI_RANK_GPU_ENABLE=1 timed mpiexec -n 2 $PY scripts/bench/gpu_timing.py --backend cupy
-        fi
+    timed "$PY" scripts/bench/gpu_timing.py --backend torch
+    if "$PY" -c 'import cupy' >/dev/null 2>&1; then
+        timed "$PY" scripts/bench/gpu_timing.py --backend cupy
     fi
     if mpi_ok; then
-        for n in 2 4; do
-            COLLECTIVES_MPI_CUDA_AWARE=0 timed mpiexec -n $n $PY scripts/bench/gpu_timing.py --backend mpi
-        done
-        if $PY -c 'from mpi4py import MPI; from collectives.backends.mpi import mpi_cuda_aware; import sys; sys.exit(0 if mpi_cuda_aware(MPI) else 1)' 2>/dev/null; then
-            for n in 2 4; do
-                COLLECTIVES_MPI_CUDA_AWARE=1 timed mpiexec -n $n $PY scripts/bench/gpu_timing.py --backend mpi
-            done
-        else
-            echo "| mpi (CUDA-aware) | - | - | - | skipped: the MPI library is not CUDA-aware | | | |" >>"$TIMING"
-        fi
+        mpiexec=$("$PY" -c 'from collectives.testing.pool import launcher_command as l; print(l("mpiexec")[0])')
+        COLLECTIVES_MPI_CUDA_AWARE=0 timed "$mpiexec" -n 2 "$PY" scripts/bench/gpu_timing.py --backend mpi
     fi
     tee -a "$REPORT" <"$TIMING"
+    phase_done "timing" $(( $(now) - t0 )) "what is left, 40 s a run"
 else
     say "skipped: no CUDA device"
 fi
 
 say ""
+say "## Time per phase"
+say ""
+say "| phase | took | limit |"
+say "|---|---|---|"
+printf "%s" "$phases" | tee -a "$REPORT"
+say ""
 if [ "$status" -eq 0 ]; then
-    say "Result: PASS ($( [ "$cuda" = 1 ] && echo 'GPU run' || echo 'dry run, nothing checked on a GPU' )), $(elapsed) in all"
+    say "Result: PASS ($( [ "$cuda" = 1 ] && echo 'GPU run' || echo 'dry run, nothing checked on a GPU' )), $(now) s in all"
 else
-    say "Result: FAIL, $(elapsed) in all"
+    say "Result: FAIL, $(now) s in all"
 fi
 exit $status
