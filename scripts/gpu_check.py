@@ -23,6 +23,7 @@ import time
 import traceback
 import xml.etree.ElementTree as ElementTree
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,6 +70,12 @@ def preflight() -> int:
             found(name, getattr(module, "__version__", "present"))
         except Exception as error:  # noqa: BLE001
             problem(name, error, stop=name != "pytest_timeout")
+    def check(what: str, finding: Callable[[], str], stop: bool = False) -> None:
+        try:
+            found(what, finding())
+        except Exception as error:  # noqa: BLE001  (the finding)
+            problem(what, error, stop)
+
     cuda = False
     try:
         import torch  # noqa: PLC0415
@@ -77,27 +84,22 @@ def preflight() -> int:
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
         found("torch", f"{torch.__version__} (CUDA {torch.version.cuda or 'none'}); "
                        f"GPUs: {', '.join(gpus) if gpus else 'none visible'}")
-        try:
-            found("torch NCCL", _version(tuple(torch.cuda.nccl.version())))
-        except Exception as error:  # noqa: BLE001
-            problem("torch NCCL", error, stop=False)
+        check("torch NCCL", lambda: _version(tuple(torch.cuda.nccl.version())))
     except Exception as error:  # noqa: BLE001
         problem("torch", error, stop=True)
     if importlib.util.find_spec("cupy") is None:
         found("CuPy", "not installed (the cupy worlds skip)")
     else:
-        try:
+        def cupy_finding() -> str:
             import cupy  # noqa: PLC0415
             from collectives.backends.nccl_plans import decode_nccl_version  # noqa: PLC0415
             from cupy.cuda import nccl  # noqa: PLC0415
 
-            found("CuPy", f"{cupy.__version__}; NCCL {_version(decode_nccl_version(int(nccl.get_version())))}")
-            try:
-                found("CuPy GPUs", str(int(cupy.cuda.runtime.getDeviceCount())))
-            except Exception as error:  # noqa: BLE001
-                problem("CuPy GPUs", error, stop=False)
-        except Exception as error:  # noqa: BLE001
-            problem("CuPy", error, stop=False)
+            return f"{cupy.__version__}; NCCL {_version(decode_nccl_version(int(nccl.get_version())))}"
+
+        check("CuPy", cupy_finding)
+        if "cupy" in sys.modules:
+            check("CuPy GPUs", lambda: str(int(sys.modules["cupy"].cuda.runtime.getDeviceCount())))
     try:
         with open("/proc/self/maps") as maps:
             loaded = sorted({line.split()[-1] for line in maps if "libnccl" in line})
