@@ -42,7 +42,7 @@ from collectives.arrays import ArrayAdapter
 from collectives.calls import ALL_REDUCE, BROADCAST
 from collectives.communicator import Communicator, Work
 from collectives.errors import BackendUnavailable
-from collectives.launcher import LaunchInfo
+from collectives.launcher import LaunchInfo, check_world_size
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.polling import wait_until
 
@@ -60,6 +60,7 @@ from ._toolkit import (
     stage,
 )
 from .mpi_buffers import cupyx_empty_pinned, device_buffer, host_view, mpi_cuda_aware  # noqa: F401
+from .mpi_library import library_version, saturates_small_integer_sums, wrapping_wire
 from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
     BUSY_POLL_SECONDS,
     FAST_POLLS,
@@ -126,9 +127,9 @@ class MPICommunicator(Communicator):
         self._comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
         #: How this communicator waits for a request (see poll_policy); a split inherits it.
         self._poll = POLL
-        if local_rank is None:
+        if local_rank is None or comm is None:  # the world's: how many ranks share this node
             node = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
-            local_rank = node.Get_rank()
+            local_rank = node.Get_rank() if local_rank is None else local_rank
             self._poll = poll_policy(node.Get_size())
             node.Free()
         super().__init__(self._comm.Get_rank(), self._comm.Get_size(), local_rank,
@@ -148,13 +149,15 @@ class MPICommunicator(Communicator):
         self._bool_ops: dict[ReduceOp, Any] = {ReduceOp.MIN: MPI.LAND, ReduceOp.BAND: MPI.LAND,
                           ReduceOp.MAX: MPI.LOR, ReduceOp.BOR: MPI.LOR, ReduceOp.BXOR: MPI.LXOR}
         self._cuda_aware: bool | None = None
+        #: Open MPI saturates small-integer SUM/PROD: those go through int32 (backends/mpi_library.py).
+        self._saturates = saturates_small_integer_sums(library_version(MPI))
         # The fast path's table: dtype -> {op: (MPI datatype, MPI op)} for every allowed
         # pair MPI reduces as it is: no staging through float32, and not the float MIN/MAX
         # that go through order keys (NaN). Nested: a (str, ReduceOp) tuple key costs
         # twice as much to look up.
         self._native = {dtype: {op: (self._types[dtype], self._reduce_spec(dtype, op)[2])
                                 for op in allowed
-                                if dtype in self._types and self._wire_dtype(dtype) == dtype
+                                if dtype in self._types and self._wire_dtype(dtype, op) == dtype
                                 and not _nan_ordered(dtype, op)}
                         for dtype, allowed in ALLOWED_OPS.items()}
         self._in_place = MPI.IN_PLACE
@@ -168,7 +171,10 @@ class MPICommunicator(Communicator):
                 "process was started by torchrun; launch with mpiexec -n N, or use "
                 "COLLECTIVES_BACKEND=torch (or cupy) under torchrun"
             )
-        return cls(timeout=timeout)
+        check_world_size(launch, import_mpi().COMM_WORLD.Get_size())
+        # The launcher's local rank where it gives one (what the torch and cupy backends
+        # use, and what users' scripts read); else MPI's ranks on this node, in rank order.
+        return cls(local_rank=launch.local_rank if launch.local_rank_known else None, timeout=timeout)
 
     @property
     def mpi_comm(self) -> Any:
@@ -184,11 +190,12 @@ class MPICommunicator(Communicator):
 
     # -- buffers ----------------------------------------------------------------------
 
-    def _wire_dtype(self, dtype: str) -> str:
-        """The dtype MPI reduces in: float32 for the float types MPI lacks."""
+    def _wire_dtype(self, dtype: str, op: ReduceOp) -> str:
+        """The dtype MPI reduces in: float32 for the float types MPI lacks; int32 for the
+        small-integer SUM/PROD a saturating library (Open MPI) would get wrong."""
         if dtype == "bfloat16" or (dtype == "float16" and not self._float16_native):
             return "float32"
-        return dtype
+        return wrapping_wire(dtype, op, self._saturates) or dtype
 
     def _buffer(self, x: Any, adapter: ArrayAdapter, dtype: str | None, wire: str | None = None
                 ) -> tuple[Any, Callable[[], None] | None]:
@@ -238,7 +245,7 @@ class MPICommunicator(Communicator):
         return keys
 
     def _reduce_spec(self, dtype: str, op: ReduceOp) -> tuple[str, Any, Any]:
-        wire = self._wire_dtype(dtype)
+        wire = self._wire_dtype(dtype, op)
         mpi_op = self._bool_ops[op] if dtype == "bool" else self._ops[op]
         return wire, self._types[wire], mpi_op
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from collectives.launcher import without_launcher_variables
+from collectives.testing.launch import mpi_command
 
 SCRIPTS = Path(__file__).parent / "scripts"
 BIN = Path(sys.executable).parent
@@ -26,8 +27,8 @@ def launch(launcher, n, script, backend):
         env["COLLECTIVES_BACKEND"] = backend
     env["OMP_NUM_THREADS"] = "1"
     python = [sys.executable, str(SCRIPTS / script)]
-    if launcher == "mpiexec":
-        command = [str(BIN / "mpiexec"), "-n", str(n), *python]
+    if launcher == "mpiexec":  # the MPI launcher COLLECTIVES_TEST_LAUNCHER names (default mpiexec)
+        command = mpi_command(n, python)
     elif launcher == "torchrun":
         # The c10d rendezvous on a free port: without an endpoint it takes localhost:29400, and two
         # suites on one machine then join each other's rendezvous.
@@ -72,7 +73,11 @@ def test_every_launcher_and_backend_pair_gives_the_right_communicator(launcher, 
     result = launch(launcher, n, "which_backend.py", backend)
     lines = rank_lines(result.stdout, "OK")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert lines == sorted(f"OK backend={expected} rank={r} size={n} local_rank={r}" for r in range(n))
+    # One host: local ranks number the ranks 0..n-1 (in rank order but under Open MPI's mapping).
+    local_ranks = [int(line.rsplit("=", 1)[1]) for line in lines]
+    assert sorted(local_ranks) == list(range(n)), lines
+    assert [line.rsplit(" ", 1)[0] for line in lines] == sorted(
+        f"OK backend={expected} rank={r} size={n}" for r in range(n))
 
 
 ERRORS = [
