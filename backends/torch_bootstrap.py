@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from collectives.errors import BackendUnavailable
-from collectives.launcher import LaunchInfo
+from collectives.launcher import LaunchInfo, check_world_size
 
 from . import _network
 
@@ -133,15 +133,17 @@ def _choose_gloo_interface(launch: LaunchInfo, store_address: str | None) -> Non
         os.environ["GLOO_SOCKET_IFNAME"] = interface
 
 
-def store_host(launch: LaunchInfo, peers: Sequence[str] = ()) -> str:
+def store_host(launch: LaunchInfo, peers: Sequence[str] | None = None) -> str:
     """The address rank 0's store listens on and advertises: MASTER_ADDR if set; loopback on
-    one node; else this host's address as its name resolves, unless that is a loopback
-    address (no other host reaches it): then the address this host reaches ``peers`` (the
-    other hosts' names) from."""
+    one node (the launcher says so, or no rank is on another host: ``peers`` empty); else
+    this host's address as its name resolves, unless that is a loopback address (no other
+    host reaches it): then the address this host reaches ``peers`` (the other hosts' names)
+    from. ``peers`` ``None``: unknown."""
     if os.environ.get("MASTER_ADDR"):
         return os.environ["MASTER_ADDR"]
-    if launch.local_size is not None and launch.local_size == launch.size:
+    if (launch.local_size is not None and launch.local_size == launch.size) or (peers is not None and len(peers) == 0):
         return "127.0.0.1"
+    peers = list(peers or ())
     own = _network.own_address()
     if own is not None and not _network.is_loopback(own):
         return own
@@ -185,6 +187,7 @@ def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAU
 
     MPI = import_mpi()
     comm = MPI.COMM_WORLD
+    check_world_size(launch, comm.Get_size())  # srun without --mpi: one-rank MPI jobs
     me = socket.gethostname()
     names = np.zeros((comm.Get_size(), _HOST_BYTES), dtype=np.uint8) if comm.Get_rank() == 0 else None
     comm.Gather(_host_bytes(me), names, root=0)

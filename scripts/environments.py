@@ -99,10 +99,11 @@ def apt_install() -> None:
 
 
 def overlay_venv(path: Path, requirements: list[str], pip_env: dict[str, str] | None = None,
-                 wheels: Path | None = None) -> Path:
+                 wheels: Path | None = None, share_mpi: bool = False) -> Path:
     """A venv at ``path`` holding ``requirements`` and, behind them, everything of ``.venv``
     (a .pth file adds .venv's site-packages, and runs its .pth files: the editable project);
     its bin/ gets .venv's console scripts (pytest, torchrun) run by its own python.
+    ``share_mpi``: .venv's MPI too (its libraries in lib/, where mpi4py looks, and mpiexec).
     Rebuilt when the requirements change. ``wheels``: install from that folder only (download
     into it first, once)."""
     stamp = path / ".installed"
@@ -137,6 +138,11 @@ def overlay_venv(path: Path, requirements: list[str], pip_env: dict[str, str] | 
         if first.strip() == base_python:
             target.write_text(f"#!{path / 'bin' / 'python'}\n{rest}")
             target.chmod(0o755)
+    if share_mpi:
+        for folder in ("bin", "lib"):
+            for entry in sorted((BASE / folder).iterdir()):
+                if not (path / folder / entry.name).exists() and not entry.name.startswith("python"):
+                    (path / folder / entry.name).symlink_to(entry)
     stamp.write_text(wanted)
     return path
 

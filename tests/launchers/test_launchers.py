@@ -12,23 +12,25 @@ from pathlib import Path
 import pytest
 
 from collectives.launcher import without_launcher_variables
-from collectives.testing.launch import mpi_command
+from collectives.testing.launch import free_port, mpi_command, mpi_launcher_name
 
 SCRIPTS = Path(__file__).parent / "scripts"
 BIN = Path(sys.executable).parent
 TIMEOUT = 120
 
 
-def launch(launcher, n, script, backend):
+def launch(launcher, n, script, backend, *args, launcher_flags=()):
     env = {k: v for k, v in without_launcher_variables(os.environ).items()
            if not k.startswith("COLLECTIVES_POOL")}
     env.pop("COLLECTIVES_BACKEND", None)
     if backend is not None:
         env["COLLECTIVES_BACKEND"] = backend
     env["OMP_NUM_THREADS"] = "1"
-    python = [sys.executable, str(SCRIPTS / script)]
+    python = [sys.executable, str(SCRIPTS / script), *args]
     if launcher == "mpiexec":  # the MPI launcher COLLECTIVES_TEST_LAUNCHER names (default mpiexec)
         command = mpi_command(n, python)
+        at = command.index("-n")
+        command[at:at] = launcher_flags  # after the launcher's own: the last --mpi= wins
     elif launcher == "torchrun":
         # The c10d rendezvous on a free port: without an endpoint it takes localhost:29400, and two
         # suites on one machine then join each other's rendezvous.
@@ -47,6 +49,7 @@ RANK_RECORDS = {
     "ERROR": r"ERROR \w+: [^\n]*?(?=ERROR |OK |\n|$)",
     "rank ": r"rank \d+/\d+ backend=\w+ checked=\d+ failures=\[[^\]]*\]",
     "REUSED": r"REUSED rank=\d+ size=\d+ sum=\d+",
+    "C10D": r"C10D rank=\d+ size=\d+ sum=\d+",
 }
 
 
@@ -118,3 +121,21 @@ def test_the_torch_backend_reuses_a_process_group_the_user_initialized():
     result = launch("torchrun", 2, "reuse_group.py", None)
     assert result.returncode == 0, result.stdout + result.stderr
     assert rank_lines(result.stdout, "REUSED") == [f"REUSED rank={r} size=2 sum=3" for r in range(2)]
+
+
+@pytest.mark.parametrize("mode", ["master-addr", "env"])
+def test_torch_environment_variables_under_an_mpi_launcher_start_a_collectives_group(mode):
+    # MASTER_ADDR alone is the store's address (no env:// without RANK/WORLD_SIZE); plain
+    # dist.init_process_group("collectives") with env:// set by the script is an MPI job too.
+    result = launch("mpiexec", 2, "c10d_env_check.py", None, mode, str(free_port()))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert rank_lines(result.stdout, "C10D") == [f"C10D rank={r} size=2 sum=3" for r in range(2)]
+
+
+@pytest.mark.skipif(not mpi_launcher_name().startswith("srun"), reason="needs COLLECTIVES_TEST_LAUNCHER=srun ...")
+def test_srun_without_mpi_is_refused_on_every_rank_naming_the_flag():
+    # Plain `srun -n 3`: MPI cannot reach Slurm's PMI, each task is an MPI job of one rank.
+    result = launch("mpiexec", 3, "which_backend.py", "mpi", launcher_flags=["--mpi=none"])
+    errors = rank_lines(result.stdout, "ERROR")
+    assert result.returncode != 0 and len(errors) == 3, result.stdout + result.stderr
+    assert all(re.search(r"MPI sees 1 rank.*SLURM_NTASKS=3.*srun --mpi=pmi2", line) for line in errors), errors
