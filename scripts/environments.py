@@ -171,9 +171,19 @@ def counts(output: str) -> dict[str, int]:
     return found
 
 
+def with_selection(pytest_args: list[str], selection: str) -> list[str]:
+    """``pytest_args`` whose ``-k`` (the last one counts) is and-ed with ``selection``."""
+    args, chosen = list(pytest_args), selection
+    while "-k" in args:
+        at = args.index("-k")
+        chosen = f"({selection}) and ({args[at + 1]})"
+        del args[at:at + 2]
+    return [*args, "-k", chosen]
+
+
 def pytest_command(environment: Environment, pytest_args: list[str]) -> list[str]:
     python = str(environment.venv / "bin" / "python")
-    return [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS, "-k", DESELECT, *pytest_args]
+    return [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS, *with_selection(pytest_args, DESELECT)]
 
 
 def run_one(environment: Environment, pytest_args: list[str], slurm: SlurmNode | None) -> tuple[int, dict[str, int]]:

@@ -13,8 +13,7 @@ test pin, runs in ``.venv``.
 
 The tests: tests/torch_distributed (torch.distributed over the "collectives" backend, DDP,
 FSDP2, torch's own suite slice), tests/syncbn, and the torch rows of tests/collective_calls;
-warnings that torch deprecates something we call (FutureWarning, DeprecationWarning raised
-from collectives, syncbn or the tests) are errors.
+a FutureWarning or DeprecationWarning (torch deprecating something we call) is an error.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from environments import BASE, ROOT, counts, log, overlay_venv  # noqa: E402
+from environments import BASE, ROOT, counts, log, overlay_venv, with_selection  # noqa: E402
 
 WHEELS = ROOT / ".wheels"
 #: The release `make test` pins (pyproject.toml's [test] extra): its venv is .venv.
@@ -35,8 +34,9 @@ PINNED = "2.13.0"
 TESTS = ["tests/torch_distributed", "tests/syncbn", "tests/collective_calls"]
 #: In tests/collective_calls, the torch rows: torch worlds and torch arrays.
 SELECT = "not collective_calls or torch"
-#: Deprecations raised from our code or tests are errors (torch's own internal ones are not ours).
-WARNINGS = [r"error::FutureWarning:(collectives|syncbn|tests)\b.*", r"error::DeprecationWarning:(collectives|syncbn|tests)\b.*"]
+#: Every FutureWarning and DeprecationWarning is an error, in the test process and in the ranks
+#: (they inherit it): torch deprecating what the library or its tests call fails the run.
+WARNINGS = "error::FutureWarning,error::DeprecationWarning"
 
 
 def venv_for(version: str) -> Path:
@@ -56,8 +56,9 @@ def run(version: str, pytest_args: list[str]) -> tuple[int, dict[str, int], floa
 
     venv = venv_for(version)
     command = [str(venv / "bin" / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS,
-               "-k", SELECT, *(arg for w in WARNINGS for arg in ("-W", w)), *pytest_args]
-    env = {**os.environ, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+               *with_selection(pytest_args, SELECT)]
+    env = {**os.environ, "PYTHONWARNINGS": WARNINGS,
+           "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
     log(f"torch {version}: {' '.join(command)}")
     start = time.monotonic()
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from collectives.backends.mpi_library import saturates_small_integer_sums, wrapping_wire
+
 from collectives.ops import ReduceOp
 from collectives.testing.reference import as_array, to_numpy
 
