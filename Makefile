@@ -22,7 +22,7 @@ endif
 PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
 PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
-.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite typecheck docs lint bench bench-train bench-c10d clean
+.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite test-environments test-torch-versions typecheck docs lint bench bench-train bench-c10d clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON_VERSION)" || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
@@ -110,6 +110,22 @@ test-pythons:
 # them), on CI's Python, in .venv-oldest.
 test-oldest:
 	$(MAKE) --no-print-directory test VENV=.venv-oldest FLOORS=1
+
+# The launcher contract, the collective grid and the c10d tests under each MPI library x launcher:
+# Open MPI's mpirun, Intel MPI's mpiexec, srun --mpi=pmi2 (MPICH, Intel MPI), srun --mpi=pmix
+# (Open MPI), sbatch calling srun, and MPICH's mpiexec (scripts/environments.py: as root it
+# installs slurm-wlm, munge and libpmix-dev, and starts and stops a one-node Slurm). A table of
+# counts per environment at the end. ENVIRONMENTS=name,name for some; ENV_ARGS=... to pytest.
+ENVIRONMENTS ?=
+test-environments: $(STAMP)
+	$(PY) scripts/environments.py test $(if $(ENVIRONMENTS),--only $(ENVIRONMENTS)) -- $(ENV_ARGS)
+
+# tests/torch_distributed, tests/syncbn and the torch rows of tests/collective_calls on each torch
+# release in TORCH_VERSIONS (the floor of pyproject.toml and the newest at least), each in a venv
+# .venv-torch-X.Y.Z over .venv, its wheels downloaded once into .wheels/ (scripts/torch_versions.py).
+TORCH_VERSIONS ?= 2.11.0 2.13.0 2.14.1 2.15.0
+test-torch-versions: $(STAMP)
+	$(PY) scripts/torch_versions.py $(TORCH_VERSIONS) -- $(TORCH_ARGS)
 
 clean:
 	rm -rf .venv .venv-* .pytest_cache .hypothesis .mypy_cache build

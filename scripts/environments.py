@@ -75,7 +75,7 @@ ENVIRONMENTS = [
     Environment("mpich-srun-pmi2", "mpich", "srun --mpi=pmi2", slurm=True),
     Environment("impi-srun-pmi2", "impi", "srun --mpi=pmi2", slurm=True),
     Environment("openmpi-srun-pmix", "openmpi", "srun --mpi=pmix", slurm=True, env=ROOT_OMPI),
-    Environment("mpich-sbatch-srun", "mpich", "srun --mpi=pmi2", slurm=True, batch=True),
+    Environment("mpich-sbatch-srun", "mpich", "srun --mpi=pmi2 --overlap", slurm=True, batch=True),
 ]
 BY_NAME = {e.name: e for e in ENVIRONMENTS}
 

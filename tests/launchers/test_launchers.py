@@ -139,3 +139,10 @@ def test_srun_without_mpi_is_refused_on_every_rank_naming_the_flag():
     errors = rank_lines(result.stdout, "ERROR")
     assert result.returncode != 0 and len(errors) == 3, result.stdout + result.stderr
     assert all(re.search(r"MPI sees 1 rank.*SLURM_NTASKS=3.*srun --mpi=pmi2", line) for line in errors), errors
+
+
+def test_the_cupy_backends_nccl_id_reaches_every_rank_over_the_mpi_launcher():
+    # The cupy backend's bootstrap without a GPU (tests/launchers/scripts/nccl_id_check.py).
+    result = launch("mpiexec", 3, "nccl_id_check.py", None)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "NCCL IDS OK route=mpi ranks=3 exchanges=3" in result.stdout, result.stdout + result.stderr

@@ -425,12 +425,13 @@ def functional_job(comm: Any) -> dict[str, np.ndarray]:
     group, rank = dist.group.WORLD, dist.get_rank()
     mine = torch.from_numpy(inputs(rank, (n, 2)))
     compiled = torch.compile(lambda x: fc.all_reduce(x * 2, "sum", group) + 1, backend="eager")
-    # all_gather_single: all_gather_tensor's name from torch 2.13 on (2.15 deprecates the old one).
+    # The *_single names from torch 2.13 on (2.15 deprecates all_gather_tensor, reduce_scatter_tensor).
     all_gather = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor
+    reduce_scatter = getattr(fc, "reduce_scatter_single", None) or fc.reduce_scatter_tensor
     return {name: fc.wait_tensor(value).numpy().copy() for name, value in {
         "all_reduce": fc.all_reduce(mine, "sum", group),
         "all_gather_tensor": all_gather(mine, 0, group),
-        "reduce_scatter_tensor": fc.reduce_scatter_tensor(mine, "sum", 0, group),
+        "reduce_scatter_tensor": reduce_scatter(mine, "sum", 0, group),
         "all_to_all_single": fc.all_to_all_single(mine, None, None, group),
         "compiled all_reduce": compiled(mine),
     }.items()}
