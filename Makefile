@@ -22,7 +22,7 @@ endif
 PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
 PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
-.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite test-environments test-torch-versions typecheck docs lint bench bench-train bench-c10d clean
+.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite test-environments test-torch-versions test-ci-slice typecheck docs lint bench bench-train bench-c10d clean
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON_VERSION)" || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
@@ -123,9 +123,18 @@ test-environments: $(STAMP)
 # tests/torch_distributed, tests/syncbn and the torch rows of tests/collective_calls on each torch
 # release in TORCH_VERSIONS (the floor of pyproject.toml and the newest at least), each in a venv
 # .venv-torch-X.Y.Z over .venv, its wheels downloaded once into .wheels/ (scripts/torch_versions.py).
-TORCH_VERSIONS ?= 2.11.0 2.13.0 2.14.1 2.15.0
+TORCH_VERSIONS ?= 2.11.0 2.13.0 2.14.1 $(TORCH_NEWEST)
 test-torch-versions: $(STAMP)
 	$(PY) scripts/torch_versions.py $(TORCH_VERSIONS) -- $(TORCH_ARGS)
+
+# CI's slice of the two above, after `make test` (.ci/run): Open MPI's mpirun and srun --mpi=pmi2
+# (the launcher contract, small-integer sums, DDP over "collectives"), and the newest torch's
+# c10d tests. As root on a fresh Debian machine it installs what it needs (apt, the wheels).
+TORCH_NEWEST := 2.15.0
+CI_ENVIRONMENT_TESTS := contract or small_integer or (ddp_equals and plain)
+test-ci-slice: $(STAMP)
+	$(PY) scripts/environments.py test --only openmpi-mpirun,mpich-srun-pmi2 -- -k "$(CI_ENVIRONMENT_TESTS)"
+	$(PY) scripts/torch_versions.py $(TORCH_NEWEST) -- -k test_c10d
 
 clean:
 	rm -rf .venv .venv-* .pytest_cache .hypothesis .mypy_cache build
