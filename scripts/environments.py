@@ -27,6 +27,7 @@ failure or Ctrl-C. Open MPI runs as root here with ``OMPI_ALLOW_RUN_AS_ROOT(_CON
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import re
 import shutil
@@ -108,8 +109,19 @@ def overlay_venv(path: Path, requirements: list[str], pip_env: dict[str, str] | 
     into it first, once)."""
     stamp = path / ".installed"
     wanted = "\n".join(requirements) + "\n"
-    if stamp.exists() and stamp.read_text() == wanted:
-        return path
+    lock_file = ROOT / "build" / f"{path.name}.lock"
+    lock_file.parent.mkdir(exist_ok=True)
+    with open(lock_file, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time: a second run waits for the first
+        if stamp.exists() and stamp.read_text() == wanted:
+            return path
+        _build_overlay(path, requirements, pip_env, wheels, share_mpi)
+        stamp.write_text(wanted)
+    return path
+
+
+def _build_overlay(path: Path, requirements: list[str], pip_env: dict[str, str] | None,
+                   wheels: Path | None, share_mpi: bool) -> None:
     if not (BASE / ".installed").exists():
         raise SystemExit(f"{BASE} is missing: run `make test` (or `make .venv/.installed`) first")
     shutil.rmtree(path, ignore_errors=True)
@@ -143,8 +155,6 @@ def overlay_venv(path: Path, requirements: list[str], pip_env: dict[str, str] | 
             for entry in sorted((BASE / folder).iterdir()):
                 if not (path / folder / entry.name).exists() and not entry.name.startswith("python"):
                     (path / folder / entry.name).symlink_to(entry)
-    stamp.write_text(wanted)
-    return path
 
 
 def setup(environments: list[Environment]) -> None:
