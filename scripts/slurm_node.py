@@ -9,7 +9,7 @@ Nothing is written outside ``folder``: the munge key, the socket, slurm.conf, th
 spool folders and the logs all live there, and the clients find slurm.conf through
 ``SLURM_CONF``. The daemons run in the foreground as children of this process (their PIDs
 are known, never looked up by name); on exit, or on SIGTERM/SIGINT, they are stopped
-(SIGTERM, then SIGKILL), the job steps' processes (slurmstepd and what it started) first.
+(SIGTERM, then SIGKILL), the processes of its jobs first (slurmstepd, tasks, srun: whatever carries its SLURM_CONF).
 
 The node is this host (its name as ``hostname`` says, at 127.0.0.1) with more CPUs than
 the machine has (``SlurmdParameters=config_overrides``): the tests start more ranks than
@@ -55,26 +55,6 @@ def _free_port() -> int:
         return port
 
 
-def _children(pid: int) -> list[int]:
-    """Every descendant of ``pid`` (from /proc), deepest last."""
-    parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(parent, []).append(int(entry.name))
-    found, queue = [], [pid]
-    while queue:
-        for child in parents.get(queue.pop(0), []):
-            found.append(child)
-            queue.append(child)
-    return found
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -99,7 +79,6 @@ class SlurmNode:
         self.cpus = cpus
         self.host = socket.gethostname().split(".")[0]
         self._daemons: list[tuple[str, subprocess.Popen[bytes]]] = []
-        self._stepd_pids: set[int] = set()
 
     @property
     def running(self) -> bool:
@@ -205,21 +184,31 @@ PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverS
             time.sleep(0.2)
 
     def leftovers(self) -> list[int]:
-        """PIDs of the job steps' processes (slurmstepd and its tasks) still alive."""
-        for name, process in self._daemons:
-            if name == "slurmd":
-                self._stepd_pids.update(_children(process.pid))
-        return [pid for pid in sorted(self._stepd_pids) if _alive(pid)]
+        """PIDs of the processes of this node's jobs still alive: slurmstepd (which detaches
+        from slurmd), the tasks, and srun clients, all of which carry this node's SLURM_CONF
+        in their environment (the daemons excepted)."""
+        daemons = {process.pid for _, process in self._daemons} | {os.getpid()}
+        marker = f"SLURM_CONF={self.conf}".encode()
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in daemons:
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0") and _alive(int(entry.name)):
+                found.append(int(entry.name))
+        return sorted(found)
 
     def stop(self) -> None:
         """Stop the job steps, then slurmd, slurmctld and munged, each by its PID."""
         if not self._daemons:
             return
-        self.leftovers()  # slurmd's children now, before slurmd goes and they are re-parented
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            _signal(sorted(self._stepd_pids), sig)
+            _signal(self.leftovers(), sig)
             deadline = time.monotonic() + STOP_TIMEOUT
-            while any(_alive(pid) for pid in self._stepd_pids) and time.monotonic() < deadline:
+            while self.leftovers() and time.monotonic() < deadline:
                 time.sleep(0.05)
         for _, process in reversed(self._daemons):
             process.terminate()
@@ -229,7 +218,6 @@ PartitionName=test Nodes={self.host} Default=YES MaxTime=INFINITE State=UP OverS
                 process.kill()
                 process.wait(timeout=STOP_TIMEOUT)
         self._daemons = []
-        self._stepd_pids = set()
         atexit.unregister(self.stop)
 
     def __enter__(self) -> SlurmNode:
