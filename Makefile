@@ -123,7 +123,7 @@ test-environments: $(STAMP)
 # tests/torch_distributed, tests/syncbn and the torch rows of tests/collective_calls on each torch
 # release in TORCH_VERSIONS (the floor of pyproject.toml and the newest at least), each in a venv
 # .venv-torch-X.Y.Z over .venv, its wheels downloaded once into .wheels/ (scripts/torch_versions.py).
-TORCH_VERSIONS ?= 2.11.0 2.13.0 2.14.1 $(TORCH_NEWEST)
+TORCH_VERSIONS ?= 2.9.1 2.11.0 2.13.0 2.14.1 $(TORCH_NEWEST)
 test-torch-versions: $(STAMP)
 	$(PY) scripts/torch_versions.py $(TORCH_VERSIONS) -- $(TORCH_ARGS)
 
