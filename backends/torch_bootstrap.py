@@ -43,8 +43,15 @@ def torch_timeout(seconds: float | None) -> datetime.timedelta:
     return NO_TIMEOUT if seconds is None else datetime.timedelta(seconds=seconds)
 
 
+#: The oldest torch the torch backend runs on: pyproject.toml's floor, the oldest release
+#: `make test-torch-versions` passes on. On 2.8 Gloo gives wrong results in some of the
+#: backend's reduce_scatter emulations (bool MIN/MAX, bitwise ops): refused, not wrong.
+TORCH_FLOOR = (2, 9)
+
+
 def import_torch_distributed() -> Any:
     try:
+        import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
     except ImportError as error:
         raise BackendUnavailable(
@@ -52,7 +59,18 @@ def import_torch_distributed() -> Any:
         ) from error
     if not dist.is_available():
         raise BackendUnavailable("backend 'torch': this PyTorch build has no torch.distributed")
+    if _release(torch.__version__) < TORCH_FLOOR:
+        floor = ".".join(map(str, TORCH_FLOOR))
+        raise BackendUnavailable(
+            f"backend 'torch' needs torch >= {floor} (this is {torch.__version__}, which gives wrong "
+            f"results in some collectives); pip install 'torch>={floor}', or use COLLECTIVES_BACKEND=mpi")
     return dist
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"2.13.0+cpu"`` -> ``(2, 13)``."""
+    parts = version.split("+")[0].split(".")[:2]
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in parts)
 
 
 # Groups this module made (split's), and whether it made the default group: destroyed at

@@ -50,3 +50,13 @@ def test_two_floors_for_one_name_are_an_error():
     with pytest.raises(SystemExit, match="two floors for setuptools"):
         floors.floors(pyproject)
 
+
+
+def test_the_torch_backends_floor_is_pyprojects():
+    from collectives.backends import torch_bootstrap  # noqa: PLC0415
+
+    (floor,) = [r for r in floors.requirements(PYPROJECT) if r.replace(" ", "").startswith("torch>=")]
+    assert floor.replace(" ", "") == "torch>=" + ".".join(map(str, torch_bootstrap.TORCH_FLOOR))
+    assert torch_bootstrap._release("2.13.0+cpu") == (2, 13)
+    assert torch_bootstrap._release("2.8.0+cu128") < torch_bootstrap.TORCH_FLOOR <= torch_bootstrap._release("2.9.1")
+    assert torch_bootstrap._release("2.10.0a0+git") == (2, 10)
