@@ -22,8 +22,8 @@ endif
 PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
 PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
-.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite typecheck docs lint bench bench-train bench-c10d clean \
-	rehearse-gpu-image
+.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite test-environments test-torch-versions \
+	test-ci-slice typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON_VERSION)" || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
@@ -120,6 +120,31 @@ rehearse-gpu-image:
 	py=$$(ls -d $${PYENV_ROOT:-$$HOME/.pyenv}/versions/3.12.*/bin/python3.12 2>/dev/null | tail -1); \
 	PYTHON=$${py:-python3.12} TORCH=2.11.0 NUMPY=2.5.2 \
 	GPU_REHEARSAL_TESTS="tests/gpu/test_gpu_harness.py tests/gpu/test_gpu_paths.py" scripts/gpu_rehearsal.sh
+
+# The launcher contract, the collective grid and the c10d tests under each MPI library x launcher:
+# Open MPI's mpirun, Intel MPI's mpiexec, srun --mpi=pmi2 (MPICH, Intel MPI), srun --mpi=pmix
+# (Open MPI), sbatch calling srun, and MPICH's mpiexec (scripts/environments.py: as root it
+# installs slurm-wlm, munge and libpmix-dev, and starts and stops a one-node Slurm). A table of
+# counts per environment at the end. ENVIRONMENTS=name,name for some; ENV_ARGS=... to pytest.
+ENVIRONMENTS ?=
+test-environments: $(STAMP)
+	$(PY) scripts/environments.py test $(if $(ENVIRONMENTS),--only $(ENVIRONMENTS)) -- $(ENV_ARGS)
+
+# tests/torch_distributed, tests/syncbn and the torch rows of tests/collective_calls on each torch
+# release in TORCH_VERSIONS (the floor of pyproject.toml and the newest at least), each in a venv
+# .venv-torch-X.Y.Z over .venv, its wheels downloaded once into .wheels/ (scripts/torch_versions.py).
+TORCH_VERSIONS ?= 2.9.1 2.11.0 2.13.0 2.14.1 $(TORCH_NEWEST)
+test-torch-versions: $(STAMP)
+	$(PY) scripts/torch_versions.py $(TORCH_VERSIONS) -- $(TORCH_ARGS)
+
+# CI's slice of the two above, after `make test` (.ci/run): Open MPI's mpirun and srun --mpi=pmi2
+# (the launcher contract, small-integer sums, DDP over "collectives"), and the newest torch's
+# c10d tests. As root on a fresh Debian machine it installs what it needs (apt, the wheels).
+TORCH_NEWEST := 2.15.0
+CI_ENVIRONMENT_TESTS := contract or small_integer or (ddp_equals and plain)
+test-ci-slice: $(STAMP)
+	$(PY) scripts/environments.py test --only openmpi-mpirun,mpich-srun-pmi2 -- -k "$(CI_ENVIRONMENT_TESTS)"
+	$(PY) scripts/torch_versions.py $(TORCH_NEWEST) -- -k test_c10d
 
 clean:
 	rm -rf .venv .venv-* .pytest_cache .hypothesis .mypy_cache build

@@ -46,7 +46,7 @@ from collectives.arrays import ArrayAdapter
 from collectives.calls import ALL_REDUCE, BROADCAST
 from collectives.communicator import Communicator, Work
 from collectives.errors import BackendUnavailable
-from collectives.launcher import LaunchInfo
+from collectives.launcher import LaunchInfo, check_world_size
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.polling import wait_until
 
@@ -71,6 +71,7 @@ from .mpi_buffers import (  # noqa: F401  (cupyx_empty_pinned: also importable f
     host_view,
     mpi_cuda_aware,
 )
+from .mpi_library import library_version, saturates_small_integer_sums, wrapping_wire
 from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
     BUSY_POLL_SECONDS,
     FAST_POLLS,
@@ -137,9 +138,9 @@ class MPICommunicator(Communicator):
         self._comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
         #: How this communicator waits for a request (see poll_policy); a split inherits it.
         self._poll = POLL
-        if local_rank is None:
+        if local_rank is None or comm is None:  # the world's: how many ranks share this node
             node = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
-            local_rank = node.Get_rank()
+            local_rank = node.Get_rank() if local_rank is None else local_rank
             self._poll = poll_policy(node.Get_size())
             node.Free()
         super().__init__(self._comm.Get_rank(), self._comm.Get_size(), local_rank,
@@ -161,6 +162,8 @@ class MPICommunicator(Communicator):
         self._cuda_aware: bool | None = None
         # Whether a call of this communicator has handed MPI device memory (see hand_over).
         self._device_memory = False
+        #: Open MPI saturates small-integer SUM/PROD: those go through int32 (backends/mpi_library.py).
+        self._saturates = saturates_small_integer_sums(library_version(MPI))
         # The fast path's table: dtype -> {op: (MPI datatype, MPI op)} for every allowed
         # pair MPI reduces as it is: no staging through float32, and not the float MIN/MAX
         # that go through order keys (NaN). Nested: a (str, ReduceOp) tuple key costs
@@ -181,8 +184,17 @@ class MPICommunicator(Communicator):
                 "process was started by torchrun; launch with mpiexec -n N, or use "
                 "COLLECTIVES_BACKEND=torch (or cupy) under torchrun"
             )
-        bind_device(launch.local_rank)
-        return cls(timeout=timeout)
+        # The launcher's local rank where it gives one (what the torch and cupy backends
+        # use, and what users' scripts read); else MPI's ranks on this node, in rank order.
+        # The device is bound before MPI starts where the launcher says which (a CUDA-aware
+        # MPI picks its device at MPI_Init), else once MPI has counted the node's ranks.
+        if launch.local_rank_known:
+            bind_device(launch.local_rank)
+        check_world_size(launch, import_mpi().COMM_WORLD.Get_size())
+        comm = cls(local_rank=launch.local_rank if launch.local_rank_known else None, timeout=timeout)
+        if not launch.local_rank_known:
+            bind_device(comm.local_rank)
+        return comm
 
     @property
     def mpi_comm(self) -> Any:
@@ -198,14 +210,15 @@ class MPICommunicator(Communicator):
 
     # -- buffers ----------------------------------------------------------------------
 
-    def _wire_dtype(self, dtype: str, op: ReduceOp | None = None) -> str:
+    def _wire_dtype(self, dtype: str, op: ReduceOp) -> str:
         """The dtype MPI reduces in: float32 for the float types MPI lacks, except for MIN/MAX,
-        which reduce a float's order keys (integers of its own width)."""
-        if op is not None and _nan_ordered(dtype, op):
+        which reduce a float's order keys (integers of its own width); int32 for the
+        small-integer SUM/PROD a saturating library (Open MPI) would get wrong."""
+        if _nan_ordered(dtype, op):
             return dtype
         if dtype == "bfloat16" or (dtype == "float16" and not self._float16_native):
             return "float32"
-        return dtype
+        return wrapping_wire(dtype, op, self._saturates) or dtype
 
     def _buffer(self, x: Any, adapter: ArrayAdapter, dtype: str | None, wire: str | None = None
                 ) -> tuple[Any, Callable[[], None] | None]:

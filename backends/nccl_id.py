@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from collectives.errors import BackendUnavailable, CollectiveError
-from collectives.launcher import LaunchInfo
+from collectives.launcher import LaunchInfo, check_world_size
 
 #: ``NCCL_UNIQUE_ID_BYTES`` of nccl.h: the id is this many opaque bytes.
 UNIQUE_ID_BYTES = 128
@@ -97,6 +97,9 @@ def exchange_unique_id(launch: LaunchInfo, make_id: Callable[[], bytes]) -> byte
     if route == "single":
         return _checked(make_id())
     if route == "mpi":
+        from collectives.backends.mpi import import_mpi  # noqa: PLC0415
+
+        check_world_size(launch, import_mpi().COMM_WORLD.Get_size())  # srun without --mpi
         return mpi_broadcast_bytes(make_id() if launch.rank == 0 else None)
     key = f"{generation}"
     store = torchrun_store(launch)

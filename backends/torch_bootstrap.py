@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from collectives.errors import BackendUnavailable
-from collectives.launcher import LaunchInfo
+from collectives.launcher import LaunchInfo, check_world_size
 
 from . import _network
 
@@ -43,8 +43,15 @@ def torch_timeout(seconds: float | None) -> datetime.timedelta:
     return NO_TIMEOUT if seconds is None else datetime.timedelta(seconds=seconds)
 
 
+#: The oldest torch the torch backend runs on: pyproject.toml's floor, the oldest release
+#: `make test-torch-versions` passes on. On 2.8 Gloo gives wrong results in some of the
+#: backend's reduce_scatter emulations (bool MIN/MAX, bitwise ops): refused, not wrong.
+TORCH_FLOOR = (2, 9)
+
+
 def import_torch_distributed() -> Any:
     try:
+        import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
     except ImportError as error:
         raise BackendUnavailable(
@@ -52,7 +59,18 @@ def import_torch_distributed() -> Any:
         ) from error
     if not dist.is_available():
         raise BackendUnavailable("backend 'torch': this PyTorch build has no torch.distributed")
+    if _release(torch.__version__) < TORCH_FLOOR:
+        floor = ".".join(map(str, TORCH_FLOOR))
+        raise BackendUnavailable(
+            f"backend 'torch' needs torch >= {floor} (this is {torch.__version__}, which gives wrong "
+            f"results in some collectives); pip install 'torch>={floor}', or use COLLECTIVES_BACKEND=mpi")
     return dist
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"2.13.0+cpu"`` -> ``(2, 13)``."""
+    parts = version.split("+")[0].split(".")[:2]
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in parts)
 
 
 # Groups this module made (split's), and whether it made the default group: destroyed at
@@ -133,15 +151,17 @@ def _choose_gloo_interface(launch: LaunchInfo, store_address: str | None) -> Non
         os.environ["GLOO_SOCKET_IFNAME"] = interface
 
 
-def store_host(launch: LaunchInfo, peers: Sequence[str] = ()) -> str:
+def store_host(launch: LaunchInfo, peers: Sequence[str] | None = None) -> str:
     """The address rank 0's store listens on and advertises: MASTER_ADDR if set; loopback on
-    one node; else this host's address as its name resolves, unless that is a loopback
-    address (no other host reaches it): then the address this host reaches ``peers`` (the
-    other hosts' names) from."""
+    one node (the launcher says so, or no rank is on another host: ``peers`` empty); else
+    this host's address as its name resolves, unless that is a loopback address (no other
+    host reaches it): then the address this host reaches ``peers`` (the other hosts' names)
+    from. ``peers`` ``None``: unknown."""
     if os.environ.get("MASTER_ADDR"):
         return os.environ["MASTER_ADDR"]
-    if launch.local_size is not None and launch.local_size == launch.size:
+    if (launch.local_size is not None and launch.local_size == launch.size) or (peers is not None and len(peers) == 0):
         return "127.0.0.1"
+    peers = list(peers or ())
     own = _network.own_address()
     if own is not None and not _network.is_loopback(own):
         return own
@@ -185,6 +205,7 @@ def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAU
 
     MPI = import_mpi()
     comm = MPI.COMM_WORLD
+    check_world_size(launch, comm.Get_size())  # srun without --mpi: one-rank MPI jobs
     me = socket.gethostname()
     names = np.zeros((comm.Get_size(), _HOST_BYTES), dtype=np.uint8) if comm.Get_rank() == 0 else None
     comm.Gather(_host_bytes(me), names, root=0)

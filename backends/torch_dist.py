@@ -413,7 +413,7 @@ class TorchCommunicator(Communicator):
             out = full[mine * rows:(mine + 1) * rows].clone()
         elif (keys := self._order_keys(staged, op)) is not None:
             out_keys = torch.empty((rows, *t.shape[1:]), dtype=keys.dtype, device=t.device)
-            self._dist.reduce_scatter_tensor(out_keys, keys, self._ops[op], group=self._group)
+            self._reduce_scatter_single(out_keys, keys, self._ops[op], group=self._group)
             out = self._from_keys(out_keys, staged.dtype)
         else:
             out = torch.empty((rows, *t.shape[1:]), dtype=staged.dtype, device=t.device)

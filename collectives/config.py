@@ -97,6 +97,9 @@ def env_flag(name: str) -> bool | None:
 HYPOTHESIS_PROFILE = "COLLECTIVES_HYPOTHESIS_PROFILE"
 #: Backend of the ``world`` fixture when a test does not parametrize it (default mpi).
 TEST_BACKEND = "COLLECTIVES_TEST_BACKEND"
+#: The MPI launcher the pools and launcher tests start ranks with: a command line to which
+#: ``-n N`` is appended (default mpiexec; e.g. "mpirun --oversubscribe", "srun --mpi=pmi2").
+TEST_LAUNCHER = "COLLECTIVES_TEST_LAUNCHER"
 #: Size of the ``world`` fixture when a test does not parametrize it (default 2).
 TEST_SIZE = "COLLECTIVES_TEST_SIZE"
 #: Seconds a pool waits for its ranks to start and connect (default 120).

@@ -120,7 +120,7 @@ def preflight() -> int:
     except Exception as error:  # noqa: BLE001
         problem("MPI", error, stop=False)
     try:
-        from collectives.testing.pool import launcher_command  # noqa: PLC0415
+        from collectives.testing.launch import launcher_command  # noqa: PLC0415
 
         for name in ("mpiexec", "torchrun"):
             try:

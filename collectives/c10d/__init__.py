@@ -44,7 +44,9 @@ def init_process_group(backend: str = BACKEND_NAME, **kwargs: Any) -> None:
 
     Under mpiexec/mpirun/srun (more than one rank) rank 0 serves torch's store and its
     address reaches the other ranks over MPI: no ``MASTER_ADDR``/``MASTER_PORT`` needed.
-    Under torchrun (or with ``MASTER_ADDR`` set) torch's env:// is used as it is; without
+    Under torchrun (or with ``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` set) torch's env://
+    is used as it is (``MASTER_ADDR`` alone, under an MPI launcher: the address rank 0's store
+    listens on); without
     a launcher the group has one rank. ``init_method``/``store``, ``rank``,
     ``world_size``, ``timeout``, ``device_id`` and the rest pass through unchanged.
     """

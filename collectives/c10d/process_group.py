@@ -122,6 +122,12 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
 
+    def _get_backend(self, device: Any) -> Any:
+        """The group itself, for every device: it is its own backend (torch registers none for a
+        Python group, and from 2.14 ``batch_isend_irecv`` asks every group for its device's
+        backend, to see whether it coalesces: this one does not)."""
+        return self
+
     def __repr__(self) -> str:
         return f"ProcessGroupCollectives(rank={self.rank()}, size={self.size()}, comm={self.comm!r})"
 

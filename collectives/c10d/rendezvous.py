@@ -48,8 +48,9 @@ def rendezvous_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     if "init_method" in kwargs or "store" in kwargs:
         return kwargs
     launch = detect_launcher()
-    if launch.launcher == "torchrun" or os.environ.get("MASTER_ADDR"):
-        return kwargs  # env:// as torch reads it
+    if launch.launcher == "torchrun" or (os.environ.get("MASTER_ADDR") and os.environ.get("RANK")
+                                         and os.environ.get("WORLD_SIZE")):
+        return kwargs  # env:// as torch reads it (MASTER_ADDR alone: the store's address, below)
     timeout = kwargs.get("timeout") or datetime.timedelta(minutes=30)
     if launch.size == 1:
         kwargs.update(store=dist.HashStore(), rank=0, world_size=1)

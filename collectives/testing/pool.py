@@ -31,9 +31,7 @@ import inspect
 import os
 import pickle
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,6 +46,7 @@ from typing import Any, cast
 from .. import config
 from ..errors import CollectiveError
 from ..launcher import without_launcher_variables
+from . import launch
 
 POOL_ADDRESS_ENV = config.POOL_ADDRESS
 POOL_AUTHKEY_ENV = config.POOL_AUTHKEY
@@ -109,37 +108,6 @@ def receive(conn: Connection) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _executable(name: str) -> str:
-    """A launcher from the running interpreter's environment (the venv) first, then PATH."""
-    here = Path(sys.executable).parent / name
-    if here.exists():
-        return str(here)
-    found = shutil.which(name)
-    if found is None:
-        raise PoolError(f"launcher {name!r} not found next to {sys.executable} or on PATH")
-    return found
-
-
-def launcher_command(name: str) -> list[str]:
-    """The command that runs launcher ``name`` (``mpiexec``, ``torchrun``): the one beside the
-    running interpreter, else on PATH; torchrun, torch's own module, as ``python -m
-    torch.distributed.run`` where there is no such script (an interpreter whose console scripts
-    are elsewhere, as in a container image)."""
-    try:
-        return [_executable(name)]
-    except PoolError:
-        if name != "torchrun":
-            raise
-        return [sys.executable, "-m", "torch.distributed.run"]
-
-
 def job_reference(fn: Callable[..., Any]) -> tuple[str, str, str]:
     """(module, file, qualified name) by which a rank finds ``fn``."""
     if not callable(fn) or "<locals>" in getattr(fn, "__qualname__", "<locals>"):
@@ -187,12 +155,13 @@ class RankPool:
 
     def _command(self) -> list[str]:
         worker = [sys.executable, "-m", "collectives.testing.worker"]
-        if self.launcher == "mpiexec":
-            return [*launcher_command("mpiexec"), "-n", str(self.size), *worker]
-        if self.launcher == "torchrun":
-            return [*launcher_command("torchrun"), "--nnodes", "1", "--nproc_per_node", str(self.size),
-                    "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-                    "-m", "collectives.testing.worker"]
+        try:
+            if self.launcher == "mpiexec":  # the MPI launcher COLLECTIVES_TEST_LAUNCHER names
+                return launch.mpi_command(self.size, worker)
+            if self.launcher == "torchrun":
+                return launch.torchrun_command(self.size, ["-m", "collectives.testing.worker"])
+        except launch.LauncherNotFound as error:
+            raise PoolError(str(error)) from None
         return worker
 
     def start(self) -> None:

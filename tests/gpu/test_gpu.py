@@ -29,7 +29,8 @@ import pytest
 import torch
 
 from collectives import ALLOWED_OPS, DTYPES, ReduceOp
-from collectives.testing.pool import RankPool, launcher_command
+from collectives.testing.launch import launcher_command
+from collectives.testing.pool import RankPool
 from collectives.testing.reference import FLOAT_TOLERANCE, random_rank_tensors
 from collectives.testing.reference import reference_tensor as reference
 

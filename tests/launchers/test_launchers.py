@@ -12,22 +12,25 @@ from pathlib import Path
 import pytest
 
 from collectives.launcher import without_launcher_variables
+from collectives.testing.launch import free_port, mpi_command, mpi_launcher_name
 
 SCRIPTS = Path(__file__).parent / "scripts"
 BIN = Path(sys.executable).parent
 TIMEOUT = 120
 
 
-def launch(launcher, n, script, backend):
+def launch(launcher, n, script, backend, *args, launcher_flags=()):
     env = {k: v for k, v in without_launcher_variables(os.environ).items()
            if not k.startswith("COLLECTIVES_POOL")}
     env.pop("COLLECTIVES_BACKEND", None)
     if backend is not None:
         env["COLLECTIVES_BACKEND"] = backend
     env["OMP_NUM_THREADS"] = "1"
-    python = [sys.executable, str(SCRIPTS / script)]
-    if launcher == "mpiexec":
-        command = [str(BIN / "mpiexec"), "-n", str(n), *python]
+    python = [sys.executable, str(SCRIPTS / script), *args]
+    if launcher == "mpiexec":  # the MPI launcher COLLECTIVES_TEST_LAUNCHER names (default mpiexec)
+        command = mpi_command(n, python)
+        at = command.index("-n")
+        command[at:at] = launcher_flags  # after the launcher's own: the last --mpi= wins
     elif launcher == "torchrun":
         # The c10d rendezvous on a free port: without an endpoint it takes localhost:29400, and two
         # suites on one machine then join each other's rendezvous.
@@ -46,6 +49,7 @@ RANK_RECORDS = {
     "ERROR": r"ERROR \w+: [^\n]*?(?=ERROR |OK |\n|$)",
     "rank ": r"rank \d+/\d+ backend=\w+ checked=\d+ failures=\[[^\]]*\]",
     "REUSED": r"REUSED rank=\d+ size=\d+ sum=\d+",
+    "C10D": r"C10D rank=\d+ size=\d+ sum=\d+",
 }
 
 
@@ -72,13 +76,17 @@ def test_every_launcher_and_backend_pair_gives_the_right_communicator(launcher, 
     result = launch(launcher, n, "which_backend.py", backend)
     lines = rank_lines(result.stdout, "OK")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert lines == sorted(f"OK backend={expected} rank={r} size={n} local_rank={r}" for r in range(n))
+    # One host: local ranks number the ranks 0..n-1 (in rank order but under Open MPI's mapping).
+    local_ranks = [int(line.rsplit("=", 1)[1]) for line in lines]
+    assert sorted(local_ranks) == list(range(n)), lines
+    assert [line.rsplit(" ", 1)[0] for line in lines] == sorted(
+        f"OK backend={expected} rank={r} size={n}" for r in range(n))
 
 
 ERRORS = [
     ("torchrun", 2, "mpi",
      r"BackendUnavailable: backend 'mpi' needs an MPI launcher .mpiexec, mpirun or srun.*torchrun"),
-    ("mpiexec", 2, "local", r"BackendUnavailable: backend 'local' runs one rank, but mpi started 2"),
+    ("mpiexec", 2, "local", r"BackendUnavailable: backend .local. runs one rank, but (mpi|slurm) started 2"),
     ("torchrun", 2, "local", r"BackendUnavailable: backend 'local' runs one rank, but torchrun started 2"),
     ("none", 1, "nccl", r"ValueError: unknown backend 'nccl'.*valid: auto, local, torch, mpi, cupy"),
 ]
@@ -89,9 +97,9 @@ def test_a_backend_that_cannot_run_under_a_launcher_is_a_clear_error_on_every_ra
     result = launch(launcher, n, "which_backend.py", backend)
     assert result.returncode != 0
     errors = rank_lines(result.stdout, "ERROR")
-    # torchrun stops the other workers as soon as one exits non-zero, so under torchrun a
-    # slower rank may be stopped before it prints; mpiexec lets every rank report.
-    if launcher == "torchrun":
+    # torchrun and Open MPI's mpirun stop the other ranks as soon as one exits non-zero, so
+    # there a slower rank may be stopped before it prints; Hydra's mpiexec lets every rank report.
+    if launcher == "torchrun" or mpi_launcher_name().split()[0] in ("mpirun", "prterun"):
         assert 1 <= len(errors) <= n, result.stdout + result.stderr
     else:
         assert len(errors) == n, result.stdout + result.stderr
@@ -113,3 +121,28 @@ def test_the_torch_backend_reuses_a_process_group_the_user_initialized():
     result = launch("torchrun", 2, "reuse_group.py", None)
     assert result.returncode == 0, result.stdout + result.stderr
     assert rank_lines(result.stdout, "REUSED") == [f"REUSED rank={r} size=2 sum=3" for r in range(2)]
+
+
+@pytest.mark.parametrize("mode", ["master-addr", "env"])
+def test_torch_environment_variables_under_an_mpi_launcher_start_a_collectives_group(mode):
+    # MASTER_ADDR alone is the store's address (no env:// without RANK/WORLD_SIZE); plain
+    # dist.init_process_group("collectives") with env:// set by the script is an MPI job too.
+    result = launch("mpiexec", 2, "c10d_env_check.py", None, mode, str(free_port()))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert rank_lines(result.stdout, "C10D") == [f"C10D rank={r} size=2 sum=3" for r in range(2)]
+
+
+@pytest.mark.skipif(not mpi_launcher_name().startswith("srun"), reason="needs COLLECTIVES_TEST_LAUNCHER=srun ...")
+def test_srun_without_mpi_is_refused_on_every_rank_naming_the_flag():
+    # Plain `srun -n 3`: MPI cannot reach Slurm's PMI, each task is an MPI job of one rank.
+    result = launch("mpiexec", 3, "which_backend.py", "mpi", launcher_flags=["--mpi=none"])
+    errors = rank_lines(result.stdout, "ERROR")
+    assert result.returncode != 0 and len(errors) == 3, result.stdout + result.stderr
+    assert all(re.search(r"MPI sees 1 rank.*SLURM_NTASKS=3.*srun --mpi=pmi2", line) for line in errors), errors
+
+
+def test_the_cupy_backends_nccl_id_reaches_every_rank_over_the_mpi_launcher():
+    # The cupy backend's bootstrap without a GPU (tests/launchers/scripts/nccl_id_check.py).
+    result = launch("mpiexec", 3, "nccl_id_check.py", None)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "NCCL IDS OK route=mpi ranks=3 exchanges=3" in result.stdout, result.stdout + result.stderr

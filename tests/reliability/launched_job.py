@@ -36,7 +36,7 @@ class LaunchedJob:
         if launcher == "mpiexec":
             command = [_launcher("mpiexec"), "-n", str(size), sys.executable, script, *args]
         else:
-            from collectives.testing.pool import _free_port
+            from collectives.testing.launch import free_port as _free_port
 
             command = [_launcher("torchrun"), "--nnodes", "1", "--nproc_per_node", str(size),
                        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), script, *args]

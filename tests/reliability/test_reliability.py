@@ -312,7 +312,7 @@ def _describe(pids: list[int]) -> str:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("launcher,backend,mode", CRASHES, ids=["-".join(c) for c in CRASHES])
 def test_failing_rank_ends_the_job(launcher, backend, mode):
-    from collectives.testing.pool import _free_port
+    from collectives.testing.launch import free_port as _free_port
 
     script = str(ROOT / "tests" / "reliability" / "reliability_crash.py")
     if launcher == "mpiexec":

@@ -123,7 +123,7 @@ def versus_ddp_job(comm, steps):
     torch.manual_seed(comm.rank)  # different on every rank: the broadcast must fix that
     base = ConvNet()
     ours = DataParallel(copy.deepcopy(base), comm, bucket_cap_mb=0.002, broadcast_buffers=True)
-    theirs = DistributedDataParallel(copy.deepcopy(base), broadcast_buffers=True)
+    theirs = DistributedDataParallel(copy.deepcopy(base))  # buffers broadcast (torch's default; 2.15 renames the flag)
     opt_ours = torch.optim.SGD(ours.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
     opt_theirs = torch.optim.SGD(theirs.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-3)
     g = torch.Generator().manual_seed(1234 + comm.rank)

@@ -21,9 +21,13 @@ def test_every_floor_of_pyproject_becomes_a_pin():
                          text=True, check=True).stdout
     pins = [line for line in out.splitlines() if not line.startswith("#")]
     specs = [r.split(";")[0].replace(" ", "") for r in floors.requirements(PYPROJECT)]
+    pinned = floors.exactly_pinned(PYPROJECT)
     spelled = [spec for spec in specs if ">=" in spec]  # not a marker's python_version >= ...
     assert spelled, "pyproject.toml claims no floors?"
     for requirement in spelled:
+        if floors._key(requirement.split(">=")[0]) in pinned:  # torch: make test-torch-versions
+            assert not any(pin.startswith(requirement.split(">=")[0] + "==") for pin in pins)
+            continue
         name, floor = requirement.split(">=")
         assert f"{name}=={floor.split(',')[0]}" in pins, (requirement, pins)
     assert len(pins) == len({pin.split("==")[0] for pin in pins})
@@ -36,6 +40,8 @@ def test_markers_are_kept_and_exact_pins_add_nothing():
     }}
     assert list(floors.floors(pyproject).values()) == [
         "numpy==1.23.2; python_version < '3.13'", "Some_Name==2.0"]
+    pyproject["project"]["optional-dependencies"]["torch"] = ["torch>=2.9"]  # pinned: left out
+    assert "torch" not in floors.floors(pyproject)
 
 
 def test_two_floors_for_one_name_are_an_error():
@@ -44,3 +50,13 @@ def test_two_floors_for_one_name_are_an_error():
     with pytest.raises(SystemExit, match="two floors for setuptools"):
         floors.floors(pyproject)
 
+
+
+def test_the_torch_backends_floor_is_pyprojects():
+    from collectives.backends import torch_bootstrap  # noqa: PLC0415
+
+    (floor,) = [r for r in floors.requirements(PYPROJECT) if r.replace(" ", "").startswith("torch>=")]
+    assert floor.replace(" ", "") == "torch>=" + ".".join(map(str, torch_bootstrap.TORCH_FLOOR))
+    assert torch_bootstrap._release("2.13.0+cpu") == (2, 13)
+    assert torch_bootstrap._release("2.8.0+cu128") < torch_bootstrap.TORCH_FLOOR <= torch_bootstrap._release("2.9.1")
+    assert torch_bootstrap._release("2.10.0a0+git") == (2, 10)

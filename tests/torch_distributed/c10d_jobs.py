@@ -91,7 +91,7 @@ def op_set_job(comm: Any, subgroup: bool) -> dict[str, tuple[np.ndarray, np.ndar
     check("all_gather uneven", torch.cat(outs), np.concatenate(sizes))
 
     out = torch.empty(3 * n, 2, dtype=torch.float64)
-    dist.all_gather_into_tensor(out, torch.from_numpy(everyone[me]), group=group)
+    all_gather_single(out, torch.from_numpy(everyone[me]), group=group)
     check("all_gather_into_tensor", out, np.concatenate(everyone))
 
     rows = [inputs(r, (n, 4), seed=1) for r in members]
@@ -100,7 +100,7 @@ def op_set_job(comm: Any, subgroup: bool) -> dict[str, tuple[np.ndarray, np.ndar
     check("reduce_scatter", out, np.stack(rows).sum(0)[me])
 
     out = torch.empty(4, dtype=torch.float64)
-    dist.reduce_scatter_tensor(out, torch.from_numpy(rows[me].reshape(-1)), group=group)
+    reduce_scatter_single(out, torch.from_numpy(rows[me].reshape(-1)), group=group)
     check("reduce_scatter_tensor", out, np.stack(rows).sum(0)[me])
 
     # all_to_all_single, uneven: rank i sends i + j + 1 rows to rank j.
@@ -293,6 +293,16 @@ def communicator_job(comm: Any) -> dict[str, Any]:
             "backend": dist.get_backend(), "name": dist.group.WORLD.name()}
 
 
+def all_gather_single(*args: Any, **kwargs: Any) -> Any:
+    """dist.all_gather_single where torch has it (2.12 on: 2.14 deprecates all_gather_into_tensor)."""
+    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(*args, **kwargs)
+
+
+def reduce_scatter_single(*args: Any, **kwargs: Any) -> Any:
+    """dist.reduce_scatter_single where torch has it (2.14 deprecates reduce_scatter_tensor)."""
+    return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(*args, **kwargs)
+
+
 def bad_input_job(comm: Any) -> dict[str, str]:
     """Refused on the caller's thread, before anything is sent: every rank raises the same."""
     ensure_group(comm)
@@ -301,7 +311,7 @@ def bad_input_job(comm: Any) -> dict[str, str]:
         "premul_sum": lambda: dist.all_reduce(torch.ones(2), op=dist._make_nccl_premul_sum(2.0)),
         "sum of bool": lambda: dist.all_reduce(torch.ones(2, dtype=torch.bool)),
         "band of float": lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND),
-        "all_gather_into_tensor size": lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)),
+        "all_gather_into_tensor size": lambda: all_gather_single(torch.empty(3), torch.ones(2)),
     }.items():
         try:
             call()
@@ -425,10 +435,13 @@ def functional_job(comm: Any) -> dict[str, np.ndarray]:
     group, rank = dist.group.WORLD, dist.get_rank()
     mine = torch.from_numpy(inputs(rank, (n, 2)))
     compiled = torch.compile(lambda x: fc.all_reduce(x * 2, "sum", group) + 1, backend="eager")
+    # The *_single names from torch 2.13 on (2.15 deprecates all_gather_tensor, reduce_scatter_tensor).
+    all_gather = getattr(fc, "all_gather_single", None) or fc.all_gather_tensor
+    reduce_scatter = getattr(fc, "reduce_scatter_single", None) or fc.reduce_scatter_tensor
     return {name: fc.wait_tensor(value).numpy().copy() for name, value in {
         "all_reduce": fc.all_reduce(mine, "sum", group),
-        "all_gather_tensor": fc.all_gather_tensor(mine, 0, group),
-        "reduce_scatter_tensor": fc.reduce_scatter_tensor(mine, "sum", 0, group),
+        "all_gather_tensor": all_gather(mine, 0, group),
+        "reduce_scatter_tensor": reduce_scatter(mine, "sum", 0, group),
         "all_to_all_single": fc.all_to_all_single(mine, None, None, group),
         "compiled all_reduce": compiled(mine),
     }.items()}

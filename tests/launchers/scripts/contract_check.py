@@ -115,7 +115,8 @@ def check_split(comm):
             or same_host.all_reduce(x.copy())[0] != sum(mine):
         failures.append(f"split by host: rank {same_host.rank}/{same_host.size}, host ranks {mine}")
     across = comm.split(comm.local_rank, key=-comm.rank)
-    peers = sorted((r for r in range(comm.size) if local_rank_of(r, ids) == comm.local_rank), reverse=True)
+    local_ranks = to_numpy(comm.all_gather(np.array([comm.local_rank], np.int64)))[:, 0]
+    peers = sorted((r for r in range(comm.size) if local_ranks[r] == comm.local_rank), reverse=True)
     if (across.size, across.rank) != (len(peers), peers.index(comm.rank)) \
             or across.all_reduce(x.copy())[0] != sum(peers) \
             or to_numpy(across.all_gather(x))[:, 0].tolist() != peers:
@@ -125,9 +126,20 @@ def check_split(comm):
     return 2, failures
 
 
-def local_rank_of(rank, ids):
-    """The place of ``rank`` among the ranks of its host (launchers number them in rank order)."""
-    return sum(1 for r in range(rank) if ids[r] == ids[rank])
+def check_local_rank(comm):
+    """local_rank is the launcher's (what every backend uses), and numbers the ranks of each
+    host 0..n-1 (in rank order under MPICH and torchrun; Open MPI's mapping may permute them)."""
+    failures = []
+    launch = detect_launcher()
+    if launch.launcher is not None and comm.local_rank != launch.local_rank:
+        failures.append(f"local_rank {comm.local_rank}, but the launcher says {launch.local_rank}")
+    ids, mine = host_ranks(comm)
+    local_ranks = to_numpy(comm.all_gather(np.array([comm.local_rank], np.int64)))[:, 0]
+    if sorted(local_ranks[r] for r in mine) != list(range(len(mine))):
+        failures.append(f"local ranks on this host {[int(local_ranks[r]) for r in mine]} are not 0..{len(mine) - 1}")
+    if launch.local_size is not None and launch.local_size != len(mine):
+        failures.append(f"local_size {launch.local_size}, but {len(mine)} ranks on this host")
+    return 1, failures
 
 
 # name -> check; each returns (how many cases it checked, failure descriptions).
@@ -138,6 +150,7 @@ CHECKS = {
     "all_gather": check_all_gather,
     "barrier": check_barrier,
     "split": check_split,
+    "local_rank": check_local_rank,
 }
 
 
@@ -149,8 +162,6 @@ def main() -> int:
         checked += count
         failures += failed
     _, mine = host_ranks(comm)
-    if comm.local_rank != mine.index(comm.rank):
-        failures.append(f"local_rank {comm.local_rank}, but rank {mine.index(comm.rank)} of its host")
     print(f"rank {comm.rank}/{comm.size} backend={comm.backend} checked={checked} failures={failures}",
           flush=True)
     print(f"PLACE rank={comm.rank} host={socket.gethostname()} local_rank={comm.local_rank} "

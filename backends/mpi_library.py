@@ -1,0 +1,51 @@
+"""What the MPI library mpi4py loaded does differently, decided from what it says it is.
+
+mpi4py 4 picks its MPI library when it is imported (the MPICH, Open MPI or Intel MPI
+wheel, or the cluster's), so the quirks of the library are only known then, from
+``MPI.Get_library_version()``, never guessed from the launcher or the environment.
+
+Open MPI's AVX reduction component (``op/avx``, on by default on x86-64 since 4.1)
+SATURATES the sums of 8- and 16-bit integers where every other MPI, and numpy, wrap:
+3 x 30000 as int16 gives 32767 instead of 24464, as soon as a vector instruction does the
+add (about 64 elements and up; open-mpi/ompi#8045, closed as intended). The contract says
+small-integer SUM and PROD wrap on every backend, so under Open MPI those reductions go
+through int32 on the wire, which no sum of 8- or 16-bit values from fewer than 65,536 ranks
+overflows, and are written back with a wrapping cast: the low bits are the wrapped result.
+PROD did not saturate in any measurement; it goes the same way all the same, since the
+AVX component's kernels for it are the same kind of code and the cost is a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from collectives.ops import ReduceOp
+
+#: The dtypes whose SUM/PROD Open MPI may saturate, and the dtype they are reduced in there.
+SATURATING_WIRE = {"int8": "int32", "uint8": "int32", "int16": "int32"}
+WRAPPING_OPS = (ReduceOp.SUM, ReduceOp.PROD)
+
+
+def library_version(MPI: Any) -> str:
+    """The first line of ``MPI_Get_library_version`` ("Open MPI v5.0.11, ...", "MPICH
+    Version: 5.0.2", "Intel(R) MPI Library 2021.18 ..."); "" where mpi4py cannot say."""
+    try:
+        text: str = MPI.Get_library_version()
+    except Exception:  # noqa: BLE001  (an MPI-1 library, or mpi4py built without it)
+        return ""
+    return text.strip().splitlines()[0] if text.strip() else ""
+
+
+def saturates_small_integer_sums(version: str) -> bool:
+    """Whether the library of ``version`` (:func:`library_version`) may saturate small-integer
+    sums: Open MPI (its op/avx component; ``--mca op ^avx`` turns it off, but the library
+    cannot be asked which components a job loaded, so every Open MPI is treated alike)."""
+    return version.startswith("Open MPI")
+
+
+def wrapping_wire(dtype: str, op: ReduceOp, saturates: bool) -> str | None:
+    """The dtype to reduce ``dtype`` under ``op`` in, where the library would saturate it;
+    ``None`` where the dtype itself reduces correctly."""
+    if saturates and op in WRAPPING_OPS:
+        return SATURATING_WIRE.get(dtype)
+    return None

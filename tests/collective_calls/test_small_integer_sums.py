@@ -1,0 +1,83 @@
+"""Small-integer SUM and PROD wrap, as numpy's do, on every MPI library: Open MPI's AVX
+reduction component saturates them (3 x 30000 as int16 is 32767 there, 24464 in numpy) once
+a vector instruction does the add, so the MPI backend reduces them through int32 under Open
+MPI (backends/mpi_library.py). Run under each MPI by `make test-environments`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from collectives.backends.mpi_library import saturates_small_integer_sums, wrapping_wire
+
+from collectives.ops import ReduceOp
+from collectives.testing.reference import as_array, to_numpy
+
+DTYPES = ["int8", "uint8", "int16"]
+# 3 elements stay in scalar code; 64 and more go through the vector kernels.
+LENGTHS = [3, 64, 1000]
+
+
+def values(dtype, op, length, rank):
+    """Inputs whose sum (product) leaves the dtype's range: near the top for SUM, 3..9 for PROD."""
+    info = np.iinfo(dtype)
+    if op == "sum":
+        start = info.max // 2 + 1 + rank
+        return np.full(length, start, dtype=dtype) - np.arange(length, dtype=dtype) % 5
+    return (np.arange(length) % 7 + 3 + rank).astype(dtype)
+
+
+def expected(dtype, op, length, size):
+    with np.errstate(over="ignore"):
+        total = values(dtype, op, length, 0).copy()
+        for rank in range(1, size):
+            x = values(dtype, op, length, rank)
+            total = total + x if op == "sum" else total * x
+    return total
+
+
+def sums_job(comm, kind):
+    out = {}
+    for dtype in DTYPES:
+        for op in ("sum", "prod"):
+            for length in LENGTHS:
+                x = as_array(values(dtype, op, length, comm.rank), dtype, kind)
+                out["all_reduce", dtype, op, length] = to_numpy(comm.all_reduce(x, op))
+                rows = as_array(values(dtype, op, length * comm.size, comm.rank), dtype, kind)
+                out["reduce_scatter", dtype, op, length] = to_numpy(comm.reduce_scatter(rows, op))
+                y = as_array(values(dtype, op, length, comm.rank), dtype, kind)
+                comm.reduce(y, op, dst=0)
+                out["reduce", dtype, op, length] = to_numpy(y)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("world", [("mpi", 3)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
+def test_small_integer_sum_and_prod_wrap_like_numpy_on_this_mpi(world, kind):
+    results = world.run(sums_job, args=(kind,))
+    wrong = []
+    for rank, got in enumerate(results):
+        for (name, dtype, op, length), value in got.items():
+            if name == "reduce_scatter":
+                want = expected(dtype, op, length * world.size, world.size)[rank * length:(rank + 1) * length]
+            elif name == "reduce" and rank != 0:
+                want = values(dtype, op, length, rank)  # off dst: untouched
+            else:
+                want = expected(dtype, op, length, world.size)
+            if value.dtype != np.dtype(dtype) or not np.array_equal(value, want):
+                wrong.append(f"rank {rank} {name} {dtype} {op} x{length}: {value[:3]} != {want[:3]}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_only_open_mpi_reduces_small_integers_through_int32():
+    open_mpi = "Open MPI v5.0.11, package: Open MPI Distribution, ident: 5.0.11"
+    assert saturates_small_integer_sums(open_mpi)
+    for other in ("MPICH Version:      5.0.2", "Intel(R) MPI Library 2021.18 for Linux* OS", ""):
+        assert not saturates_small_integer_sums(other)
+    for dtype in DTYPES:
+        for op in (ReduceOp.SUM, ReduceOp.PROD):
+            assert wrapping_wire(dtype, op, True) == "int32"
+            assert wrapping_wire(dtype, op, False) is None
+        for op in (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR):
+            assert wrapping_wire(dtype, op, True) is None
+    for dtype in ("int32", "int64", "float32", "bool"):
+        assert wrapping_wire(dtype, ReduceOp.SUM, True) is None
