@@ -5,9 +5,10 @@ raises at the call (as Gloo's does) and nothing is sent. The messages name the
 argument of the ``torch.distributed`` function the user called (``gather_list``,
 ``scatter_list``, ``tensor_list``, ``input_list``...) and what it must be.
 
-Gloo takes the same list and shape rules; two things it refuses are taken on purpose,
-as NCCL takes them: an ``all_gather`` whose output tensors differ from the input in
-their first dimension (each rank sends its own number of rows), and ``ReduceOp.AVG``.
+Gloo takes the same list and shape rules; what it refuses and the group takes on purpose,
+as NCCL takes it: an ``all_gather`` whose output tensors differ from the input in their
+first dimension (each rank sends its own number of rows), an ``all_to_all`` of tensors of
+different sizes, and ``int16`` tensors.
 """
 
 from __future__ import annotations
