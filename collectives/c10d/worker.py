@@ -255,6 +255,7 @@ class Worker:
 
     def __init__(self, comm: Communicator, name: str) -> None:
         self.comm = comm
+        self._where = repr(comm)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._in_flight: collections.deque[_InFlight] = collections.deque()
         self._completer = Completer(name, self._completed)
@@ -278,38 +279,43 @@ class Worker:
         """Queue ``operation(comm)``; its return value (or a :class:`Started`) completes the
         work. ``name``: what it is, for messages. Waits while MAX_PENDING operations are
         pending (never on the group's own threads)."""
-        if self._stopped:
-            raise CollectiveError("this 'collectives' process group was destroyed; create a new one")
         own = threading.get_ident() == self.ident or threading.get_ident() in self._completer.idents
-        with self._room:
-            while self.pending >= MAX_PENDING and not own and not self._stopped:
-                self._room.wait()
-            self.pending += 1
-            self.most_pending = max(self.most_pending, self.pending)
         # The completers complete ``outcome.source``; the caller's future is
         # ``source.then(_unwrap)``, which fails where the operation failed. A future completed
         # through Future.set_exception holds the exception as its VALUE (Python raises it on
         # unwrapping; C++ consumers such as DDP's reducer would take it for the tensors), while
         # an error raised in a then() callback is the future's error for C++ too.
-        outcome = Outcome(name, repr(self.comm))
-        self._queue.put((operation, outcome))
+        outcome = Outcome(name, self._where)
+        with self._room:  # queued under the lock that stop() queues its end under: never after it
+            if self.pending >= MAX_PENDING and not own:
+                # Down to half before going on: one wake-up per MAX_PENDING / 2 completions,
+                # not a hand-over between threads per operation.
+                while self.pending > MAX_PENDING // 2 and not self._stopped:
+                    self._room.wait()
+            if self._stopped:
+                raise CollectiveError("this 'collectives' process group was destroyed; create a new one")
+            self.pending += 1
+            self.most_pending = max(self.most_pending, self.pending)
+            self._queue.put((operation, outcome))
         return CollectivesWork(outcome)
 
     def _completed(self, outcome: Outcome) -> None:
         with self._room:
             self.pending -= 1
-            self._room.notify()
+            if self.pending == MAX_PENDING // 2:
+                self._room.notify_all()
 
     def stop(self) -> None:
         """Run what is queued, then end the thread (and close its communicator)."""
-        if not self._stopped:
+        with self._room:
+            if self._stopped:
+                return
             self._stopped = True
-            with self._room:
-                self._room.notify_all()
+            self._room.notify_all()
             self._queue.put(_STOP)
-            if threading.get_ident() != self.ident:
-                self._thread.join(STOP_GRACE)
-                self._completer.stop(STOP_GRACE)
+        if threading.get_ident() != self.ident:
+            self._thread.join(STOP_GRACE)
+            self._completer.stop(STOP_GRACE)
 
     # -- the thread ---------------------------------------------------------------------
 
