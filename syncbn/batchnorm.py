@@ -165,7 +165,7 @@ def convert_sync_batchnorm(module: torch.nn.Module, comm: Communicator | None = 
     SyncBatchNorm become :class:`SyncBatchNorm`. A subclass of any of them that does more
     (timm's ``BatchNormAct2d``: batch norm, dropout, activation) keeps what it does: it
     becomes a ``Sync<Name>``, a subclass of both its class and SyncBatchNorm whose forward
-    is its class's with the batch norm synchronized (see :mod:`collectives.syncbn.subclasses`;
+    is its class's with the batch norm synchronized (see ``collectives.syncbn.subclasses``;
     a class whose forward normalizes without ``torch.nn.functional.batch_norm`` raises
     ``TypeError`` naming it at its first training forward). A subclass of our SyncBatchNorm
     keeps its class. The new layers share the old ones' parameters and buffers (no copy)

@@ -64,12 +64,17 @@ def test_the_group_checks_the_list_on_both_sides_and_every_rank_raises(three, ca
         assert out["after"] == [3.0, 3.0, 3.0]
 
 
+#: The call path's checks that pair the others' scatter with that rank's next call: debug mode's
+#: full fingerprint here (the checks on by default pair it as well).
+CALL_PATH_CHECKS = {"COLLECTIVES_DEBUG": "1"}
+
+
 @pytest.mark.parametrize("case", ["scatter_list everywhere", "scatter_list missing on the source"])
 def test_torch_refusing_scatter_list_on_one_side_is_caught_on_every_rank(case):
     """torch raises on the rank whose scatter_list is wrong before the group sees the call; the
     others' scatter then meets that rank's next call, and the call path's checks make every
     rank raise there instead of pairing them; the group's next all_reduce is right."""
-    with RankPool("mpi", 3, env={"COLLECTIVES_DEBUG": "1", "COLLECTIVES_TIMEOUT": "60"}) as pool:
+    with RankPool("mpi", 3, env={**CALL_PATH_CHECKS, "COLLECTIVES_TIMEOUT": "60"}) as pool:
         results = pool.run(jobs.scatter_list_on_the_wrong_ranks_job, args=(case,), timeout=60)
     for out in results:
         if out["first"].startswith("ValueError"):  # torch's refusal; then its next call is refused
