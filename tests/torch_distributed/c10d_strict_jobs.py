@@ -245,20 +245,29 @@ def completers_shrink_job(comm: Any) -> dict[str, Any]:
     ensure_group(comm)
     group = dist.new_group(backend="collectives")
     worker = group._worker
-    release = threading.Event()
+    prefix = f"{worker._thread.name}-completer-"
+
+    def completers() -> int:
+        return sum(thread.name.startswith(prefix) for thread in threading.enumerate())
+
+    release, gate = threading.Event(), threading.Event()
+    # The worker waits at a gate of this rank's own until every callback is attached: a then()
+    # on a future that has completed would run its callback here, in this thread.
+    worker.submit(lambda comm: gate.wait(30))
     works = [dist.all_reduce(torch.ones(1), group=group, async_op=True) for _ in range(4)]
     chained = [work.get_future().then(lambda fut: release.wait(30)) for work in works]
+    gate.set()
     deadline = time.monotonic() + 30
-    while worker.completer_threads < 4 and time.monotonic() < deadline:
+    while completers() < 4 and time.monotonic() < deadline:
         time.sleep(0.01)  # a local thread count, not another rank
-    grown = worker.completer_threads
+    grown = completers()
     release.set()
     for fut in chained:
         fut.wait()
     deadline = time.monotonic() + 10 * COMPLETER_IDLE + 10
-    while worker.completer_threads > 1 and time.monotonic() < deadline:
+    while completers() > 1 and time.monotonic() < deadline:
         time.sleep(0.05)
-    shrunk = worker.completer_threads
+    shrunk = completers()
     dist.all_reduce(torch.ones(1), group=group)  # still works with one thread
     gc.collect()
     return {"grown": grown, "shrunk": shrunk}
