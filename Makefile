@@ -22,7 +22,7 @@ endif
 PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
 PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
-.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite test-environments test-torch-versions \
+.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite fuzz-c10d test-environments test-torch-versions \
 	test-ci-slice typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
 
 $(STAMP): pyproject.toml
@@ -84,6 +84,14 @@ test-torch-suite: $(STAMP)
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/torch_suite.py --backend $$b -n $(SUITE_RANKS) \
 	    --json docs/bench/torch-suite-$$b-$(SUITE_RANKS).json $(SUITE_ARGS) || exit 1; \
 	done
+
+# The differential fuzz of the torch backend "collectives" against Gloo (scripts/fuzz_c10d.py): FUZZ_TRIALS
+# random calls, valid and not, at 3 and at 4 ranks; FUZZ_ARGS=--debug adds the mismatches only
+# COLLECTIVES_DEBUG=1 catches. The suite runs a slice of it (tests/torch_distributed/test_gloo_fuzz.py).
+FUZZ_TRIALS ?= 1000
+fuzz-c10d: $(STAMP)
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/fuzz_c10d.py --trials $(FUZZ_TRIALS) --ranks 3 4 \
+	  --json docs/bench/fuzz-c10d.json $(FUZZ_ARGS)
 
 # torch DDP over "collectives" (mpi) against DDP over Gloo and our DataParallel, steps interleaved
 # in one job (scripts/bench/c10d.py; docs/torch_distributed.md).

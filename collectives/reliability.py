@@ -226,7 +226,8 @@ class Reliability(Transport):
         if isinstance(error, (TypeError, ValueError, MemoryError)):
             return error
         text = str(error).strip()
-        first_line = text.splitlines()[0][:300] if text else ""
+        # MPICH's first line announces a stack of frames ("Other MPI error, error stack:"): its class is the news.
+        first_line = text.splitlines()[0][:300].removesuffix(" error stack:").rstrip(",") if text else ""
         return CollectiveError(f"{self._call_name()} failed in the {self.backend} transport: "
                                f"{type(error).__module__}.{type(error).__qualname__}: {first_line}")
 

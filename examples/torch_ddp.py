@@ -4,6 +4,10 @@
     mpiexec -n 2 python examples/torch_ddp.py                       # no MASTER_ADDR/PORT needed
     srun -n 4 python examples/torch_ddp.py                          # Slurm
     python examples/torch_ddp.py                                    # one rank
+    COLLECTIVES_BACKEND=cupy torchrun --nproc_per_node 2 examples/torch_ddp.py   # with GPUs
+
+The backend "collectives" runs on collectives' own transports: under torchrun only on the
+cupy one, which needs GPUs; without them launch with an MPI launcher.
 
 Every rank trains on its own half of the batch; DDP averages the gradients, so the model
 ends where one process training on the whole batch would.

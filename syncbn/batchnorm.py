@@ -18,6 +18,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 import collectives
 from collectives import Communicator
 
+from . import subclasses
 from .function import SyncBatchNormFunction
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -153,22 +154,37 @@ def _copy_state(source: _BatchNorm, target: _BatchNorm) -> _BatchNorm:
     return target
 
 
-def convert_sync_batchnorm(module: torch.nn.Module, comm: Communicator | None = None) -> torch.nn.Module:
-    """Replace every batch-norm layer in ``module`` (recursively) by :class:`SyncBatchNorm`.
+#: The batch norms that do nothing but normalize: converted into a plain SyncBatchNorm.
+_PLAIN = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm, _BatchNorm)
 
-    torch.nn.BatchNorm1d/2d/3d, torch.nn.SyncBatchNorm and our SyncBatchNorm are
-    converted; the new layers share the old ones' parameters and buffers (no copy)
-    and keep their training mode. Returns the converted module (``module`` itself
-    when it is not a batch norm, with its children replaced).
+
+def convert_sync_batchnorm(module: torch.nn.Module, comm: Communicator | None = None) -> torch.nn.Module:
+    """Replace every batch-norm layer in ``module`` (recursively) by a synchronized one.
+
+    torch.nn.BatchNorm1d/2d/3d, torch.nn.SyncBatchNorm, :class:`BatchNormXd` and our
+    SyncBatchNorm become :class:`SyncBatchNorm`. A subclass of any of them that does more
+    (timm's ``BatchNormAct2d``: batch norm, dropout, activation) keeps what it does: it
+    becomes a ``Sync<Name>``, a subclass of both its class and SyncBatchNorm whose forward
+    is its class's with the batch norm synchronized (see ``collectives.syncbn.subclasses``;
+    a class whose forward normalizes without ``torch.nn.functional.batch_norm`` raises
+    ``TypeError`` naming it at its first training forward). A subclass of our SyncBatchNorm
+    keeps its class. The new layers share the old ones' parameters and buffers (no copy)
+    and keep their training mode. Returns the converted module (``module`` itself when it
+    is not a batch norm, with its children replaced).
     """
     if comm is not None and not isinstance(comm, Communicator):
         raise TypeError(f"comm must be a collectives.Communicator or None; got {type(comm).__name__}")
     if isinstance(module, _BatchNorm):
-        converted = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
-                                  module.track_running_stats, comm=comm)
-        # What revert_sync_batchnorm goes back to (torch's BatchNorm1d/2d/3d; else BatchNormXd).
-        converted._reverts_to = getattr(module, "_reverts_to", type(module))
-        return _copy_state(module, converted)
+        cls = type(module)
+        if cls in (SyncBatchNorm, BatchNormXd) or cls in _PLAIN:
+            converted = SyncBatchNorm(module.num_features, module.eps, module.momentum, module.affine,
+                                      module.track_running_stats, comm=comm)
+            # What revert_sync_batchnorm goes back to (torch's BatchNorm1d/2d/3d; else BatchNormXd).
+            converted._reverts_to = getattr(module, "_reverts_to", cls)
+            return _copy_state(module, converted)
+        if isinstance(module, SyncBatchNorm):  # ours already, its own class kept (or a Sync<Name>)
+            return subclasses.with_state(cls, module, _comm_ref=_CommRef(comm))
+        return subclasses.synchronized(module, _CommRef(comm))
     for name, child in module.named_children():
         module.add_module(name, convert_sync_batchnorm(child, comm))
     return module
@@ -180,7 +196,10 @@ _REVERTIBLE = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)
 def revert_sync_batchnorm(module: torch.nn.Module) -> torch.nn.Module:
     """The reverse of :func:`convert_sync_batchnorm`: every :class:`SyncBatchNorm` (and
     torch.nn.SyncBatchNorm) becomes the torch BatchNorm1d/2d/3d it was converted from,
-    else :class:`BatchNormXd`; parameters and buffers are shared, training mode kept."""
+    else :class:`BatchNormXd`, and a ``Sync<Name>`` the class it was made from; parameters
+    and buffers are shared, training mode kept."""
+    if isinstance(module, subclasses._Synchronized):
+        return subclasses.unsynchronized(module)
     if isinstance(module, (SyncBatchNorm, torch.nn.SyncBatchNorm)):
         original = getattr(module, "_reverts_to", None)
         cls = original if original in _REVERTIBLE else BatchNormXd

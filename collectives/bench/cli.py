@@ -319,8 +319,20 @@ def describe(comm: Any, arr: Arrays, raw: Raw | None, args: argparse.Namespace) 
     return meta
 
 
+#: Collectives per row of the plot's grid.
+PLOT_COLUMNS = 4
+
+
+def plot_grid(count: int, has_raw: bool) -> tuple[int, int]:
+    """(rows, columns) of the plot's axes for ``count`` collectives: PLOT_COLUMNS per row,
+    each a busbw panel over (with raw timings) a ratio panel."""
+    columns = max(1, min(PLOT_COLUMNS, count))
+    return -(-max(1, count) // columns) * (2 if has_raw else 1), columns
+
+
 def plot(docs: list[dict[str, Any]], path: str) -> None:
-    """busbw against size (ours solid, raw dashed) and ours/raw, one column per collective."""
+    """busbw against size (ours solid, raw dashed) and ours/raw below it, one cell per
+    collective, PLOT_COLUMNS cells per row."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -328,41 +340,55 @@ def plot(docs: list[dict[str, Any]], path: str) -> None:
 
     ops = [op for op in OPS if op != "barrier" and any(r["op"] == op for d in docs for r in d["results"])]
     has_raw = any(r.get("raw") for d in docs for r in d["results"])
-    fig, axes = plt.subplots(2 if has_raw else 1, max(1, len(ops)), figsize=(4.2 * max(1, len(ops)), 7.5),
-                             squeeze=False, sharex=True)
+    rows, columns = plot_grid(len(ops), has_raw)
+    panels = 2 if has_raw else 1
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.1 * rows + 1.2), squeeze=False)
+
+    def cell(index: int) -> tuple[Any, Any]:
+        """The busbw axes of collective ``index``, and its ratio axes (None without raw)."""
+        row, col = divmod(index, columns)
+        top = axes[panels * row][col]
+        return top, axes[panels * row + 1][col] if has_raw else None
+
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for k, doc in enumerate(docs):
         meta, color = doc["meta"], colors[k % len(colors)]
         label = f"{meta['backend']} ({meta['array']}, {meta['ranks']} ranks)"
-        for col, op in enumerate(ops):
-            rows = [r for r in doc["results"] if r["op"] == op]
-            if not rows:
+        for index, op in enumerate(ops):
+            rows_of_op = [r for r in doc["results"] if r["op"] == op]
+            if not rows_of_op:
                 continue
-            size = [r["bytes"] for r in rows]
-            axes[0][col].plot(size, [r["ours"]["busbw_GBps"] for r in rows], "-o", ms=3, color=color,
-                              label=f"{label}: collectives")
-            both = [r for r in rows if r.get("raw")]
-            if both:
-                axes[0][col].plot([r["bytes"] for r in both], [r["raw"]["busbw_GBps"] for r in both], "--",
-                                  color=color, label=f"{label}: {meta['raw']}")
-                axes[1][col].plot([r["bytes"] for r in both], [r["ratio"] for r in both], "-o", ms=3,
-                                  color=color, label=label)
-    for col, op in enumerate(ops):
-        axes[0][col].set_title(op)
-        for row in axes:
-            row[col].set_xscale("log", base=2)
-            row[col].grid(True, alpha=0.3)
-        axes[0][col].set_yscale("log")
-        axes[-1][col].set_xlabel("size (bytes)")
-        if has_raw:
-            axes[1][col].axhline(1.0, color="black", lw=0.8)
-    axes[0][0].set_ylabel("busbw (GB/s)")
-    if has_raw:
-        axes[1][0].set_ylabel("time ours / raw (median)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
+            top, ratio = cell(index)
+            top.plot([r["bytes"] for r in rows_of_op], [r["ours"]["busbw_GBps"] for r in rows_of_op], "-o",
+                     ms=3, color=color, label=f"{label}: collectives")
+            both = [r for r in rows_of_op if r.get("raw")]
+            if both and ratio is not None:
+                top.plot([r["bytes"] for r in both], [r["raw"]["busbw_GBps"] for r in both], "--",
+                         color=color, label=f"{label}: {meta['raw']}")
+                ratio.plot([r["bytes"] for r in both], [r["ratio"] for r in both], "-o", ms=3, color=color,
+                           label=label)
+    for index, op in enumerate(ops):
+        top, ratio = cell(index)
+        top.set_title(op)
+        top.set_yscale("log")
+        top.set_ylabel("busbw (GB/s)")
+        for axis in (top, ratio):
+            if axis is not None:
+                axis.set_xscale("log", base=2)
+                axis.grid(True, alpha=0.3)
+        if ratio is not None:
+            ratio.axhline(1.0, color="black", lw=0.8)
+            ratio.set_ylabel("ours / raw (median)")
+        (ratio if ratio is not None else top).set_xlabel("size (bytes)")
+    for index in range(len(ops), rows // panels * columns):  # the last row's empty cells
+        for axis in cell(index):
+            if axis is not None:
+                axis.set_visible(False)
+    handles, labels = cell(0)[0].get_legend_handles_labels()
+    legend_rows = (len(labels) + 3) // 4
     fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8)
     fig.suptitle("collectives-bench (busbw: nccl-tests definitions)")
-    fig.tight_layout(rect=(0, 0.04 + 0.025 * ((len(labels) + 3) // 4), 1, 0.97))
+    fig.tight_layout(rect=(0, min(0.3, (0.25 * legend_rows + 0.1) / (3.1 * rows + 1.2)), 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 

@@ -60,6 +60,10 @@ def communicator(group: Any = None) -> Communicator:
     ``syncbn.DataParallel(..., comm=...)``). It takes calls from the thread that created
     the group; torch's operations on the group run on a communicator of their own."""
     pg = dist.distributed_c10d._get_default_group() if group is None else group
+    if pg is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(f"this rank ({dist.get_rank()}) is not a member of the group: new_group() "
+                         "gives the ranks outside it no group, so there is no communicator here; call "
+                         "communicator(group) on the group's members only")
     if not isinstance(pg, ProcessGroupCollectives):
         raise TypeError(f"group is a process group of backend {dist.get_backend(pg)!r}, not "
                         f"{BACKEND_NAME!r}; make it with init_process_group(backend={BACKEND_NAME!r}) "

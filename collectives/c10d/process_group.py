@@ -19,9 +19,12 @@ import torch.distributed as dist
 
 from collectives import arrays
 from collectives.communicator import Communicator
+from collectives.errors import CollectiveMismatch
 from collectives.ops import ReduceOp, check_reduction
 from collectives.work import AllOf
 
+from . import arguments
+from .agreement import agree, agree_splits
 from .worker import CollectivesWork, Started, Worker
 
 #: The name torch knows this backend by (``init_process_group(backend=...)``).
@@ -137,14 +140,41 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     def abort(self) -> None:
         self._worker.stop()
 
+    # -- what torch asks of a group's devices ---------------------------------------------
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        """The devices the group takes tensors on, as torch lists a Gloo group's: torch's own
+        code reads them (torch.distributed.checkpoint's broadcast_from_rank0 and async_save,
+        object collectives). Every transport takes CPU tensors (cupy's through its host
+        backend) and CUDA tensors (mpi stages them through the host where it must)."""
+        return [torch.device("cuda"), torch.device("cpu")]
+
+    def _get_backend(self, device: Any) -> Any:
+        """The backend torch's code finds for ``device``: the host backend for CPU tensors
+        where the group has one, else the group itself (a Python process group is its own
+        backend: it has no torch Backend object per device)."""
+        kind = torch.device(device).type
+        if kind not in ("cpu", "cuda"):
+            raise RuntimeError(f"No backend type associated with device type {kind}")
+        return self._host if kind == "cpu" and self._host is not None else self
+
+    #: What torch's code asks of a backend before it tries a backend-specific path.
+    supports_splitting = False
+    supports_coalescing = False
+
+    def supports_tensor_alloc(self, device: Any) -> bool:
+        return False
+
     # -- the operations --------------------------------------------------------------------
 
-    def _submit(self, tensors: list[torch.Tensor], operation: Any) -> CollectivesWork:
+    def _submit(self, tensors: list[torch.Tensor], operation: Any, name: str) -> CollectivesWork:
         for t in tensors:
             self._check_device(t)
+            arrays.TORCH.dtype_name(t)  # a dtype the transports take (TypeError, at the call)
         if any(t.is_cuda for t in tensors):
             operation = _after_current_stream(operation, tensors)
-        return self._worker.submit(operation)
+        return self._worker.submit(operation, name)
 
     def _check_device(self, t: torch.Tensor) -> None:
         if t.is_cuda and self.comm.backend == "local":
@@ -157,15 +187,29 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             raise TypeError(f"the 'collectives' backend ({self.comm.backend} transport) takes CPU "
                             f"and CUDA tensors; got a tensor on {t.device}")
 
+    def _check_rooted(self, operation: str, check: Any, outputs: Any, inputs: Any, root: int) -> None:
+        """``check`` a rooted call's arguments; a rank that refuses it (its list is wrong)
+        still takes part in the call's agreement, so the others learn it and raise too (see
+        :mod:`collectives.c10d.agreement`), then raises here, at the call."""
+        try:
+            check(outputs, inputs, root, self.rank(), self.size())
+        except (TypeError, ValueError) as error:
+            single = inputs if operation == "gather" else outputs  # the tensor every rank passes
+            if len(single) == 1:
+                t, reason = single[0], str(error)
+                self._worker.submit(lambda comm: agree(comm, operation, t, reason), f"{operation} (refused)")
+            raise
+
     @_operation("allreduce")
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
+        arguments.allreduce(tensors)
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
 
         def run(comm: Communicator) -> Any:
             for t in tensors:
                 comm.all_reduce(t, op)
             return tensors
-        return self._submit(tensors, run)
+        return self._submit(tensors, run, "all_reduce")
 
     @_operation("allreduce_coalesced")
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
@@ -173,16 +217,18 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     @_operation("broadcast")
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
+        arguments.allreduce(tensors)
         root = _opt(opts, "rootRank", 0)
 
         def run(comm: Communicator) -> Any:
             for t in tensors:
                 comm.broadcast(t, root)
             return tensors
-        return self._submit(tensors, run)
+        return self._submit(tensors, run, "broadcast")
 
     @_operation("reduce")
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
+        arguments.allreduce(tensors)
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
         root = _opt(opts, "rootRank", 0)
 
@@ -190,150 +236,177 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             for t in tensors:
                 comm.reduce(t, op, root)
             return tensors
-        return self._submit(tensors, run)
+        return self._submit(tensors, run, "reduce")
 
     @_operation("allgather")
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts: Any = None) -> CollectivesWork:
+        arguments.allgather(output_tensors, input_tensors, self.size())
+
         def run(comm: Communicator) -> Any:
             for outputs, x in zip(output_tensors, input_tensors):
                 _gather_into(comm, outputs, x)
-            return output_tensors
-        return self._submit([*input_tensors, *_flat(output_tensors)], run)
+            return _gloo_value(output_tensors)
+        return self._submit([*input_tensors, *_flat(output_tensors)], run, "all_gather")
 
     @_operation("allgather_coalesced")
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts: Any = None) -> CollectivesWork:
+        arguments.allgather_coalesced(output_lists, input_list, self.size())
+
         # output_lists[r][i] receives rank r's input_list[i].
         def run(comm: Communicator) -> Any:
             for i, x in enumerate(input_list):
                 _gather_into(comm, [outputs[i] for outputs in output_lists], x)
-            return output_lists
-        return self._submit([*input_list, *_flat(output_lists)], run)
+            return _gloo_value(output_lists)
+        return self._submit([*input_list, *_flat(output_lists)], run, "all_gather_coalesced")
 
     @_operation("_allgather_base")
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> CollectivesWork:
+        arguments.all_gather_into_tensor(output, input, self.size())
+
         def run(comm: Communicator) -> Any:
             _all_gather_single(comm, output, input)
-            return [output]
-        return self._submit([output, input], run)
+            return _chunks(output, comm.size)
+        return self._submit([output, input], run, "all_gather_into_tensor")
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> CollectivesWork:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} "
+                             "inputs; it needs one output per input")
+        for output, x in zip(outputs, inputs):
+            arguments.all_gather_into_tensor(output, x, self.size())
+
         def run(comm: Communicator) -> Any:
             for output, x in zip(outputs, inputs):
                 _all_gather_single(comm, output, x)
             return outputs
-        return self._submit([*outputs, *inputs], run)
+        return self._submit([*outputs, *inputs], run, "all_gather_into_tensor_coalesced")
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
     @_operation("reduce_scatter")
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                        opts: Any = None) -> CollectivesWork:
+        arguments.reduce_scatter(output_tensors, input_tensors, self.size())
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), output_tensors)
 
         def run(comm: Communicator) -> Any:
             for output, inputs in zip(output_tensors, input_tensors):
-                stacked = torch.stack([t.reshape(output.shape) for t in inputs])
-                _reduce_scatter_single(comm, output, stacked, op)
+                _reduce_scatter_single(comm, output, torch.stack(inputs), op)
             return output_tensors
-        return self._submit([*output_tensors, *_flat(input_tensors)], run)
+        return self._submit([*output_tensors, *_flat(input_tensors)], run, "reduce_scatter")
 
     @_operation("_reduce_scatter_base")
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> CollectivesWork:
+        arguments.reduce_scatter_tensor(output, input, self.size())
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), [output])
 
         def run(comm: Communicator) -> Any:
             _reduce_scatter_single(comm, output, input, op)
             return [output]
-        return self._submit([output, input], run)
+        return self._submit([output, input], run, "reduce_scatter_tensor")
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> CollectivesWork:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} "
+                             "inputs; it needs one output per input")
+        for output, x in zip(outputs, inputs):
+            arguments.reduce_scatter_tensor(output, x, self.size())
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), outputs)
 
         def run(comm: Communicator) -> Any:
             for output, x in zip(outputs, inputs):
                 _reduce_scatter_single(comm, output, x, op)
             return outputs
-        return self._submit([*outputs, *inputs], run)
+        return self._submit([*outputs, *inputs], run, "reduce_scatter_tensor_coalesced")
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
     @_operation("alltoall_base")
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
                           input_split_sizes: list[int], opts: Any = None) -> CollectivesWork:
+        output_splits, input_splits = list(output_split_sizes), list(input_split_sizes)
+        arguments.all_to_all_single(output, input, output_splits, input_splits, self.size())
+
         def run(comm: Communicator) -> Any:
-            _all_to_all_single(comm, output, input, list(output_split_sizes), list(input_split_sizes))
+            _all_to_all_single(comm, output, input, output_splits, input_splits)
             return [output]
-        return self._submit([output, input], run)
+        return self._submit([output, input], run, "all_to_all_single")
 
     alltoall_base = all_to_all_single
 
     @_operation("alltoall")
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
                  opts: Any = None) -> CollectivesWork:
+        arguments.all_to_all(output_tensors, input_tensors, self.size())
+
         def run(comm: Communicator) -> Any:
+            sends = [t.numel() for t in input_tensors]
+            receives = [t.numel() for t in output_tensors]
+            agree_splits(comm, "all_to_all", sends, receives, input_tensors[0].device)
             flat = torch.cat([t.reshape(-1) for t in input_tensors])
-            received = comm.all_to_all(flat, [t.numel() for t in input_tensors])
-            if received.numel() != sum(t.numel() for t in output_tensors):
-                raise ValueError(f"alltoall: the output tensors hold {sum(t.numel() for t in output_tensors)} "
-                                 f"elements, but the ranks sent {received.numel()} to this rank")
-            for t, piece in zip(output_tensors, received.split([t.numel() for t in output_tensors])):
+            received = comm.all_to_all(flat, sends)
+            for t, piece in zip(output_tensors, received.split(receives)):
                 t.copy_(piece.view(t.shape))
             return output_tensors
-        return self._submit([*output_tensors, *input_tensors], run)
+        return self._submit([*output_tensors, *input_tensors], run, "all_to_all")
 
     @_operation("gather")
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts: Any = None) -> CollectivesWork:
         root = _opt(opts, "rootRank", 0)
+        self._check_rooted("gather", arguments.gather, output_tensors, input_tensors, root)
+        x = input_tensors[0]
 
         def run(comm: Communicator) -> Any:
-            for i, x in enumerate(input_tensors):
-                gathered = comm.gather(x, root)
-                if gathered is not None:
-                    for row, t in zip(gathered, output_tensors[i]):
-                        t.copy_(row)
-            return output_tensors
-        return self._submit([*input_tensors, *_flat(output_tensors)], run)
+            agree(comm, "gather", x, None)
+            gathered = comm.gather(x, root)
+            if gathered is not None:
+                for row, t in zip(gathered, output_tensors[0]):
+                    t.copy_(row)
+            return _gloo_value(output_tensors)
+        return self._submit([x, *_flat(output_tensors)], run, "gather")
 
     @_operation("scatter")
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                 opts: Any = None) -> CollectivesWork:
         root = _opt(opts, "rootRank", 0)
+        self._check_rooted("scatter", arguments.scatter, output_tensors, input_tensors, root)
+        output = output_tensors[0]
 
         def run(comm: Communicator) -> Any:
-            for i, output in enumerate(output_tensors):
-                if comm.rank == root:
-                    rows = torch.stack([t.reshape(output.shape) for t in input_tensors[i]])
-                else:  # only the root's rows are read; the others pass the shape
-                    rows = output.new_empty((comm.size, *output.shape))
-                out = output if output.is_contiguous() else None
-                result = comm.scatter(rows, root, out=out)
-                if out is None:
-                    output.copy_(result)
+            agree(comm, "scatter", output, None)
+            if comm.rank == root:
+                rows = torch.stack(input_tensors[0])
+            else:  # only the root's rows are read; the others pass the shape
+                rows = output.new_empty((comm.size, *output.shape))
+            out = output if output.is_contiguous() else None
+            result = comm.scatter(rows, root, out=out)
+            if out is None:
+                output.copy_(result)
             return output_tensors
-        return self._submit([*output_tensors, *_flat(input_tensors)], run)
+        return self._submit([*output_tensors, *_flat(input_tensors)], run, "scatter")
 
     @_operation("send")
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> CollectivesWork:  # noqa: N803
         def run(comm: Communicator) -> Any:
             return Started(AllOf(comm.send(t, dstRank, tag=tag, async_op=True) for t in tensors),
                            tensors, f"send to rank {dstRank} (tag {tag})")
-        return self._submit(tensors, run)
+        return self._submit(tensors, run, f"send to rank {dstRank} (tag {tag})")
 
     @_operation("recv")
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> CollectivesWork:  # noqa: N803
         def run(comm: Communicator) -> Any:
             return Started(AllOf(comm.recv(t, srcRank, tag=tag, async_op=True) for t in tensors),
                            tensors, f"recv from rank {srcRank} (tag {tag})")
-        return self._submit(tensors, run)
+        return self._submit(tensors, run, f"recv from rank {srcRank} (tag {tag})")
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> CollectivesWork:
         raise ValueError("the 'collectives' backend has no recv from any source; name the src rank")
@@ -342,7 +415,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         def run(comm: Communicator) -> Any:
             comm.barrier()
             return []
-        return self._submit([], run)
+        return self._submit([], run, "barrier")
 
 
 # -- the operations' bodies (run on the worker) ------------------------------------------------
@@ -355,21 +428,36 @@ def _flat(lists: list[list[torch.Tensor]]) -> list[torch.Tensor]:
     return [t for inner in lists for t in inner]
 
 
+def _gloo_value(lists: list[list[torch.Tensor]]) -> Any:
+    """A future's value as Gloo gives it: no list, ``[]``; one list, that list; several,
+    the list of them."""
+    if not lists:
+        return []
+    return lists if len(lists) > 1 else lists[0]
+
+
+def _chunks(output: torch.Tensor, size: int) -> list[torch.Tensor]:
+    """all_gather_into_tensor's future value, as Gloo's: the output's row blocks, one per rank."""
+    if output.dim() and output.shape[0] % size == 0:
+        return list(output.chunk(size))
+    return [output]
+
+
 def _gather_into(comm: Communicator, outputs: list[torch.Tensor], x: torch.Tensor) -> None:
-    """all_gather of ``x`` into ``outputs`` (one tensor per rank; sizes may differ by rank)."""
-    if len(outputs) != comm.size:
-        raise ValueError(f"all_gather needs a list of {comm.size} output tensors (one per rank); "
-                         f"got {len(outputs)}")
+    """all_gather of ``x`` into ``outputs`` (one tensor per rank; rows may differ by rank)."""
     if all(t.shape == x.shape for t in outputs):
         gathered = comm.all_gather(x)
         for t, row in zip(outputs, gathered):
             t.copy_(row)
         return
     everything, counts = comm.all_gather_v(x.reshape(-1))
-    for rank, (t, piece) in enumerate(zip(outputs, everything.split(counts))):
-        if t.numel() != piece.numel():
-            raise ValueError(f"all_gather: output tensor {rank} holds {t.numel()} elements, but rank "
-                             f"{rank} sent {piece.numel()}")
+    wrong = [(rank, t.numel(), count) for rank, (t, count) in enumerate(zip(outputs, counts))
+             if t.numel() != count]
+    if wrong:
+        raise CollectiveMismatch(
+            "all_gather: the output tensors do not hold what the ranks sent: " + "; ".join(
+                f"tensor_list[{rank}] holds {held} elements, rank {rank} sent {count}" for rank, held, count in wrong))
+    for t, piece in zip(outputs, everything.split(counts)):
         t.copy_(piece.view(t.shape))
 
 
@@ -382,9 +470,6 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _all_gather_single(comm: Communicator, output: torch.Tensor, x: torch.Tensor) -> None:
-    if output.numel() != comm.size * x.numel():
-        raise ValueError(f"all_gather_into_tensor needs an output of size * input.numel() = "
-                         f"{comm.size * x.numel()} elements; got {output.numel()}")
     if _overlap(x, output):  # in place (FSDP2 gathers from its own shard of the output)
         x = x.clone()
     if output.is_contiguous():
@@ -394,9 +479,6 @@ def _all_gather_single(comm: Communicator, output: torch.Tensor, x: torch.Tensor
 
 
 def _reduce_scatter_single(comm: Communicator, output: torch.Tensor, x: torch.Tensor, op: ReduceOp) -> None:
-    if x.numel() != comm.size * output.numel():
-        raise ValueError(f"reduce_scatter_tensor needs an input of size * output.numel() = "
-                         f"{comm.size * output.numel()} elements; got {x.numel()}")
     rows = x.reshape(comm.size, output.numel())
     if output.is_contiguous() and not _overlap(x, output):
         comm.reduce_scatter(rows, op, out=output.view(1, -1))
@@ -406,18 +488,13 @@ def _reduce_scatter_single(comm: Communicator, output: torch.Tensor, x: torch.Te
 
 def _all_to_all_single(comm: Communicator, output: torch.Tensor, x: torch.Tensor,
                        output_splits: list[int], input_splits: list[int]) -> None:
-    if not input_splits:
-        if x.shape[0] % comm.size if x.dim() else True:
-            raise ValueError(f"all_to_all_single without split sizes needs input.shape[0] divisible "
-                             f"by size={comm.size}; got input.shape={tuple(x.shape)}")
-        input_splits = [x.shape[0] // comm.size] * comm.size
-    # output_split_sizes need not travel: every rank's input splits do (our all_to_all
-    # exchanges them first), and an output of another length is an error on every rank.
-    received = comm.all_to_all(x, input_splits, out=output if output.is_contiguous() else None)
+    sends = input_splits or [x.shape[0] // comm.size] * comm.size
+    if input_splits or output_splits:  # what each rank sends each rank is what that rank expects
+        receives = output_splits or [output.shape[0] // comm.size] * comm.size
+        agree_splits(comm, "all_to_all_single", sends, receives, x.device)
+    received = comm.all_to_all(x, sends, out=output if output.is_contiguous() else None)
     if received is not output:
         output.copy_(received)
-
-
 
 
 def _after_current_stream(operation: Any, tensors: list[torch.Tensor]) -> Any:

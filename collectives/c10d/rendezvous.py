@@ -64,13 +64,22 @@ def rendezvous_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def transport(launch: LaunchInfo | None = None) -> str:
     """The transport ``collectives.init()`` would choose here, if a group can run on it."""
-    name = resolve_backend(None, launch or detect_launcher())
+    launch = launch or detect_launcher()
+    name = resolve_backend(None, launch)
+    # Where each transport runs: mpi under an MPI launcher (CPU and CUDA tensors), cupy under
+    # an MPI launcher or torchrun (CUDA tensors), local alone. Each refusal says where to go.
+    where = (f"for {BACKEND_NAME!r}, launch with mpiexec/mpirun/srun (the mpi transport: CPU and CUDA "
+             f"tensors), or keep torchrun with {config.BACKEND}=cupy (CUDA tensors)")
     if name == "torch":
         raise BackendUnavailable(
             f"the {BACKEND_NAME!r} torch backend runs on collectives' own transports (mpi, cupy, "
             f"local); {config.BACKEND} (or auto under torchrun) chose 'torch', which is torch's "
-            "own Gloo and NCCL: use backend='gloo' or 'nccl' for that, or set "
-            f"{config.BACKEND}=mpi (mpiexec/mpirun/srun) or cupy")
+            f"own Gloo and NCCL: use backend='gloo' or 'nccl' for those; {where}")
+    if launch.launcher == "torchrun" and (name == "mpi" or (name == "local" and launch.size > 1)):
+        raise BackendUnavailable(
+            f"the {BACKEND_NAME!r} torch backend on the {name} transport cannot run under torchrun "
+            f"({launch.size} ranks): {where}; for CPU tensors under torchrun, use torch's own "
+            "backend='gloo'")
     return name
 
 

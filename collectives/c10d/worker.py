@@ -24,7 +24,13 @@ The worker never runs a future's callbacks. ``wait()`` waits for the worker's wo
 and the futures are completed by completer threads (:class:`Completer`): a callback may
 wait for a later operation of the same group (DDP's PowerSGD hook does, inside ``then``),
 which the worker, free, runs meanwhile; one more completer thread is started only when
-every one is inside such a callback, so completions keep their order otherwise.
+every one is inside such a callback, so completions keep their order otherwise; a
+completer that has had nothing to do for :data:`COMPLETER_IDLE` seconds ends (one stays).
+
+A group holds at most ``MAX_PENDING`` operations that have not completed (the
+Communicator's bound on kept handles): one more waits for the oldest to complete, so a
+program that drops its handles in a loop runs in bounded memory. The group's own threads
+(a callback that issues an operation) never wait for room, since the room is theirs to make.
 """
 
 from __future__ import annotations
@@ -41,8 +47,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from collectives.communicator import Communicator, Work
-from collectives.errors import CollectiveError, CollectiveTimeout
+from collectives.communicator import MAX_PENDING, Communicator, Work
+from collectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 
 #: Seconds between polls of in-flight point-to-point operations while no other operation waits.
 P2P_POLL_INTERVAL = 0.0002
@@ -51,6 +57,8 @@ STOP_GRACE = 5.0
 #: Completer threads at most per group: callbacks nested this deep in waits for operations
 #: of their own group (each waiting one holds a thread).
 MAX_COMPLETERS = 32
+#: Seconds a completer thread waits for a completion to run before it ends (the first stays).
+COMPLETER_IDLE = 1.0
 
 _STOP = object()
 _WORKERS: weakref.WeakSet[Worker] = weakref.WeakSet()
@@ -62,9 +70,14 @@ _TorchWork: Any = dist._Work
 class CollectivesWork(_TorchWork):  # type: ignore[misc]
     """The handle torch gets for an operation of a "collectives" process group.
 
-    ``wait()`` blocks until the worker has run the operation and raises its error, if it
-    had one; ``get_future()`` is a ``torch.futures.Future`` that completes with it (its
-    value is what torch's own backends give, the tensors written, or the error).
+    ``wait(timeout)`` blocks until the worker has run the operation and raises its error,
+    if it had one; with a timeout (a ``timedelta``; zero: none) it raises
+    :class:`~collectives.CollectiveTimeout` when the operation has not completed by then.
+    ``get_future()`` is a ``torch.futures.Future`` that completes with it: its value is
+    what Gloo's gives (the tensors written), its error the operation's (torch's futures
+    give a callback's error as a ``RuntimeError`` that quotes it; every error an operation
+    can have once queued is a :class:`~collectives.CollectiveError`, itself a
+    ``RuntimeError``: bad arguments raise at the call, before any Work exists).
     """
 
     def __init__(self, outcome: Outcome) -> None:
@@ -73,7 +86,13 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
         self._future = outcome.source.then(_unwrap)
 
     def wait(self, timeout: Any = None) -> bool:
-        self._outcome.done.wait()
+        seconds = _seconds(timeout)
+        if not self._outcome.done.wait(seconds):
+            raise CollectiveTimeout(
+                f"{self._outcome.name} on {self._outcome.where} did not complete within "
+                f"wait(timeout={seconds:g}s): a rank has not made the matching call, or is stuck or dead. "
+                "The operation stays queued on the group: it completes if the other ranks arrive, or "
+                "fails at the group's own timeout; the group's later operations run after it")
         if isinstance(self._outcome.value, _Failure):
             raise self._outcome.value.error
         return True
@@ -96,60 +115,112 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
         return self._outcome.value
 
 
+def _seconds(timeout: Any) -> float | None:
+    """Seconds of a wait timeout (``timedelta``, milliseconds from C++ as a ``timedelta``,
+    or a number); ``None`` for none (torch's ``kNoTimeout`` is zero)."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if hasattr(timeout, "total_seconds") else float(timeout)
+    return seconds if seconds > 0 else None
+
+
 class Outcome:
     """What became of one operation: set once by the worker (``done``, ``value``: the
     tensors, or the failure), then handed to the completers for ``source``, the
-    future torch's consumers chain on."""
+    future torch's consumers chain on. ``name`` and ``where`` say which operation of
+    which group it is (for a ``wait(timeout)`` that expires)."""
 
-    __slots__ = ("done", "value", "source")
+    __slots__ = ("done", "value", "source", "name", "where")
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "operation", where: str = "its group") -> None:
         self.done = threading.Event()
         self.value: Any = None
         self.source: torch.futures.Future[Any] = torch.futures.Future()
+        self.name, self.where = name, where
 
 
 class Completer:
     """Threads that complete the futures of one group's operations, in the order the worker
     finished them while one thread suffices. A completion runs the future's callbacks; one
     that waits for a later operation of the group holds its thread, and the next completion
-    then starts another (at most MAX_COMPLETERS)."""
+    then starts another (at most MAX_COMPLETERS); a thread idle for COMPLETER_IDLE seconds
+    ends, down to one. ``completed(outcome)`` is called after each completion."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, completed: Callable[[Outcome], None]) -> None:
         self._name = name
+        self._completed = completed
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._started = 0  # threads ever started (for their names)
         self._pending = 0  # handed over, not yet taken by a thread
         self._busy = 0  # threads inside a completion (its callbacks)
+        self.idents: set[int] = set()  # the running threads' idents
+
+    @property
+    def threads(self) -> int:
+        """Completer threads running now."""
+        with self._lock:
+            return len(self._threads)
 
     def complete(self, outcome: Outcome) -> None:
         with self._lock:
             self._pending += 1
-            start = self._pending + self._busy > len(self._threads) and len(self._threads) < MAX_COMPLETERS
-            if start:
-                thread = threading.Thread(target=self._main, daemon=True,
-                                          name=f"{self._name}-completer-{len(self._threads)}")
-                self._threads.append(thread)
             self._queue.put(outcome)
-        if start:
+            thread = self._another_locked()
+        if thread is not None:
             thread.start()
 
+    def _another_locked(self) -> threading.Thread | None:
+        """A new thread, when something waits and every thread is inside a completion (whose
+        callbacks may wait for what waits) and there is room for one."""
+        if not self._pending or self._busy < len(self._threads) or len(self._threads) >= MAX_COMPLETERS:
+            return None
+        thread = threading.Thread(target=self._main, daemon=True, name=f"{self._name}-completer-{self._started}")
+        self._started += 1
+        self._threads.append(thread)
+        return thread
+
     def _main(self) -> None:
-        while True:
-            outcome = self._queue.get()
-            if outcome is _STOP:
-                return
-            with self._lock:
-                self._pending -= 1
-                self._busy += 1
-            try:
-                outcome.source.set_result(outcome.value)
-            except Exception:  # noqa: BLE001 - a callback's error is its chained future's
+        me = threading.current_thread()
+        self.idents.add(threading.get_ident())
+        try:
+            while self._complete_next(me):
                 pass
-            finally:
-                with self._lock:
-                    self._busy -= 1
+        finally:
+            self.idents.discard(threading.get_ident())
+            with self._lock:
+                if me in self._threads:
+                    self._threads.remove(me)
+
+    def _complete_next(self, me: threading.Thread) -> bool:
+        """Run the next completion; False when this thread is to end (stopped, or idle and
+        not the only one)."""
+        try:
+            outcome = self._queue.get(timeout=COMPLETER_IDLE)
+        except queue.Empty:
+            with self._lock:
+                if self._pending or self._threads[0] is me:
+                    return True
+                self._threads.remove(me)  # under the lock that complete() decides by
+                return False
+        if outcome is _STOP:
+            return False
+        with self._lock:
+            self._pending -= 1
+            self._busy += 1
+            thread = self._another_locked()
+        if thread is not None:
+            thread.start()
+        try:
+            outcome.source.set_result(outcome.value)
+        except Exception:  # noqa: BLE001 - a callback's error is its chained future's
+            pass
+        finally:
+            with self._lock:
+                self._busy -= 1
+            self._completed(outcome)
+        return True
 
     def stop(self, grace: float) -> None:
         """End the threads once they have completed what was handed to them."""
@@ -184,9 +255,13 @@ class Worker:
 
     def __init__(self, comm: Communicator, name: str) -> None:
         self.comm = comm
+        self._where = repr(comm)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._in_flight: collections.deque[_InFlight] = collections.deque()
-        self._completer = Completer(name)
+        self._completer = Completer(name, self._completed)
+        self._room = threading.Condition()
+        self.pending = 0  # operations submitted and not completed (futures included)
+        self.most_pending = 0  # the most there ever were
         self._stopped = False
         bound = threading.Event()
         self._thread = threading.Thread(target=self._main, args=(bound,), name=name, daemon=True)
@@ -195,27 +270,52 @@ class Worker:
         self.ident = self._thread.ident
         _WORKERS.add(self)
 
-    def submit(self, operation: Callable[[Communicator], Any]) -> CollectivesWork:
-        """Queue ``operation(comm)``; its return value (or a :class:`Started`) completes the work."""
-        if self._stopped:
-            raise CollectiveError("this 'collectives' process group was destroyed; create a new one")
+    @property
+    def completer_threads(self) -> int:
+        """Completer threads running now (they end when idle, down to one)."""
+        return self._completer.threads
+
+    def submit(self, operation: Callable[[Communicator], Any], name: str = "operation") -> CollectivesWork:
+        """Queue ``operation(comm)``; its return value (or a :class:`Started`) completes the
+        work. ``name``: what it is, for messages. Waits while MAX_PENDING operations are
+        pending (never on the group's own threads)."""
+        own = threading.get_ident() == self.ident or threading.get_ident() in self._completer.idents
         # The completers complete ``outcome.source``; the caller's future is
         # ``source.then(_unwrap)``, which fails where the operation failed. A future completed
         # through Future.set_exception holds the exception as its VALUE (Python raises it on
         # unwrapping; C++ consumers such as DDP's reducer would take it for the tensors), while
         # an error raised in a then() callback is the future's error for C++ too.
-        outcome = Outcome()
-        self._queue.put((operation, outcome))
+        outcome = Outcome(name, self._where)
+        with self._room:  # queued under the lock that stop() queues its end under: never after it
+            if self.pending >= MAX_PENDING and not own:
+                # Down to half before going on: one wake-up per MAX_PENDING / 2 completions,
+                # not a hand-over between threads per operation.
+                while self.pending > MAX_PENDING // 2 and not self._stopped:
+                    self._room.wait()
+            if self._stopped:
+                raise CollectiveError("this 'collectives' process group was destroyed; create a new one")
+            self.pending += 1
+            self.most_pending = max(self.most_pending, self.pending)
+            self._queue.put((operation, outcome))
         return CollectivesWork(outcome)
+
+    def _completed(self, outcome: Outcome) -> None:
+        with self._room:
+            self.pending -= 1
+            if self.pending == MAX_PENDING // 2:
+                self._room.notify_all()
 
     def stop(self) -> None:
         """Run what is queued, then end the thread (and close its communicator)."""
-        if not self._stopped:
+        with self._room:
+            if self._stopped:
+                return
             self._stopped = True
+            self._room.notify_all()
             self._queue.put(_STOP)
-            if threading.get_ident() != self.ident:
-                self._thread.join(STOP_GRACE)
-                self._completer.stop(STOP_GRACE)
+        if threading.get_ident() != self.ident:
+            self._thread.join(STOP_GRACE)
+            self._completer.stop(STOP_GRACE)
 
     # -- the thread ---------------------------------------------------------------------
 
@@ -247,6 +347,14 @@ class Worker:
     def _run(self, operation: Callable[[Communicator], Any], outcome: Outcome) -> None:
         try:
             value = operation(self.comm)
+        except (TypeError, ValueError) as error:
+            # Each rank's own arguments were checked at the call: what the worker finds wrong
+            # is a disagreement between the ranks (the communicator's checks of what they
+            # exchanged), a CollectiveError like every error a queued operation can have.
+            mismatch = CollectiveMismatch(str(error))
+            mismatch.__cause__ = error
+            self._finish(outcome, _failure(mismatch))
+            return
         except BaseException as error:  # noqa: BLE001 - it belongs to the caller's wait()
             self._finish(outcome, _failure(error))
             return

@@ -121,3 +121,16 @@ def test_importing_the_bench_imports_no_transport() -> None:
             "print([m for m in ('torch', 'mpi4py', 'cupy') if m in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_plot_draws_a_grid_that_can_be_read(tmp_path: Path) -> None:
+    """Every collective of docs/bench's two runs (11 of them, with raw timings): four to a row,
+    a busbw panel over a ratio panel, not one row of 11 panels."""
+    pytest.importorskip("matplotlib")
+    root = Path(__file__).resolve().parents[2]
+    docs = [json.loads((root / "docs" / "bench" / name).read_text()) for name in ("mpi.json", "torch-gloo.json")]
+    out = tmp_path / "plot.png"
+    cli.plot(docs, str(out))
+    width, height = int.from_bytes(out.read_bytes()[16:20], "big"), int.from_bytes(out.read_bytes()[20:24], "big")
+    assert cli.plot_grid(11, True) == (6, 4) and cli.plot_grid(3, False) == (1, 3)
+    assert width <= 2000 and 0.5 < width / height < 1.5, (width, height)

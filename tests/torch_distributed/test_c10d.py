@@ -86,7 +86,8 @@ def test_bad_input_is_the_same_clear_error_on_every_rank(two):
     assert "ReduceOp.PREMUL_SUM" in out["premul_sum"] and out["premul_sum"].startswith("ValueError")
     assert out["sum of bool"].startswith("TypeError") and "bool" in out["sum of bool"]
     assert out["band of float"].startswith("TypeError")
-    assert "4 elements; got 3" in out["all_gather_into_tensor size"]
+    said = out["all_gather_into_tensor size"]
+    assert said.startswith("ValueError") and "output_tensor holds 3 elements" in said, said
     assert out["after"] == "2.0"
 
 
@@ -133,6 +134,20 @@ def test_torch_transport_is_refused_naming_gloo_and_nccl():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={**__import__("os").environ, "COLLECTIVES_BACKEND": "torch"}).stdout
     assert out.startswith("BackendUnavailable") and "gloo" in out and "nccl" in out, out
+
+
+@pytest.mark.parametrize("transport", ["", "mpi", "local"], ids=["auto", "mpi", "local"])
+def test_under_torchrun_the_refusal_points_to_a_launch_that_works(transport):
+    """Under torchrun auto picks torch (refused), mpi needs an MPI launcher and local one rank:
+    each says to launch with mpiexec or use cupy, none sends the user back to another refusal."""
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+                "TORCHELASTIC_RUN_ID": "test", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    code = ("from collectives.c10d.rendezvous import transport\n"
+            "try:\n    print('chose', transport())\nexcept Exception as e:\n    print(type(e).__name__, e)\n")
+    env = {**__import__("os").environ, **torchrun, "COLLECTIVES_BACKEND": transport}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env).stdout
+    assert out.startswith("BackendUnavailable"), out
+    assert "mpiexec" in out and "COLLECTIVES_BACKEND=cupy" in out and "COLLECTIVES_BACKEND=torch" not in out, out
 
 
 def test_cpu_tensors_go_to_the_host_backend_when_the_group_has_one(two):
