@@ -125,12 +125,6 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     def setGroupDesc(self, desc: str) -> None:  # noqa: N802
         self._group_desc = desc
 
-    def _get_backend(self, device: Any) -> Any:
-        """The group itself, for every device: it is its own backend (torch registers none for a
-        Python group, and from 2.14 ``batch_isend_irecv`` asks every group for its device's
-        backend, to see whether it coalesces: this one does not)."""
-        return self
-
     def __repr__(self) -> str:
         return f"ProcessGroupCollectives(rank={self.rank()}, size={self.size()}, comm={self.comm!r})"
 
@@ -153,7 +147,8 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     def _get_backend(self, device: Any) -> Any:
         """The backend torch's code finds for ``device``: the host backend for CPU tensors
         where the group has one, else the group itself (a Python process group is its own
-        backend: it has no torch Backend object per device)."""
+        backend: it has no torch Backend object per device; from 2.14 ``batch_isend_irecv``
+        asks every group for its device's backend, to see whether it coalesces)."""
         kind = torch.device(device).type
         if kind not in ("cpu", "cuda"):
             raise RuntimeError(f"No backend type associated with device type {kind}")
