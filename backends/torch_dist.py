@@ -31,7 +31,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from collectives import arrays
+from collectives import arrays, recorder
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work, deliver
 from collectives.emulations import Emulations
@@ -83,6 +83,9 @@ class TorchCommunicator(Communicator):
         if self._torch_rank != list(range(len(self._torch_rank))):
             # The one place the order matters: this communicator takes _InOurOrder's methods.
             self.__class__ = _in_our_order(type(self))
+        # The default check is a CPU all_reduce: a group with no CPU transport (NCCL alone)
+        # checks only with COLLECTIVES_DEBUG=1.
+        self._checks_by_default = str(dist.get_backend(group)).lower() != "nccl"
         me = self._global_ranks.index(dist.get_rank())
         if local_rank is None:
             local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
@@ -91,6 +94,9 @@ class TorchCommunicator(Communicator):
         self._all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
                                        or dist.reduce_scatter_tensor)
+        # The timeout torch enforces on this group (a call's own timeout= may be shorter).
+        self._group_timeout = self.timeout
+        self._band = dist.ReduceOp.BAND
         self._name = "world"  # unique among communicators; split derives its children's
         self._splits = 0
         R = dist.ReduceOp
@@ -455,6 +461,21 @@ class TorchCommunicator(Communicator):
         finish()
         return None
 
+    def _agree_word(self, word: int) -> int:
+        """One all_reduce (BAND) of one int64 CPU tensor. Under a call's own ``timeout=`` shorter
+        than the group's (which torch enforces) it is polled against that deadline."""
+        flag = self._torch.tensor([word], dtype=self._torch.int64)
+        if self.timeout is None or self.timeout == self._group_timeout:
+            self._dist.all_reduce(flag, op=self._band, group=self._group)
+            return int(flag[0])
+        from collectives.reliability import poll_until  # noqa: PLC0415
+
+        work = self._dist.all_reduce(flag, op=self._band, group=self._group, async_op=True)
+        if not poll_until(work.is_completed, _clock() + self.timeout):
+            raise self._timeout_error()
+        work.wait()
+        return int(flag[0])
+
     def _barrier(self) -> None:
         # A tiny all_reduce rather than dist.barrier(): it works on every group without
         # guessing a device, and it completes only when every rank has reached it.
@@ -583,6 +604,9 @@ def _group_named(name: str) -> Iterator[None]:
         yield
     finally:
         c10d._process_group_name = original
+
+
+_clock = recorder.clock
 
 
 def _negative_strides(x: Any, adapter: ArrayAdapter) -> bool:

@@ -123,8 +123,18 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         self.size = size
         self.local_rank = local_rank
         self.timeout: float | None = config.timeout_seconds(timeout)
-        # One rank has nobody to disagree with: debug costs nothing at size 1.
-        self.debug: bool = bool(config.env_flag(config.DEBUG)) and size > 1
+        # One rank has nobody to disagree with: checks cost nothing at size 1.
+        level = config.check_level() if size > 1 else config.CHECKS_OFF
+        if level == config.CHECKS_DEFAULT and not self._checks_by_default:
+            level = config.CHECKS_OFF
+        self._check_level = level
+        #: Whether the ranks compare full fingerprints before every call and send headers
+        #: ahead of point-to-point payloads (``COLLECTIVES_DEBUG=1``).
+        self.debug: bool = level == config.CHECKS_FULL
+        # The first collective compares in full, COLLECTIVES_DEBUG=0 too (then no more).
+        self._checking = size > 1 and (level != config.CHECKS_OFF or self._checks_by_default)
+        self._call_hashes: dict[tuple[Any, ...], int] = {}
+        self._barrier_words: dict[int, tuple[Work, Any]] = {}
         self._closed = False
         # Why the communicator cannot be used any more (after a timeout), else None.
         self._why_broken: str | None = None
@@ -320,10 +330,8 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
             self.timeout = config.timeout_seconds(timeout or 0)
         record = self._begin(BARRIER)
         try:
-            if self.debug:
-                self._compare_fingerprints(None, -1, None, ())
             if self.timeout is None or self.size == 1:
-                self._barrier()
+                self._synchronize()
             else:
                 self._monitored_barrier(self.timeout)
         except Exception as error:
@@ -358,8 +366,8 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         _CHILD_NAME[:] = [f"{self.trace_name}/{self._trace_splits}:{color}"]
         self._trace_splits += 1
         try:
-            if self.debug:  # colors and keys differ by design: only the call itself is compared
-                self._compare_fingerprints(None, -1, None, ())
+            if self._checking:  # colors and keys differ by design: only the call is compared
+                self._check_call(SPLIT, None, -1, None, ())
             child = self._split(None if color is None else int(color),
                                 self.rank if key is None else int(key))
         except Exception as error:
@@ -465,8 +473,8 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         else:
             record = None
         try:
-            if self.debug and call.collective:
-                self._compare_fingerprints(reduce_op, root, dtype, call.fingerprint_shape(x.shape))
+            if self._checking and call.collective:
+                self._check_call(call, reduce_op, root, dtype, x.shape)
             if view is not None and not async_op and fast(view, root):
                 result = x  # the backend's fast path ran it (see _fast_path)
             elif self.debug and not call.collective:

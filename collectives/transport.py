@@ -102,6 +102,21 @@ class Transport(abc.ABC):
         override it (the vector goes through device memory)."""
         return self._all_gather(vector, arrays.NUMPY, "int64", None, False)
 
+    #: Whether the default check (``COLLECTIVES_DEBUG`` unset) runs on this transport. A
+    #: transport whose :meth:`_agree_word` would synchronize a device stream on every call
+    #: sets it False: there only ``COLLECTIVES_DEBUG=1`` checks.
+    _checks_by_default: bool = True
+
+    def _agree_word(self, word: int) -> int:
+        """The bitwise AND (BAND) over every rank of one non-negative int64 ``word`` each: the
+        default check's one small collective (:func:`collectives.debug.check_word`). Backends
+        override it with the cheapest call their transport has for it."""
+        import numpy as np  # noqa: PLC0415
+
+        vector = np.array([word], dtype=np.int64)
+        self._all_reduce(vector, arrays.NUMPY, "int64", ReduceOp.BAND, False)
+        return int(vector[0])
+
     def _send_small(self, vector: Any, dst: int, tag: int) -> Work:
         """Send a small int64 numpy vector to ``dst``, nonblocking (the debug-mode header of a
         send). Backends whose transport takes no host memory override it and
