@@ -28,16 +28,19 @@ import functools
 import math
 import os
 import re
+import socket
 from collections.abc import Iterator
 from typing import Any
 
-from collectives import arrays, recorder
+from collectives import arrays, farewell, recorder
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work, deliver
 from collectives.emulations import Emulations
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
+from collectives.polling import wait_until
+from collectives.reliability import LISTEN_POLL
 
 from . import _float_order
 from ._toolkit import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
@@ -96,6 +99,7 @@ class TorchCommunicator(Communicator):
                                        or dist.reduce_scatter_tensor)
         # The timeout torch enforces on this group (a call's own timeout= may be shorter).
         self._group_timeout = self.timeout
+        self._farewells_seen = 0  # the count of farewells in the store at the last look
         self._band = dist.ReduceOp.BAND
         self._name = "world"  # unique among communicators; split derives its children's
         self._splits = 0
@@ -132,8 +136,15 @@ class TorchCommunicator(Communicator):
         if isinstance(error, dist_error) or any(
                 phrase in lowered for phrase in ("connection closed", "connection reset",
                                                  "broken pipe", "connection refused")):
-            return CollectiveError(f"{self._call_name()} failed in torch.distributed (a peer "
-                                   f"rank may have died): {first_line}")
+            try:  # a peer that left said so before its connection closed
+                self._hear_farewells()
+            except CollectiveError as left:
+                return left
+            except Exception:  # noqa: BLE001 - the store went with that peer
+                pass
+            return CollectiveError(f"{self._call_name()} failed in torch.distributed: a peer "
+                                   f"rank closed its connection (it ended or died, without "
+                                   f"closing this communicator): {first_line}")
         return super()._transport_error(error)
 
     @property
@@ -462,19 +473,48 @@ class TorchCommunicator(Communicator):
         return None
 
     def _agree_word(self, word: int) -> int:
-        """One all_reduce (BAND) of one int64 CPU tensor. Under a call's own ``timeout=`` shorter
-        than the group's (which torch enforces) it is polled against that deadline."""
+        """One all_reduce (BAND) of one int64 CPU tensor, polled: a peer's farewell is heard
+        while it waits, and a call's own ``timeout=`` (shorter than the group's, which torch
+        enforces) is kept."""
         flag = self._torch.tensor([word], dtype=self._torch.int64)
-        if self.timeout is None or self.timeout == self._group_timeout:
-            self._dist.all_reduce(flag, op=self._band, group=self._group)
-            return int(flag[0])
-        from collectives.reliability import poll_until  # noqa: PLC0415
-
         work = self._dist.all_reduce(flag, op=self._band, group=self._group, async_op=True)
-        if not poll_until(work.is_completed, _clock() + self.timeout):
+        seconds = math.inf if self.timeout is None or self.timeout == self._group_timeout else self.timeout
+        if not wait_until(work.is_completed, seconds, LISTEN_POLL, check=self._hear_farewells):
             raise self._timeout_error()
         work.wait()
         return int(flag[0])
+
+    # -- farewells: keys in torch's store (the default group's) ----------------------------
+
+    def _store(self) -> Any:
+        try:
+            return self._dist.distributed_c10d._get_default_store()
+        except Exception:  # noqa: BLE001 - no default group, or a torch without it
+            return None
+
+    def _tell_peers_left(self, how: int) -> None:
+        store = self._store()
+        if store is not None:  # (host and pid: see farewell.wait_for_departed)
+            store.set(f"collectives/left/{self._name}/{self.rank}",
+                      f"{self._seq} {how} {socket.gethostname()} {os.getpid()}")
+            store.add(f"collectives/left/{self._name}", 1)
+
+    def _peers_left(self) -> list[tuple[int, int, int]]:
+        store = self._store()
+        if store is None:
+            return []
+        count = store.add(f"collectives/left/{self._name}", 0)
+        if count <= self._farewells_seen:
+            return []
+        self._farewells_seen = count
+        found = []
+        for peer in range(self.size):
+            key = f"collectives/left/{self._name}/{peer}"
+            if peer != self.rank and peer not in self._left and store.check([key]):
+                calls, how, host, pid = store.get(key).decode().split()
+                found.append((peer, int(calls), int(how)))
+                farewell.departed.append((host, int(pid)))
+        return found
 
     def _barrier(self) -> None:
         # A tiny all_reduce rather than dist.barrier(): it works on every group without

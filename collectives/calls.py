@@ -103,6 +103,9 @@ def check_splits(comm: Any, shape: Shape, splits: Sequence[int], root: Any) -> N
 #: The tag of the barrier's own messages under a timeout (see ``Communicator.barrier``): a
 #: user's send of this tag could be taken for a rank's arrival, so send/recv refuse it.
 BARRIER_TAG = 32767
+#: The tag of a rank's farewell on MPI (see collectives.farewell), refused by send/recv too.
+FAREWELL_TAG = 32766
+RESERVED_TAGS = (BARRIER_TAG, FAREWELL_TAG)
 
 
 def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
@@ -115,9 +118,10 @@ def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
             raise TypeError(f"tag must be an int; got {type(tag).__name__}")
         if not 0 <= tag < 2**31 - 1:
             raise ValueError(f"tag must be between 0 and 2**31 - 2; got {tag}")
-        if tag == BARRIER_TAG:
-            raise ValueError(f"tag {BARRIER_TAG} is reserved for the barrier's messages; use any "
-                             f"other tag between 0 and 2**31 - 2")
+        if tag in RESERVED_TAGS:
+            raise ValueError(f"tag {tag} is reserved for the library's own messages (the "
+                             f"barrier's, a rank's farewell); use any other tag between 0 and "
+                             f"2**31 - 2 except {BARRIER_TAG} and {FAREWELL_TAG}")
     return check
 
 

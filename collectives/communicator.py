@@ -39,7 +39,7 @@ from _thread import get_ident as _thread_id
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import config, recorder
+from . import config, farewell, recorder
 from .arrays import ArrayAdapter
 from .calls import (
     ALL_GATHER,
@@ -135,6 +135,10 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         self._checking = size > 1 and (level != config.CHECKS_OFF or self._checks_by_default)
         self._call_hashes: dict[tuple[Any, ...], int] = {}
         self._barrier_words: dict[int, tuple[Work, Any]] = {}
+        self._left: dict[int, tuple[int, int]] = {}
+        self._farewell_said = False
+        if size > 1:
+            farewell.install()
         self._closed = False
         # Why the communicator cannot be used any more (after a timeout), else None.
         self._why_broken: str | None = None
@@ -381,13 +385,15 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         return child
 
     def close(self) -> None:
-        """Complete outstanding asynchronous calls, then release the transport's resources;
-        the communicator can no longer be used."""
+        """Complete outstanding asynchronous calls, tell the peers this rank is done with the
+        communicator (a peer still waiting in a call of it then raises at once, naming this
+        rank), then release the transport's resources; the communicator can no longer be used."""
         if not self._closed:
             try:
                 if not self._broken:
                     self._complete_pending()
             finally:
+                self._say_farewell(farewell.FINISHED)
                 self._closed, self._gate = True, None
                 _LIVE.discard(self)
                 self._close()

@@ -10,11 +10,12 @@ under a timeout, and write the dump when a call times out or the ranks' calls di
 from __future__ import annotations
 
 import collections
+import dataclasses
 import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import config, recorder
+from . import config, farewell, recorder
 from .calls import BARRIER, BARRIER_TAG, Call
 from .debug import call_hash
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
@@ -35,6 +36,8 @@ SPIN_SECONDS = 50e-6
 YIELD_SECONDS = 0.002
 POLL = PollPolicy(fast_polls=0, busy_seconds=YIELD_SECONDS, sleep_min=1e-4, sleep_max=1e-3,
                   spin_seconds=SPIN_SECONDS)
+#: ``POLL`` looking for farewells (collectives.farewell) while it waits, every LISTEN_SECONDS.
+LISTEN_POLL = dataclasses.replace(POLL, check_seconds=farewell.LISTEN_SECONDS)
 
 
 def poll_until(done: Callable[[], bool], deadline: float) -> bool:
@@ -72,6 +75,10 @@ class Reliability(Transport):
     _call_hashes: dict[tuple[Any, ...], int]
     # Rank 0's posted receives of the barrier's words not taken yet: peer -> (handle, word).
     _barrier_words: dict[int, tuple[Work, Any]]
+    # Peers that left this communicator: rank -> (its count of calls, how; see farewell), and
+    # whether this rank said its own farewell.
+    _left: dict[int, tuple[int, int]]
+    _farewell_said: bool
 
     def register_hook(self, fn: Callable[[CallRecord], Any]) -> HookHandle:
         """Call ``fn(record)`` when each call on this communicator completes (in the calling
@@ -216,6 +223,39 @@ class Reliability(Transport):
             if key not in waiting:
                 work.wait()
         return waiting
+
+    # -- farewells: a peer that left (collectives/farewell.py) ------------------------------
+
+    def _say_farewell(self, how: int) -> None:
+        """Tell the peers that this rank leaves this communicator (``close()``, interpreter exit).
+        Best effort: a peer that cannot be told waits for its timeout, as before."""
+        if self.size > 1 and not self._closed and not self._why_broken and not self._farewell_said:
+            self._farewell_said = True
+            try:
+                self._tell_peers_left(how)
+            except Exception:  # noqa: BLE001 - the transport is going away already
+                pass
+
+    def _hear_farewells(self, call: tuple[str, int] | None = None) -> None:
+        """While a call waits (``call``: its operation and number; default the running one):
+        :class:`~collectives.farewell.PeerLeft` when a peer left before making it."""
+        for rank, calls, how in self._peers_left():
+            self._left[rank] = (calls, how)
+        seq = call[1] if call is not None else self._seq
+        gone = [(rank, calls, how) for rank, (calls, how) in self._left.items() if calls < seq]
+        if not gone:
+            return
+        call_name = self._call_name(call)
+        error = farewell.PeerLeft(
+            f"{call_name} cannot complete: {farewell.describe(gone)}, so it will never make this "
+            f"call (#{seq}): the ranks made different numbers of collective calls. This "
+            "communicator is now unusable: every later call on it raises.")
+        error.left = gone
+        farewell.raised.extend(gone)
+        self._failed(self._record_of(seq), error)
+        self._broken = f"{self!r} is unusable: {call_name} waited for a rank that left ({farewell.describe(gone)})"
+        recorder.dump(f"PeerLeft in {call_name}")
+        raise error
 
     # -- reliability: sequence numbers, fingerprints, timeouts ---------------------------
 

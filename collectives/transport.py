@@ -117,6 +117,17 @@ class Transport(abc.ABC):
         self._all_reduce(vector, arrays.NUMPY, "int64", ReduceOp.BAND, False)
         return int(vector[0])
 
+    def _tell_peers_left(self, how: int) -> None:
+        """Leave a farewell with every peer: this rank made ``self._seq`` collectives on this
+        communicator and is done with it (``how``: :data:`collectives.farewell.FINISHED` or
+        ``FAILED``). Must not wait for the peers. Default: the transport cannot tell them (a
+        call left without a partner then waits for its timeout)."""
+
+    def _peers_left(self) -> list[tuple[int, int, int]]:
+        """The farewells received since the last look, as ``(rank, calls, how)``; must not
+        block. Default: none."""
+        return []
+
     def _send_small(self, vector: Any, dst: int, tag: int) -> Work:
         """Send a small int64 numpy vector to ``dst``, nonblocking (the debug-mode header of a
         send). Backends whose transport takes no host memory override it and
