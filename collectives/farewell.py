@@ -18,7 +18,6 @@ The rank that finished goes on, and ends as it would have: it waits for nobody.
 from __future__ import annotations
 
 import atexit
-import os
 import socket
 import threading
 import time
@@ -96,22 +95,8 @@ def wait_for_departed(seconds: float) -> None:
     pids = [pid for host, pid in departed if host == here]
     deadline = time.monotonic() + seconds
     while pids and time.monotonic() < deadline:
-        pids = [pid for pid in pids if _alive(pid)]
+        pids = [pid for pid in pids if _exits.process_alive(pid)]
         time.sleep(0.01)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (ended, not reaped yet by its launcher) counts as ended
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 _HOW = {FINISHED: "finished (closed this communicator, or ended normally)",
