@@ -67,13 +67,10 @@ from .launcher import LaunchInfo
 from .ops import ReduceOp
 from .recorder import END, POSTED, STARTED, STATE, CallRecord
 from .reliability import _LIVE, Reliability
-from .work import Work, deliver
+from .work import MAX_PENDING, KeptHandles, Work, _reap, deliver  # noqa: F401  (MAX_PENDING: also here)
 
 _C_INT_MAX = 2**31 - 1
 
-#: Handles kept at most for a communicator; one more waits for the oldest first, so a
-#: program that drops handles in a loop runs in bounded memory.
-MAX_PENDING = 1024
 
 
 _clock = recorder.clock
@@ -85,7 +82,7 @@ _ORDER = itertools.count()
 _CHILD_NAME: list[str] = []
 
 
-class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks):
+class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, ArgumentChecks):
     """A group of ranks that run collectives together.
 
     Attributes: ``rank`` (0 .. size-1 within this communicator), ``size``,
@@ -145,11 +142,9 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         # The running call, for error messages: its operation and sequence number.
         self._seq = 0
         self._operation = ""
-        # Handles of asynchronous calls not known to be complete, oldest first.
+        # Handles of asynchronous calls not known to be complete (see KeptHandles).
         self._pending: collections.deque[Work] = collections.deque()
-        # Point-to-point handles apart: one may wait for a send the peer makes only later, so
-        # they are never waited for to make room (that could deadlock) and never block the
-        # reaping of collective handles.
+        self._posted: collections.deque[list[Any] | None] = collections.deque()
         self._pending_p2p: collections.deque[Work] = collections.deque()
         # The thread that may call collectives on this communicator (see bind_thread).
         self._owner = _thread_id()
@@ -474,7 +469,7 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
             # end time and no error has completed (one STORE less on every call)
             # (the fast path's numpy view has x's shape as a plain tuple: a torch.Size costs more)
             record = [self._seq, call, dtype, (x if view is None else view).shape, root, STARTED,
-                      _clock(), 0.0, None, None]
+                      _clock(), 0.0, None, None, reduce_op]
             ring.append(record)
         else:
             record = None
@@ -498,11 +493,11 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
             if self._hooks:
                 self._call_hooks(record)
         if async_op:
-            if record is not None:
-                record[STATE] = POSTED
             if type(result) is not Work:  # a handle that may still be running: keep it
+                if record is not None:  # (completed once the communicator learns it has)
+                    record[STATE] = POSTED
                 if call.collective:
-                    self._keep(result)
+                    self._keep(result, record)
                 else:
                     self._pending_p2p.append(result)
                     _reap(self._pending_p2p)
@@ -517,26 +512,9 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         self._operation = call.name
         if self._ring is None:
             return None
-        record = [self._seq, call, None, None, -1, STARTED, _clock(), 0.0, None, None]
+        record = [self._seq, call, None, None, -1, STARTED, _clock(), 0.0, None, None, None]
         self._ring.append(record)
         return record
-
-    # -- asynchronous handles ------------------------------------------------------------
-
-    def _keep(self, work: Work) -> None:
-        if len(self._pending) >= MAX_PENDING:
-            self._pending.popleft().wait()
-        self._pending.append(work)
-
-    def _reap(self) -> None:
-        """Forget the collective handles that have completed, oldest first (collectives
-        complete in the order they were made; a still-running one ends the scan)."""
-        _reap(self._pending)
-
-    def _complete_pending(self) -> None:
-        for pending in (self._pending, self._pending_p2p):
-            while pending:
-                pending.popleft().wait()
 
     def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
         """For backends and helpers: the checks of ``_run`` for an array argument."""
@@ -586,11 +564,6 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         Raises :class:`BackendUnavailable` with the reason when the backend cannot
         run under that launcher or its transport is missing.
         """
-
-
-def _reap(pending: collections.deque[Work]) -> None:
-    while pending and pending[0].is_completed():
-        pending.popleft()
 
 
 def _in_backward_pass() -> bool:

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from . import _exits
+from . import _exits, recorder
 from .calls import FAREWELL_TAG  # noqa: F401  (also importable from here)
 from .errors import CollectiveMismatch
 
@@ -65,10 +65,19 @@ def install() -> None:
     _installed["atexit"] = True
 
 
+#: The reason of the dump a rank that ends normally writes (with COLLECTIVES_TRACE_DIR).
+ENDED_NORMALLY = "exit: ended normally"
+
+
 def _at_exit() -> None:
     watch = _installed.get("watch")
     failing = watch.failing_exit() if watch is not None else None
     say_farewell(FINISHED if failing is None else FAILED)
+    # With COLLECTIVES_TRACE_DIR, a rank that ends normally says so in its dump (unless it wrote
+    # one that says more): collectives-trace then tells it from a rank that was killed.
+    if failing is None and all(reason == "SIGUSR1" or reason.startswith("dump_trace")
+                               for reason in recorder.written):
+        recorder.dump(ENDED_NORMALLY)
 
 
 def say_farewell(how: int) -> None:
