@@ -133,6 +133,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
         self._call_hashes: dict[tuple[Any, ...], int] = {}
         self._barrier_words: dict[int, tuple[Work, Any]] = {}
         self._left: dict[int, tuple[int, int]] = {}
+        self._abandoned_works: list[Work] = []
         self._farewell_said = False
         if size > 1:
             farewell.install()

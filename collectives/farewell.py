@@ -28,8 +28,10 @@ from .calls import FAREWELL_TAG  # noqa: F401  (also importable from here)
 from .errors import CollectiveMismatch
 
 #: How a rank left: it finished normally (closed the communicator, or its interpreter is
-#: ending normally), or its process is ending through an uncaught exception or a failing exit.
-FINISHED, FAILED = 0, 1
+#: ending normally), its process is ending through an uncaught exception or a failing exit, or
+#: it gave up on the communicator after an exception and goes on (a pool's rank whose job
+#: raised: see collectives.testing.worker).
+FINISHED, FAILED, ABANDONED = 0, 1, 2
 #: Seconds between two looks for farewells while a call waits.
 LISTEN_SECONDS = 0.005
 
@@ -109,7 +111,8 @@ def wait_for_departed(seconds: float) -> None:
 
 
 _HOW = {FINISHED: "finished (closed this communicator, or ended normally)",
-        FAILED: "is ending through an uncaught exception"}
+        FAILED: "is ending through an uncaught exception",
+        ABANDONED: "gave up on this communicator after an exception"}
 
 
 def describe(left: list[tuple[int, int, int]]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -79,6 +80,8 @@ class Reliability(Transport):
     # whether this rank said its own farewell.
     _left: dict[int, tuple[int, int]]
     _farewell_said: bool
+    # Handles of calls that timed out or lost a peer: kept, the transport may write their buffers.
+    _abandoned_works: list[Work]
 
     def register_hook(self, fn: Callable[[CallRecord], Any]) -> HookHandle:
         """Call ``fn(record)`` when each call on this communicator completes (in the calling
@@ -257,6 +260,23 @@ class Reliability(Transport):
         recorder.dump(f"PeerLeft in {call_name}")
         raise error
 
+    def _exchange_listening(self, vector: Any) -> Any:
+        """:meth:`_exchange_small`, polled under the communicator's timeout while looking for
+        farewells (a peer that left is heard here too, also with no timeout)."""
+        work = self._start_exchange_small(vector)
+        if work is None:
+            return self._exchange_small(vector)
+        try:
+            done = wait_until(work.is_completed, math.inf if self.timeout is None else self.timeout,
+                              LISTEN_POLL, check=self._hear_farewells)
+        except CollectiveError:
+            self._abandoned_works.append(work)  # the transport may still write its buffers
+            raise
+        if not done:
+            self._abandoned_works.append(work)
+            raise self._timeout_error()
+        return work.wait()
+
     # -- reliability: sequence numbers, fingerprints, timeouts ---------------------------
 
     @property
@@ -369,7 +389,7 @@ class Reliability(Transport):
         mine = fingerprint(self._operation, self._seq, reduce_op, root, dtype, tuple(shape),
                            self._check_level)
         try:
-            everyone = self._exchange_small(mine)
+            everyone = self._exchange_listening(mine)
         except CollectiveError:
             raise
         except Exception as error:

@@ -128,6 +128,15 @@ class Transport(abc.ABC):
         block. Default: none."""
         return []
 
+    def _start_exchange_small(self, vector: Any) -> Work | None:
+        """:meth:`_exchange_small` started, as a handle whose ``wait()`` returns every rank's
+        vector (the call path polls it, looking for farewells while it waits); ``None`` where
+        the transport only has the blocking form (then :meth:`_exchange_small` runs)."""
+        if type(self)._exchange_small is not Transport._exchange_small:
+            return None  # a transport of its own for small vectors (device memory)
+        work: Work = self._all_gather(vector, arrays.NUMPY, "int64", None, True)
+        return work
+
     def _send_small(self, vector: Any, dst: int, tag: int) -> Work:
         """Send a small int64 numpy vector to ``dst``, nonblocking (the debug-mode header of a
         send). Backends whose transport takes no host memory override it and
