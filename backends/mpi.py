@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import sys
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -301,13 +302,15 @@ class MPICommunicator(Communicator):
         return int(self._word[0])
 
     def _tell_peers_left(self, how: int) -> None:
-        """A small message to every peer on this communicator (tag FAREWELL_TAG): [calls, how].
-        Eager: the sends complete without the peers; ones that did not within a moment are
-        left to MPI."""
+        """A small message to every peer on this communicator (tag FAREWELL_TAG): [this
+        communicator's name hash, calls, how]. Eager: the sends complete without the peers; ones
+        that did not within a moment are left to MPI. A peer that closes the communicator too
+        never receives it, and MPI may give the freed communicator's context to a new one: the
+        name (unique in the split tree) tells such a farewell from one meant for the new one."""
         MPI = self._MPI
         if MPI.Is_finalized() or self._comm == MPI.COMM_NULL:
             return
-        word = self._farewell_word = np.array([self._seq, how], dtype=np.int64)
+        word = self._farewell_word = np.array([self._name_hash, self._seq, how], dtype=np.int64)
         requests = [self._comm.Isend([word, MPI.INT64_T], peer, FAREWELL_TAG)
                     for peer in range(self.size) if peer != self.rank]
         if not wait_until(lambda: MPI.Request.Testall(requests), 0.2, self._poll):
@@ -318,10 +321,15 @@ class MPICommunicator(Communicator):
     def _peers_left(self) -> list[tuple[int, int, int]]:
         MPI, status, found = self._MPI, self._MPI.Status(), []
         while self._comm.Iprobe(MPI.ANY_SOURCE, FAREWELL_TAG, status):
-            word, peer = np.zeros(2, dtype=np.int64), status.Get_source()
+            word, peer = np.zeros(3, dtype=np.int64), status.Get_source()
             self._comm.Recv([word, MPI.INT64_T], peer, FAREWELL_TAG)
-            found.append((peer, int(word[0]), int(word[1])))
+            if int(word[0]) == self._name_hash:  # (else a farewell to a freed communicator)
+                found.append((peer, int(word[1]), int(word[2])))
         return found
+
+    @property
+    def _name_hash(self) -> int:
+        return zlib.crc32(self.trace_name.encode()) & 0x7FFFFFFF
 
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Any:

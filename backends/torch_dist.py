@@ -142,9 +142,9 @@ class TorchCommunicator(Communicator):
                 return left
             except Exception:  # noqa: BLE001 - the store went with that peer
                 pass
-            return CollectiveError(f"{self._call_name()} failed in torch.distributed: a peer "
-                                   f"rank closed its connection (it ended or died, without "
-                                   f"closing this communicator): {first_line}")
+            return CollectiveError(f"{self._call_name()} failed in torch.distributed (a peer rank "
+                                   f"may have died): its connection closed, and it left no "
+                                   f"farewell: {first_line}")
         return super()._transport_error(error)
 
     @property

@@ -125,8 +125,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
         if level == config.CHECKS_DEFAULT and not self._checks_by_default:
             level = config.CHECKS_OFF
         self._check_level = level
-        #: Whether the ranks compare full fingerprints before every call and send headers
-        #: ahead of point-to-point payloads (``COLLECTIVES_DEBUG=1``).
+        # Debug mode (COLLECTIVES_DEBUG=1): full fingerprints, and headers ahead of send/recv.
         self.debug: bool = level == config.CHECKS_FULL
         # The first collective compares in full, COLLECTIVES_DEBUG=0 too (then no more).
         self._checking = size > 1 and (level != config.CHECKS_OFF or self._checks_by_default)
