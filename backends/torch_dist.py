@@ -39,8 +39,6 @@ from collectives.emulations import Emulations
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
-from collectives.polling import wait_until
-from collectives.reliability import LISTEN_POLL
 
 from . import _float_order
 from ._toolkit import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
@@ -477,10 +475,10 @@ class TorchCommunicator(Communicator):
         while it waits, and a call's own ``timeout=`` (shorter than the group's, which torch
         enforces) is kept."""
         flag = self._torch.tensor([word], dtype=self._torch.int64)
-        work = self._dist.all_reduce(flag, op=self._band, group=self._group, async_op=True)
-        seconds = math.inf if self.timeout is None or self.timeout == self._group_timeout else self.timeout
-        if not wait_until(work.is_completed, seconds, LISTEN_POLL, check=self._hear_farewells):
-            raise self._timeout_error()
+        work = _TorchWork(flag, self._dist.all_reduce(flag, op=self._band, group=self._group,
+                                                      async_op=True), comm=self)
+        self._await(work, math.inf if self.timeout is None or self.timeout == self._group_timeout
+                    else self.timeout)
         work.wait()
         return int(flag[0])
 

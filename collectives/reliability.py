@@ -10,7 +10,6 @@ under a timeout, and write the dump when a call times out or the ranks' calls di
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 import weakref
 from collections.abc import Callable
@@ -37,8 +36,8 @@ SPIN_SECONDS = 50e-6
 YIELD_SECONDS = 0.002
 POLL = PollPolicy(fast_polls=0, busy_seconds=YIELD_SECONDS, sleep_min=1e-4, sleep_max=1e-3,
                   spin_seconds=SPIN_SECONDS)
-#: ``POLL`` looking for farewells (collectives.farewell) while it waits, every LISTEN_SECONDS.
-LISTEN_POLL = dataclasses.replace(POLL, check_seconds=farewell.LISTEN_SECONDS)
+#: Seconds a call path's own exchange waits in one go before it looks for farewells again.
+LISTEN_SLICE = 0.05
 
 
 def poll_until(done: Callable[[], bool], deadline: float) -> bool:
@@ -266,16 +265,23 @@ class Reliability(Transport):
         work = self._start_exchange_small(vector)
         if work is None:
             return self._exchange_small(vector)
-        try:
-            done = wait_until(work.is_completed, math.inf if self.timeout is None else self.timeout,
-                              LISTEN_POLL, check=self._hear_farewells)
-        except CollectiveError:
-            self._abandoned_works.append(work)  # the transport may still write its buffers
-            raise
-        if not done:
-            self._abandoned_works.append(work)
-            raise self._timeout_error()
+        self._await(work, math.inf if self.timeout is None else self.timeout)
         return work.wait()
+
+    def _await(self, work: Work, seconds: float) -> None:
+        """Wait for ``work`` (a call of the call path's own, before any data moves) at most
+        ``seconds``, looking for farewells every LISTEN_SLICE: ``PeerLeft`` when a peer left,
+        :class:`CollectiveTimeout` past ``seconds``; the handle is then kept (the transport may
+        still write its buffers)."""
+        deadline = _clock() + seconds
+        try:
+            while not work.wait_for(min(LISTEN_SLICE, max(deadline - _clock(), 0.0))):
+                self._hear_farewells()
+                if _clock() >= deadline:
+                    raise self._timeout_error()
+        except CollectiveError:
+            self._abandoned_works.append(work)
+            raise
 
     # -- reliability: sequence numbers, fingerprints, timeouts ---------------------------
 

@@ -14,11 +14,14 @@ from typing import Any
 
 from . import recorder
 from .arrays import ArrayAdapter
+from .polling import PollPolicy, wait_until
 from .recorder import END, POSTED, STARTED, STATE
 
 #: Handles kept at most for a communicator; one more waits for the oldest first, so a
 #: program that drops handles in a loop runs in bounded memory.
 MAX_PENDING = 1024
+# How Work.wait_for polls: 50 us without yielding, yields to 2 ms, then sleeps 0.1-1 ms.
+_POLL = PollPolicy(fast_polls=0, busy_seconds=0.002, sleep_min=1e-4, sleep_max=1e-3, spin_seconds=50e-6)
 
 
 class Work:
@@ -35,6 +38,12 @@ class Work:
     def is_completed(self) -> bool:
         """Whether the collective has completed (once true, ``wait()`` does not block)."""
         return True
+
+    def wait_for(self, seconds: float) -> bool:
+        """Wait at most ``seconds`` for the collective to complete; whether it has (its result
+        is then ``wait()``'s). Polls ``is_completed``; a handle whose transport can block with a
+        timeout overrides it."""
+        return self.is_completed() or wait_until(self.is_completed, seconds, _POLL)
 
 
 class AllOf(Work):
