@@ -161,10 +161,15 @@ class MPICommunicator(Communicator):
                         for dtype, allowed in ALLOWED_OPS.items()}
         self._in_place = MPI.IN_PLACE
         self._byte = MPI.BYTE
-        # The default check's word (see _agree_word): one int64, reduced in place.
+        # The default check's word (see _agree_word): one int64, reduced in place, through a
+        # persistent MPI_Allreduce_init where the library has them (collective: every rank
+        # makes it here).
         self._word = np.zeros(1, dtype=np.int64)
-        self._word_start = self._comm.Iallreduce
         self._word_args = (MPI.IN_PLACE, [self._word, MPI.INT64_T], MPI.BAND)
+        try:
+            self._word_request: Any = self._comm.Allreduce_init(*self._word_args)
+        except (NotImplementedError, AttributeError, MPI.Exception):  # MPI < 4
+            self._word_request = None
 
     @classmethod
     def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPICommunicator:
@@ -292,13 +297,21 @@ class MPICommunicator(Communicator):
         return None
 
     def _agree_word(self, word: int) -> int:
-        """One MPI_Iallreduce (BAND) of one int64 (MPICH's quickest reduction: a 2-element one
-        took 3.3 us where this took 2.1 at 2 ranks on one node), completed by polling, also
-        without a timeout: a peer's farewell is heard while it waits."""
+        """One MPI_Allreduce (BAND) of one int64, completed by polling, also without a timeout (a
+        peer's farewell is heard while it waits). Persistent (MPI_Allreduce_init, started per
+        call) where the library has it: at 2 ranks on one node 1.95 us a call, where
+        MPI_Iallreduce took 2.47 and MPI_Allreduce 2.94 (and a 2-element reduction 3.3)."""
         self._word[0] = word
-        request = self._word_start(*self._word_args)
-        if not request.Test():
-            self._wait(request)
+        request = self._word_request
+        if request is not None:
+            request.Start()
+        else:
+            request = self._comm.Iallreduce(*self._word_args)
+        test = request.Test
+        for _ in range(FAST_POLLS):  # the peers' words land within microseconds: no frame more
+            if test():
+                return int(self._word[0])
+        self._wait(request)
         return int(self._word[0])
 
     def _tell_peers_left(self, how: int) -> None:
@@ -588,6 +601,8 @@ class MPICommunicator(Communicator):
     def _close(self) -> None:
         MPI = self._MPI
         if not MPI.Is_finalized() and self._comm != MPI.COMM_NULL:
+            if self._word_request is not None and not self._broken:  # (an active one stays)
+                self._word_request.Free()
             self._comm.Free()
 
 

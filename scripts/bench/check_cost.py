@@ -1,10 +1,10 @@
 """What the default check costs: collectives-bench --raw with the check on (COLLECTIVES_DEBUG
 unset) and off (COLLECTIVES_DEBUG=0), in alternating runs.
 
-    python scripts/bench/check_cost.py                        # all_reduce and broadcast, 8 B - 1 MiB, 3 rounds
+    python scripts/bench/check_cost.py                        # all_reduce and broadcast, 16 B - 1 MiB, 3 rounds
     python scripts/bench/check_cost.py --ops all_reduce --rounds 5 --json docs/bench/check-cost.json
 
-Each round runs ``mpiexec -n N collectives-bench OP -b MIN -e MAX -f 8 --raw`` once with the
+Each round runs ``mpiexec -n N collectives-bench OP -b MIN -e MAX -f STEP --raw`` once with the
 check on and once off (the order alternates between rounds). Every row's cost is measured
 against the raw transport of its own run, so that what the machine does between two runs cancels
 out: ``check = (ours - raw with the check on) - (ours - raw with it off)``, the median over the
@@ -33,7 +33,7 @@ def bench(op: str, args: argparse.Namespace, checks: bool) -> dict[int, tuple[fl
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "bench.json")
         subprocess.run([mpiexec, "-n", str(args.ranks), sys.executable, "-m", "collectives.bench", op,
-                        "-b", str(args.minbytes), "-e", str(args.maxbytes), "-f", "8", "--raw",
+                        "-b", str(args.minbytes), "-e", str(args.maxbytes), "-f", str(args.stepfactor), "--raw",
                         "-t", str(args.seconds), "--json", path],
                        env=env, check=True, stdout=subprocess.DEVNULL)
         with open(path) as file:
@@ -46,8 +46,9 @@ def main() -> None:
     parser.add_argument("--ops", nargs="+", default=["all_reduce", "broadcast"])
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--minbytes", default="8")
+    parser.add_argument("--minbytes", default="16")
     parser.add_argument("--maxbytes", default="1M")
+    parser.add_argument("--stepfactor", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=0.3, help="collectives-bench -t per size")
     parser.add_argument("--json", help="write every run's medians and the table here")
     args = parser.parse_args()
