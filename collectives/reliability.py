@@ -23,7 +23,7 @@ from .ops import ReduceOp
 from .polling import PollPolicy, wait_until
 from .recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE, CallRecord, HookHandle
 from .transport import Transport
-from .work import Work
+from .work import Work, _reap
 
 _clock = recorder.clock
 #: Kinds of call whose hash a communicator keeps (a program with more forgets and hashes again).
@@ -174,6 +174,7 @@ class Reliability(Transport):
         if self.rank != 0:
             word = np.full(1, seq, np.int64)
             self._pending_p2p.append(self._send_small(word, 0, BARRIER_TAG))  # (kept till sent)
+            _reap(self._pending_p2p)
             try:
                 self._synchronize()
             except CollectiveTimeout as error:
