@@ -35,7 +35,9 @@ in a collective forever, so ``collectives.init()`` under an MPI launcher install
 
 from __future__ import annotations
 
+import math
 import sys
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -43,9 +45,9 @@ import numpy as np
 
 from collectives import _exits, arrays, process_hooks
 from collectives.arrays import ArrayAdapter
-from collectives.calls import ALL_REDUCE, BROADCAST
+from collectives.calls import ALL_REDUCE, BROADCAST, FAREWELL_TAG
 from collectives.communicator import Communicator, Work
-from collectives.errors import BackendUnavailable
+from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo, check_world_size
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.polling import wait_until
@@ -175,6 +177,15 @@ class MPICommunicator(Communicator):
                         for dtype, allowed in ALLOWED_OPS.items()}
         self._in_place = MPI.IN_PLACE
         self._byte = MPI.BYTE
+        # The default check's word (see _agree_word): one int64, reduced in place, through a
+        # persistent MPI_Allreduce_init where the library has them (collective: every rank
+        # makes it here).
+        self._word = np.zeros(1, dtype=np.int64)
+        self._word_args = (MPI.IN_PLACE, [self._word, MPI.INT64_T], MPI.BAND)
+        try:
+            self._word_request: Any = self._comm.Allreduce_init(*self._word_args)
+        except (NotImplementedError, AttributeError, MPI.Exception):  # MPI < 4
+            self._word_request = None
 
     @classmethod
     def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPICommunicator:
@@ -237,10 +248,17 @@ class MPICommunicator(Communicator):
     # -- completion with a deadline ------------------------------------------------------
 
     def _wait(self, request: Any, call: tuple[str, int] | None = None, status: Any = None) -> None:
-        """Complete ``request`` within ``timeout``, else :class:`CollectiveTimeout`."""
-        assert self.timeout is not None, "only calls with a timeout wait through _wait"
-        if not wait_until(request.Test if status is None else lambda: request.Test(status),
-                          self.timeout, self._poll):
+        """Complete ``request`` within ``timeout`` (none: no deadline), looking for farewells
+        while it waits: else :class:`CollectiveTimeout`, or ``PeerLeft`` when a peer left
+        before making the call."""
+        test = request.Test if status is None else lambda: request.Test(status)
+        try:
+            done = wait_until(test, math.inf if self.timeout is None else self.timeout, self._poll,
+                              check=lambda: self._hear_farewells(call))
+        except CollectiveError:
+            self._abandoned.append(request)  # MPI may still write its buffers
+            raise
+        if not done:
             self._abandoned.append(request)
             raise self._timeout_error(call=call)
 
@@ -311,6 +329,54 @@ class MPICommunicator(Communicator):
                 return True
             return broadcast
         return None
+
+    def _agree_word(self, word: int) -> int:
+        """One MPI_Allreduce (BAND) of one int64, completed by polling, also without a timeout (a
+        peer's farewell is heard while it waits). Persistent (MPI_Allreduce_init, started per
+        call) where the library has it: at 2 ranks on one node 1.95 us a call, where
+        MPI_Iallreduce took 2.47 and MPI_Allreduce 2.94 (and a 2-element reduction 3.3)."""
+        self._word[0] = word
+        request = self._word_request
+        if request is not None:
+            request.Start()
+        else:
+            request = self._comm.Iallreduce(*self._word_args)
+        test = request.Test
+        for _ in range(FAST_POLLS):  # the peers' words land within microseconds: no frame more
+            if test():
+                return int(self._word[0])
+        self._wait(request)
+        return int(self._word[0])
+
+    def _tell_peers_left(self, how: int) -> None:
+        """A small message to every peer on this communicator (tag FAREWELL_TAG): [this
+        communicator's name hash, calls, how]. Eager: the sends complete without the peers; ones
+        that did not within a moment are left to MPI. A peer that closes the communicator too
+        never receives it, and MPI may give the freed communicator's context to a new one: the
+        name (unique in the split tree) tells such a farewell from one meant for the new one."""
+        MPI = self._MPI
+        if MPI.Is_finalized() or self._comm == MPI.COMM_NULL:
+            return
+        word = self._farewell_word = np.array([self._name_hash, self._seq, how], dtype=np.int64)
+        requests = [self._comm.Isend([word, MPI.INT64_T], peer, FAREWELL_TAG)
+                    for peer in range(self.size) if peer != self.rank]
+        if not wait_until(lambda: MPI.Request.Testall(requests), 0.2, self._poll):
+            for request in requests:
+                if request != MPI.REQUEST_NULL:
+                    request.Free()
+
+    def _peers_left(self) -> list[tuple[int, int, int]]:
+        MPI, status, found = self._MPI, self._MPI.Status(), []
+        while self._comm.Iprobe(MPI.ANY_SOURCE, FAREWELL_TAG, status):
+            word, peer = np.zeros(3, dtype=np.int64), status.Get_source()
+            self._comm.Recv([word, MPI.INT64_T], peer, FAREWELL_TAG)
+            if int(word[0]) == self._name_hash:  # (else a farewell to a freed communicator)
+                found.append((peer, int(word[1]), int(word[2])))
+        return found
+
+    @property
+    def _name_hash(self) -> int:
+        return zlib.crc32(self.trace_name.encode()) & 0x7FFFFFFF
 
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Any:
@@ -571,6 +637,8 @@ class MPICommunicator(Communicator):
     def _close(self) -> None:
         MPI = self._MPI
         if not MPI.Is_finalized() and self._comm != MPI.COMM_NULL:
+            if self._word_request is not None and not self._broken:  # (an active one stays)
+                self._word_request.Free()
             self._comm.Free()
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from collectives.communicator import Work
+from collectives.farewell import LISTEN_SECONDS
 from collectives.polling import PollPolicy
 
 if TYPE_CHECKING:
@@ -19,14 +20,16 @@ if TYPE_CHECKING:
 FAST_POLLS = 16
 BUSY_POLL_SECONDS = 1.0
 POLL_INTERVAL = 0.001
-POLL = PollPolicy(FAST_POLLS, BUSY_POLL_SECONDS, POLL_INTERVAL, POLL_INTERVAL, clock_every=64)
+# While yielding, a look for farewells (collectives.farewell) every LISTEN_SECONDS at most.
+POLL = PollPolicy(FAST_POLLS, BUSY_POLL_SECONDS, POLL_INTERVAL, POLL_INTERVAL, clock_every=64,
+                  check_seconds=LISTEN_SECONDS)
 #: Seconds of tests without yielding before the yielding ones, where no rank shares a core.
 #: sched_yield after 16 tests made 16-256 KiB broadcasts 1.1-1.3x raw at 2 ranks: the
 #: message landed while the rank was in the kernel. Spinning costs a rank that shares its
 #: core the rest of the spin, so oversubscribed nodes keep POLL.
 SPIN_SECONDS = 50e-6
 SPIN_POLL = PollPolicy(FAST_POLLS, BUSY_POLL_SECONDS, POLL_INTERVAL, POLL_INTERVAL, clock_every=64,
-                       spin_seconds=SPIN_SECONDS)
+                       spin_seconds=SPIN_SECONDS, check_seconds=LISTEN_SECONDS)
 
 
 def poll_policy(ranks_on_node: int) -> PollPolicy:
@@ -62,7 +65,7 @@ class _Request(Work):
             if self._comm is None or self._comm.timeout is None:
                 for request, status in zip(self._requests, statuses):
                     request.Wait(status)
-            else:
+            else:  # (under the deadline, listening for farewells)
                 for request, status in zip(self._requests, statuses):
                     self._comm._wait(request, self._call, status)
             self._complete()

@@ -32,10 +32,11 @@ import functools
 import math
 import os
 import re
+import socket
 from collections.abc import Iterator
 from typing import Any
 
-from collectives import arrays
+from collectives import arrays, farewell, recorder
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work, deliver
 from collectives.emulations import Emulations
@@ -87,6 +88,9 @@ class TorchCommunicator(Communicator):
         if self._torch_rank != list(range(len(self._torch_rank))):
             # The one place the order matters: this communicator takes _InOurOrder's methods.
             self.__class__ = _in_our_order(type(self))
+        # The default check is a CPU all_reduce: a group with no CPU transport (NCCL alone)
+        # checks only with COLLECTIVES_DEBUG=1.
+        self._checks_by_default = str(dist.get_backend(group)).lower() != "nccl"
         me = self._global_ranks.index(dist.get_rank())
         if local_rank is None:
             local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
@@ -95,6 +99,10 @@ class TorchCommunicator(Communicator):
         self._all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
                                        or dist.reduce_scatter_tensor)
+        # The timeout torch enforces on this group (a call's own timeout= may be shorter).
+        self._group_timeout = self.timeout
+        self._farewells_seen = 0  # the count of farewells in the store at the last look
+        self._band = dist.ReduceOp.BAND
         self._name = "world"  # unique among communicators; split derives its children's
         self._splits = 0
         R = dist.ReduceOp
@@ -130,8 +138,15 @@ class TorchCommunicator(Communicator):
         if isinstance(error, dist_error) or any(
                 phrase in lowered for phrase in ("connection closed", "connection reset",
                                                  "broken pipe", "connection refused")):
-            return CollectiveError(f"{self._call_name()} failed in torch.distributed (a peer "
-                                   f"rank may have died): {first_line}")
+            try:  # a peer that left said so before its connection closed
+                self._hear_farewells()
+            except CollectiveError as left:
+                return left
+            except Exception:  # noqa: BLE001 - the store went with that peer
+                pass
+            return CollectiveError(f"{self._call_name()} failed in torch.distributed (a peer rank "
+                                   f"may have died): its connection closed, and it left no "
+                                   f"farewell: {first_line}")
         return super()._transport_error(error)
 
     @property
@@ -462,6 +477,50 @@ class TorchCommunicator(Communicator):
         finish()
         return None
 
+    def _agree_word(self, word: int) -> int:
+        """One all_reduce (BAND) of one int64 CPU tensor, polled: a peer's farewell is heard
+        while it waits, and a call's own ``timeout=`` (shorter than the group's, which torch
+        enforces) is kept."""
+        flag = self._torch.tensor([word], dtype=self._torch.int64)
+        work = _TorchWork(flag, self._dist.all_reduce(flag, op=self._band, group=self._group,
+                                                      async_op=True), comm=self)
+        self._await(work, math.inf if self.timeout is None or self.timeout == self._group_timeout
+                    else self.timeout)
+        work.wait()
+        return int(flag[0])
+
+    # -- farewells: keys in torch's store (the default group's) ----------------------------
+
+    def _store(self) -> Any:
+        try:
+            return self._dist.distributed_c10d._get_default_store()
+        except Exception:  # noqa: BLE001 - no default group, or a torch without it
+            return None
+
+    def _tell_peers_left(self, how: int) -> None:
+        store = self._store()
+        if store is not None:  # (host and pid: see farewell.wait_for_departed)
+            store.set(f"collectives/left/{self._name}/{self.rank}",
+                      f"{self._seq} {how} {socket.gethostname()} {os.getpid()}")
+            store.add(f"collectives/left/{self._name}", 1)
+
+    def _peers_left(self) -> list[tuple[int, int, int]]:
+        store = self._store()
+        if store is None:
+            return []
+        count = store.add(f"collectives/left/{self._name}", 0)
+        if count <= self._farewells_seen:
+            return []
+        self._farewells_seen = count
+        found = []
+        for peer in range(self.size):
+            key = f"collectives/left/{self._name}/{peer}"
+            if peer != self.rank and peer not in self._left and store.check([key]):
+                calls, how, host, pid = store.get(key).decode().split()
+                found.append((peer, int(calls), int(how)))
+                farewell.departed.append((host, int(pid)))
+        return found
+
     def _barrier(self) -> None:
         # A tiny all_reduce rather than dist.barrier(): it works on every group without
         # guessing a device, and it completes only when every rank has reached it.
@@ -594,6 +653,9 @@ def _group_named(name: str) -> Iterator[None]:
         yield
     finally:
         c10d._process_group_name = original
+
+
+_clock = recorder.clock
 
 
 def _as_cupy(torch: Any, t: Any) -> Any:

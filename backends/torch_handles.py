@@ -6,6 +6,7 @@ CuPy's current stream (:func:`_torch_call`)."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 import sys
 import threading
@@ -47,6 +48,23 @@ class _TorchWork(Work):
 
     def is_completed(self) -> bool:
         return self._work is None or bool(self._work.is_completed())
+
+    def wait_for(self, seconds: float) -> bool:
+        """torch's own wait with a timeout (a condition variable: no polling, which holds the GIL
+        against the process group's threads and took a Gloo call from 0.2 ms to 2.3 ms)."""
+        if self._work is None or self._work.is_completed():
+            return True
+        if seconds < 0.001:  # torch's wait takes a timeout of 0 for none
+            return False
+        try:
+            self._work.wait(datetime.timedelta(seconds=seconds))
+        except RuntimeError as error:
+            if "timed out" in str(error).lower() and not self._work.is_completed():
+                return False
+            if self._comm is None:
+                raise
+            raise self._comm._transport_error(error) from error
+        return True
 
 
 # -- asynchronous sends and recvs of CUDA tensors: one batch per thread -----------------------------

@@ -20,6 +20,7 @@ Standard library only, so the tests run it on every Python version.
 from __future__ import annotations
 
 import dis
+import os
 import sys
 import threading
 from types import FrameType
@@ -126,3 +127,18 @@ class ExitWatch:
         version = ".".join(map(str, sys.version_info[:2]))
         return (f"uncaught SystemExit (its code is not visible on Python {version}: "
                 "sys.exit(n) keeps it), or an exception a replaced sys.excepthook let pass"), 1
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` is running (a zombie, ended but not reaped yet, is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # no /proc (macOS): kill(0) said it exists
+        return True

@@ -3,8 +3,8 @@
 
 Each row says what the call path checks for that collective (is ``op`` reduced and
 checked against the dtype x op table, is ``x`` written in place, which argument is a
-root rank, which shapes are allowed, what shape an ``out=`` array must have), how its
-call is described in a debug-mode fingerprint, and which method of the backend does
+root rank, which shapes are allowed, what shape an ``out=`` array must have), what the
+ranks compare before it, and which method of the backend does
 the work. Adding a collective is adding a row here and a public method that hands its
 arguments to ``Communicator._run``; the checks, the sequence number, the fingerprint,
 the timeout and the error mapping come with the path, never with the method.
@@ -45,8 +45,10 @@ class Call:
     check: Callable[[Any, Shape, Any, Any], None] | None = None
     #: The shape an ``out=`` array must have, from x's shape (and the extra argument).
     out_shape: Callable[[Any, Shape, Any], Shape] | None = None
-    #: The shape a fingerprint compares (dimensions that may differ by design are -1).
-    fingerprint_shape: Callable[[Shape], Shape] = tuple
+    #: The ranks' dtypes and shapes are compared by a counts exchange of the call's own (the
+    #: uneven collectives: their rows differ by design): the check before the call compares
+    #: only its kind and sequence number.
+    counted: bool = False
     #: Does the work: ``(comm, x, adapter, dtype, op, root, out, async_op, extra)``.
     #: Calls with a path of their own (barrier, split) keep the default.
     run: Callable[..., Any] = _own_path
@@ -101,6 +103,9 @@ def check_splits(comm: Any, shape: Shape, splits: Sequence[int], root: Any) -> N
 #: The tag of the barrier's own messages under a timeout (see ``Communicator.barrier``): a
 #: user's send of this tag could be taken for a rank's arrival, so send/recv refuse it.
 BARRIER_TAG = 32767
+#: The tag of a rank's farewell on MPI (see collectives.farewell), refused by send/recv too.
+FAREWELL_TAG = 32766
+RESERVED_TAGS = (BARRIER_TAG, FAREWELL_TAG)
 
 
 def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
@@ -113,9 +118,10 @@ def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
             raise TypeError(f"tag must be an int; got {type(tag).__name__}")
         if not 0 <= tag < 2**31 - 1:
             raise ValueError(f"tag must be between 0 and 2**31 - 2; got {tag}")
-        if tag == BARRIER_TAG:
-            raise ValueError(f"tag {BARRIER_TAG} is reserved for the barrier's messages; use any "
-                             f"other tag between 0 and 2**31 - 2")
+        if tag in RESERVED_TAGS:
+            raise ValueError(f"tag {tag} is reserved for the library's own messages (the "
+                             f"barrier's, a rank's farewell); use any other tag between 0 and "
+                             f"2**31 - 2 except {BARRIER_TAG} and {FAREWELL_TAG}")
     return check
 
 
@@ -146,11 +152,6 @@ def same_shape(comm: Any, shape: Shape, extra: Any) -> Shape:
     return tuple(shape)
 
 
-def rows_free(shape: Shape) -> Shape:
-    """Fingerprint shape of calls whose first dimension differs between ranks by design."""
-    return (-1, *shape[1:]) if shape else ()
-
-
 # -- the table: one row per collective ------------------------------------------------------
 # Each row's ``run`` maps the call path's arguments to the backend's method:
 # (comm, x, adapter, dtype, reduce_op, root, out, async_op, extra).
@@ -168,8 +169,7 @@ ALL_GATHER = Call(
     "all_gather", out_shape=stacked,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._all_gather(x, a, d, out, asy))
 ALL_GATHER_V = Call(
-    "all_gather_v", check=at_least_one_dim("all_gather_v"),
-    fingerprint_shape=rows_free,
+    "all_gather_v", check=at_least_one_dim("all_gather_v"), counted=True,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._all_gather_v_counted(x, a, d, out, asy))
 REDUCE_SCATTER = Call(
     "reduce_scatter", reduces=True, check=rows_divisible, out_shape=block_of_rows,
@@ -184,7 +184,7 @@ ALL_TO_ALL = Call(
     "all_to_all", check=rows_equal_size("all_to_all"), out_shape=same_shape,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._all_to_all(x, a, d, out, asy))
 ALL_TO_ALL_V = Call(
-    "all_to_all", check=check_splits, fingerprint_shape=rows_free,
+    "all_to_all", check=check_splits, counted=True,
     run=lambda c, x, a, d, op, root, out, asy, splits: c._all_to_all_counted(x, a, d, splits, out, asy))
 SEND = Call(
     "send", root="dst", collective=False, check=peer_and_tag("dst"),

@@ -39,7 +39,7 @@ from _thread import get_ident as _thread_id
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import config, recorder
+from . import config, farewell, recorder
 from .arrays import ArrayAdapter
 from .calls import (
     ALL_GATHER,
@@ -67,13 +67,10 @@ from .launcher import LaunchInfo
 from .ops import ReduceOp
 from .recorder import END, POSTED, STARTED, STATE, CallRecord
 from .reliability import _LIVE, Reliability
-from .work import Work, deliver
+from .work import MAX_PENDING, KeptHandles, Work, _reap, deliver  # noqa: F401  (MAX_PENDING: also here)
 
 _C_INT_MAX = 2**31 - 1
 
-#: Handles kept at most for a communicator; one more waits for the oldest first, so a
-#: program that drops handles in a loop runs in bounded memory.
-MAX_PENDING = 1024
 
 
 _clock = recorder.clock
@@ -85,7 +82,7 @@ _ORDER = itertools.count()
 _CHILD_NAME: list[str] = []
 
 
-class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks):
+class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, ArgumentChecks):
     """A group of ranks that run collectives together.
 
     Attributes: ``rank`` (0 .. size-1 within this communicator), ``size``,
@@ -123,19 +120,31 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         self.size = size
         self.local_rank = local_rank
         self.timeout: float | None = config.timeout_seconds(timeout)
-        # One rank has nobody to disagree with: debug costs nothing at size 1.
-        self.debug: bool = bool(config.env_flag(config.DEBUG)) and size > 1
+        # One rank has nobody to disagree with: checks cost nothing at size 1.
+        level = config.check_level() if size > 1 else config.CHECKS_OFF
+        if level == config.CHECKS_DEFAULT and not self._checks_by_default:
+            level = config.CHECKS_OFF
+        self._check_level = level
+        # Debug mode (COLLECTIVES_DEBUG=1): full fingerprints, and headers ahead of send/recv.
+        self.debug: bool = level == config.CHECKS_FULL
+        # The first collective compares in full, COLLECTIVES_DEBUG=0 too (then no more).
+        self._checking = size > 1 and (level != config.CHECKS_OFF or self._checks_by_default)
+        self._call_hashes: dict[tuple[Any, ...], int] = {}
+        self._barrier_words: dict[int, tuple[Work, Any]] = {}
+        self._left: dict[int, tuple[int, int]] = {}
+        self._abandoned_works: list[Work] = []
+        self._farewell_said = False
+        if size > 1:
+            farewell.install()
         self._closed = False
         # Why the communicator cannot be used any more (after a timeout), else None.
         self._why_broken: str | None = None
         # The running call, for error messages: its operation and sequence number.
         self._seq = 0
         self._operation = ""
-        # Handles of asynchronous calls not known to be complete, oldest first.
+        # Handles of asynchronous calls not known to be complete (see KeptHandles).
         self._pending: collections.deque[Work] = collections.deque()
-        # Point-to-point handles apart: one may wait for a send the peer makes only later, so
-        # they are never waited for to make room (that could deadlock) and never block the
-        # reaping of collective handles.
+        self._posted: collections.deque[list[Any] | None] = collections.deque()
         self._pending_p2p: collections.deque[Work] = collections.deque()
         # The thread that may call collectives on this communicator (see bind_thread).
         self._owner = _thread_id()
@@ -320,10 +329,8 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
             self.timeout = config.timeout_seconds(timeout or 0)
         record = self._begin(BARRIER)
         try:
-            if self.debug:
-                self._compare_fingerprints(None, -1, None, ())
             if self.timeout is None or self.size == 1:
-                self._barrier()
+                self._synchronize()
             else:
                 self._monitored_barrier(self.timeout)
         except Exception as error:
@@ -358,8 +365,8 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         _CHILD_NAME[:] = [f"{self.trace_name}/{self._trace_splits}:{color}"]
         self._trace_splits += 1
         try:
-            if self.debug:  # colors and keys differ by design: only the call itself is compared
-                self._compare_fingerprints(None, -1, None, ())
+            if self._checking:  # colors and keys differ by design: only the call is compared
+                self._check_call(SPLIT, None, -1, None, ())
             child = self._split(None if color is None else int(color),
                                 self.rank if key is None else int(key))
         except Exception as error:
@@ -373,13 +380,15 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         return child
 
     def close(self) -> None:
-        """Complete outstanding asynchronous calls, then release the transport's resources;
-        the communicator can no longer be used."""
+        """Complete outstanding asynchronous calls, tell the peers this rank is done with the
+        communicator (a peer still waiting in a call of it then raises at once, naming this
+        rank), then release the transport's resources; the communicator can no longer be used."""
         if not self._closed:
             try:
                 if not self._broken:
                     self._complete_pending()
             finally:
+                self._say_farewell(farewell.FINISHED)
                 self._closed, self._gate = True, None
                 _LIVE.discard(self)
                 self._close()
@@ -460,13 +469,13 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
             # end time and no error has completed (one STORE less on every call)
             # (the fast path's numpy view has x's shape as a plain tuple: a torch.Size costs more)
             record = [self._seq, call, dtype, (x if view is None else view).shape, root, STARTED,
-                      _clock(), 0.0, None, None]
+                      _clock(), 0.0, None, None, reduce_op]
             ring.append(record)
         else:
             record = None
         try:
-            if self.debug and call.collective:
-                self._compare_fingerprints(reduce_op, root, dtype, call.fingerprint_shape(x.shape))
+            if self._checking and call.collective:
+                self._check_call(call, reduce_op, root, dtype, x.shape)
             if view is not None and not async_op and fast(view, root):
                 result = x  # the backend's fast path ran it (see _fast_path)
             elif self.debug and not call.collective:
@@ -484,11 +493,11 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
             if self._hooks:
                 self._call_hooks(record)
         if async_op:
-            if record is not None:
-                record[STATE] = POSTED
             if type(result) is not Work:  # a handle that may still be running: keep it
+                if record is not None:  # (completed once the communicator learns it has)
+                    record[STATE] = POSTED
                 if call.collective:
-                    self._keep(result)
+                    self._keep(result, record)
                 else:
                     self._pending_p2p.append(result)
                     _reap(self._pending_p2p)
@@ -503,26 +512,9 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         self._operation = call.name
         if self._ring is None:
             return None
-        record = [self._seq, call, None, None, -1, STARTED, _clock(), 0.0, None, None]
+        record = [self._seq, call, None, None, -1, STARTED, _clock(), 0.0, None, None, None]
         self._ring.append(record)
         return record
-
-    # -- asynchronous handles ------------------------------------------------------------
-
-    def _keep(self, work: Work) -> None:
-        if len(self._pending) >= MAX_PENDING:
-            self._pending.popleft().wait()
-        self._pending.append(work)
-
-    def _reap(self) -> None:
-        """Forget the collective handles that have completed, oldest first (collectives
-        complete in the order they were made; a still-running one ends the scan)."""
-        _reap(self._pending)
-
-    def _complete_pending(self) -> None:
-        for pending in (self._pending, self._pending_p2p):
-            while pending:
-                pending.popleft().wait()
 
     def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
         """For backends and helpers: the checks of ``_run`` for an array argument."""
@@ -572,11 +564,6 @@ class Communicator(Reliability, CheckedPointToPoint, Emulations, ArgumentChecks)
         Raises :class:`BackendUnavailable` with the reason when the backend cannot
         run under that launcher or its transport is missing.
         """
-
-
-def _reap(pending: collections.deque[Work]) -> None:
-    while pending and pending[0].is_completed():
-        pending.popleft()
 
 
 def _in_backward_pass() -> bool:

@@ -12,9 +12,14 @@ MPI_CUDA_AWARE = "COLLECTIVES_MPI_CUDA_AWARE"
 #: Seconds a blocking collective may take before it raises CollectiveTimeout (default
 #: DEFAULT_TIMEOUT); 0, "none" or "inf" turns timeouts off.
 TIMEOUT = "COLLECTIVES_TIMEOUT"
-#: 1 makes every collective compare a fingerprint of the call across ranks first
-#: (CollectiveMismatch on a difference); costs one small all_gather per collective.
+#: How much the ranks compare before each collective (CollectiveMismatch on a difference).
+#: Unset: the call's kind, reduce op, dtype, shape, root and sequence number, as one 64-bit
+#: word in one small all_reduce per collective; 1: the full fingerprint of the call in one
+#: small all_gather per collective (and a header ahead of each send); 0: nothing (after the
+#: first collective of each communicator, which always compares in full).
 DEBUG = "COLLECTIVES_DEBUG"
+#: The levels of :data:`DEBUG`: checks off, the default check, the full fingerprint.
+CHECKS_OFF, CHECKS_DEFAULT, CHECKS_FULL = 0, 1, 2
 
 #: Calls each communicator remembers for diagnosis (default DEFAULT_TRACE_SIZE; 0 turns
 #: the flight recorder off).
@@ -79,6 +84,13 @@ def timeout_seconds(timeout: float | None = None) -> float | None:
     if seconds != seconds or seconds < 0:
         raise ValueError(f"{source}={timeout!r}: a timeout is >= 0 seconds (0: none)")
     return None if seconds in (0.0, float("inf")) else seconds
+
+
+def check_level() -> int:
+    """:data:`CHECKS_OFF`, :data:`CHECKS_DEFAULT` or :data:`CHECKS_FULL`, from ``COLLECTIVES_DEBUG``
+    (0, unset, 1)."""
+    flag = env_flag(DEBUG)
+    return CHECKS_DEFAULT if flag is None else CHECKS_FULL if flag else CHECKS_OFF
 
 
 def env_flag(name: str) -> bool | None:

@@ -1,16 +1,23 @@
-"""Debug mode (``COLLECTIVES_DEBUG=1``): every rank describes its next call in a fingerprint.
+"""Fingerprints of calls: what the ranks compare before each collective.
 
-Before each collective the ranks all_gather a fixed-size int64 vector saying what
-they are about to do; any difference raises :class:`CollectiveMismatch` on every
-rank (every rank sees the same table, so every rank raises the same message),
-naming the fields that differ and which ranks hold which value. Nothing of the
-collective itself has been sent then, so the communicator stays usable.
+By default (``COLLECTIVES_DEBUG`` unset) every collective is preceded by one small all_reduce
+of one 64-bit word per rank (:func:`check_word`): a 31-bit hash of the call's fingerprint and
+sequence number next to its complement, reduced with BAND, so every rank learns from the same
+result whether every rank made the same call. Only when they did not do the ranks exchange
+the full fingerprints below (one all_gather), to say which ranks differ and in what.
 
-A rank that makes an extra call, or skips one, is out of step: its next exchange
-meets a different call on the others (a mismatch), or nobody (the timeout).
+With ``COLLECTIVES_DEBUG=1`` (debug mode) every collective all_gathers the full fingerprint, a
+fixed-size int64 vector saying what each rank is about to do. Either way a difference raises
+:class:`CollectiveMismatch` on every rank (every rank sees the same table, so every rank
+raises the same message), naming the fields that differ and which ranks hold which value.
+Nothing of the collective itself has been sent then, so the communicator stays usable.
+
+A rank that makes an extra call, or skips one, is out of step: its next exchange meets a
+different call on the others (a mismatch), a rank that finished (see
+:mod:`collectives.farewell`), or nobody (the timeout).
 
 The vector: ``[MAGIC, sequence number, operation, reduce op, root, dtype, ndim,
-dims[0..MAX_DIMS-1] (padded with -1), hash of dims beyond MAX_DIMS]``.
+dims[0..MAX_DIMS-1] (padded with -1), hash of dims beyond MAX_DIMS, checks level]``.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from .ops import DTYPES, ReduceOp
 
 MAGIC = 0x436F6C6C  # "Coll": tells a fingerprint from stray data
 MAX_DIMS = 8
-LENGTH = 7 + MAX_DIMS + 1
+LENGTH = 7 + MAX_DIMS + 2
+_TAIL = 7 + MAX_DIMS  # the hash of the dims beyond MAX_DIMS
+_LEVEL = LENGTH - 1
 
 # Codes are positions: new operations go at the end.
 OPERATIONS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "split",
@@ -38,12 +47,15 @@ _DTYPE_CODES = {name: code for code, name in enumerate(DTYPES)}
 
 # field name -> its slice of the vector, in the order a message lists them.
 FIELDS = {"sequence number": slice(1, 2), "operation": slice(2, 3), "reduce op": slice(3, 4),
-          "root": slice(4, 5), "dtype": slice(5, 6), "shape": slice(6, LENGTH)}
+          "root": slice(4, 5), "dtype": slice(5, 6), "shape": slice(6, _LEVEL),
+          "checks (COLLECTIVES_DEBUG)": slice(_LEVEL, LENGTH)}
+_LEVEL_NAMES = {0: "0 (off)", 1: "unset (the default check)", 2: "1 (debug mode)"}
 
 
 def fingerprint(operation: str, seq: int, reduce_op: ReduceOp | None, root: int,
-                dtype: str | None, shape: tuple[int, ...]) -> NDArray[Any]:
-    """The int64 vector (length :data:`LENGTH`) that describes one call."""
+                dtype: str | None, shape: tuple[int, ...], level: int = 2) -> NDArray[Any]:
+    """The int64 vector (length :data:`LENGTH`) that describes one call (``level``: the rank's
+    checks level, :func:`collectives.config.check_level`)."""
     vector = np.full(LENGTH, -1, dtype=np.int64)
     vector[0] = MAGIC
     vector[1] = seq
@@ -55,8 +67,34 @@ def fingerprint(operation: str, seq: int, reduce_op: ReduceOp | None, root: int,
     head = shape[:MAX_DIMS]
     vector[7:7 + len(head)] = head
     if len(shape) > MAX_DIMS:
-        vector[-1] = zlib.crc32(repr(shape[MAX_DIMS:]).encode())
+        vector[_TAIL] = zlib.crc32(repr(shape[MAX_DIMS:]).encode())
+    vector[_LEVEL] = level
     return vector
+
+
+_LOW = 0xFFFFFFFF
+
+
+def call_hash(operation: str, reduce_op: ReduceOp | None, root: int, dtype: str | None,
+              shape: tuple[int, ...]) -> int:
+    """A 32-bit hash of a call's fingerprint without its sequence number (cached by the
+    call path per kind of call; :func:`check_word` adds the number)."""
+    return zlib.crc32(fingerprint(operation, 0, reduce_op, root, dtype, shape, 1).tobytes())
+
+
+def check_word(call_hash: int, seq: int) -> int:
+    """The word a rank contributes to the default check: a 31-bit hash ``h`` of the call and
+    its sequence number in the high half, its complement in the low half (a non-negative
+    int64). The BAND of every rank's word passes :func:`words_agree` exactly when every
+    rank's ``h`` is the same: a bit where two ranks differ is 0 in both halves. (The call
+    path, ``Reliability._check_call``, computes it inline.)"""
+    h = (call_hash ^ seq) & 0x7FFFFFFF
+    return (h << 32) | (h ^ _LOW)
+
+
+def words_agree(reduced: int) -> bool:
+    """Whether the BAND of every rank's :func:`check_word` says every rank made the same call."""
+    return ((reduced >> 32) | reduced) & _LOW == _LOW
 
 
 def _describe(field: str, row: NDArray[Any]) -> str:
@@ -74,10 +112,12 @@ def _describe(field: str, row: NDArray[Any]) -> str:
         return "-" if value < 0 else str(value)
     if field == "dtype":
         return "-" if value < 0 else DTYPES[value]
+    if field.startswith("checks"):
+        return _LEVEL_NAMES.get(value, str(value))
     ndim = value
     dims = [int(d) for d in row[7:7 + min(ndim, MAX_DIMS)]]
     if ndim > MAX_DIMS:
-        return f"({', '.join(map(str, dims))}, ... {ndim} dims, tail hash {int(row[-1]):#x})"
+        return f"({', '.join(map(str, dims))}, ... {ndim} dims, tail hash {int(row[_TAIL]):#x})"
     return str(tuple(dims))
 
 
@@ -95,6 +135,12 @@ def mismatch(everyone: NDArray[Any], comm: Any) -> CollectiveMismatch | None:
         held = "; ".join(f"{value} on rank{'s' if len(ranks) > 1 else ''} "
                          f"{', '.join(map(str, ranks))}" for value, ranks in values.items())
         differences.append(f"{field} differs: {held}")
+    if all(difference.startswith("checks") for difference in differences):
+        return CollectiveMismatch(
+            f"ranks check their calls differently ({comm._operation} call #{comm._seq} on "
+            f"{comm!r}, rank {comm.rank}): {differences[0]}. Set COLLECTIVES_DEBUG the same on "
+            "every rank (the ranks' checks are collectives: they must all make the same). "
+            "Nothing of this call was sent.")
     return CollectiveMismatch(
         f"ranks made different collective calls ({comm._operation} call #{comm._seq} on "
         f"{comm!r}, rank {comm.rank}): " + " | ".join(differences)

@@ -19,7 +19,8 @@ class PollPolicy:
     completes within microseconds is seen at once); then tests that yield the CPU to a
     rank sharing the core, until ``busy_seconds`` from the first clock read; then sleeps
     from ``sleep_min`` doubling to ``sleep_max`` (a hung call does not burn a core). The
-    clock is read every ``clock_every`` tests."""
+    clock is read every ``clock_every`` tests. ``check_seconds``: the least time between two
+    calls of :func:`wait_until`'s ``check`` once spinning is over (0: before sleeps only)."""
 
     fast_polls: int
     busy_seconds: float
@@ -27,6 +28,7 @@ class PollPolicy:
     sleep_max: float
     clock_every: int = 1
     spin_seconds: float = 0.0
+    check_seconds: float = 0.0
 
 
 def yield_or_sleep(seconds: float) -> None:
@@ -42,8 +44,9 @@ def wait_until(done: Callable[[], Any], timeout: float, policy: PollPolicy,
                clock: Callable[[], float] = time.monotonic,
                pause: Callable[[float], None] = yield_or_sleep) -> bool:
     """Poll ``done()`` until it is true (``True``) or ``timeout`` seconds have passed
-    (``False``), as ``policy`` says. ``check()`` runs before each sleep (a transport's
-    asynchronous error query: it raises what it finds)."""
+    (``False``), as ``policy`` says. ``check()`` runs before each sleep, and with
+    ``policy.check_seconds`` also every that many seconds while yielding (a transport's
+    asynchronous error query, a look for farewells: it raises what it finds)."""
     for _ in range(policy.fast_polls):
         if done():
             return True
@@ -52,6 +55,8 @@ def wait_until(done: Callable[[], Any], timeout: float, policy: PollPolicy,
     spin_until = start + policy.spin_seconds
     spinning = policy.spin_seconds > 0
     every, polls = policy.clock_every, 0
+    check_every = policy.check_seconds if check is not None else 0.0
+    next_check = start + check_every
     while not done():
         polls += 1
         if polls % every:
@@ -65,6 +70,9 @@ def wait_until(done: Callable[[], Any], timeout: float, policy: PollPolicy,
             continue
         spinning = False
         if now < busy_until:
+            if check_every and now >= next_check:
+                check()  # type: ignore[misc]
+                next_check = now + check_every
             pause(0)
             continue
         if check is not None:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import io
 import os
 import signal
 import sys
@@ -47,7 +48,7 @@ import time
 from types import TracebackType
 from typing import Any
 
-from . import _exits, config, recorder
+from . import _exits, config, farewell, recorder
 from .launcher import LaunchInfo
 
 #: Seconds a rank waits after writing its last words before MPI_Abort: the abort also ends
@@ -55,6 +56,9 @@ from .launcher import LaunchInfo
 FORWARDING_GRACE = 0.2
 #: Seconds a SIGINT may stay pending in a blocked transport call before the process ends.
 GRACE = 2.0
+#: Seconds a failing rank that heard a peer finish waits in MPI_Finalize for the others before
+#: it calls MPI_Abort after all (see _abort).
+FINALIZE_GRACE = 10.0
 
 # What is installed, by name (each once per process).
 _installed: dict[str, Any] = {}
@@ -110,12 +114,29 @@ def _mpi() -> Any:
     return None
 
 
+def _release_output() -> None:
+    """Flush stdout and stderr, and where a wrapper of the excepthook that called ours holds
+    what the hooks printed (torch's ``_distributed_excepthook`` points ``sys.stderr`` at a
+    buffer and prints it after the hook returns), write that out now: the process ends
+    before the wrapper would print it, and the traceback would be lost."""
+    sys.stdout.flush()
+    buffered, real = sys.stderr, sys.__stderr__
+    if isinstance(buffered, io.StringIO) and real is not None:
+        text = buffered.getvalue()
+        buffered.seek(0)
+        buffered.truncate()
+        sys.stderr = real
+        real.write(text)
+    sys.stderr.flush()
+
+
 def _end_process(code: int) -> None:
     """End this process with ``code``. Under MPI through MPI_Abort, which has mpiexec end
     every rank at once (a rank that only ``_exit``s was once not noticed by Hydra within 30 s
     in CI); elsewhere (torchrun watches its workers) ``os._exit``."""
     MPI = _mpi()
     try:
+        _release_output()
         if MPI is not None:
             time.sleep(FORWARDING_GRACE)
             MPI.COMM_WORLD.Abort(code)
@@ -124,21 +145,51 @@ def _end_process(code: int) -> None:
 
 
 def _abort(what: str, code: int) -> None:
-    """Print which rank fails, then MPI_Abort (no-op where MPI is not running)."""
+    """Print which rank fails, then MPI_Abort, then end the process (no-op where MPI is not
+    running). MPICH's MPI_Abort returns while the launcher ends the job: nothing more runs
+    here after it (no atexit hook, no line of a wrapping excepthook).
+
+    Where the failure is that a peer left (a call of this process raised because a peer
+    finished: the job is ending, and the peers that finished wait in MPI_Finalize), the rank
+    tells its own peers it is leaving and ends through MPI_Finalize instead, so that the ranks
+    that finished end cleanly too; MPI_Abort after FINALIZE_GRACE seconds if it does not return."""
     MPI = _mpi()
     if MPI is None:
         return
     world = MPI.COMM_WORLD
-    sys.stdout.flush()
-    sys.stderr.write(
-        f"collectives: {what} on rank {world.Get_rank()} of {world.Get_size()} (pid "
-        f"{os.getpid()}); calling MPI_Abort so that the other ranks do not wait for it "
-        "forever\n")
+    _release_output()
+    where = f"on rank {world.Get_rank()} of {world.Get_size()} (pid {os.getpid()})"
+    if farewell.heard():
+        sys.stderr.write(
+            f"collectives: {what} {where} after a peer rank left; ending through MPI_Finalize, "
+            f"where the ranks that finished wait (MPI_Abort if it does not return within "
+            f"{FINALIZE_GRACE:g} s)\n")
+        sys.stderr.flush()
+        _finalize_or_abort(MPI, code)
+    sys.stderr.write(f"collectives: {what} {where}; calling MPI_Abort so that the other ranks do "
+                     "not wait for it forever\n")
     sys.stderr.flush()
     # Abort kills the launcher's output forwarding too: give it a moment to pass on
     # the traceback and this line (a failing job can spare it).
     time.sleep(FORWARDING_GRACE)
-    world.Abort(code)
+    try:
+        world.Abort(code)
+    finally:
+        os._exit(code)
+
+
+def _finalize_or_abort(MPI: Any, code: int) -> None:
+    """Say farewell (failing), MPI_Finalize, and exit with ``code``; MPI_Abort if MPI_Finalize
+    has not returned within FINALIZE_GRACE seconds."""
+    watchdog = threading.Timer(FINALIZE_GRACE, lambda: MPI.COMM_WORLD.Abort(code))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        farewell.say_farewell(farewell.FAILED)
+        MPI.Finalize()
+    finally:
+        _release_output()
+        os._exit(code)
 
 
 def _abort_mpi_on_uncaught_exception(describe: str = "") -> None:
@@ -197,11 +248,12 @@ def _dump_on_uncaught_exception() -> None:
                                    tb: TracebackType | None) -> None:
         previous(kind, value, tb)
         recorder.dump(f"uncaught {kind.__name__}: {value}")
+        # A peer that finished may still be exiting: torchrun would end it as this rank fails.
+        farewell.wait_for_departed(FINALIZE_GRACE)
         from .reliability import _LIVE  # noqa: PLC0415
 
         if any(comm._why_broken for comm in list(_LIVE)):
-            sys.stdout.flush()
-            sys.stderr.flush()
+            _release_output()
             os._exit(1)
 
     sys.excepthook = dump_on_uncaught_exception

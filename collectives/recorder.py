@@ -30,9 +30,10 @@ from . import config
 
 #: A call's fields, in the order of its list (``op`` is the row of collectives.calls: its
 #: ``name`` is the operation; no string is looked up on the call path).
-FIELDS = ("seq", "op", "dtype", "shape", "root", "state", "start", "end", "site", "error")
-SEQ, OP, DTYPE, SHAPE, ROOT, STATE, START, END, SITE, ERROR = range(len(FIELDS))
-#: States: entered the transport / returned / raised / posted (async_op: completion not followed).
+FIELDS = ("seq", "op", "dtype", "shape", "root", "state", "start", "end", "site", "error", "redop")
+SEQ, OP, DTYPE, SHAPE, ROOT, STATE, START, END, SITE, ERROR, REDOP = range(len(FIELDS))
+#: States: entered the transport / returned / raised / posted (async_op=True: the handle is
+#: not known to have completed; the communicator marks it completed once it learns so).
 STARTED, COMPLETED, FAILED, POSTED = "started", "completed", "failed", "posted"
 #: Operations outside the sequence numbers (a send or recv records the collectives' number then).
 POINT_TO_POINT = ("send", "recv")
@@ -152,12 +153,13 @@ class HookHandle:
 
 # -- the dump ------------------------------------------------------------------------------
 
-def _world() -> tuple[int, int]:
-    """This process's rank and the job's size, as the launcher said (no communication)."""
+def _world() -> tuple[int, int, str | None]:
+    """This process's rank, the job's size and its launcher, as the launcher said (no
+    communication)."""
     from .launcher import detect_launcher  # noqa: PLC0415
 
     launch = detect_launcher()
-    return launch.rank, launch.size
+    return launch.rank, launch.size, launch.launcher
 
 
 def _call_dict(call: list[Any], wall_minus_monotonic: float) -> dict[str, Any]:
@@ -168,10 +170,13 @@ def _call_dict(call: list[Any], wall_minus_monotonic: float) -> dict[str, Any]:
     entry["start"] = round(call[START] + wall_minus_monotonic, 6)
     entry["end"] = round(call[END] + wall_minus_monotonic, 6) if call[END] else None
     entry["bytes"] = nbytes(call)
+    entry["redop"] = None if call[REDOP] is None else call[REDOP].name
     return entry
 
 
 def _communicator_dict(comm: Any, wall_minus_monotonic: float) -> dict[str, Any]:
+    if comm._owner == threading.get_ident() and not comm._closed:
+        comm._reap()  # (only in the owner's thread: it runs the handles' completions)
     ring = comm._ring
     calls = list(ring) if ring is not None else []  # list(deque) runs in C: one atomic copy
     state = "closed" if comm._closed else "unusable" if comm._why_broken else "open"
@@ -207,12 +212,12 @@ def dump(reason: str, path: str | None = None) -> str | None:
         if path is None:
             return None
         with _dumping:
-            rank, world_size = _world()
+            rank, world_size, launcher = _world()
             wall_minus_monotonic = time.time() - time.monotonic()
             communicators = sorted(_RECORDED, key=lambda comm: comm._trace_order)
             content = {
                 "format": FORMAT, "host": socket.gethostname(), "pid": os.getpid(),
-                "rank": rank, "world_size": world_size,
+                "rank": rank, "world_size": world_size, "launcher": launcher,
                 "backend": communicators[0].backend if communicators else None,
                 "reason": reason, "time": round(time.time(), 6),
                 "communicators": [_communicator_dict(comm, wall_minus_monotonic)

@@ -14,8 +14,21 @@ its place in the split tree) the ranks' rings are lined up by sequence number:
   never entered it (with their last completed call, call site, and main thread's stack);
   a rank that wrote no dump is named as such (killed with SIGKILL, or the host died);
 - a **crash**: a rank died of an uncaught exception and no dump shows a rank waiting (under
-  mpiexec, ``MPI_Abort`` has the launcher kill the others before they can write);
+  mpiexec, ``MPI_Abort`` has the launcher kill the others before they can write); ``call`` is
+  its last completed call on any communicator;
+- **finished**: the ranks behind ended normally (their dump says so): the others made more
+  calls than they did;
+- **signal**: a rank was ended by a signal (SIGTERM, SIGINT) first, and the ranks that did not
+  reach its call wrote no dump (the launcher ended them after it): they are not blamed, the
+  rank signalled first is named; or the launcher forwarded a signal to every rank at once (their
+  dumps within FORWARDED_SECONDS) while the ranks in a call had been there less than
+  HUNG_SECONDS (a running job the launcher ended, not a hang);
+- **no dumps**: the folder holds none (the ranks were killed before they could write, or did
+  not have ``COLLECTIVES_TRACE_DIR`` set);
 - **ok**: every rank that wrote a dump completed every call the others made.
+
+The exit status is 0 for **ok** only. An asynchronous call counts as completed once its dump
+says so, or once a later collective of the same communicator completed there.
 """
 
 from __future__ import annotations
@@ -32,6 +45,14 @@ from .recorder import COMPLETED, FORMAT, POINT_TO_POINT, POSTED
 
 # A call as the ranks compare it.
 _Signature = tuple[Any, ...]
+#: Dump reasons of a rank ended by a signal (the watcher writes them; see process_hooks).
+TERMINATING = ("SIGTERM", "SIGINT")
+#: Seconds the ranks in a call must have waited in it, at their dumps, for a job ended by a
+#: signal to count as hung there (a running job's ranks pass through calls in microseconds).
+HUNG_SECONDS = 1.0
+#: Seconds within which every rank's dump on a signal marks a signal the launcher forwarded to
+#: all of them at once (a launcher ending the others after one rank died takes longer).
+FORWARDED_SECONDS = 0.05
 
 
 def load(directory: str) -> dict[int, dict[str, Any]]:
@@ -48,13 +69,14 @@ def load(directory: str) -> dict[int, dict[str, Any]]:
 
 
 def _signature(call: dict[str, Any]) -> _Signature:
-    return (call["op"], call["dtype"], tuple(call["shape"] or ()), call["root"])
+    return (call["op"], call["dtype"], tuple(call["shape"] or ()), call["root"], call.get("redop"))
 
 
 def _describe_call(call: dict[str, Any] | None) -> str:
     if call is None:
         return "none recorded"
     shape = "" if call["shape"] is None else f" {call['dtype']}{tuple(call['shape'])}"
+    shape += f" {call['redop']}" if call.get("redop") else ""
     root = f" root {call['root']}" if call["root"] is not None and call["root"] >= 0 else ""
     site = f" at {call['site']}" if call.get("site") else ""
     return f"#{call['seq']} {call['op']}{shape}{root}{site}"
@@ -79,10 +101,14 @@ class _Member:
         if seq < self.oldest:
             return True  # older than the ring: it completed, since later calls were made
         call = self.calls.get(seq)
-        return call is None or call["state"] in (COMPLETED, POSTED)
+        if call is None or call["state"] == COMPLETED:
+            return True
+        # Posted (asynchronous), not seen completing: it did if a later collective completed.
+        return call["state"] == POSTED and any(later["state"] == COMPLETED
+                                               for number, later in self.calls.items() if number > seq)
 
     def last_completed(self) -> dict[str, Any] | None:
-        done = [call for seq, call in self.calls.items() if call["state"] in (COMPLETED, POSTED)]
+        done = [call for seq, call in self.calls.items() if self.completed(seq)]
         return max(done, key=lambda call: call["seq"]) if done else None
 
 
@@ -125,12 +151,14 @@ def _analyze_one(name: str, members: list[_Member], world_size: int) -> dict[str
         if not all(m.completed(seq) for m in members):
             verdict = {"verdict": "hang", "seq": seq, "odd": [], "call": next(iter(made.values()))}
             break
+    weak = False
     if verdict is None:
         if not missing or not seqs:
             return None
         last = seqs[-1]  # every dumped rank completed everything: the silent ones are the question
         verdict = {"verdict": "hang", "seq": last, "odd": [],
                    "call": next(m.calls[last] for m in members if last in m.calls)}
+        weak = True  # no dumped rank waits here: a real hang elsewhere comes first
     seq = verdict["seq"]
     behind_ranks = sorted({m.rank for m in members if not m.entered(seq)} | set(missing))
     entered = sorted(m.rank for m in members if m.entered(seq))
@@ -147,9 +175,10 @@ def _analyze_one(name: str, members: list[_Member], world_size: int) -> dict[str
                        "reason": None if member is None else member.dump.get("reason"),
                        "stack": [] if member is None else _main_stack(member.dump)})
     return {
-        "verdict": verdict["verdict"], "communicator": name, "size": size,
+        "verdict": verdict["verdict"], "communicator": name, "size": size, "weak": weak,
         "call": {"seq": seq, "op": call["op"], "dtype": call["dtype"],
-                 "shape": call["shape"], "root": call["root"], "communicator": name},
+                 "shape": call["shape"], "root": call["root"], "redop": call.get("redop"),
+                 "communicator": name},
         "entered": entered, "behind_ranks": behind_ranks, "odd_ranks": verdict["odd"],
         "behind_detail": behind, "world_of": {rank: world(rank) for rank in range(size)},
         "states": {m.rank: (m.calls[seq]["state"] if seq in m.calls else
@@ -161,27 +190,29 @@ def _analyze_one(name: str, members: list[_Member], world_size: int) -> dict[str
 
 def analyze(dumps: dict[int, dict[str, Any]], world_size: int | None = None) -> dict[str, Any]:
     """The verdict as one object: ``world_size``, ``dumps`` (ranks that wrote one), ``verdict``
-    ("hang", "mismatch", "crash" or "ok"; crash: a rank died of an uncaught exception and no
-    dump shows a rank waiting for it, ``call`` then is its last completed call), ``call``
-    (``seq``, ``op``, ``dtype``, ``shape``, ``root``, ``communicator``; None when ok),
+    ("hang", "mismatch", "crash", "finished", "signal", "no dumps" or "ok"; see the module's
+    text), ``call`` (``seq``, ``op``, ``dtype``, ``shape``, ``root``, ``redop``,
+    ``communicator``; None when ok; for a crash the crashed rank's last completed call),
     ``behind`` and ``odd`` (sorted world ranks; a rank of a split whose world rank no dump
-    tells is given as -1), ``no_dump`` (world ranks that wrote none), ``crashed`` (ranks that
-    died of an uncaught exception outside any call), ``reasons`` (why each rank wrote its
-    dump) and ``details``."""
+    tells is given as -1), ``no_dump`` (world ranks that wrote none) and ``no_dump_why`` (the
+    likely reason, in words), ``crashed`` (ranks that died of an uncaught exception outside any
+    call), ``signalled`` (for a signal: the rank signalled first, and when), ``reasons`` (why
+    each rank wrote its dump) and ``details``."""
     if world_size is None:
         world_size = max((int(d["world_size"]) for d in dumps.values()), default=0)
-    found = {name: _analyze_one(name, members, world_size)
-             for name, members in _communicators(dumps).items()}
+    communicators = _communicators(dumps)
+    found = {name: _analyze_one(name, members, world_size) for name, members in communicators.items()}
     problems = [result for result in found.values() if result is not None]
     no_dump = sorted(set(range(world_size)) - set(dumps))
     result: dict[str, Any] = {
         "world_size": world_size, "dumps": sorted(dumps), "verdict": "ok", "call": None,
-        "behind": [], "odd": [], "no_dump": no_dump, "crashed": [],
+        "behind": [], "odd": [], "no_dump": no_dump, "no_dump_why": _why_no_dump(dumps),
+        "crashed": [], "signalled": None,
         "reasons": {str(rank): dump.get("reason") for rank, dump in sorted(dumps.items())},
         "details": None,
     }
     if not dumps:
-        result["verdict"] = "hang" if world_size else "ok"
+        result["verdict"] = "no dumps"
         return result
     # Ranks inside a call when they wrote their dump (waiting, or failed there: a timeout, a
     # peer that died); ranks that died of an uncaught exception outside any call.
@@ -193,47 +224,102 @@ def analyze(dumps: dict[int, dict[str, Any]], world_size: int | None = None) -> 
         # No dump shows a rank waiting for another: the crash is the story (the launcher
         # killed the other ranks before they could write, as mpiexec does on MPI_Abort).
         rank = result["crashed"][0]
-        members = [m for m in _communicators(dumps).get("world", []) if m.world_rank == rank]
-        last = members[0].last_completed() if members else None
-        result.update(verdict="crash", call=None if last is None else {
-            "seq": last["seq"], "op": last["op"], "dtype": last["dtype"], "shape": last["shape"],
-            "root": last["root"], "communicator": "world"})
+        calls = [(name, last) for name, members in communicators.items() for member in members
+                 if member.world_rank == rank and (last := member.last_completed()) is not None]
+        if calls:  # its latest completed call, on whichever communicator
+            name, last = max(calls, key=lambda found: float(found[1]["start"]))
+            result["call"] = {"seq": last["seq"], "op": last["op"], "dtype": last["dtype"],
+                              "shape": last["shape"], "root": last["root"],
+                              "redop": last.get("redop"), "communicator": name}
+        result["verdict"] = "crash"
         return result
-    if not problems and no_dump:  # nothing recorded disagrees; the silent ranks are the question
-        result.update(verdict="hang", behind=no_dump)
+    terminating = {rank: float(dump.get("time") or 0.0) for rank, dump in dumps.items()
+                   if dump.get("reason") in TERMINATING}
+    first = min(terminating, key=lambda rank: (terminating[rank], rank)) if terminating else None
+    if first is not None:
+        result["signalled"] = {"rank": first, "signal": dumps[first]["reason"], "time": terminating[first]}
+    if not problems and no_dump:  # nothing recorded disagrees; the silent ones are the question
+        result.update(verdict="signal" if first is not None else "hang", behind=no_dump)
         return result
-    if problems:
-        # A mismatch explains the rest; else the hang whose ranks behind are not themselves
-        # waiting in another call (they are the cause, the others follow); then the earliest.
-        def order(problem: dict[str, Any]) -> tuple[bool, bool, float]:
-            starts = [m.calls[problem["call"]["seq"]]["start"]
-                      for m in _communicators(dumps)[problem["communicator"]]
-                      if problem["call"]["seq"] in m.calls]
-            behind = {problem["world_of"][rank] for rank in problem["behind_ranks"]}
-            return (problem["verdict"] != "mismatch", bool(behind & waiting), min(starts, default=0.0))
-        chosen = min(problems, key=order)
-        world_of = chosen["world_of"]
-        result.update(
-            verdict=chosen["verdict"], call=chosen["call"],
-            behind=sorted(-1 if world_of[r] is None else world_of[r] for r in chosen["behind_ranks"]),
-            odd=sorted(-1 if world_of[r] is None else world_of[r] for r in chosen["odd_ranks"]),
-            details=chosen)
+    if not problems:
+        if first is not None:
+            result["verdict"] = "signal"
+        return result
+    # A mismatch explains the rest; else the hang whose ranks behind are not themselves
+    # waiting in another call (they are the cause, the others follow); then one that a dumped
+    # rank waits in; then the earliest.
+    def order(problem: dict[str, Any]) -> tuple[bool, bool, bool, float]:
+        starts = [m.calls[problem["call"]["seq"]]["start"] for m in communicators[problem["communicator"]]
+                  if problem["call"]["seq"] in m.calls]
+        behind = {problem["world_of"][rank] for rank in problem["behind_ranks"]}
+        return (problem["verdict"] != "mismatch", bool(behind & waiting), problem["weak"],
+                min(starts, default=0.0))
+    chosen = min(problems, key=order)
+    world_of = chosen["world_of"]
+    behind = sorted(-1 if world_of[r] is None else world_of[r] for r in chosen["behind_ranks"])
+    result.update(
+        verdict=chosen["verdict"], call=chosen["call"], behind=behind,
+        odd=sorted(-1 if world_of[r] is None else world_of[r] for r in chosen["odd_ranks"]),
+        details=chosen)
+    if chosen["verdict"] != "hang" or not behind:
+        return result
+
+    def waited(member: _Member) -> float:  # in the call, when the first signal came (or its dump)
+        call = member.calls.get(chosen["call"]["seq"])
+        until = terminating[first] if first is not None else float(member.dump.get("time") or 0.0)
+        return until - float(call["start"]) if call else 0.0
+    entered = [m for m in communicators[chosen["communicator"]] if m.entered(chosen["call"]["seq"])]
+    if first is not None and first not in behind and all(r not in dumps for r in behind):
+        # The ranks behind wrote nothing: the launcher ended them after the first signalled one
+        # (mpiexec kills the rest at once), and where they were is not known.
+        result["verdict"] = "signal"
+    elif first is not None and len(terminating) == len(dumps) \
+            and max(terminating.values()) - terminating[first] < FORWARDED_SECONDS \
+            and all(waited(m) < HUNG_SECONDS for m in entered):
+        result["verdict"] = "signal"  # the launcher's signal found a running job, not a hung one
+    elif all(str(dumps[r].get("reason", "")).startswith("exit") for r in behind if r in dumps) \
+            and any(r in dumps for r in behind):
+        result["verdict"] = "finished"
     return result
+
+
+def _why_no_dump(dumps: dict[int, dict[str, Any]]) -> str:
+    """Why ranks of this job wrote no dump, as far as the others' dumps tell."""
+    for rank, dump in sorted(dumps.items(), key=lambda item: float(item[1].get("time") or 0.0)):
+        reason = str(dump.get("reason", ""))
+        if reason.startswith(("uncaught", "sys.exit")) and dump.get("launcher") != "torchrun":
+            return (f"ended by the job's MPI_Abort after rank {rank}'s {reason.split(':')[0]} (the "
+                    "launcher ends every rank at once), before it could write")
+        if reason in TERMINATING:
+            return (f"ended by the launcher after rank {rank} was ended by {reason}, before it "
+                    "could write")
+    return "killed (SIGKILL, out of memory) or its host died"
 
 
 def _text(result: dict[str, Any]) -> str:
     lines = []
     call, details = result["call"], result["details"]
     dumped = ", ".join(map(str, result["dumps"])) or "none"
+    signalled = result["signalled"]
+    if result["verdict"] == "no dumps":
+        lines.append("no dumps: the folder holds no rank-<R>.json: the ranks were killed before "
+                     "they could write (SIGKILL, out of memory), or COLLECTIVES_TRACE_DIR was not "
+                     "set to this folder for them")
+        return "\n".join(lines)
     if result["verdict"] == "crash":
         rank = result["crashed"][0]
+        where = f" on communicator {call['communicator']!r}" if call and call["communicator"] != "world" else ""
         lines.append(f"crash: rank {rank} died of an {result['reasons'][str(rank)]}; its last completed "
-                     f"call: {_describe_call(call)}; no dump shows a rank waiting for it")
+                     f"call: {_describe_call(call)}{where}; no dump shows a rank waiting for it")
     elif result["verdict"] == "ok":
         lines.append(f"ok: the {len(result['dumps'])} ranks that wrote a dump (of {result['world_size']}) "
                      "agree on every call they recorded")
     elif details is None:
-        lines.append(f"hang: no rank recorded a call; ranks without a dump: {result['no_dump']}")
+        if result["verdict"] == "signal":
+            lines.append(f"signal: rank {signalled['rank']} was ended by {signalled['signal']} first; "
+                         f"no dump shows a rank waiting for another")
+        else:
+            lines.append(f"hang: no rank recorded a call; ranks without a dump: {result['no_dump']}")
     else:
         where = call["communicator"]
         described = _describe_call({**call, "site": None})
@@ -241,6 +327,15 @@ def _text(result: dict[str, Any]) -> str:
         if result["verdict"] == "mismatch":
             lines.append(f"mismatch: call {described} on communicator {where!r}{size}: "
                          f"rank(s) {details['odd_ranks']} made a different call")
+        elif result["verdict"] == "signal":
+            lines.append(f"signal: rank {signalled['rank']} was ended by {signalled['signal']} first, "
+                         f"in or after call {described} on communicator {where!r}{size}; rank(s) "
+                         f"{result['behind']} did not reach it because the launcher ended them after "
+                         "it (not a hang they caused)")
+        elif result["verdict"] == "finished":
+            lines.append(f"finished: rank(s) {details['behind_ranks']} ended normally before call "
+                         f"{described} on communicator {where!r}{size}, which rank(s) "
+                         f"{details['entered']} made: the ranks made different numbers of calls")
         else:
             lines.append(f"hang: call {described} on communicator {where!r}{size}: entered by "
                          f"rank(s) {details['entered']}; behind: rank(s) {details['behind_ranks']}")
@@ -251,7 +346,7 @@ def _text(result: dict[str, Any]) -> str:
             who = f"rank {behind['rank']}" + (f" (world rank {behind['world_rank']})"
                                               if behind["world_rank"] not in (None, behind["rank"]) else "")
             if behind["no_dump"]:
-                lines.append(f"  {who} wrote no dump: killed (SIGKILL, out of memory) or its host died")
+                lines.append(f"  {who} wrote no dump: {result['no_dump_why']}")
                 continue
             lines.append(f"  {who} is behind: last completed call "
                          f"{_describe_call(behind['last_completed'])}; it wrote its dump on: {behind['reason']}")
@@ -259,7 +354,7 @@ def _text(result: dict[str, Any]) -> str:
                 lines.append("    main thread was at:")
                 lines.extend("    " + line.rstrip().replace("\n", "\n    ") for line in behind["stack"][-3:])
     if result["no_dump"] and details is not None and not any(b["no_dump"] for b in details["behind_detail"]):
-        lines.append(f"ranks without a dump: {result['no_dump']}")
+        lines.append(f"ranks without a dump: {result['no_dump']} ({result['no_dump_why']})")
     lines.append(f"dumps from rank(s): {dumped} of world size {result['world_size']}")
     for rank, reason in result["reasons"].items():
         lines.append(f"  rank {rank}: {reason}")
@@ -284,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write("\n")
     else:
         print(_text(result))
-    return 0 if result["verdict"] == "ok" else 1
+    return 0 if result["verdict"] == "ok" else 1  # (no dumps included: never "ok")
 
 
 if __name__ == "__main__":

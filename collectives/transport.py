@@ -102,6 +102,41 @@ class Transport(abc.ABC):
         override it (the vector goes through device memory)."""
         return self._all_gather(vector, arrays.NUMPY, "int64", None, False)
 
+    #: Whether the default check (``COLLECTIVES_DEBUG`` unset) runs on this transport. A
+    #: transport whose :meth:`_agree_word` would synchronize a device stream on every call
+    #: sets it False: there only ``COLLECTIVES_DEBUG=1`` checks.
+    _checks_by_default: bool = True
+
+    def _agree_word(self, word: int) -> int:
+        """The bitwise AND (BAND) over every rank of one non-negative int64 ``word`` each: the
+        default check's one small collective (:func:`collectives.debug.check_word`). Backends
+        override it with the cheapest call their transport has for it."""
+        import numpy as np  # noqa: PLC0415
+
+        vector = np.array([word], dtype=np.int64)
+        self._all_reduce(vector, arrays.NUMPY, "int64", ReduceOp.BAND, False)
+        return int(vector[0])
+
+    def _tell_peers_left(self, how: int) -> None:
+        """Leave a farewell with every peer: this rank made ``self._seq`` collectives on this
+        communicator and is done with it (``how``: :data:`collectives.farewell.FINISHED` or
+        ``FAILED``). Must not wait for the peers. Default: the transport cannot tell them (a
+        call left without a partner then waits for its timeout)."""
+
+    def _peers_left(self) -> list[tuple[int, int, int]]:
+        """The farewells received since the last look, as ``(rank, calls, how)``; must not
+        block. Default: none."""
+        return []
+
+    def _start_exchange_small(self, vector: Any) -> Work | None:
+        """:meth:`_exchange_small` started, as a handle whose ``wait()`` returns every rank's
+        vector (the call path polls it, looking for farewells while it waits); ``None`` where
+        the transport only has the blocking form (then :meth:`_exchange_small` runs)."""
+        if type(self)._exchange_small is not Transport._exchange_small:
+            return None  # a transport of its own for small vectors (device memory)
+        work: Work = self._all_gather(vector, arrays.NUMPY, "int64", None, True)
+        return work
+
     def _send_small(self, vector: Any, dst: int, tag: int) -> Work:
         """Send a small int64 numpy vector to ``dst``, nonblocking (the debug-mode header of a
         send). Backends whose transport takes no host memory override it and

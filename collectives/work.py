@@ -8,10 +8,20 @@ caller drops still completes.
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable
 from typing import Any
 
+from . import recorder
 from .arrays import ArrayAdapter
+from .polling import PollPolicy, wait_until
+from .recorder import END, POSTED, STARTED, STATE
+
+#: Handles kept at most for a communicator; one more waits for the oldest first, so a
+#: program that drops handles in a loop runs in bounded memory.
+MAX_PENDING = 1024
+# How Work.wait_for polls: 50 us without yielding, yields to 2 ms, then sleeps 0.1-1 ms.
+_POLL = PollPolicy(fast_polls=0, busy_seconds=0.002, sleep_min=1e-4, sleep_max=1e-3, spin_seconds=50e-6)
 
 
 class Work:
@@ -28,6 +38,12 @@ class Work:
     def is_completed(self) -> bool:
         """Whether the collective has completed (once true, ``wait()`` does not block)."""
         return True
+
+    def wait_for(self, seconds: float) -> bool:
+        """Wait at most ``seconds`` for the collective to complete; whether it has (its result
+        is then ``wait()``'s). Polls ``is_completed``; a handle whose transport can block with a
+        timeout overrides it."""
+        return self.is_completed() or wait_until(self.is_completed, seconds, _POLL)
 
 
 class AllOf(Work):
@@ -55,3 +71,50 @@ def deliver(adapter: ArrayAdapter, result: Any, out: Any, async_op: bool) -> Any
         result = out
     return Work(result) if async_op else result
 
+
+class KeptHandles:
+    """The handles a communicator keeps (a base of :class:`collectives.Communicator`): those of
+    asynchronous collectives not known to be complete, oldest first, with their flight-recorder
+    records (``None`` where the recorder is off), and point-to-point handles apart: one may wait
+    for a send the peer makes only later, so they are never waited for to make room (that could
+    deadlock) and never block the reaping of collective handles. A record stays "posted" until
+    the communicator learns its handle completed (the next call's reaping, ``close()``, or a
+    dump written by the communicator's own thread)."""
+
+    _pending: collections.deque[Work]
+    _posted: collections.deque[list[Any] | None]
+    _pending_p2p: collections.deque[Work]
+
+    def _keep(self, work: Work, record: list[Any] | None) -> None:
+        if len(self._pending) >= MAX_PENDING:
+            self._pending.popleft().wait()
+            _completed_record(self._posted.popleft())
+        self._pending.append(work)
+        self._posted.append(record)
+
+    def _reap(self) -> None:
+        """Forget the collective handles that have completed, oldest first (collectives
+        complete in the order they were made; a still-running one ends the scan), and mark
+        their records completed."""
+        pending, posted = self._pending, self._posted
+        while pending and pending[0].is_completed():
+            pending.popleft()
+            _completed_record(posted.popleft())
+
+    def _complete_pending(self) -> None:
+        while self._pending:
+            self._pending.popleft().wait()
+            _completed_record(self._posted.popleft())
+        while self._pending_p2p:
+            self._pending_p2p.popleft().wait()
+
+
+def _reap(pending: collections.deque[Work]) -> None:
+    while pending and pending[0].is_completed():
+        pending.popleft()
+
+
+def _completed_record(record: list[Any] | None) -> None:
+    """Mark the record of an asynchronous call completed (see recorder.state): its handle has."""
+    if record is not None and record[STATE] is POSTED:
+        record[STATE], record[END] = STARTED, recorder.clock()

@@ -137,11 +137,11 @@ def run(args: argparse.Namespace, comm: Any = None, out: Any = None) -> dict[str
 
         comm = collectives.init(args.backend)
     if not 0 <= args.root < comm.size:
-        raise SystemExit(f"collectives-bench: -r/--root {args.root} is out of range; valid: 0 to {comm.size - 1}")
+        sys.exit(f"collectives-bench: -r/--root {args.root} is out of range; valid: 0 to {comm.size - 1}")
     arr = arrays_for(comm, args)
     raw = raw_for(comm)
     if args.raw and raw is None:
-        raise SystemExit(f"collectives-bench: --raw: the {comm.backend} backend has no transport to compare "
+        sys.exit(f"collectives-bench: --raw: the {comm.backend} backend has no transport to compare "
                          "with; start it with mpiexec or torchrun, or pass --backend mpi/torch/cupy")
     barrier = raw.barrier if raw is not None else comm.barrier
     sync = arr.sync()

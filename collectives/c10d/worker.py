@@ -47,7 +47,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from collectives.communicator import MAX_PENDING, Communicator, Work
+from collectives.communicator import Communicator, Work
+from collectives.work import MAX_PENDING
 from collectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 
 #: Seconds between polls of in-flight point-to-point operations while no other operation waits.

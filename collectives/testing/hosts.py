@@ -51,6 +51,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._exits import process_alive
+
 #: Namespace names: ``collectives-<pid>-<n>-sw`` and ``collectives-<pid>-<n>-<host>``.
 PREFIX = "collectives"
 #: The hosts' network: a private range that exists only inside the bed's namespaces.
@@ -96,21 +98,11 @@ def _remove_stale_namespaces() -> None:
     listed = _ip("netns", "list", check=False).stdout
     for name in {line.split()[0] for line in listed.splitlines() if line.strip()}:
         match = re.fullmatch(rf"{PREFIX}-(\d+)-.+", name)
-        if match is None or _pid_alive(int(match.group(1))):
+        if match is None or process_alive(int(match.group(1))):
             continue
         _kill_namespace_processes(name)
         _ip("netns", "del", name, check=False)
         shutil.rmtree(NETNS_ETC / name, ignore_errors=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _kill_namespace_processes(namespace: str, sig: int = signal.SIGKILL) -> list[int]:

@@ -146,6 +146,7 @@ class RankPool:
         self.jobs_run = 0
         self.starts = 0
         self._unusable = False  # a job left a rank's communicator unusable: restart first
+        self._renew = False  # a job raised: the ranks renew their world communicator first
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -238,7 +239,7 @@ class RankPool:
         if self._authkey:
             _kill_processes_of(self._authkey, self._pids)
         self._authkey, self._pids = "", []
-        self._unusable = False
+        self._unusable = self._renew = False
         if self._listener is not None:
             self._listener.close()
             self._listener = None
@@ -282,7 +283,10 @@ class RankPool:
         timeout = self.job_timeout if timeout is None else timeout
         try:
             for conn, rank_args in zip(self._connections, per_rank):
+                if self._renew:
+                    send(conn, ("renew",))
                 send(conn, ("job", reference, tuple(rank_args)))
+            self._renew = False
         except OSError as error:
             output = self.output()
             self.kill()
@@ -291,7 +295,8 @@ class RankPool:
         self.jobs_run += 1
         errors = {r: RemoteError(r, *reply[1:]) for r, reply in replies.items() if reply[0] == "error"}
         results = {r: reply[1] for r, reply in replies.items() if reply[0] == "ok"}
-        if errors:
+        if errors:  # the ranks live on; their world communicator is renewed before the next job
+            self._renew = True
             raise RankError(errors, results)
         return [results[r] for r in range(self.size)]
 

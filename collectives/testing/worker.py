@@ -17,6 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 import collectives
+from collectives import farewell, registry
+from collectives.communicator import Communicator
 from collectives.launcher import detect_launcher
 from collectives.testing.pool import connect_worker, receive, send, set_parent_death_signal
 
@@ -79,6 +81,47 @@ def _watch(conn: Any, busy: threading.Event) -> None:
     os._exit(1)
 
 
+def _recoverable() -> bool:
+    """Whether every unusable communicator of this rank was made so by a peer that gave up on
+    it (a job that raised elsewhere): a new world communicator then serves the next job. A
+    timeout leaves requests in the transport that a later call could meet: the pool restarts."""
+    from collectives.reliability import _LIVE  # noqa: PLC0415
+
+    return all(comm._left for comm in list(_LIVE) if comm._why_broken)
+
+
+def _renew(comm: Communicator) -> Communicator:
+    """A new world communicator over the same ranks (collective: every rank renews together,
+    when the pool says so), made from the transport's own world, not from ``comm`` (which may
+    hold a call that a peer gave up on); ``collectives.init()`` returns it from now on."""
+    if comm.backend == "mpi":
+        from mpi4py import MPI  # noqa: PLC0415
+
+        from collectives.backends.mpi import MPICommunicator  # noqa: PLC0415
+
+        new: Communicator = MPICommunicator(MPI.COMM_WORLD, local_rank=comm.local_rank)
+    elif comm.backend == "torch":
+        import torch.distributed as dist  # noqa: PLC0415
+
+        from collectives.backends.torch_dist import TorchCommunicator, _group_named  # noqa: PLC0415
+
+        _renewals.append(len(_renewals))
+        name = f"collectives/pool-renewal/{len(_renewals)}"  # the same on every rank
+        with _group_named(name):
+            group = dist.new_group(list(range(comm.size)), use_local_synchronization=True)
+        new = TorchCommunicator(group, local_rank=comm.local_rank)
+        new._name = name  # (its farewells' keys in torch's store)
+    else:
+        return comm
+    new.trace_name = "world"
+    registry._default = new
+    farewell.raised.clear()
+    return new
+
+
+_renewals: list[int] = []
+
+
 def main() -> None:
     _die_with_launcher()
     comm = collectives.init()
@@ -96,6 +139,9 @@ def main() -> None:
                 sys.stdout.flush()
                 os._exit(0)
             break
+        if message[0] == "renew":  # a job raised on some rank: every rank renews, together
+            comm = _renew(comm)
+            continue
         _, reference, args = message
         busy.set()
         try:
@@ -103,10 +149,15 @@ def main() -> None:
             reply: tuple[Any, ...] = ("ok", result)
         except BaseException as error:  # noqa: BLE001  (every failure goes back to the pool)
             reply = ("error", type(error).__name__, str(error), traceback.format_exc())
+            # The peers waiting in a call of this rank's (the world's, or a split the job made
+            # and the traceback still holds) raise at once, instead of after their timeout.
+            farewell.say_farewell(farewell.ABANDONED)
+            del error
         busy.clear()
         # A timeout in the job makes this rank's communicators unusable (the world's too):
-        # the pool then starts new ranks before its next job.
-        unusable = comm._broken is not None
+        # the pool then starts new ranks before its next job. One that a peer gave up on is
+        # renewed instead (the pool sends "renew" after a job that raised).
+        unusable = comm._broken is not None and not _recoverable()
         try:
             send(conn, (reply, unusable))
         except Exception as error:  # noqa: BLE001  (an unpicklable result)

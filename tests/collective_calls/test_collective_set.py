@@ -105,7 +105,8 @@ BAD_CALLS = [
     ("all_gather_v", {"out_shape": (1, 7)}, "ValueError", "out.shape=(total rows, *x.shape[1:])"),
     ("send", {"dst": 0}, "ValueError", "is this rank"),
     ("recv", {"src": 0, "tag": -1}, "ValueError", "tag must be"),
-    ("recv", {"src": 0, "tag": 32767}, "ValueError", "tag 32767 is reserved for the barrier"),
+    ("recv", {"src": 0, "tag": 32767}, "ValueError", "tag 32767 is reserved for the library's"),
+    ("recv", {"src": 0, "tag": 32766}, "ValueError", "tag 32766 is reserved for the library's"),
     ("send", {"dst": 1, "tag": "a"}, "TypeError", "tag must be an int"),
     ("all_reduce", {"async_op": "yes"}, "TypeError", "async_op must be True or False"),
 ]

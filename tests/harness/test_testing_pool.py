@@ -32,6 +32,13 @@ def raise_everywhere(comm, message):
     raise ValueError(f"{message} from rank {comm.rank}")
 
 
+def rank_1_rejects_large_values(comm, value):
+    """Rank 1 raises before the collective that rank 0 is already waiting in."""
+    if comm.rank == 1 and value >= 7:
+        raise ValueError(f"rank 1 rejects {value}")
+    return float(comm.all_reduce(np.array([float(value)]))[0])
+
+
 def hang_on_rank_0(comm):
     if comm.rank == 0:
         threading.Event().wait()  # never set: this rank hangs until the pool kills it
@@ -73,6 +80,34 @@ def test_exception_on_one_rank_comes_back_with_its_traceback(pool):
     assert "rank 1: ZeroDivisionError" in str(error)
     starts = pool.starts
     _works(pool)  # the ranks that did not raise are still in step: no restart needed
+    assert pool.starts == starts
+
+
+def test_a_rank_failing_in_a_hypothesis_test_is_reported_at_once_and_the_ranks_survive(pool):
+    """Hypothesis runs a property whose rank 1 raises for some examples while rank 0 waits in an
+    all_reduce: every failing example (shrinking runs many) comes back at once with rank 1's
+    traceback (rank 0 hears that rank 1 gave up on the communicator), the pool is never
+    restarted, and the next job runs on the same ranks."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    starts, runs = pool.starts, []
+
+    @settings(max_examples=30, database=None, deadline=None, derandomize=True)
+    @given(st.integers(0, 20))
+    def property_of_the_sum(value):
+        runs.append(value)
+        assert pool.run(rank_1_rejects_large_values, args=(value,), timeout=30) == [2.0 * value] * 2
+
+    with pytest.raises(RankError) as caught:
+        property_of_the_sum()
+    error = caught.value
+    assert error.errors[1].type_name == "ValueError" and "rank 1 rejects 7" in str(error), error
+    assert "rank_1_rejects_large_values" in error.errors[1].traceback
+    assert error.errors[0].type_name == "PeerLeft" and "rank 1 gave up on this communicator" in str(error)
+    assert len([v for v in runs if v >= 7]) >= 2  # failing examples, and shrinking replayed them
+    assert pool.starts == starts, "a Python exception must not restart the pool"
+    _works(pool)
     assert pool.starts == starts
 
 

@@ -1,9 +1,9 @@
-"""Reliability: mismatched calls (debug mode), timeouts, rank failure (bad input is
-bad_input_catalogue.py's, run by test_bad_input.py).
+"""Reliability: mismatched calls (default settings and debug mode), timeouts, rank failure
+(bad input is bad_input_catalogue.py's, run by test_bad_input.py).
 
-Mismatch and timeout tests use pools of their own (COLLECTIVES_DEBUG=1, short
-COLLECTIVES_TIMEOUT) and a fresh split per job, so a communicator they break is never the
-pool's. Rank-failure tests start a job under
+Mismatch tests run on the session's shared pools (default settings) and on pools of their
+own (COLLECTIVES_DEBUG=1, short COLLECTIVES_TIMEOUT); timeout tests on pools of their own; each
+job makes a fresh split, so a communicator they break is never the pool's. Rank-failure tests start a job under
 mpiexec and torchrun in a subprocess. Times they measure are printed (``-s``) as
 ``TIMING ...`` lines: that is where the README's numbers come from.
 """
@@ -35,7 +35,7 @@ def _timing(name: str, seconds: float) -> None:
     print(f"TIMING {name}: {seconds:.3f} s")
 
 
-# -- debug mode: mismatched calls ------------------------------------------------------------
+# -- mismatched calls: caught by default, and in debug mode ----------------------------------
 
 def _pool(backend: str, env: dict[str, str]):
     pool = RankPool(backend, 2, env=env, job_timeout=30)
@@ -48,6 +48,16 @@ def debug_world(request):
     pool = _pool(request.param, {config.DEBUG: "1", config.TIMEOUT: "3"})
     yield pool
     pool.close()
+
+
+@pytest.fixture(params=["default", "debug"])
+def checked_world(request, debug_world):
+    """Ranks with default settings (the session's shared pool), and in debug mode."""
+    if request.param == "debug":
+        return debug_world
+    from collectives.testing import get_pool
+
+    return get_pool(debug_world.backend, 2)
 
 
 def _case_operation(comm, x):
@@ -72,6 +82,12 @@ def _case_shape(comm, x):
     return lambda: comm.all_reduce(y)
 
 
+def _case_all_gather_shape(comm, x):
+    # Without the check: rows of uninitialized memory on MPI.
+    y = np.ones(3 + comm.rank)
+    return lambda: comm.all_gather(y)
+
+
 def _case_sequence_number(comm, x):
     # White-box: a rank whose count of calls drifted (the other fields agree).
     if comm.rank == 1:
@@ -86,19 +102,29 @@ def _case_extra_call(comm, x):
     return lambda: (comm.all_reduce(x), comm.all_reduce(x), comm.broadcast(x, 0))
 
 
+def _case_skipped_call(comm, x):
+    # Rank 1 skips the all_reduce that rank 0 makes before their broadcast.
+    if comm.rank == 0:
+        return lambda: (comm.all_reduce(x), comm.broadcast(x, 0))
+    return lambda: comm.broadcast(x, 0)
+
+
 MISMATCHES = {  # case -> (this rank's calls, the field reported, rank 0's and rank 1's value)
     "operation": (_case_operation, "operation", "all_reduce", "broadcast"),
     "reduce_op": (_case_reduce_op, "reduce op", "SUM", "MAX"),
     "root": (_case_root, "root", "0", "1"),
     "dtype": (_case_dtype, "dtype", "float32", "float64"),
     "shape": (_case_shape, "shape", "(3,)", "(4,)"),
-    "sequence_number": (_case_sequence_number, "sequence number", "#1", "#2"),
+    "all_gather_shape": (_case_all_gather_shape, "shape", "(3,)", "(4,)"),
+    "sequence_number": (_case_sequence_number, "sequence number", "#2", "#3"),
     "extra_call": (_case_extra_call, "operation", "broadcast", "all_reduce"),
+    "skipped_call": (_case_skipped_call, "operation", "all_reduce", "broadcast"),
 }
 
 
 def mismatch_job(comm, case):
     sub = comm.split(0)  # sequence numbers from 0, and the pool's communicator stays clean
+    sub.all_reduce(np.ones(1))  # (the first call of a communicator always compares in full)
     calls = MISMATCHES[case][0](sub, np.ones(3))
     start = time.perf_counter()
     try:
@@ -116,9 +142,9 @@ def mismatch_job(comm, case):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", list(MISMATCHES))
-def test_mismatched_calls_raise_on_every_rank(debug_world, case):
+def test_mismatched_calls_raise_on_every_rank(checked_world, case):
     _, field, value0, value1 = MISMATCHES[case]
-    results = debug_world.run(mismatch_job, args=(case,), timeout=20)
+    results = checked_world.run(mismatch_job, args=(case,), timeout=20)
     for rank, ((kind, message), _, ok) in enumerate(results):
         assert kind == "CollectiveMismatch", f"rank {rank}: {kind} {message}"
         assert f"{field} differs: {value0} on rank 0; {value1} on rank 1" in message, message
@@ -127,7 +153,7 @@ def test_mismatched_calls_raise_on_every_rank(debug_world, case):
         if field != "operation":  # different operations differ in reduce op and root too
             assert not others, message
         assert ok in (True, None)
-    _timing(f"mismatch {case} [{debug_world.backend}]", max(r[1] for r in results))
+    _timing(f"mismatch {case} [{checked_world.backend}]", max(r[1] for r in results))
 
 
 def skipped_call_job(comm):

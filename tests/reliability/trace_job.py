@@ -18,6 +18,11 @@ prints ``READY rank R pid P``, then by MODE:
 - ``barrier`` / ``call-timeout``: the others call ``barrier(timeout=1)`` / ``all_reduce(x,
   timeout=1)`` (COLLECTIVES_TIMEOUT stays long), the last rank never does; each prints
   ``RAISED rank R after S s: <error>`` (also into ``DIR/raised-<R>.txt``) and lets it end the job.
+- ``async-hang``: as ``hang``, but call CALLS is ``all_reduce(x, async_op=True)`` and the others
+  wait in the handle's ``wait()``.
+- ``c10d-timeout`` / ``c10d-crash`` (mpiexec): torch.distributed over the "collectives" backend
+  (its calls run on a split communicator of its own); the last rank sleeps past the others'
+  COLLECTIVES_TIMEOUT, or raises ``RuntimeError`` after its CALLS - 1 all_reduces.
 """
 
 import os
@@ -40,14 +45,35 @@ def say_when_inside(comms, rank: int) -> None:
     while True:
         for comm in comms:
             call = comm._ring[-1] if comm._ring else None
-            if call is not None and recorder.state(call) == recorder.STARTED and (
+            if call is not None and recorder.state(call) in (recorder.STARTED, recorder.POSTED) and (
                     call[recorder.SEQ] == CALLS or call[recorder.OP].name == "barrier"):
                 print(f"ENTERING rank {rank}", flush=True)
                 return
         time.sleep(0.005)
 
 
+def c10d(mode: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import collectives.c10d
+
+    collectives.c10d.init_process_group()
+    rank, last = dist.get_rank(), dist.get_world_size() - 1
+    for _ in range(CALLS - 1):
+        dist.all_reduce(torch.ones(4))
+    print(f"READY rank {rank} pid {os.getpid()}", flush=True)
+    if rank != last:
+        dist.all_reduce(torch.ones(4))
+    elif mode == "c10d-crash":
+        raise RuntimeError("the last rank fails before its call")
+    else:
+        time.sleep(120)
+
+
 def main(mode: str) -> None:
+    if mode.startswith("c10d-"):
+        return c10d(mode)
     comm = collectives.init()
     if mode == "hooks":  # which process-wide hooks are in place
         import signal
@@ -83,7 +109,10 @@ def main(mode: str) -> None:
         return
     if comm.rank != last:
         threading.Thread(target=say_when_inside, args=({on, comm}, comm.rank), daemon=True).start()
-        on.all_reduce(x)  # the last rank never comes (or comes with another call)
+        if mode == "async-hang":
+            on.all_reduce(x, async_op=True).wait()
+        else:
+            on.all_reduce(x)  # the last rank never comes (or comes with another call)
         if split:  # the group without the last rank completed it: it waits for the others here
             comm.barrier()
         print(f"FINISHED rank {comm.rank}: the call returned", flush=True)

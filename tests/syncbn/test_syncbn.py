@@ -47,6 +47,7 @@ class CountingCommunicator(Communicator):
         self.inner = inner
         self.backend = inner.backend
         self.calls: list[str] = []
+        self._checking = False  # SyncBatchNorm's collectives are counted, not the check before each
 
     @classmethod
     def from_launcher(cls, launch):  # pragma: no cover - never launched

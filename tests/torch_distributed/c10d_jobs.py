@@ -337,6 +337,48 @@ def mismatch_job(comm: Any) -> str:
     return "no error"
 
 
+def _mismatched_calls(case: str, rank: int) -> Any:
+    """torch.distributed calls that differ between ranks, by ``case``."""
+    t = torch.ones(3)
+    if case == "shape":
+        return lambda: dist.all_reduce(torch.ones(3 + rank))
+    if case == "dtype":
+        return lambda: dist.all_reduce(torch.ones(3, dtype=torch.float32 if rank == 0 else torch.float64))
+    if case == "op":
+        return lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+    if case == "root":
+        return lambda: dist.broadcast(t, src=rank)
+    if case == "all_gather shape":
+        x = torch.ones(2 + rank)
+        return lambda: dist.all_gather([torch.empty(2 + rank) for _ in range(dist.get_world_size())], x)
+    if case == "skipped call":  # rank 1 skips the all_reduce that rank 0 makes before the broadcast
+        return (lambda: (dist.all_reduce(t), dist.broadcast(t, 0))) if rank == 0 else \
+            (lambda: dist.broadcast(t, 0))
+    assert case == "extra call"  # rank 1 makes one all_reduce more
+    return (lambda: (dist.all_reduce(t), dist.broadcast(t, 0))) if rank == 0 else \
+        (lambda: (dist.all_reduce(t), dist.all_reduce(t), dist.broadcast(t, 0)))
+
+
+MISMATCH_CASES = ["shape", "dtype", "op", "root", "all_gather shape", "skipped call", "extra call"]
+
+
+def default_mismatch_job(comm: Any) -> dict[str, tuple[str, float]]:
+    """Every case of MISMATCH_CASES with default settings: each is an error on every rank, and
+    the group works after it (the sum of ones that follows)."""
+    ensure_group(comm)
+    found = {}
+    for case in MISMATCH_CASES:
+        try:
+            _mismatched_calls(case, dist.get_rank())()
+            outcome = "no error"
+        except Exception as error:  # noqa: BLE001 - its type and text are what the test reads
+            outcome = f"{type(error).__name__}: {error}"
+        after = torch.ones(1)
+        dist.all_reduce(after)
+        found[case] = (outcome, float(after[0]))
+    return found
+
+
 def timeout_job(comm: Any) -> str:
     """The last rank skips an all_reduce (COLLECTIVES_TIMEOUT): the others time out."""
     ensure_group(comm)

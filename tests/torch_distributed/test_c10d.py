@@ -91,6 +91,22 @@ def test_bad_input_is_the_same_clear_error_on_every_rank(two):
     assert out["after"] == "2.0"
 
 
+def test_mismatched_calls_raise_on_every_rank_by_default(two):
+    """Default settings: shape, dtype, op, root, all_gather shapes, a skipped and an extra call are
+    CollectiveMismatch on every rank, naming the difference; the group works after each."""
+    fields = {"shape": "shape differs: (3,) on rank 0; (4,) on rank 1",
+              "dtype": "dtype differs: float32 on rank 0; float64 on rank 1",
+              "op": "reduce op differs: SUM on rank 0; MAX on rank 1",
+              "root": "root differs: 0 on rank 0; 1 on rank 1",
+              "all_gather shape": "shape differs: (2,) on rank 0; (3,) on rank 1",
+              "skipped call": "operation differs: all_reduce on rank 0; broadcast on rank 1",
+              "extra call": "operation differs: broadcast on rank 0; all_reduce on rank 1"}
+    for rank, found in enumerate(two.run(jobs.default_mismatch_job, timeout=120)):
+        for case, (outcome, after) in found.items():
+            assert outcome.startswith("CollectiveMismatch") and fields[case] in outcome, (rank, case, outcome)
+            assert after == 2.0, (rank, case)
+
+
 def test_mismatched_calls_raise_on_every_rank():
     with RankPool("mpi", 2, env={"COLLECTIVES_DEBUG": "1", "COLLECTIVES_TIMEOUT": "20"}) as pool:
         for message in pool.run(jobs.mismatch_job, timeout=60):

@@ -1,0 +1,121 @@
+"""A rank that is done with a communicator tells its peers, so that a call left without a partner
+raises at once instead of waiting out the timeout.
+
+When a rank closes a communicator (``close()``), and for every communicator still open when its
+interpreter exits, it leaves a farewell with each peer: how many collectives it made on that
+communicator, and whether it finished normally or is ending through an uncaught exception. The
+transport carries it (:meth:`~collectives.transport.Transport._tell_peers_left`: a small MPI
+message on the communicator with the reserved tag :data:`FAREWELL_TAG`; a key in torch's store).
+A rank waiting in a call looks for farewells while it waits
+(:meth:`~collectives.transport.Transport._peers_left`, a few times a second at most; never on a
+call that completes at once): a peer that left after fewer calls than the one waited on will
+never make it, and the call raises :class:`collectives.CollectiveMismatch` naming that rank and
+its count of calls. The communicator is unusable after that (its call cannot be taken back).
+
+The rank that finished goes on, and ends as it would have: it waits for nobody.
+"""
+
+from __future__ import annotations
+
+import atexit
+import socket
+import threading
+import time
+from typing import Any
+
+from . import _exits, recorder
+from .calls import FAREWELL_TAG  # noqa: F401  (also importable from here)
+from .errors import CollectiveMismatch
+
+#: How a rank left: it finished normally (closed the communicator, or its interpreter is
+#: ending normally), its process is ending through an uncaught exception or a failing exit, or
+#: it gave up on the communicator after an exception and goes on (a pool's rank whose job
+#: raised: see collectives.testing.worker).
+FINISHED, FAILED, ABANDONED = 0, 1, 2
+#: Seconds between two looks for farewells while a call waits.
+LISTEN_SECONDS = 0.005
+
+_installed: dict[str, Any] = {}
+#: The farewells that made a call of this process raise: (rank, calls, how) (see heard()).
+raised: list[tuple[int, int, int]] = []
+#: (host, pid) of the peers whose farewell said where they run (see wait_for_departed).
+departed: list[tuple[str, int]] = []
+
+
+class PeerLeft(CollectiveMismatch):
+    """A peer rank left the communicator (finished or failed) before making the call waited on."""
+
+    #: (rank, its count of calls, FINISHED or FAILED) of each peer that left.
+    left: list[tuple[int, int, int]]
+
+
+def install() -> None:
+    """Once per process, when its first communicator of more than one rank is made: at
+    interpreter exit every open communicator says farewell (registered after the transport's
+    own exit handlers, so it runs before them). A process-wide hook: not with
+    ``COLLECTIVES_PROCESS_HOOKS=0`` (``close()`` still says farewell)."""
+    from . import process_hooks  # noqa: PLC0415
+
+    if "atexit" in _installed or not process_hooks.enabled():
+        return
+    # How the process is ending: the MPI exit watch's, else one of its own (main thread only).
+    watch = process_hooks._installed.get("atexit")
+    if watch is None and threading.current_thread() is threading.main_thread():
+        watch = _exits.ExitWatch()
+    _installed["watch"] = watch
+    atexit.register(_at_exit)
+    _installed["atexit"] = True
+
+
+#: The reason of the dump a rank that ends normally writes (with COLLECTIVES_TRACE_DIR).
+ENDED_NORMALLY = "exit: ended normally"
+
+
+def _at_exit() -> None:
+    watch = _installed.get("watch")
+    failing = watch.failing_exit() if watch is not None else None
+    say_farewell(FINISHED if failing is None else FAILED)
+    # With COLLECTIVES_TRACE_DIR, a rank that ends normally says so in its dump (unless it wrote
+    # one that says more): collectives-trace then tells it from a rank that was killed.
+    if failing is None and all(reason == "SIGUSR1" or reason.startswith("dump_trace")
+                               for reason in recorder.written):
+        recorder.dump(ENDED_NORMALLY)
+
+
+def say_farewell(how: int) -> None:
+    """Every open communicator of this process says farewell (``how``), oldest first."""
+    from .reliability import _LIVE  # noqa: PLC0415
+
+    for comm in sorted(_LIVE, key=lambda comm: comm._trace_order):
+        comm._say_farewell(how)
+
+
+def heard() -> bool:
+    """Whether a call of this process raised because a peer left: the job is ending, and the
+    peers that finished wait for this rank in MPI_Finalize (see collectives.process_hooks)."""
+    return bool(raised)
+
+
+def wait_for_departed(seconds: float) -> None:
+    """Where a call of this process raised because a peer left: wait up to ``seconds`` for the
+    peers that said farewell from this host to end, so that a launcher that ends the other
+    workers when one fails (torchrun) does not kill a rank that finished while it exits."""
+    if not raised:
+        return
+    here = socket.gethostname()
+    pids = [pid for host, pid in departed if host == here]
+    deadline = time.monotonic() + seconds
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if _exits.process_alive(pid)]
+        time.sleep(0.01)
+
+
+_HOW = {FINISHED: "finished (closed this communicator, or ended normally)",
+        FAILED: "is ending through an uncaught exception",
+        ABANDONED: "gave up on this communicator after an exception"}
+
+
+def describe(left: list[tuple[int, int, int]]) -> str:
+    """``left`` in words: who left, how, and after how many calls."""
+    return "; ".join(f"rank {rank} {_HOW.get(how, 'left')} after {calls} collective "
+                     f"call{'s' if calls != 1 else ''} on it" for rank, calls, how in sorted(left))
