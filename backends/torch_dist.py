@@ -28,7 +28,6 @@ How the default process group is made under each launcher, and its security, is
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import os
 import re
@@ -39,7 +38,6 @@ from typing import Any
 from collectives import arrays, farewell, recorder
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work, deliver
-from collectives.emulations import Emulations
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
@@ -85,9 +83,11 @@ class TorchCommunicator(Communicator):
         # Position in torch's order for each of our ranks.
         torch_order = sorted(group_ranks) if ranks is not None else list(group_ranks)
         self._torch_rank = [torch_order.index(g) for g in self._global_ranks]
-        if self._torch_rank != list(range(len(self._torch_rank))):
-            # The one place the order matters: this communicator takes _InOurOrder's methods.
-            self.__class__ = _in_our_order(type(self))
+        # Whether our rank order (split's key) differs from torch's order of the group's ranks
+        # (ascending global rank), where torch places rows and blocks: all_gather then puts
+        # the rows in ours, reduce_scatter hands torch x's blocks in its order, and the
+        # collectives whose rows go to or come from given ranks take the emulations.
+        self._reordered = self._torch_rank != list(range(len(self._torch_rank)))
         # The default check is a CPU all_reduce: a group with no CPU transport (NCCL alone)
         # checks only with COLLECTIVES_DEBUG=1.
         self._checks_by_default = str(dist.get_backend(group)).lower() != "nccl"
@@ -122,11 +122,12 @@ class TorchCommunicator(Communicator):
             bootstrap_process_group(dist, launch, torch_timeout(seconds))
         return cls(local_rank=launch.local_rank, timeout=0 if seconds is None else seconds)
 
-    def _transport_error(self, error: Exception) -> Exception:
+    def _map_error(self, error: Exception) -> Exception | None:
         """torch's timeout errors become ``CollectiveTimeout``, its transport failures
-        (a peer's connection closed: it died) ``CollectiveError``; the rest propagate."""
+        (a peer's connection closed: it died) ``CollectiveError``; the rest take the
+        default mapping."""
         if not isinstance(error, RuntimeError):
-            return super()._transport_error(error)
+            return None
         text = str(error)
         first_line = text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
         lowered = text.lower()
@@ -147,7 +148,7 @@ class TorchCommunicator(Communicator):
             return CollectiveError(f"{self._call_name()} failed in torch.distributed (a peer rank "
                                    f"may have died): its connection closed, and it left no "
                                    f"farewell: {first_line}")
-        return super()._transport_error(error)
+        return None
 
     @property
     def process_group(self) -> Any:
@@ -278,10 +279,12 @@ class TorchCommunicator(Communicator):
         staged = t if t.is_contiguous() else t.contiguous()
         out = self._torch.empty((self.size, *t.shape), dtype=t.dtype, device=t.device)
         self._all_gather_single(flat_bytes(out), flat_bytes(staged), group=self._group)
-        return out
+        return out[self._torch_rank] if self._reordered else out
 
     def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
                     async_op: bool = False) -> Any:
+        if self._reordered:  # torch's rows, put in our order
+            return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
         launch_batch()  # (the other paths go through _torch_call, which does too)
         if out is None and not async_op and adapter is _TORCH and dtype in _GATHER_DIRECT \
                 and x.dim() == 1 and not x.requires_grad and x.is_contiguous():
@@ -329,8 +332,8 @@ class TorchCommunicator(Communicator):
 
     def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
                 async_op: bool) -> Any:
-        # Empty arrays (Gloo refuses zero-byte lists) take the emulation.
-        if not math.prod(x.shape):
+        # Empty arrays and a reordered group take the emulation.
+        if self._reordered or not math.prod(x.shape):  # (Gloo refuses zero-byte lists)
             return super()._gather(x, adapter, dtype, dst, out, async_op)
         here = self.rank == dst
         result = (out if out is not None else adapter.empty(x, (self.size, *x.shape))) if here else None
@@ -340,7 +343,7 @@ class TorchCommunicator(Communicator):
 
     def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
                  async_op: bool) -> Any:
-        if not math.prod(x.shape):
+        if self._reordered or not math.prod(x.shape):  # (Gloo refuses zero-byte lists)
             return super()._scatter(x, adapter, dtype, src, out, async_op)
         here = self.rank == src
         result = out if out is not None else adapter.empty(x, tuple(x.shape[1:]))
@@ -352,7 +355,7 @@ class TorchCommunicator(Communicator):
 
     def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
                     async_op: bool) -> Any:
-        if not math.prod(x.shape):
+        if self._reordered or not math.prod(x.shape):  # (Gloo refuses zero-byte lists)
             return super()._all_to_all(x, adapter, dtype, out, async_op)
         result = out if out is not None else adapter.empty(x, tuple(x.shape))
         return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
@@ -361,6 +364,8 @@ class TorchCommunicator(Communicator):
 
     def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
                       splits: list[list[int]], out: Any, async_op: bool) -> Any:
+        if self._reordered:
+            return super()._all_to_all_v(x, adapter, dtype, splits, out, async_op)
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
         row = math.prod(x.shape[1:]) * itemsize(x)
@@ -411,6 +416,14 @@ class TorchCommunicator(Communicator):
     @_torch_call
     def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
         torch = self._torch
+        if self._reordered:  # torch hands block i to torch's rank i: x's blocks in its order
+            if adapter is _TORCH:
+                x = x.detach()
+            rows = x.shape[0] // self.size
+            order = [0] * self.size
+            for ours, theirs in enumerate(self._torch_rank):
+                order[theirs] = ours
+            x = x.reshape(self.size, rows, *x.shape[1:])[order].reshape(x.shape)
         if (adapter is _TORCH and x.dim() == 1 and not x.requires_grad
                 and _DIRECT[dtype].get(op) is not None and x.is_contiguous()):
             out = torch.empty((x.shape[0] // self.size,), dtype=x.dtype, device=x.device)
@@ -528,13 +541,12 @@ class TorchCommunicator(Communicator):
         flag = self._torch.zeros(1, dtype=self._torch.int32)
         self._dist.all_reduce(flag, group=self._group)
 
-    def _monitored_barrier(self, seconds: float) -> None:
+    def _native_monitored_barrier(self, seconds: float) -> bool:
         """Gloo's own monitored barrier: a Gloo recv's handle says it completed only once
-        waited for, so the polled one of the base class cannot see who arrived."""
+        waited for, so the call path's polled one cannot see who arrived."""
         launch_batch()
         if self._dist.get_backend(self._group) != "gloo":
-            super()._monitored_barrier(seconds)
-            return
+            return False
         try:
             self._dist.monitored_barrier(self._group, timeout=torch_timeout(seconds), wait_all_ranks=True)
         except RuntimeError as error:
@@ -548,6 +560,7 @@ class TorchCommunicator(Communicator):
             missing = sorted(self._global_ranks.index(int(r)) for r in found.group(1).split(",") if r.strip())
             raise self._timeout_error(
                 detail=f"rank(s) {', '.join(map(str, missing))} never arrived at the barrier") from error
+        return True
 
     def _split(self, color: int | None, key: int) -> Communicator | None:
         launch_batch()
@@ -577,46 +590,6 @@ class TorchCommunicator(Communicator):
             if self._group in created_groups:
                 created_groups.remove(self._group)
             self._dist.destroy_process_group(self._group)
-
-
-class _InOurOrder(TorchCommunicator):
-    """For a communicator whose rank order (split's key) is not torch's order of its group's
-    ranks (ascending global rank): torch places rows and blocks in its own order. all_gather
-    puts the rows in ours; reduce_scatter hands torch x's blocks in its order; the collectives
-    whose rows go to or come from given ranks take the emulations, through that all_gather.
-    Put ahead of the communicator's own class (see :func:`_in_our_order`)."""
-
-    def _gather_tensor(self, t: Any) -> Any:
-        return super()._gather_tensor(t)[self._torch_rank]
-
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
-                    async_op: bool = False) -> Any:
-        return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
-
-    def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
-        if adapter is _TORCH:
-            x = x.detach()
-        rows = x.shape[0] // self.size
-        order = [0] * self.size  # torch hands block i to torch's rank i
-        for ours, theirs in enumerate(self._torch_rank):
-            order[theirs] = ours
-        in_torch_order = x.reshape(self.size, rows, *x.shape[1:])[order].reshape(x.shape)
-        return super()._reduce_scatter_new(in_torch_order, adapter, dtype, op)
-
-    _gather = Emulations._gather
-    _scatter = Emulations._scatter
-    _all_to_all = Emulations._all_to_all
-    _all_to_all_v = Emulations._all_to_all_v
-
-
-@functools.cache
-def _in_our_order(cls: type[TorchCommunicator]) -> type[TorchCommunicator]:
-    """``cls`` (TorchCommunicator or a subclass of it) with :class:`_InOurOrder`'s methods first."""
-    if issubclass(cls, _InOurOrder):
-        return cls
-    # The same name: messages and reprs name the class the user made.
-    return type(cls.__name__, (_InOurOrder, cls), {"__module__": cls.__module__,
-                                                   "__qualname__": cls.__qualname__})
 
 
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.

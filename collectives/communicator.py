@@ -31,7 +31,6 @@ The other rooms: :mod:`collectives.calls` (the table, one row per collective),
 
 from __future__ import annotations
 
-import abc
 import collections
 import itertools
 import sys
@@ -40,7 +39,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import config, farewell, recorder
-from .arrays import ArrayAdapter
 from .calls import (
     ALL_GATHER,
     ALL_GATHER_V,
@@ -63,7 +61,6 @@ from .checks import ArgumentChecks, Plan
 from .debug_p2p import CheckedPointToPoint
 from .emulations import Emulations
 from .errors import CollectiveError
-from .launcher import LaunchInfo
 from .ops import ReduceOp
 from .recorder import END, POSTED, STARTED, STATE, CallRecord
 from .reliability import _LIVE, Reliability
@@ -516,13 +513,6 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
         self._ring.append(record)
         return record
 
-    def _check_array(self, x: Any, in_place: bool) -> tuple[ArrayAdapter, str]:
-        """For backends and helpers: the checks of ``_run`` for an array argument."""
-        if self._gate != _thread_id():  # closed, unusable, or another thread
-            self._check_open()
-        adapter, dtype, _ = self._check_kind(x, None, False, in_place)
-        return adapter, dtype
-
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError(f"{self!r} is closed; create a new communicator")
@@ -553,17 +543,6 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
             return None
         members = [r for r in range(self.size) if everyone[r, 0] == color]
         return sorted(members, key=lambda r: (int(everyone[r, 1]), r))
-
-    # -- what a backend implements --------------------------------------------------------
-
-    @classmethod
-    @abc.abstractmethod
-    def from_launcher(cls, launch: LaunchInfo) -> Communicator:
-        """The world communicator of this backend for a process started as ``launch`` says.
-
-        Raises :class:`BackendUnavailable` with the reason when the backend cannot
-        run under that launcher or its transport is missing.
-        """
 
 
 def _in_backward_pass() -> bool:

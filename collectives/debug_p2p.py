@@ -10,10 +10,8 @@ path hands it send and recv when ``comm.debug`` is set.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-from . import arrays
 from .arrays import ArrayAdapter
 from .calls import SEND, Call
 from .errors import CollectiveError
@@ -122,13 +120,6 @@ class CheckedPointToPoint(Transport):
         scratch = self._scratch_bytes(x, adapter, p2p_nbytes(theirs))
         self._recv(scratch, adapter, "uint8", peer, tag, False)
         raise error
-
-    def _scratch_bytes(self, x: Any, adapter: ArrayAdapter, nbytes: int) -> Any:
-        """``nbytes`` of uninitialized uint8 memory of x's kind and device."""
-        memory = adapter.empty(x, (nbytes,))
-        if adapter is arrays.TORCH:
-            return memory.view(sys.modules["torch"].uint8)[:nbytes]
-        return memory.view("uint8")[:nbytes]
 
 
 def _nbytes(x: Any) -> int:

@@ -170,6 +170,8 @@ class Reliability(Transport):
         call) is taken by its next barrier, which skips words of older barriers."""
         import numpy as np  # noqa: PLC0415
 
+        if self._native_monitored_barrier(seconds):
+            return
         seq = self._seq
         if self.rank != 0:
             word = np.full(1, seq, np.int64)
@@ -331,12 +333,15 @@ class Reliability(Transport):
         """What an exception raised inside the running call becomes.
 
         Our own ``TypeError``/``ValueError`` (and ``MemoryError``) propagate unchanged;
-        anything else came from the transport and becomes :class:`CollectiveError` naming
-        the call. Backends override this to turn their transport's timeout into
-        :meth:`_timeout_error` first, and end with this.
+        anything else came from the transport: what the backend's :meth:`_map_error` makes of
+        it (its transport's timeout as :meth:`_timeout_error`), else :class:`CollectiveError`
+        naming the call.
         """
         if isinstance(error, (TypeError, ValueError, MemoryError)):
             return error
+        mapped = self._map_error(error)
+        if mapped is not None:
+            return mapped
         text = str(error).strip()
         # MPICH's first line announces a stack of frames ("Other MPI error, error stack:"): its class is the news.
         first_line = text.splitlines()[0][:300].removesuffix(" error stack:").rstrip(",") if text else ""

@@ -1,7 +1,9 @@
-"""What a backend implements: the transport's methods that the call path calls.
+"""What a backend implements: the contract between the call path and a transport, in one file.
 
 A backend subclasses :class:`collectives.Communicator` (which derives from
-:class:`Transport`) and implements the abstract methods here. The call path
+:class:`Transport`) and implements the abstract methods here (construction from the
+launcher included); it may override the hooks with a default below, and nothing else of
+the framework. The call path
 (``Communicator._run``) calls them only with arguments that passed every check:
 ``x`` is an array of a known kind, ``adapter`` is its :class:`~collectives.arrays.ArrayAdapter`,
 ``dtype`` its dtype name, ``op`` a :class:`~collectives.ReduceOp` allowed on that dtype,
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +28,7 @@ from .work import Work
 if TYPE_CHECKING:
     from .calls import Call
     from .communicator import Communicator
+    from .launcher import LaunchInfo
 
 
 class Transport(abc.ABC):
@@ -38,6 +42,16 @@ class Transport(abc.ABC):
     _operation: str
     # Point-to-point handles not known to be complete (see Communicator.__init__).
     _pending_p2p: collections.deque[Work]
+
+    @classmethod
+    @abc.abstractmethod
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> Communicator:
+        """The world communicator of this backend for a process started as ``launch`` says;
+        ``timeout`` as the constructor's (``None``: ``COLLECTIVES_TIMEOUT``, 0: none).
+
+        Raises :class:`BackendUnavailable` with the reason when the backend cannot
+        run under that launcher or its transport is missing.
+        """
 
     @abc.abstractmethod
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
@@ -146,3 +160,24 @@ class Transport(abc.ABC):
     def _recv_small(self, vector: Any, src: int, tag: int) -> Work:
         """Receive into a small int64 numpy vector from ``src``, nonblocking."""
         return self._recv(vector, arrays.NUMPY, "int64", src, tag, True) or Work(vector)
+
+    def _scratch_bytes(self, x: Any, adapter: ArrayAdapter, nbytes: int) -> Any:
+        """``nbytes`` of uninitialized uint8 memory of x's kind and device (where a debug-mode
+        recv whose header disagreed takes the payload)."""
+        memory = adapter.empty(x, (nbytes,))
+        if adapter is arrays.TORCH:
+            return memory.view(sys.modules["torch"].uint8)[:nbytes]
+        return memory.view("uint8")[:nbytes]
+
+    def _map_error(self, error: Exception) -> Exception | None:
+        """What an exception the transport raised inside a call means, where the backend
+        knows better than the default (a :class:`CollectiveError` naming the call): its
+        transport's timeout as :meth:`_timeout_error`'s :class:`CollectiveTimeout`, a peer
+        that died. ``None``: the default. Never called for ``TypeError``/``ValueError``."""
+        return None
+
+    def _native_monitored_barrier(self, seconds: float) -> bool:
+        """The barrier under a timeout of ``seconds``, where the transport has one that names
+        the ranks that never arrived (``True``: done); ``False`` (the default): the call
+        path's own (a word from every rank to rank 0 ahead of the barrier)."""
+        return False
