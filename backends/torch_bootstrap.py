@@ -80,7 +80,7 @@ _created_default = False
 
 
 @atexit.register
-def _destroycreated_groups() -> None:
+def _destroy_created_groups() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_initialized():
         return

@@ -52,6 +52,12 @@ class Call:
     #: Does the work: ``(comm, x, adapter, dtype, op, root, out, async_op, extra)``.
     #: Calls with a path of their own (barrier, split) keep the default.
     run: Callable[..., Any] = _own_path
+    #: The operation's code in the ranks' fingerprints (collectives.debug): a wire format, so
+    #: a new operation takes the next free code and no code ever changes.
+    code: int = -1
+    #: nccl-tests' bus bandwidth factor is ``bus_steps * (n - 1) / n`` on n ranks (2 for
+    #: all_reduce, 1 for the calls that move each rank's block once); 0: a factor of 1.
+    bus_steps: int = 0
 
 
 # -- shape rules ---------------------------------------------------------------------------
@@ -157,40 +163,55 @@ def same_shape(comm: Any, shape: Shape, extra: Any) -> Shape:
 # (comm, x, adapter, dtype, reduce_op, root, out, async_op, extra).
 
 ALL_REDUCE = Call(
-    "all_reduce", reduces=True, in_place=True,
+    "all_reduce", reduces=True, in_place=True, code=0, bus_steps=2,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._all_reduce(x, a, d, op, asy))
 BROADCAST = Call(
-    "broadcast", in_place=True, root="src",
+    "broadcast", in_place=True, root="src", code=1,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._broadcast(x, a, d, root, asy))
 REDUCE = Call(
-    "reduce", reduces=True, in_place=True, root="dst",
+    "reduce", reduces=True, in_place=True, root="dst", code=6,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._reduce(x, a, d, op, root, asy))
 ALL_GATHER = Call(
-    "all_gather", out_shape=stacked,
+    "all_gather", out_shape=stacked, code=2, bus_steps=1,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._all_gather(x, a, d, out, asy))
 ALL_GATHER_V = Call(
-    "all_gather_v", check=at_least_one_dim("all_gather_v"), counted=True,
+    "all_gather_v", check=at_least_one_dim("all_gather_v"), counted=True, code=10, bus_steps=1,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._all_gather_v_counted(x, a, d, out, asy))
 REDUCE_SCATTER = Call(
-    "reduce_scatter", reduces=True, check=rows_divisible, out_shape=block_of_rows,
+    "reduce_scatter", reduces=True, check=rows_divisible, out_shape=block_of_rows, code=3, bus_steps=1,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._reduce_scatter(x, a, d, op, out, asy))
 GATHER = Call(
-    "gather", root="dst", out_shape=stacked,
+    "gather", root="dst", out_shape=stacked, code=7, bus_steps=1,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._gather(x, a, d, root, out, asy))
 SCATTER = Call(
-    "scatter", root="src", check=rows_equal_size("scatter"), out_shape=one_row,
+    "scatter", root="src", check=rows_equal_size("scatter"), out_shape=one_row, code=8, bus_steps=1,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._scatter(x, a, d, root, out, asy))
 ALL_TO_ALL = Call(
-    "all_to_all", check=rows_equal_size("all_to_all"), out_shape=same_shape,
+    "all_to_all", check=rows_equal_size("all_to_all"), out_shape=same_shape, code=9, bus_steps=1,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._all_to_all(x, a, d, out, asy))
 ALL_TO_ALL_V = Call(
-    "all_to_all", check=check_splits, counted=True,
+    "all_to_all", check=check_splits, counted=True, code=9, bus_steps=1,
     run=lambda c, x, a, d, op, root, out, asy, splits: c._all_to_all_counted(x, a, d, splits, out, asy))
 SEND = Call(
-    "send", root="dst", collective=False, check=peer_and_tag("dst"),
+    "send", root="dst", collective=False, check=peer_and_tag("dst"), code=11,
     run=lambda c, x, a, d, op, root, out, asy, tag: c._send(x, a, d, root, tag, asy))
 RECV = Call(
-    "recv", in_place=True, root="src", collective=False, check=peer_and_tag("src"),
+    "recv", in_place=True, root="src", collective=False, check=peer_and_tag("src"), code=12,
     run=lambda c, x, a, d, op, root, out, asy, tag: c._recv(x, a, d, root, tag, asy))
-BARRIER = Call("barrier")
-SPLIT = Call("split")
+BARRIER = Call("barrier", code=4)
+SPLIT = Call("split", code=5)
+
+#: Every row, in the order reports list them (the profile's table, the benchmark's ``all``).
+ROWS = (ALL_REDUCE, BROADCAST, REDUCE, ALL_GATHER, ALL_GATHER_V, REDUCE_SCATTER, GATHER, SCATTER,
+        ALL_TO_ALL, ALL_TO_ALL_V, SEND, RECV, BARRIER, SPLIT)
+#: The operations' names, in that order (the uneven all_to_all is all_to_all).
+OPERATIONS = tuple(dict.fromkeys(row.name for row in ROWS))
+_BUS_STEPS = {row.name: row.bus_steps for row in ROWS}
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw for operation ``op`` (a name of :data:`OPERATIONS`, or
+    ``all_to_all_v``) on ``n`` ranks: ``bus_steps * (n - 1) / n`` of its row, 1 for a row
+    without bus steps and for a name of no row (``send_recv``)."""
+    steps = _BUS_STEPS.get(op.removesuffix("_v") if op == "all_to_all_v" else op, 0)
+    return steps * (n - 1) / n if steps else 1.0

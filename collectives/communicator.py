@@ -36,7 +36,7 @@ import itertools
 import sys
 from _thread import get_ident as _thread_id
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import config, farewell, recorder
 from .calls import (
@@ -331,10 +331,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
             else:
                 self._monitored_barrier(self.timeout)
         except Exception as error:
-            self._failed(record, error)
-            if isinstance(error, CollectiveError):
-                raise
-            raise self._transport_error(error) from error
+            self._raise_failed(record, error)
         finally:
             self.timeout = kept
         self._completed(record)
@@ -367,10 +364,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
             child = self._split(None if color is None else int(color),
                                 self.rank if key is None else int(key))
         except Exception as error:
-            self._failed(record, error)
-            if isinstance(error, CollectiveError):
-                raise
-            raise self._transport_error(error) from error
+            self._raise_failed(record, error)
         finally:
             _CHILD_NAME.clear()
         self._completed(record)
@@ -445,11 +439,11 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
             raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
         try:  # a kind of x (type, dtype, and op) that passed the checks before: its plan
             check, fast, adapter, dtype, reduce_op = self._plans[call, type(x), x.dtype, op]
-        except (KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError, AttributeError):  # a new kind: its full checks, its plan
             check, fast, adapter, dtype, reduce_op = self._plan(call, x, op)
-            view = None
-        else:  # what can differ between two arrays of one kind, checked on every call
-            view = check(x, call.in_place)
+        # What can differ between two arrays of one kind, checked on every call; the first
+        # call of a kind runs the same route as the later ones (the backend's fast path too).
+        view = check(x, call.in_place)
         if call.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
             self._check_rank(root, call.root)  # (a bool is no rank)
         if call.check is not None:
@@ -480,11 +474,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
             else:
                 result = call.run(self, x, adapter, dtype, reduce_op, root, out, async_op, extra)
         except Exception as error:
-            if record is not None:
-                self._failed(record, error)
-            if isinstance(error, CollectiveError):
-                raise
-            raise self._transport_error(error) from error
+            self._raise_failed(record, error)
         if record is not None:
             record[END] = _clock()
             if self._hooks:
@@ -500,6 +490,14 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
                     _reap(self._pending_p2p)
             return result
         return x if call.in_place else result
+
+    def _raise_failed(self, record: list[Any] | None, error: Exception) -> NoReturn:
+        """Raise what ``error``, raised inside the call of ``record``, becomes (the record marked
+        failed): our own errors as they are, the transport's through :meth:`_transport_error`."""
+        self._failed(record, error)
+        if isinstance(error, CollectiveError):
+            raise error
+        raise self._transport_error(error) from error
 
     def _begin(self, call: Call) -> list[Any] | None:
         """Number (and record) a call that takes no array (barrier, split)."""

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from . import calls
 from .errors import CollectiveMismatch
 from .ops import DTYPES, ReduceOp
 
@@ -37,10 +38,9 @@ LENGTH = 7 + MAX_DIMS + 2
 _TAIL = 7 + MAX_DIMS  # the hash of the dims beyond MAX_DIMS
 _LEVEL = LENGTH - 1
 
-# Codes are positions: new operations go at the end.
-OPERATIONS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier", "split",
-              "reduce", "gather", "scatter", "all_to_all", "all_gather_v", "send", "recv")
-_OPERATION_CODES = {name: code for code, name in enumerate(OPERATIONS)}
+# The operations by their code in the fingerprints (each row of collectives.calls has its code).
+_OPERATION_CODES = {row.name: row.code for row in calls.ROWS}
+OPERATIONS = tuple(sorted(_OPERATION_CODES, key=_OPERATION_CODES.__getitem__))
 _REDUCE_OPS = tuple(ReduceOp)
 _REDUCE_CODES = {op: code for code, op in enumerate(_REDUCE_OPS)}
 _DTYPE_CODES = {name: code for code, name in enumerate(DTYPES)}

@@ -43,7 +43,7 @@ DTYPES = BOOL_DTYPES + INTEGER_DTYPES + FLOAT_DTYPES
 _BITWISE = frozenset({ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR})
 _ARITHMETIC = frozenset({ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX})
 
-#: The table of DESIGN.md: dtype name -> the reduce ops allowed on it.
+#: The dtype x op table: dtype name -> the reduce ops allowed on it (the README shows it).
 ALLOWED_OPS: dict[str, frozenset[ReduceOp]] = {
     "bool": frozenset({ReduceOp.MIN, ReduceOp.MAX}) | _BITWISE,
     **{name: _ARITHMETIC | _BITWISE for name in INTEGER_DTYPES},

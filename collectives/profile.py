@@ -5,8 +5,9 @@ counts its calls, their bytes and their time. At exit rank 0 prints one table fo
 (rank 0 aggregates: every rank's counts travel in one all_reduce over the world
 communicator, if it is still open; else each rank prints its own). Columns as nccl-tests
 prints them: ``algbw = bytes / time`` and ``busbw = algbw * factor``, with factor
-``2(n-1)/n`` for all_reduce, ``(n-1)/n`` for all_gather, reduce_scatter and all_to_all, and 1
-for broadcast, reduce, gather, scatter and point-to-point (nccl-tests' PERFORMANCE.md). The
+``2(n-1)/n`` for all_reduce, ``(n-1)/n`` for all_gather, reduce_scatter, gather, scatter and
+all_to_all, and 1 for broadcast, reduce and point-to-point (nccl-tests' factors, the same as
+collectives-bench's: both read them from the rows of :mod:`collectives.calls`). The
 bytes are those of the call's ``x`` (for all_gather: per rank, so multiplied by n as
 nccl-tests counts the gathered size). Time is the wall-clock time of the call on the rank,
 asynchronous calls until posted only; the mean over ranks is shown.
@@ -19,12 +20,13 @@ import sys
 import weakref
 from typing import Any
 
+from . import calls as _calls
 from .recorder import CallRecord
 
 #: Upper bounds of the size ranges (bytes); the last range is open.
 SIZE_RANGES = (1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
-OPERATIONS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_v", "reduce_scatter",
-              "gather", "scatter", "all_to_all", "send", "recv", "barrier", "split")
+#: The operations, in the order the report lists them (the rows of collectives.calls).
+OPERATIONS = _calls.OPERATIONS
 # (operation, size range) -> [calls, seconds, bytes], for this process.
 _table: dict[tuple[str, int], list[float]] = {}
 _world: list[weakref.ref[Any]] = []
@@ -65,14 +67,9 @@ def attach(comm: Any) -> None:
 
 
 def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' busbw / algbw for ``op`` on ``n`` ranks."""
-    if n <= 1:
-        return 1.0
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op in ("all_gather", "all_gather_v", "reduce_scatter", "all_to_all"):
-        return (n - 1) / n
-    return 1.0
+    """nccl-tests' busbw / algbw for ``op`` on ``n`` ranks (:func:`collectives.calls.bus_factor`;
+    1 on one rank)."""
+    return _calls.bus_factor(op, n) if n > 1 else 1.0
 
 
 def table(counts: dict[tuple[str, int], list[float]], ranks: int, size: int) -> str:

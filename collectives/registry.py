@@ -19,6 +19,8 @@ BACKENDS: dict[str, str] = {
     "mpi": "collectives.backends.mpi:MPICommunicator",
     "cupy": "collectives.backends.cupy_nccl:CupyNcclCommunicator",
 }
+#: The backends that need a CUDA device (the others run on any machine).
+NEEDS_GPU = frozenset({"cupy"})
 #: What "auto" picks for each launcher (None: no launcher).
 AUTO_BACKEND: dict[str | None, str] = {"torchrun": "torch", "mpi": "mpi", "slurm": "mpi",
                                        None: "local"}
@@ -80,12 +82,10 @@ def init(backend: str | None = None, *, timeout: Any = None) -> Communicator:
                                  f"{_default.timeout}; cannot change it to {seconds}")
             return _default
         cls = backend_class(name)
-        # Backends that predate timeouts take no such argument: pass it only when given.
-        kwargs = {} if timeout is None else {"timeout": timeout}
         # The process-wide hooks (collectives/process_hooks.py): before the backend starts, so
         # a failing bootstrap ends the job, and after, around what the transport installed.
         process_hooks.install(launch)
-        _default = cls.from_launcher(launch, **kwargs)
+        _default = cls.from_launcher(launch, timeout=timeout)
         _default.trace_name = "world"
         process_hooks.install(launch)
         return _default

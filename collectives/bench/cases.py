@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from collectives import calls
+
 #: Every collective the command times, in the order ``all`` runs them.
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "all_gather_v", "reduce_scatter",
        "gather", "scatter", "all_to_all", "all_to_all_v", "send_recv", "barrier")
@@ -23,13 +25,9 @@ ROOTED = ("broadcast", "reduce", "gather", "scatter")
 
 
 def bus_factor(op: str, n: int) -> float:
-    """busbw / algbw, nccl-tests' factors (1 for what nccl-tests does not define: send_recv)."""
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op in ("all_gather", "all_gather_v", "reduce_scatter", "gather", "scatter", "all_to_all",
-              "all_to_all_v"):
-        return (n - 1) / n
-    return 1.0
+    """busbw / algbw, nccl-tests' factors (:func:`collectives.calls.bus_factor`: the rows of
+    the table of calls; 1 for what nccl-tests does not define: send_recv)."""
+    return calls.bus_factor(op, n)
 
 
 _EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}

@@ -17,7 +17,8 @@ What lives here:
   test process and send back per-rank results. A job that raises comes back as
   :class:`RankError` with every failing rank's traceback; one that hangs past its
   timeout or kills its rank is :class:`RankTimeout` / :class:`RankCrashed`, and the pool
-  restarts on the next job.
+  restarts on the next job. :func:`worlds` / :func:`cpu_backends`: the backends of the
+  registry that run without a GPU, as test parameters.
 - The pytest plugin (:mod:`.plugin`, opt-in: ``pytest_plugins = ["collectives.testing.plugin"]``
   in your conftest.py, or ``pytest -p collectives.testing.plugin``): the ``world`` fixture,
   the Hypothesis profiles ``ci`` / ``dev`` (``COLLECTIVES_HYPOTHESIS_PROFILE``), and a check
@@ -39,7 +40,9 @@ from .pool import (
     RankTimeout,
     RemoteError,
     close_all_pools,
+    cpu_backends,
     get_pool,
+    worlds,
 )
 from .reference import as_array, check_reduction_result, reference_reduce, same_bits, to_numpy
 
@@ -54,8 +57,10 @@ __all__ = [
     "as_array",
     "check_reduction_result",
     "close_all_pools",
+    "cpu_backends",
     "get_pool",
     "reference_reduce",
     "same_bits",
     "to_numpy",
+    "worlds",
 ]

@@ -60,6 +60,23 @@ ERROR_GRACE = 5.0
 #: Launchers a pool can use for each backend; the first is the default.
 LAUNCHERS = {"mpi": ("mpiexec",), "torch": ("torchrun", "mpiexec"), "local": ("none",),
              "cupy": ("mpiexec", "torchrun")}
+
+
+def cpu_backends() -> list[str]:
+    """The backends of the registry (:data:`collectives.registry.BACKENDS`) that run several
+    ranks without a GPU, by name: what a test of every transport runs on."""
+    from collectives import registry  # noqa: PLC0415
+
+    return sorted(name for name in registry.BACKENDS
+                  if name != "local" and name not in registry.NEEDS_GPU)
+
+
+def worlds(sizes: Sequence[int], *, local: bool = True) -> list[tuple[str, int]]:
+    """``(backend, size)`` for every backend of :func:`cpu_backends` and size of ``sizes``, after
+    ``("local", 1)`` when ``local``: the parameters of a test of every transport."""
+    return [("local", 1)] * local + [(name, size) for name in cpu_backends() for size in sizes]
+
+
 # The project root, so ranks import the same collectives as the test process.
 _ROOT = str(Path(__file__).resolve().parents[2])
 

@@ -119,7 +119,7 @@ def ops(dtype: str | None = None, *, spellings: bool = False) -> st.SearchStrate
 
 def dtype_and_op(kinds: tuple[str, ...] = ("bool", "integer", "float"), *,
                  spellings: bool = False) -> st.SearchStrategy[tuple[str, Any]]:
-    """An allowed (dtype, op) pair of the table in DESIGN.md (``ALLOWED_OPS``)."""
+    """An allowed (dtype, op) pair of the dtype x op table (:data:`collectives.ops.ALLOWED_OPS`)."""
     return dtypes(kinds).flatmap(lambda d: st.tuples(st.just(d), ops(d, spellings=spellings)))
 
 

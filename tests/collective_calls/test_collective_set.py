@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from grid import SHAPE, make_input
 
+from collectives.testing import worlds
 from collectives.testing.reference import as_array, to_numpy
 
 KINDS = ["torch", "numpy"]
@@ -69,7 +70,7 @@ def bad_call_job(comm, kind, name, values, kwargs):
 # -- in the test process ----------------------------------------------------------------------
 
 
-P2P_WORLDS = [(backend, size) for backend in ("mpi", "torch") for size in (2, 3, 4)]
+P2P_WORLDS = worlds((2, 3, 4), local=False)
 
 
 @pytest.mark.parametrize("world", P2P_WORLDS, indirect=True, ids=world_id)

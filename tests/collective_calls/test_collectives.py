@@ -13,9 +13,10 @@ import pytest
 from grid import SHAPE, allowed_pairs, disallowed_pairs, dtypes_for, make_input, tolerance
 
 from collectives.ops import ReduceOp
+from collectives.testing import worlds
 from collectives.testing.reference import as_array, carrier_dtype, reference_reduce, to_numpy
 
-WORLDS = [("local", 1)] + [(backend, size) for backend in ("mpi", "torch") for size in (1, 2, 3, 4)]
+WORLDS = worlds((1, 2, 3, 4))
 KINDS = ["torch", "numpy"]
 SEED = 20261202
 
@@ -478,7 +479,7 @@ def test_wrong_out_and_bad_arguments_raise_on_every_rank_before_anything_is_sent
 
 # -- point-to-point: rings and pairwise exchanges, sync and async, waits in both orders -------
 
-P2P_WORLDS = [(backend, size) for backend in ("mpi", "torch") for size in (2, 3, 4)]
+P2P_WORLDS = worlds((2, 3, 4), local=False)
 
 
 def p2p_job(comm, kind, values, pattern, mode):

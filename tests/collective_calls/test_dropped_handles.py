@@ -9,7 +9,9 @@ import resource
 import numpy as np
 import pytest
 
-BACKENDS = [("local", 1), ("mpi", 2), ("torch", 2)]
+from collectives.testing import worlds
+
+BACKENDS = worlds((2,))
 
 
 def _array(comm, value, n=4):

@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collectives.ops import FLOAT_DTYPES, ReduceOp, check_reduction, resolve_op
-from collectives.testing import as_array, check_reduction_result, same_bits, to_numpy
+from collectives.testing import as_array, check_reduction_result, same_bits, to_numpy, worlds
 from collectives.testing import strategies as cst
 
-WORLDS = [("local", 1)] + [(backend, size) for backend in ("mpi", "torch") for size in (1, 2, 3, 4)]
+WORLDS = worlds((1, 2, 3, 4))
 worlds = pytest.mark.parametrize("world", WORLDS, indirect=True,
                                  ids=[f"{b}-{s}" for b, s in WORLDS])
 

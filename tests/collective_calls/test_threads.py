@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from collectives import CollectiveError
+from collectives.testing import worlds
 
-BACKENDS = [("local", 1), ("mpi", 2), ("torch", 2)]
+BACKENDS = worlds((2,))
 IDS = [b for b, _ in BACKENDS]
 
 

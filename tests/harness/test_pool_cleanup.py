@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from collectives.testing import RankPool, RankTimeout
+from collectives.testing import RankPool, RankTimeout, cpu_backends
 from collectives.testing.pool import describe_processes, processes_of, processes_with
 
 ROOT = Path(__file__).resolve().parents[2]
-BACKENDS = ["mpi", "torch"]
+BACKENDS = cpu_backends()
 
 
 def pid_job(comm):

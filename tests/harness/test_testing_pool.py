@@ -9,9 +9,9 @@ import threading
 import numpy as np
 import pytest
 
-from collectives.testing import RankCrashed, RankError, RankPool, RankTimeout, get_pool
+from collectives.testing import RankCrashed, RankError, RankPool, RankTimeout, cpu_backends, get_pool
 
-BACKENDS = ["mpi", "torch"]
+BACKENDS = cpu_backends()
 
 
 def sum_job(comm, x):

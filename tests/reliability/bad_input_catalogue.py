@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-BACKENDS = [("local", 1), ("mpi", 2), ("torch", 2)]
+from collectives.testing import worlds
+
+BACKENDS = worlds((2,))
 
 
 def _row_dtype_x_op(comm):
