@@ -29,14 +29,10 @@ _OUT_SHAPE_AFTER_COUNTS = frozenset({"all_gather_v", "all_to_all"})
 class ArgumentChecks(Transport):
     """The checks of the call path (a base of :class:`collectives.Communicator`)."""
 
-    #: Whether this class overrides ``_check_device`` (the call path skips it when not).
-    _checks_device: bool = False
-    # The plans of the kinds of arrays that passed the checks (see _plan).
+    # Set by Communicator.__init__: whether the backend overrides ``_check_device`` (the call
+    # path skips it when not), and the plans of the kinds of arrays that passed the checks.
+    _checks_device: bool
     _plans: dict[tuple[Any, ...], Plan]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls._checks_device = cls._check_device is not Transport._check_device
 
     # The checks run on every call. _run first looks the kind of x (its type and dtype,
     # and op) up among the kinds that passed before on this communicator, for this row of

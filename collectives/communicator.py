@@ -18,10 +18,10 @@ is unusable. Asynchronous handles (``async_op=True``) are kept by the communicat
 until they complete, so a handle the caller drops still completes correctly (its
 buffers stay alive), and ``close()`` completes them all.
 
-Where a backend's transport has no primitive for a collective, a base class of the
-communicator (:mod:`collectives.emulations`) provides a correct emulation from the
-backend's other methods (``reduce`` from ``all_reduce``, ``gather`` from ``all_gather``,
-...); backends override it with their transport's own call where there is one.
+Where a backend's transport has no primitive for a collective, the default of
+:class:`~collectives.transport.Transport` is a correct emulation (:mod:`collectives.emulations`)
+from the backend's other methods (``reduce`` from ``all_reduce``, ``gather`` from
+``all_gather``, ...); backends override it with their transport's own call where there is one.
 
 The other rooms: :mod:`collectives.calls` (the table, one row per collective),
 :mod:`collectives.checks` (the argument checks and the plans of the call path),
@@ -38,7 +38,7 @@ from _thread import get_ident as _thread_id
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from . import config, farewell, recorder
+from . import config, emulations, farewell, recorder
 from .calls import (
     ALL_GATHER,
     ALL_GATHER_V,
@@ -59,11 +59,11 @@ from .calls import (
 )
 from .checks import ArgumentChecks, Plan
 from .debug_p2p import CheckedPointToPoint
-from .emulations import Emulations
 from .errors import CollectiveError
 from .ops import ReduceOp
 from .recorder import END, POSTED, STARTED, STATE, CallRecord
 from .reliability import _LIVE, Reliability
+from .transport import Transport
 from .work import MAX_PENDING, KeptHandles, Work, _reap, deliver  # noqa: F401  (MAX_PENDING: also here)
 
 _C_INT_MAX = 2**31 - 1
@@ -79,7 +79,7 @@ _ORDER = itertools.count()
 _CHILD_NAME: list[str] = []
 
 
-class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, ArgumentChecks):
+class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks):
     """A group of ranks that run collectives together.
 
     Attributes: ``rank`` (0 .. size-1 within this communicator), ``size``,
@@ -108,8 +108,6 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
     an array take ``out=``: an array of the result's type, dtype, device and shape
     (contiguous, writable) that the result is written into and returned.
     """
-
-    backend: str = ""
 
     def __init__(self, rank: int, size: int, local_rank: int, *,
                  timeout: Any = None) -> None:
@@ -148,8 +146,10 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
         # The call path's one test of closed, unusable and owner thread: the owner's id
         # while the communicator is open and usable, else None (see _check_open).
         self._gate: int | None = self._owner
-        # The plans of the kinds of arrays that passed the checks (see _plan).
+        # The plans of the kinds of arrays that passed the checks (see _plan), and whether the
+        # backend checks devices (else the call path skips _check_device).
         self._plans: dict[tuple[Any, ...], Plan] = {}
+        self._checks_device = type(self)._check_device is not Transport._check_device
         #: This communicator's place in the split tree, the same on every member: "world" (the
         #: one init() made), "comm<N>" (made directly), "<parent>/<k>:<color>" (the k-th split).
         self.trace_name = _CHILD_NAME.pop() if _CHILD_NAME else f"comm{next(_ROOTS)}"
@@ -490,6 +490,15 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, Emulations, Ar
                     _reap(self._pending_p2p)
             return result
         return x if call.in_place else result
+
+    def _all_gather_v_counted(self, x: Any, adapter: Any, dtype: str, out: Any, async_op: bool) -> Any:
+        """all_gather_v's row: the counts exchange, then the transport's ``_all_gather_v``."""
+        return emulations.all_gather_v_counted(self, x, adapter, dtype, out, async_op)
+
+    def _all_to_all_counted(self, x: Any, adapter: Any, dtype: str, send_splits: Sequence[int],
+                            out: Any, async_op: bool) -> Any:
+        """The uneven all_to_all's row: the counts exchange, then the transport's ``_all_to_all_v``."""
+        return emulations.all_to_all_counted(self, x, adapter, dtype, send_splits, out, async_op)
 
     def _raise_failed(self, record: list[Any] | None, error: Exception) -> NoReturn:
         """Raise what ``error``, raised inside the call of ``record``, becomes (the record marked

@@ -9,7 +9,7 @@ the framework. The call path
 ``dtype`` its dtype name, ``op`` a :class:`~collectives.ReduceOp` allowed on that dtype,
 roots and peers are valid ranks. The methods with a body are hooks with a default that
 a backend overrides where its transport does better; the collectives a transport may
-lack have correct emulations in :mod:`collectives.emulations`.
+lack default to correct emulations (:mod:`collectives.emulations`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import arrays
+from . import arrays, emulations
 from .arrays import ArrayAdapter
 from .ops import ReduceOp
 from .work import Work
@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 class Transport(abc.ABC):
     """The methods a backend implements, and the state the call path's helpers share."""
 
+    #: The backend's name ("local", "torch", "mpi", "cupy"), as COLLECTIVES_BACKEND says it.
+    backend: str = ""
     # Set by Communicator.__init__ (declared here for the helpers that read them).
     rank: int
     size: int
@@ -84,6 +86,47 @@ class Transport(abc.ABC):
     def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
               async_op: bool) -> Work | None:
         """Receive into ``x`` from ``src`` (another rank); a Work when ``async_op``."""
+
+    # -- collectives a transport may lack: correct emulations from the methods above
+    # -- (collectives/emulations.py), overridden where the transport has the call -----------
+
+    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
+                async_op: bool) -> Work | None:
+        """Reduce in place into ``x`` on ``dst`` (the other ranks' ``x`` untouched); a Work
+        when ``async_op``. Default: all_reduce of a copy."""
+        return emulations.reduce(self, x, adapter, dtype, op, dst, async_op)
+
+    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
+                async_op: bool) -> Any:
+        """``(size, *x.shape)`` on ``dst`` (``out`` there when given), ``None`` elsewhere; a
+        Work whose ``wait()`` returns it when ``async_op``. Default: all_gather."""
+        return emulations.gather(self, x, adapter, dtype, dst, out, async_op)
+
+    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
+                 async_op: bool) -> Any:
+        """Row ``rank`` of ``src``'s ``(size, *rest)`` ``x``, a new ``rest`` array (or ``out``);
+        ``x`` untouched. Default: broadcast of a copy."""
+        return emulations.scatter(self, x, adapter, dtype, src, out, async_op)
+
+    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
+                    async_op: bool) -> Any:
+        """Row ``j`` of the new ``x.shape`` result (or ``out``) is rank ``j``'s row ``rank``.
+        Default: all_gather."""
+        return emulations.all_to_all(self, x, adapter, dtype, out, async_op)
+
+    def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
+                      out: Any, async_op: bool) -> Any:
+        """``(concatenation, counts)``: every rank's ``x`` (``counts[r]`` rows from rank ``r``,
+        agreed by the call path's counts exchange) along dimension 0, into ``out`` when
+        given. Default: all_gather of x padded to the most rows."""
+        return emulations.all_gather_v(self, x, adapter, dtype, counts, out, async_op)
+
+    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
+                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+        """Uneven all_to_all; ``splits[i][j]`` is how many rows rank ``i`` sends to rank ``j``
+        (agreed by the counts exchange); the result is what every rank sent here, in rank
+        order. Default: all_gather_v, each rank keeping the rows addressed to it."""
+        return emulations.all_to_all_v(self, x, adapter, dtype, splits, out, async_op)
 
     @abc.abstractmethod
     def _barrier(self) -> None: ...

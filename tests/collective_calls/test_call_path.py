@@ -315,3 +315,28 @@ def test_empty_arrays_with_zero_strides_are_no_overlap():
     for x in (torch.empty(2, 0).as_strided((2, 0), (0, 0)),
               np.lib.stride_tricks.as_strided(np.empty(0, np.float32), (2, 0), (0, 0))):
         assert comm.all_reduce(x) is x
+
+
+def first_call_job(comm):
+    """On a new communicator, whose plans are empty: the general route refuses, so only the
+    backend's fast path can run the first all_reduce and broadcast of a kind."""
+    sub = comm.split(0)
+    try:
+        def general_route(*args):
+            raise AssertionError("the general route ran a call the fast path takes")
+        sub._all_reduce = sub._broadcast = general_route
+        x = np.arange(4, dtype=np.float32) + sub.rank
+        sub.all_reduce(x)
+        y = np.full(3, float(sub.rank), np.float32)
+        sub.broadcast(y, 0)
+        return x, y
+    finally:
+        sub.close()
+
+
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True)
+def test_the_first_call_of_a_kind_runs_the_same_route_as_the_later_ones(world):
+    n = world.size
+    for x, y in world.run(first_call_job, [()] * n):
+        np.testing.assert_array_equal(x, sum(np.arange(4) + r for r in range(n)))
+        np.testing.assert_array_equal(y, np.zeros(3))
