@@ -262,6 +262,14 @@ class MPICommunicator(Communicator):
             self._abandoned.append(request)
             raise self._timeout_error(call=call)
 
+    def _complete_request(self, request: Any, call: tuple[str, int] | None, status: Any) -> None:
+        """A handle's way to complete one of its requests: ``Wait`` with no timeout, else
+        :meth:`_wait` (under the deadline, listening for farewells)."""
+        if self.timeout is None:
+            request.Wait(status)
+        else:
+            self._wait(request, call, status)
+
     def _call(self, blocking: Any, nonblocking: Any, *args: Any) -> None:
         """One MPI call, blocking: the blocking call when there is no timeout, else the
         nonblocking one completed against the deadline (a small one is complete at its
@@ -479,7 +487,8 @@ class MPICommunicator(Communicator):
         if async_op:
             start = getattr(self._comm, _nonblocking(name))
             return _Request(result, self._MPI, [start(*args) for args in calls],
-                            finish or _nothing, self, buffers=buffers)
+                            finish or _nothing, self._complete_request,
+                            (self._operation, self._seq), buffers=buffers)
         run, start = getattr(self._comm, name), getattr(self._comm, _nonblocking(name))
         for args in calls:
             self._call(run, start, *args)
@@ -610,7 +619,8 @@ class MPICommunicator(Communicator):
             if writeback is not None:
                 writeback()
 
-        work = _Request(x, self._MPI, [request], finish, self, statuses=[status], buffers=buf)
+        work = _Request(x, self._MPI, [request], finish, self._complete_request,
+                        (self._operation, self._seq), statuses=[status], buffers=buf)
         if async_op:
             return work
         work.wait()

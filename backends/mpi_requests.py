@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from collectives.communicator import Work
 from collectives.farewell import LISTEN_SECONDS
 from collectives.polling import PollPolicy
-
-if TYPE_CHECKING:
-    from .mpi import MPICommunicator
+from collectives.work import Work
 
 #: Waiting for a request under a timeout: FAST_POLLS tests before the clock is read (none on
 #: the fast path), then tests with sched_yield (the clock read every 64th) for
@@ -43,10 +40,15 @@ def poll_policy(ranks_on_node: int) -> PollPolicy:
 
 
 class _Request(Work):
-    """Nonblocking MPI requests, plus what must happen once they complete."""
+    """Nonblocking MPI requests, plus what must happen once they complete.
+
+    ``wait(request, call, status)`` completes one request (the communicator's: under its
+    deadline, listening for farewells); ``call`` is the call this is, ``(operation, seq)``, for
+    a timeout's message (the communicator moves on). Without ``wait``: ``request.Wait``."""
 
     def __init__(self, x: Any, MPI: Any, requests: list[Any], finish: Callable[[], None],
-                 comm: MPICommunicator | None = None, statuses: list[Any] | None = None,
+                 wait: Callable[[Any, tuple[str, int] | None, Any], None] | None = None,
+                 call: tuple[str, int] | None = None, statuses: list[Any] | None = None,
                  buffers: Any = None):
         super().__init__(x)
         self._MPI = MPI
@@ -55,19 +57,18 @@ class _Request(Work):
         # Memory MPI reads or writes until the requests complete (staging copies).
         self._buffers = buffers
         self._finish: Callable[[], None] | None = finish
-        self._comm = comm
-        # The call this is, for a timeout's message (the communicator moves on).
-        self._call = (comm._operation, comm._seq) if comm is not None else None
+        self._wait_one = wait
+        self._call = call
 
     def wait(self) -> Any:
         if self._finish is not None:
             statuses = self._statuses or [None] * len(self._requests)
-            if self._comm is None or self._comm.timeout is None:
-                for request, status in zip(self._requests, statuses):
+            wait = self._wait_one
+            for request, status in zip(self._requests, statuses):
+                if wait is None:
                     request.Wait(status)
-            else:  # (under the deadline, listening for farewells)
-                for request, status in zip(self._requests, statuses):
-                    self._comm._wait(request, self._call, status)
+                else:
+                    wait(request, self._call, status)
             self._complete()
         return self._x
 

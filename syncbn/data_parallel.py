@@ -67,7 +67,7 @@ import torch
 from torch import nn
 
 import collectives
-from collectives.communicator import Communicator, Work
+from collectives import Communicator, Work
 
 #: Default bucket size, the same as torch DDP's.
 DEFAULT_BUCKET_CAP_MB = 25.0
