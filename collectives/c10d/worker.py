@@ -48,8 +48,8 @@ import torch
 import torch.distributed as dist
 
 from collectives.communicator import Communicator, Work
-from collectives.work import MAX_PENDING
 from collectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
+from collectives.work import MAX_PENDING
 
 #: Seconds between polls of in-flight point-to-point operations while no other operation waits.
 P2P_POLL_INTERVAL = 0.0002
