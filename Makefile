@@ -11,12 +11,14 @@ DEMO_RANKS ?= 4
 # The Pythons `make test-pythons` runs the suite on (the ones this machine lacks are skipped, and said so).
 PYTHONS ?= 3.10 3.11 3.12 3.13
 
+# The wheel folder every checkout of this user shares (scripts/torch_versions.py uses the same).
+WHEEL_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/collectives-wheels
 ifneq ($(VENV),.venv)
 # Only 3.11 has a CPU torch on the project's disk; elsewhere pip fetches torch 2.13.0 from the index
 # (the CUDA build, ~4.6 GB with its nvidia wheels; it runs on CPU too). pip's HTTP cache does not
-# keep it here, so these venvs download into .wheels/ (pip download skips the files already there)
-# and install from it alone.
-WHEELS := $(CURDIR)/.wheels
+# keep it here, so these venvs download into a wheel folder every checkout of this user shares (pip
+# download skips the files already there) and install from it alone.
+WHEELS := $(WHEEL_CACHE)
 endif
 # test-oldest: every floor of pyproject.toml pinned (scripts/floors.py), for pip and for the build.
 PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
@@ -140,7 +142,7 @@ test-environments: $(STAMP)
 
 # tests/torch_distributed, tests/syncbn and the torch rows of tests/collective_calls on each torch
 # release in TORCH_VERSIONS (the floor of pyproject.toml and the newest at least), each in a venv
-# .venv-torch-X.Y.Z over .venv, its wheels downloaded once into .wheels/ (scripts/torch_versions.py).
+# .venv-torch-X.Y.Z over .venv, its wheels downloaded once into $(WHEEL_CACHE) (scripts/torch_versions.py).
 TORCH_VERSIONS ?= 2.9.1 2.11.0 2.13.0 2.14.1 $(TORCH_NEWEST)
 test-torch-versions: $(STAMP)
 	$(PY) scripts/torch_versions.py $(TORCH_VERSIONS) -- $(TORCH_ARGS)

@@ -19,10 +19,8 @@ its place in the split tree) the ranks' rings are lined up by sequence number:
 - **finished**: the ranks behind ended normally (their dump says so): the others made more
   calls than they did;
 - **signal**: a rank was ended by a signal (SIGTERM, SIGINT) first, and the ranks that did not
-  reach its call wrote no dump (the launcher ended them after it): they are not blamed, the
-  rank signalled first is named; or the launcher forwarded a signal to every rank at once (their
-  dumps within FORWARDED_SECONDS) while the ranks in a call had been there less than
-  HUNG_SECONDS (a running job the launcher ended, not a hang);
+  reach its call are those the launcher ended after it (no dump, or a dump on the launcher's
+  signal later): they are not blamed, the rank signalled first is named;
 - **no dumps**: the folder holds none (the ranks were killed before they could write, or did
   not have ``COLLECTIVES_TRACE_DIR`` set);
 - **ok**: every rank that wrote a dump completed every call the others made.
@@ -47,12 +45,9 @@ from .recorder import COMPLETED, FORMAT, POINT_TO_POINT, POSTED
 _Signature = tuple[Any, ...]
 #: Dump reasons of a rank ended by a signal (the watcher writes them; see process_hooks).
 TERMINATING = ("SIGTERM", "SIGINT")
-#: Seconds the ranks in a call must have waited in it, at their dumps, for a job ended by a
-#: signal to count as hung there (a running job's ranks pass through calls in microseconds).
-HUNG_SECONDS = 1.0
-#: Seconds within which every rank's dump on a signal marks a signal the launcher forwarded to
-#: all of them at once (a launcher ending the others after one rank died takes longer).
-FORWARDED_SECONDS = 0.05
+#: Seconds after the first terminating-signal dump from which another rank's such dump counts
+#: as the launcher's ending it (a signal the launcher forwards reaches every rank at once).
+LAUNCHER_GAP = 0.25
 
 
 def load(directory: str) -> dict[int, dict[str, Any]]:
@@ -264,19 +259,11 @@ def analyze(dumps: dict[int, dict[str, Any]], world_size: int | None = None) -> 
     if chosen["verdict"] != "hang" or not behind:
         return result
 
-    def waited(member: _Member) -> float:  # in the call, when the first signal came (or its dump)
-        call = member.calls.get(chosen["call"]["seq"])
-        until = terminating[first] if first is not None else float(member.dump.get("time") or 0.0)
-        return until - float(call["start"]) if call else 0.0
-    entered = [m for m in communicators[chosen["communicator"]] if m.entered(chosen["call"]["seq"])]
-    if first is not None and first not in behind and all(r not in dumps for r in behind):
-        # The ranks behind wrote nothing: the launcher ended them after the first signalled one
-        # (mpiexec kills the rest at once), and where they were is not known.
+    def ended_by_launcher(rank: int) -> bool:  # after the first signalled rank, not before it
+        return rank not in dumps or (rank in terminating and first is not None
+                                     and terminating[rank] - terminating[first] > LAUNCHER_GAP)
+    if first is not None and first not in behind and all(ended_by_launcher(r) for r in behind):
         result["verdict"] = "signal"
-    elif first is not None and len(terminating) == len(dumps) \
-            and max(terminating.values()) - terminating[first] < FORWARDED_SECONDS \
-            and all(waited(m) < HUNG_SECONDS for m in entered):
-        result["verdict"] = "signal"  # the launcher's signal found a running job, not a hung one
     elif all(str(dumps[r].get("reason", "")).startswith("exit") for r in behind if r in dumps) \
             and any(r in dumps for r in behind):
         result["verdict"] = "finished"

@@ -133,10 +133,15 @@ def _build_overlay(path: Path, requirements: list[str], pip_env: dict[str, str] 
     pip = [str(path / "bin" / "python"), "-m", "pip", "install", "--quiet"]
     if wheels is not None:
         wheels.mkdir(parents=True, exist_ok=True)
-        subprocess.run([str(path / "bin" / "python"), "-m", "pip", "download", "--quiet", "--dest", str(wheels),
-                        *requirements], check=True, env=env)
         pip += ["--no-index", "--find-links", str(wheels)]
-    subprocess.run([*pip, *requirements], check=True, env=env)
+        # From the folder alone when it has everything already (no index asked); else download first.
+        if subprocess.run([*pip, *requirements], env=env, stderr=subprocess.DEVNULL).returncode == 0:
+            requirements = []
+        else:
+            subprocess.run([str(path / "bin" / "python"), "-m", "pip", "download", "--quiet", "--dest", str(wheels),
+                            *requirements], check=True, env=env)
+    if requirements:
+        subprocess.run([*pip, *requirements], check=True, env=env)
     base_python = f"#!{BASE / 'bin' / 'python'}"
     for script in sorted((BASE / "bin").iterdir()):
         target = path / "bin" / script.name

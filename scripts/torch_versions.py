@@ -6,7 +6,8 @@
 For each release a venv ``.venv-torch-X.Y.Z`` holds that torch (and what it brings: the
 index's Linux builds are the CUDA ones, which run on CPU) and reaches everything else of
 ``.venv`` through a .pth file (scripts/environments.py's overlay), so torch is the one
-difference. The wheels are downloaded once into ``.wheels/`` and installed from there. The
+difference. The wheels are downloaded once into ``~/.cache/collectives-wheels`` (under
+``$XDG_CACHE_HOME`` where set; every checkout of the user shares it) and installed from there. The
 machine's pip may cap torch (a constraints file): each venv's pip commands get a
 ``PIP_CONSTRAINT`` of their own that pins the release asked for. 2.13.0, the project's own
 test pin, runs in ``.venv``.
@@ -28,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from environments import BASE, ROOT, counts, log, overlay_venv, with_selection  # noqa: E402
 
-WHEELS = ROOT / ".wheels"
+WHEELS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "collectives-wheels"
 #: The release `make test` pins (pyproject.toml's [test] extra): its venv is .venv.
 PINNED = "2.13.0"
 TESTS = ["tests/torch_distributed", "tests/syncbn", "tests/collective_calls"]

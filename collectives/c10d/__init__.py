@@ -33,6 +33,13 @@ def register() -> None:
         return
     dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True,
                                   devices=["cpu", "cuda"])
+    # From 2.15 torch attaches its flight recorder's hook to every new group that lists its
+    # devices, unless the group's backend records its own calls. A Python group has no C++
+    # backend for the hook (torch raises "Could not find the default backend type"), and the
+    # Communicator's flight recorder records every call of the group: it is one that does.
+    recording_itself = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if isinstance(recording_itself, set):
+        recording_itself.add(BACKEND_NAME)
 
 
 register()

@@ -113,6 +113,7 @@ def _renew(comm: Communicator) -> Communicator:
         new._name = name  # (its farewells' keys in torch's store)
     else:
         return comm
+    _forget_c10d_groups()
     new.trace_name = "world"
     registry._default = new
     farewell.raised.clear()
@@ -120,6 +121,17 @@ def _renew(comm: Communicator) -> Communicator:
 
 
 _renewals: list[int] = []
+
+
+def _forget_c10d_groups() -> None:
+    """torch.distributed over the backend "collectives", where an earlier job made it: its
+    groups hold communicators split from the world a peer gave up on, so the next job's call on
+    them would raise PeerLeft; they are destroyed here (locally: a Python group's destruction
+    sends nothing) and the next job makes them anew."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized() \
+            and str(dist.get_backend()) == "collectives":
+        dist.destroy_process_group()
 
 
 def main() -> None:

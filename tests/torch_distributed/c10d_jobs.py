@@ -536,3 +536,18 @@ def beside_gloo_job(comm: Any) -> dict[str, Any]:
                 "same": collectives.c10d.communicator(group) is not None}
     finally:
         dist.destroy_process_group()
+
+
+def failing_c10d_job(comm: Any) -> None:
+    """Rank 1 raises while rank 0 waits in an all_reduce of the default group."""
+    ensure_group(comm)
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank 1 fails on purpose")
+    dist.all_reduce(torch.ones(2))
+
+
+def c10d_sum_job(comm: Any) -> list[float]:
+    ensure_group(comm)
+    t = torch.full((2,), float(dist.get_rank() + 1))
+    dist.all_reduce(t)
+    return t.tolist()

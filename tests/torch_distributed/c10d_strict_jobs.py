@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from c10d_jobs import all_gather_single, reduce_scatter_single  # torch 2.14 deprecates the old names
 
 import collectives.c10d
 from collectives.c10d.worker import COMPLETER_IDLE
@@ -109,7 +110,7 @@ def reduce_scatter_job(comm: Any) -> dict[str, Any]:
     n = ensure_group(comm)
     group = dist.new_group(backend="collectives")
     raised = outcome(lambda: dist.reduce_scatter(torch.zeros(2), [torch.ones(3) for _ in range(n)], group=group))
-    tensor = outcome(lambda: dist.reduce_scatter_tensor(torch.zeros(2), torch.ones(2 * n + 1), group=group))
+    tensor = outcome(lambda: reduce_scatter_single(torch.zeros(2), torch.ones(2 * n + 1), group=group))
     return {"raised": raised, "tensor": tensor, "after": after(group)}
 
 
@@ -144,7 +145,7 @@ def same_error_both_ways_job(comm: Any) -> dict[str, Any]:
     n = ensure_group(comm)
     group = dist.new_group(backend="collectives")
     rank = dist.get_rank()
-    at_call = outcome(lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2), group=group,
+    at_call = outcome(lambda: all_gather_single(torch.empty(3), torch.ones(2), group=group,
                                                           async_op=True))
     gathered = [torch.zeros(1) for _ in range(n)] if rank == 0 else None  # a refusal on rank 0
     through: dict[str, str] = {}
@@ -189,7 +190,7 @@ def _future_values(group: Any, rank: int, n: int) -> dict[str, Any]:
                                               async_op=True),
         "gather": lambda: dist.gather(mine, [torch.zeros(2) for _ in range(n)] if rank == 0 else None,
                                       dst=0, group=group, async_op=True),
-        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.zeros(2 * n), mine, group=group,
+        "all_gather_into_tensor": lambda: all_gather_single(torch.zeros(2 * n), mine, group=group,
                                                                       async_op=True),
         "all_reduce": lambda: dist.all_reduce(mine.clone(), group=group, async_op=True),
         "scatter": lambda: dist.scatter(torch.zeros(2), [torch.full((2,), float(r)) for r in range(n)]

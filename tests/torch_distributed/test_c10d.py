@@ -15,7 +15,7 @@ import c10d_jobs as jobs
 import numpy as np
 import pytest
 
-from collectives.testing.pool import RankCrashed, RankPool
+from collectives.testing.pool import RankCrashed, RankError, RankPool
 
 pytest.importorskip("torch")
 
@@ -195,3 +195,14 @@ def test_a_collectives_group_beside_a_gloo_default_group():
         for out in pool.run(jobs.beside_gloo_job, timeout=60):
             assert (out["default"], out["group"]) == ("gloo", "collectives")
             np.testing.assert_array_equal(out["t"], [3.0, 3.0])
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_c10d_job_leaves_the_next_one_a_working_group():
+    """After a job that raised on one rank the pool renews its world; the torch.distributed
+    groups an earlier job made over it are made anew, so the next job's collectives work (they
+    raised PeerLeft, naming the rank that gave up, before)."""
+    with RankPool("mpi", 2) as pool:
+        with pytest.raises(RankError, match="rank 1 fails on purpose"):
+            pool.run(jobs.failing_c10d_job, timeout=30)
+        assert pool.run(jobs.c10d_sum_job, timeout=30) == [[3.0, 3.0], [3.0, 3.0]]
