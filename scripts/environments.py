@@ -265,13 +265,21 @@ def test(environments: list[Environment], pytest_args: list[str]) -> int:
     finally:
         if slurm is not None:
             slurm.stop()
-    print("\ntest-environments: environment, launcher, pytest counts, seconds")
+    return report("test-environments: environment, launcher, pytest counts, seconds",
+                  [(f"{name:<20} {BY_NAME[name].launcher:<24}", code, found, seconds)
+                   for name, code, found, seconds in results], width=32)
+
+
+def report(title: str, results: list[tuple[str, int, dict[str, int], float]], width: int) -> int:
+    """Print a table of runs (label, pytest's exit code, its counts, seconds) under ``title``;
+    1 if a run failed or passed nothing, else 0 (the exit code of make's target)."""
+    print(f"\n{title}")
     failed = False
-    for name, code, found, seconds in results:
+    for label, code, found, seconds in results:
         ok = code == 0 and found.get("passed", 0) > 0
         failed |= not ok
         summary = ", ".join(f"{n} {w}" for w, n in found.items() if w != "deselected") or f"exit {code}"
-        print(f"  {name:<20} {BY_NAME[name].launcher:<24} {summary:<32} {seconds:6.0f} s  {'ok' if ok else 'FAILED'}")
+        print(f"  {label} {summary:<{width}} {seconds:6.0f} s  {'ok' if ok else 'FAILED'}")
     return 1 if failed else 0
 
 

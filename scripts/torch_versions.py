@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from environments import BASE, ROOT, counts, log, overlay_venv, with_selection  # noqa: E402
+from environments import BASE, ROOT, counts, log, overlay_venv, report, with_selection  # noqa: E402
 
 WHEELS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "collectives-wheels"
 #: The release `make test` pins (pyproject.toml's [test] extra): its venv is .venv.
@@ -80,15 +80,8 @@ def main(argv: list[str]) -> int:
     versions = argv[:argv.index("--")] if "--" in argv else argv
     if not versions or any(not re.fullmatch(r"\d+\.\d+\.\d+", v) for v in versions):
         raise SystemExit("usage: torch_versions.py X.Y.Z [X.Y.Z ...] [-- PYTEST_ARGS]")
-    results = [(version, *run(version, pytest_args)) for version in versions]
-    print("\ntest-torch-versions: torch, pytest counts, seconds")
-    failed = False
-    for version, code, found, seconds in results:
-        ok = code == 0 and found.get("passed", 0) > 0
-        failed |= not ok
-        summary = ", ".join(f"{n} {w}" for w, n in found.items() if w != "deselected") or f"exit {code}"
-        print(f"  torch {version:<8} {summary:<40} {seconds:6.0f} s  {'ok' if ok else 'FAILED'}")
-    return 1 if failed else 0
+    results = [(f"torch {version:<8}", *run(version, pytest_args)) for version in versions]
+    return report("test-torch-versions: torch, pytest counts, seconds", results, width=40)
 
 
 if __name__ == "__main__":
