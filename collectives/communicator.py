@@ -59,7 +59,7 @@ from .calls import (
 )
 from .checks import ArgumentChecks, Plan
 from .debug_p2p import CheckedPointToPoint
-from .errors import CollectiveError
+from .errors import CollectiveError, RankFailure
 from .ops import ReduceOp
 from .recorder import END, POSTED, STARTED, STATE, CallRecord
 from .reliability import _LIVE, Reliability
@@ -370,6 +370,32 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         self._completed(record)
         return child
 
+    # -- fault tolerance (opt-in: collectives.init(fault_tolerant=True); collectives.elastic) --
+
+    def shrink(self) -> Communicator:
+        """The communicator of the ranks still alive, renumbered in this one's order (rank
+        ``r`` of the result is the ``r``-th survivor), a generation later (``generation``).
+
+        Collective over the survivors: every surviving rank calls it, typically after a
+        :class:`~collectives.RankFailure`; without a failure it is a new communicator of the
+        same ranks. Only on a fault-tolerant communicator (``init(fault_tolerant=True)``); the
+        others raise :class:`~collectives.BackendUnavailable` naming the transports that can.
+        This communicator is closed by it.
+        """
+        if self._closed:
+            self._check_open()
+        return self._shrink()
+
+    def agree(self, flag: bool) -> bool:
+        """The AND of ``flag`` over the ranks still alive, the same on every one of them, also
+        while peers fail (the failed ones take no part). Collective over the survivors; only on
+        a fault-tolerant communicator (see :meth:`shrink`)."""
+        if not isinstance(flag, (bool, int)) or isinstance(flag, int) and flag not in (0, 1):
+            raise TypeError(f"flag must be a bool; got {flag!r}")
+        if self._closed:
+            self._check_open()
+        return self._agree(bool(flag))
+
     def close(self) -> None:
         """Complete outstanding asynchronous calls, tell the peers this rank is done with the
         communicator (a peer still waiting in a call of it then raises at once, naming this
@@ -505,6 +531,10 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         failed): our own errors as they are, the transport's through :meth:`_transport_error`."""
         self._failed(record, error)
         if isinstance(error, CollectiveError):
+            # fault tolerance: our own timeout or a peer's farewell may mean a peer failed
+            failure = None if isinstance(error, RankFailure) else self._rank_failure(error)
+            if failure is not None:
+                raise failure from error
             raise error
         raise self._transport_error(error) from error
 
@@ -524,7 +554,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         if self._closed:
             raise ValueError(f"{self!r} is closed; create a new communicator")
         if self._broken:
-            raise CollectiveError(self._broken)
+            raise self._rank_failure(None) or CollectiveError(self._broken)
         if self._owner != _thread_id() and not _in_backward_pass():
             import threading  # noqa: PLC0415  (only for the message)
 

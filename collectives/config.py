@@ -34,6 +34,13 @@ PROFILE = "COLLECTIVES_PROFILE"
 #: 0 installs none of the process-wide hooks (exit, excepthook, signal handlers, the SIGINT
 #: watcher; see collectives/process_hooks.py) for programs that manage exits and signals.
 PROCESS_HOOKS = "COLLECTIVES_PROCESS_HOOKS"
+#: 1: ``init()`` makes a fault-tolerant communicator (a dead peer raises RankFailure, and
+#: ``shrink()``/``agree()`` go on without it; see collectives.elastic), as ``init(fault_tolerant=True)``.
+FAULT_TOLERANT = "COLLECTIVES_FAULT_TOLERANT"
+#: Set by ``collectives-elastic`` in its ranks' environment: the membership store (host:port)
+#: and this process's member id (``r<k>`` for a replacement, which waits to join).
+ELASTIC_STORE = "COLLECTIVES_ELASTIC_STORE"
+ELASTIC_ID = "COLLECTIVES_ELASTIC_ID"
 
 #: Seconds, like torch.distributed's own default.
 DEFAULT_TIMEOUT = 1800.0

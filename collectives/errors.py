@@ -22,3 +22,23 @@ class CollectiveTimeout(CollectiveError, TimeoutError):
 
 class CollectiveMismatch(CollectiveError):
     """Ranks called collectives that do not match (operation, op, root, dtype, shape)."""
+
+
+class RankFailure(CollectiveError):
+    """A peer rank died (or hung past the timeout) and the communicator can go on without it.
+
+    Raised, on a fault-tolerant communicator (``collectives.init(fault_tolerant=True)``), by
+    the pending and the next call of every surviving rank. ``failed_ranks``: the ranks of this
+    communicator that failed, ascending; ``generation``: the communicator's generation (0 for
+    the first, one more after each :meth:`~collectives.Communicator.shrink` or join).
+    ``comm.shrink()`` then gives the communicator of the survivors.
+    """
+
+    def __init__(self, message: str, failed_ranks: tuple[int, ...] | list[int] = (),
+                 generation: int = 0) -> None:
+        super().__init__(message)
+        self.failed_ranks: tuple[int, ...] = tuple(sorted(int(r) for r in failed_ranks))
+        self.generation = generation
+
+    def __reduce__(self) -> tuple[type[RankFailure], tuple[str, tuple[int, ...], int]]:
+        return (RankFailure, (str(self), self.failed_ranks, self.generation))

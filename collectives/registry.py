@@ -55,7 +55,31 @@ def backend_class(name: str) -> type[Communicator]:
     return cls
 
 
-def init(backend: str | None = None, *, timeout: Any = None) -> Communicator:
+#: backend name -> "module:class" of its fault-tolerant Communicator (init(fault_tolerant=True)).
+FAULT_TOLERANT_BACKENDS: dict[str, str] = {
+    "torch": "collectives.backends.torch_elastic:ElasticTorchCommunicator",
+    "mpi": "collectives.backends.mpi_ulfm:ULFMCommunicator",
+    "local": BACKENDS["local"],
+}
+
+
+def fault_tolerant_class(name: str) -> type[Communicator]:
+    """The fault-tolerant communicator of backend ``name``, or the refusal naming what works."""
+    if name not in FAULT_TOLERANT_BACKENDS:
+        from .elastic.support import refuse  # noqa: PLC0415
+
+        raise refuse(name, "init(fault_tolerant=True)")
+    module_name, _, class_name = FAULT_TOLERANT_BACKENDS[name].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise BackendUnavailable(f"backend {name!r} cannot be imported: {error}") from error
+    cls: type[Communicator] = getattr(module, class_name)
+    return cls
+
+
+def init(backend: str | None = None, *, timeout: Any = None,
+         fault_tolerant: bool | None = None) -> Communicator:
     """The process's default communicator, created on the first call.
 
     ``backend`` is "auto", "local", "torch", "mpi" or "cupy"; ``None`` reads
@@ -67,12 +91,20 @@ def init(backend: str | None = None, *, timeout: Any = None) -> Communicator:
     ``timeout``: seconds (or a ``datetime.timedelta``) a blocking collective may
     take before it raises ``CollectiveTimeout``; 0 means none; ``None`` reads
     ``COLLECTIVES_TIMEOUT`` (default 1800 s).
+
+    ``fault_tolerant=True`` (``None`` reads ``COLLECTIVES_FAULT_TOLERANT``): a communicator that
+    survives a peer's death (:class:`RankFailure`, ``shrink()``, ``agree()``; see
+    :mod:`collectives.elastic`), without the process hooks that end the whole job when a rank
+    fails; a backend that cannot is :class:`BackendUnavailable` naming the ones that can.
     """
     global _default
     with _lock:
         launch = detect_launcher()
         name = resolve_backend(backend, launch)
         seconds = config.timeout_seconds(timeout)  # a bad value fails before anything starts
+        requested = fault_tolerant
+        if fault_tolerant is None:
+            fault_tolerant = bool(config.env_flag(config.FAULT_TOLERANT))
         if _default is not None and not _default._closed:
             if backend is not None and name != _default.backend:
                 raise ValueError(f"collectives is already initialized with backend "
@@ -80,6 +112,13 @@ def init(backend: str | None = None, *, timeout: Any = None) -> Communicator:
             if timeout is not None and seconds != _default.timeout:
                 raise ValueError(f"collectives is already initialized with timeout="
                                  f"{_default.timeout}; cannot change it to {seconds}")
+            if requested is not None and requested != _fault_tolerant(_default):
+                raise ValueError(f"collectives is already initialized with fault_tolerant="
+                                 f"{not fault_tolerant}; cannot change it")
+            return _default
+        if fault_tolerant:  # no process hook: a failing rank must not end the job
+            _default = fault_tolerant_class(name).from_launcher(launch, timeout=timeout)
+            _default.trace_name = "world"
             return _default
         cls = backend_class(name)
         # The process-wide hooks (collectives/process_hooks.py): before the backend starts, so
@@ -89,3 +128,18 @@ def init(backend: str | None = None, *, timeout: Any = None) -> Communicator:
         _default.trace_name = "world"
         process_hooks.install(launch)
         return _default
+
+
+def _fault_tolerant(comm: Communicator) -> bool:
+    from .transport import Transport  # noqa: PLC0415
+
+    return comm.size == 1 or type(comm)._shrink is not Transport._shrink
+
+
+def succeed(old: Communicator, new: Communicator) -> None:
+    """``new`` (a shrink's or a join's) replaces ``old`` as ``init()``'s communicator, if it was."""
+    global _default
+    with _lock:
+        if _default is old:
+            new.trace_name = old.trace_name
+            _default = new

@@ -339,6 +339,9 @@ class Reliability(Transport):
         """
         if isinstance(error, (TypeError, ValueError, MemoryError)):
             return error
+        failure = self._rank_failure(error)  # fault tolerance: a peer died (else None)
+        if failure is not None:
+            return failure
         mapped = self._map_error(error)
         if mapped is not None:
             return mapped

@@ -28,6 +28,7 @@ from .work import Work
 if TYPE_CHECKING:
     from .calls import Call
     from .communicator import Communicator
+    from .errors import RankFailure
     from .launcher import LaunchInfo
 
 
@@ -224,3 +225,29 @@ class Transport(abc.ABC):
         the ranks that never arrived (``True``: done); ``False`` (the default): the call
         path's own (a word from every rank to rank 0 ahead of the barrier)."""
         return False
+
+    # -- fault tolerance (collectives.init(fault_tolerant=True)): hooks that a transport able
+    # -- to go on after a peer's death overrides (backends/torch_elastic.py, backends/mpi_ulfm.py);
+    # -- the defaults refuse, naming what works (collectives/elastic/support.py) -------------
+
+    #: 0 for a communicator made by ``init()`` or ``split()``; one more after each shrink or join.
+    generation: int = 0
+
+    def _rank_failure(self, error: Exception | None) -> RankFailure | None:
+        """The :class:`~collectives.RankFailure` that ``error`` (raised inside a call) means: a
+        peer died or hung, and the communicator can go on without it; ``None`` (the default):
+        ``error`` means what it says. ``error=None`` asks what an earlier failure means for the
+        next call (a fresh RankFailure, or ``None``)."""
+        return None
+
+    def _shrink(self) -> Communicator:
+        """The communicator of the survivors (see ``Communicator.shrink``)."""
+        from .elastic.support import refuse  # noqa: PLC0415
+
+        raise refuse(self.backend, "shrink()")
+
+    def _agree(self, flag: bool) -> bool:
+        """The AND of ``flag`` over the ranks still alive (see ``Communicator.agree``)."""
+        from .elastic.support import refuse  # noqa: PLC0415
+
+        raise refuse(self.backend, "agree()")

@@ -1,0 +1,225 @@
+"""The torch backend, fault-tolerant (Gloo): a communicator that survives the death of a peer.
+
+Made by ``collectives.init(fault_tolerant=True)`` in a job started by ``collectives-elastic``:
+the membership lives in the store the launcher serves (:mod:`collectives.elastic.membership`),
+never in a rank. Generation ``g`` is torch's default process group (Gloo) of that
+generation's members, made on a ``PrefixStore`` of its own (``.../gen/<g>/``), so Gloo's keys
+of two generations never meet.
+
+A call that fails in the transport (a peer's connection closed or reset: it died; torch's
+timeout: a peer hangs) settles with the other survivors which members are gone, and raises
+:class:`~collectives.RankFailure` naming them, on every survivor: Gloo ends the calls of the
+ranks that talk to the dead one, and a rank that waits on a survivor which gave up is told
+by that survivor's closed connections (the settlement waits at most the communicator's
+timeout for a member that is silent and alive: it is then left out, and the agent ends it).
+``shrink()`` destroys the broken group and makes the next generation's; replacements that
+registered meanwhile are admitted at the end of it (and by :meth:`admit`, which
+``collectives.elastic`` calls at each commit).
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import sys
+from typing import Any
+
+from collectives import config, registry
+from collectives.communicator import Communicator
+from collectives.elastic.membership import Membership, Outcome, left_out
+from collectives.errors import BackendUnavailable, CollectiveError, CollectiveMismatch, RankFailure
+from collectives.farewell import PeerLeft
+from collectives.launcher import LaunchInfo
+
+from .torch_bootstrap import import_torch_distributed, torch_timeout
+from .torch_dist import TorchCommunicator
+
+#: Seconds a settlement waits for a member that neither answers nor died, at most (a hung
+#: rank is left out after this); the communicator's timeout when that is shorter.
+MAX_WINDOW = 60.0
+
+
+class ElasticTorchCommunicator(TorchCommunicator):
+    """A fault-tolerant communicator over torch's Gloo (see the module's text)."""
+
+    def __init__(self, membership: Membership, generation: int, members: list[str], *,
+                 timeout: Any = None) -> None:
+        self._membership = membership
+        self._members = members
+        self._failure: RankFailure | None = None
+        self._outcome: Outcome | None = None
+        self._agreements = itertools.count()
+        super().__init__(None, local_rank=int(os.environ.get("LOCAL_RANK", 0)), timeout=timeout)
+        self.generation = generation
+
+    @classmethod
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> ElasticTorchCommunicator:
+        """Generation 0 for a rank collectives-elastic started, or the generation that admits a
+        replacement (it waits until the survivors admit it)."""
+        address = os.environ.get(config.ELASTIC_STORE, "").strip()
+        me = os.environ.get(config.ELASTIC_ID, "").strip()
+        if not address or not me:
+            from collectives.elastic.support import refuse  # noqa: PLC0415
+
+            raise refuse("torch", "init(fault_tolerant=True)",
+                         f"the torch backend needs the membership store of collectives-elastic "
+                         f"({config.ELASTIC_STORE} and {config.ELASTIC_ID} are not set: this job "
+                         "was not started by it)")
+        dist = import_torch_distributed()
+        if dist.is_initialized():
+            raise BackendUnavailable("init(fault_tolerant=True) on the torch backend makes torch's "
+                                     "default process group itself: call it before any "
+                                     "init_process_group")
+        seconds = config.timeout_seconds(timeout)
+        window = min(MAX_WINDOW, seconds) if seconds is not None else MAX_WINDOW
+        membership = Membership.connect(address, me, window)
+        generation = membership.first_generation()
+        if generation is None:
+            generation = membership.wait_to_join()
+        return cls._make(membership, generation, seconds)
+
+    @classmethod
+    def _make(cls, membership: Membership, generation: int,
+              seconds: float | None) -> ElasticTorchCommunicator:
+        """Generation ``generation``'s default group (Gloo), and its communicator."""
+        dist = import_torch_distributed()
+        members = membership.members(generation)
+        if membership.me not in members:
+            raise left_out(membership.me, generation)
+        store = dist.PrefixStore(f"collectives/elastic/gen/{generation}/", membership.store)
+        # The members reach this point seconds apart (a replacement imports torch first): the
+        # group is made under a long timeout, then takes the communicator's for its calls.
+        dist.init_process_group("gloo", store=store, rank=members.index(membership.me),
+                                world_size=len(members), timeout=torch_timeout(MAX_WINDOW + (seconds or 0)))
+        dist.distributed_c10d._set_pg_timeout(torch_timeout(seconds), None)
+        _destroy_at_exit()
+        return cls(membership, generation, members, timeout=0 if seconds is None else seconds)
+
+    # -- failures -------------------------------------------------------------------------
+
+    def _rank_failure(self, error: Exception | None) -> RankFailure | None:
+        if error is None:  # the next call after a failure
+            failure = self._failure
+            return None if failure is None else RankFailure(str(failure), failure.failed_ranks,
+                                                            failure.generation)
+        if self._failure is not None:
+            return self._failure
+        if not isinstance(error, (RuntimeError, CollectiveError)) or (
+                isinstance(error, CollectiveMismatch) and not isinstance(error, PeerLeft)):
+            return None  # a mismatch of the calls, or not the transport's: what it says
+        outcome = self._settle_shrink()
+        failed = [r for r, member in enumerate(self._members) if member not in outcome.votes]
+        text = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        who = (f"rank(s) {', '.join(map(str, failed))} failed (died, or hung past the timeout)"
+               if failed else "no rank died (the transport failed: a timeout, or a lost connection)")
+        self._failure = RankFailure(
+            f"{self._call_name()} failed in generation {self.generation}: {who}; call shrink() "
+            f"on every survivor to go on without them. The transport said: {text}",
+            failed, self.generation)
+        self._broken = str(self._failure)
+        _record_failure(self, failed)
+        return self._failure
+
+    def _settle_shrink(self) -> Outcome:
+        if self._outcome is None:
+            membership = self._membership
+            self._outcome = membership.settle(f"shrink/{self.generation}", self._members, "1",
+                                              membership.taken(self.generation))
+        return self._outcome
+
+    # -- shrink, agree, admit ---------------------------------------------------------------
+
+    def _shrink(self) -> Communicator:
+        outcome = self._settle_shrink()
+        return self._next(outcome)
+
+    def _next(self, outcome: Outcome) -> ElasticTorchCommunicator:
+        """Close this generation and make the next one, of ``outcome.members``."""
+        membership = self._membership
+        if membership.me not in outcome.members:
+            raise left_out(membership.me, self.generation + 1)
+        membership.publish(self.generation + 1, outcome.members, outcome.joiners_taken)
+        seconds = self.timeout
+        self._close_generation()
+        successor = self._make(membership, self.generation + 1, seconds)
+        registry.succeed(self, successor)
+        return successor
+
+    def _close_generation(self) -> None:
+        self._farewell_said = True  # the agent tells the peers who left, not farewells
+        try:
+            self.close()
+        except CollectiveError:
+            pass  # the handles of the failed generation: the transport will not complete them
+        dist = self._dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _agree(self, flag: bool) -> bool:
+        outcome = self._membership.settle(f"agree/{self.generation}/{next(self._agreements)}",
+                                          self._members, "1" if flag else "0")
+        return all(vote == "1" for vote in outcome.votes.values())
+
+    def joiners_waiting(self) -> bool:
+        """Whether a replacement waits to join, the same answer on every rank (one small
+        all_reduce of what each rank saw in the store)."""
+        import numpy as np  # noqa: PLC0415
+
+        seen = np.array([self._membership.joiners_registered()], dtype=np.int64)
+        self.all_reduce(seen, "max")
+        return int(seen[0]) > self._membership.taken(self.generation)
+
+    def admit(self) -> ElasticTorchCommunicator:
+        """The next generation with the replacements waiting to join (after the members), or
+        this communicator when none waits. Collective; ``collectives.elastic`` calls it."""
+        if not self.joiners_waiting():
+            return self
+        membership = self._membership
+        outcome = membership.settle(f"grow/{self.generation}", self._members, "1",
+                                    membership.taken(self.generation))
+        if outcome.members == self._members:
+            return self
+        return self._next(outcome)
+
+    @property
+    def member_id(self) -> str:
+        """This process's id in the job (``collectives-elastic`` numbers the first ranks
+        ``0`` .. ``n-1`` and the replacements ``r1``, ``r2``, ...)."""
+        return self._membership.me
+
+    @property
+    def members(self) -> list[str]:
+        """The member ids of this generation, in rank order."""
+        return list(self._members)
+
+
+def _record_failure(comm: ElasticTorchCommunicator, failed: list[int]) -> None:
+    """Tell the flight recorder who failed, in which generation (its dump names them)."""
+    from collectives import recorder  # noqa: PLC0415
+
+    note = getattr(recorder, "note_failure", None)
+    if note is not None:
+        note(comm, failed, comm.generation)
+
+
+_destroying = False
+
+
+def _destroy_at_exit() -> None:
+    """A Gloo group alive when the interpreter ends aborts the process: destroyed at exit."""
+    global _destroying
+    if not _destroying:
+        _destroying = True
+        atexit.register(_destroy_default_group)
+
+
+def _destroy_default_group() -> None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except (RuntimeError, ValueError):
+            pass
+
+

@@ -1,0 +1,78 @@
+"""Fault tolerance on the torch backend (Gloo) under collectives-elastic, for real: ranks of a
+4-rank training job die (SIGKILL, os._exit(1), an uncaught exception) or hang (SIGSTOP) in the
+middle of a step, and the survivors (and the replacements that join) finish with the weights
+of a float64 numpy replay of the same steps over the same memberships.
+
+Each job costs ~15-40 s on 2 cores (most of it torch's import in every process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import linear_job  # noqa: E402
+
+JOB = str(Path(linear_job.__file__).resolve())
+TIMEOUT = 240
+
+pytestmark = pytest.mark.timeout(TIMEOUT + 30)
+
+
+def run_job(out: Path, *args: str, faults: str, wait_join: str = "", timeout: float = 4) -> dict[str, dict]:
+    command = [sys.executable, "-m", "collectives.elastic.launcher", "-n", "4", "--timeout", str(timeout),
+               *args, sys.executable, JOB, str(out), "--faults", faults, "--wait-join", wait_join]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    return {path.stem: json.loads(path.read_text()) for path in out.glob("*.json")}
+
+
+def reference(sizes: list[int]) -> np.ndarray:
+    """The same steps in float64 numpy, each with its step's number of ranks and their shards."""
+    w = np.zeros(linear_job.DIM)
+    for step, size in enumerate(sizes):
+        g = sum(linear_job.partial_gradient(w, step, rank, size) for rank in range(size))
+        w = w - linear_job.LR * g / linear_job.BATCH
+    return w
+
+
+def check_final(results: dict[str, dict], size: int) -> list[int]:
+    assert len(results) == size, sorted(results)
+    first = next(iter(results.values()))
+    sizes = first["sizes"]
+    assert len(sizes) == linear_job.STEPS
+    for result in results.values():
+        assert result["sizes"] == sizes
+        assert result["size"] == size
+        assert result["w"] == first["w"]  # every rank holds the same bits
+        assert result["agree"] == [True, False]
+    assert sorted(r["rank"] for r in results.values()) == list(range(size))
+    np.testing.assert_allclose(first["w"], reference(sizes), rtol=1e-12, atol=1e-14)
+    return sizes
+
+
+def test_survivors_of_a_sigkill_and_an_exit_train_on_and_match_the_reference(tmp_path: Path) -> None:
+    results = run_job(tmp_path, "--min", "2", faults="3:kill@4,1:exit@7")
+    sizes = check_final(results, 2)
+    # The step in flight is redone by the survivors: 4 ranks before step 4, 3 until step 7.
+    assert sizes == [4] * 4 + [3] * 3 + [2] * 5
+    assert sorted(results) == ["0", "2"]
+    history = results["0"]["history"]
+    assert [h[:3] for h in history] == [[0, 4, 0], [1, 3, 4], [2, 2, 7]]
+    assert [h[3] for h in history] == [[], [3], [1]]  # RankFailure.failed_ranks, per generation
+    assert results["2"]["rank"] == 1  # survivors renumbered in order
+
+
+def test_replacements_join_after_an_exception_and_a_hang_and_hold_the_same_weights(tmp_path: Path) -> None:
+    results = run_job(tmp_path, "--replace", faults="2:raise@3,1:stop@8", wait_join="6:4,10:4")
+    sizes = check_final(results, 4)
+    assert sizes[:3] == [4, 4, 4] and sizes[3] == 3 and sizes[8] == 3 and sizes[10:] == [4, 4]
+    assert {"r1", "r2"} <= set(results)  # the two replacements, with the weights of the rest
