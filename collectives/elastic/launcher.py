@@ -24,9 +24,11 @@ from collections.abc import Sequence
 from .. import config
 
 #: Open MPI's ULFM, and its heartbeat detector: a rank that dies without its sockets closing
-#: (or hangs) is declared failed after ``timeout`` seconds without a heartbeat.
-ULFM_FLAGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true", "--mca", "mpi_ft_detector_thread",
-              "true", "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "2")
+#: (or hangs) is declared failed after ``timeout`` seconds without a heartbeat. Not its thread
+#: (``mpi_ft_detector_thread``): with it, Open MPI 5.0.11's MPI_Finalize spins forever after a
+#: peer failed; without it the heartbeats go out while the ranks wait in MPI (our polling).
+ULFM_FLAGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
+              "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "2")
 
 
 def parser() -> argparse.ArgumentParser:

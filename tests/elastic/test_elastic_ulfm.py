@@ -1,0 +1,91 @@
+"""Fault tolerance on the mpi backend: Open MPI's ULFM, for real (the ranks of a 4-rank job
+die by SIGKILL, os._exit(1), an uncaught exception, SIGSTOP, and the survivors finish with the
+weights of the float64 numpy replay), and the clear refusal where the MPI cannot (the MPICH
+wheel; Open MPI started without ``--with-ft ulfm``).
+
+The ULFM jobs run in the Open MPI environment (``make test-environments``; one in
+``make test-ci-slice``: ~10 s); elsewhere they skip, saying why."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from collectives.testing.launch import mpi_command, mpi_launcher, mpi_launcher_name
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import linear_job  # noqa: E402
+from test_elastic_gloo import check_final  # noqa: E402
+
+JOB = str(Path(linear_job.__file__).resolve())
+TIMEOUT = 120
+
+pytestmark = pytest.mark.timeout(TIMEOUT + 30)
+
+
+def open_mpi() -> bool:
+    return Path(mpi_launcher()[0]).with_name("ompi_info").exists()
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}
+    return {**env, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def run_ulfm_job(out: Path, faults: str) -> tuple[int, dict[str, dict]]:
+    command = [sys.executable, "-m", "collectives.elastic.launcher", "--mpi", "--launcher",
+               " ".join(mpi_launcher()), "-n", "4", "--timeout", "20",
+               sys.executable, JOB, str(out), "--faults", faults]
+    done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL)
+    results = {path.stem: json.loads(path.read_text()) for path in out.glob("*.json")}
+    assert results, done.stdout[-3000:] + done.stderr[-6000:]
+    return done.returncode, results
+
+
+needs_ulfm = pytest.mark.skipif(not open_mpi(), reason=f"ULFM needs Open MPI; the MPI launcher here is "
+                                                       f"{mpi_launcher_name()} (not Open MPI's)")
+
+
+@needs_ulfm
+def test_ulfm_survivors_of_a_sigkill_and_an_exit_match_the_reference(tmp_path: Path) -> None:
+    status, results = run_ulfm_job(tmp_path, "3:kill@4,1:exit@7")
+    sizes = check_final(results, 2)
+    assert sizes == [4] * 4 + [3] * 3 + [2] * 5
+    assert [h[3] for h in results["0"]["history"]] == [[], [3], [1]]
+    assert status in (0, 1)  # mpirun's: 1 when a rank ended with a failing status (os._exit(1))
+
+
+@needs_ulfm
+def test_ulfm_survivors_of_an_exception_and_a_hang_match_the_reference(tmp_path: Path) -> None:
+    # The hung rank (SIGSTOP) is found by Open MPI's heartbeat detector (~2 s).
+    status, results = run_ulfm_job(tmp_path, "2:raise@3,0:stop@8")
+    sizes = check_final(results, 2)
+    assert sizes == [4] * 3 + [3] * 5 + [2] * 4
+    assert sorted(results) == ["1", "3"]
+
+
+REFUSAL = """
+import collectives
+try:
+    collectives.init(fault_tolerant=True)
+except collectives.BackendUnavailable as error:
+    print("REFUSED", error)
+else:
+    print("ACCEPTED")
+"""
+
+
+def test_fault_tolerant_mpi_refuses_without_ulfm_naming_what_works() -> None:
+    env = {**clean_env(), "COLLECTIVES_BACKEND": "mpi"}
+    done = subprocess.run(mpi_command(2, [sys.executable, "-c", REFUSAL]), env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[-3000:]
+    # (the ranks' lines may interleave in the launcher's forwarding)
+    assert done.stdout.count("REFUSED") == 2 and "ACCEPTED" not in done.stdout, done.stdout
+    assert "ULFM" in done.stdout and "collectives-elastic" in done.stdout
