@@ -185,7 +185,7 @@ class ElasticTorchCommunicator(TorchCommunicator):
     @property
     def member_id(self) -> str:
         """This process's id in the job (``collectives-elastic`` numbers the first ranks
-        ``0`` .. ``n-1`` and the replacements ``r1``, ``r2``, ...)."""
+        ``0`` .. ``n-1`` and the replacements ``n``, ``n+1``, ...)."""
         return self._membership.me
 
     @property

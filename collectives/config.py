@@ -38,7 +38,7 @@ PROCESS_HOOKS = "COLLECTIVES_PROCESS_HOOKS"
 #: ``shrink()``/``agree()`` go on without it; see collectives.elastic), as ``init(fault_tolerant=True)``.
 FAULT_TOLERANT = "COLLECTIVES_FAULT_TOLERANT"
 #: Set by ``collectives-elastic`` in its ranks' environment: the membership store (host:port)
-#: and this process's member id (``r<k>`` for a replacement, which waits to join).
+#: and this process's member id (0 .. n-1 for the first ranks; n, n+1, ... for replacements, which wait to join).
 ELASTIC_STORE = "COLLECTIVES_ELASTIC_STORE"
 ELASTIC_ID = "COLLECTIVES_ELASTIC_ID"
 

@@ -142,5 +142,6 @@ def succeed(old: Communicator, new: Communicator) -> None:
     global _default
     with _lock:
         if _default is old:
-            new.trace_name = old.trace_name
             _default = new
+    # the flight recorder tells the generations apart: world, world@1, world@2, ...
+    new.trace_name = f"{old.trace_name.partition('@')[0]}@{new.generation}"

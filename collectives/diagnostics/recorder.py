@@ -159,6 +159,9 @@ def _world() -> tuple[int, int, str | None]:
     from ..launcher import detect_launcher  # noqa: PLC0415
 
     launch = detect_launcher()
+    member = os.environ.get(config.ELASTIC_ID, "")  # collectives-elastic's ranks: their member id
+    if launch.launcher is None and member.isdigit():
+        return int(member), max(int(member) + 1, launch.size), "collectives-elastic"
     return launch.rank, launch.size, launch.launcher
 
 
@@ -180,9 +183,23 @@ def _communicator_dict(comm: Any, wall_minus_monotonic: float) -> dict[str, Any]
     ring = comm._ring
     calls = list(ring) if ring is not None else []  # list(deque) runs in C: one atomic copy
     state = "closed" if comm._closed else "unusable" if comm._why_broken else "open"
-    return {"name": comm.trace_name, "backend": comm.backend, "rank": comm.rank,
-            "size": comm.size, "seq": comm._seq, "state": state,
-            "calls": [_call_dict(call, wall_minus_monotonic) for call in calls]}
+    entry = {"name": comm.trace_name, "backend": comm.backend, "rank": comm.rank,
+             "size": comm.size, "seq": comm._seq, "state": state,
+             "calls": [_call_dict(call, wall_minus_monotonic) for call in calls]}
+    # fault tolerance: the communicator's generation, and the ranks a RankFailure named
+    entry["generation"] = int(getattr(comm, "generation", 0))
+    failure = getattr(comm, "_failure", None)
+    if failure is not None:
+        entry["failed_ranks"] = list(failure.failed_ranks)
+    return entry
+
+
+def note_failure(comm: Any, failed_ranks: list[int], generation: int) -> None:
+    """A fault-tolerant communicator raised RankFailure: the dump (with
+    ``COLLECTIVES_TRACE_DIR``) names the failed ranks and the generation."""
+    _RECORDED.add(comm)
+    dump(f"RankFailure: generation {generation} of {comm.trace_name!r} lost rank(s) "
+         f"{', '.join(map(str, failed_ranks)) or 'none'}")
 
 
 def _thread_stacks() -> list[dict[str, Any]]:

@@ -25,6 +25,10 @@ its place in the split tree) the ranks' rings are lined up by sequence number:
   not have ``COLLECTIVES_TRACE_DIR`` set);
 - **ok**: every rank that wrote a dump completed every call the others made.
 
+On a fault-tolerant communicator (``collectives.init(fault_tolerant=True)``) a **rank failure**
+line comes first for each RankFailure the dumps recorded: the communicator, its generation,
+the ranks it lost and the ranks that saw it (``failures`` in the JSON).
+
 The exit status is 0 for **ok** only. An asynchronous call counts as completed once its dump
 says so, or once a later collective of the same communicator completed there.
 """
@@ -204,11 +208,23 @@ def analyze(dumps: dict[int, dict[str, Any]], world_size: int | None = None) -> 
         "behind": [], "odd": [], "no_dump": no_dump, "no_dump_why": _why_no_dump(dumps),
         "crashed": [], "signalled": None,
         "reasons": {str(rank): dump.get("reason") for rank, dump in sorted(dumps.items())},
-        "details": None,
+        "details": None, "failures": [],
     }
     if not dumps:
         result["verdict"] = "no dumps"
         return result
+    # Fault tolerance: the RankFailures the ranks raised, one per communicator and generation.
+    failures: dict[tuple[str, int], dict[str, Any]] = {}
+    for rank, dump in sorted(dumps.items()):
+        for entry in dump["communicators"]:
+            if entry.get("failed_ranks") is not None:
+                key = (entry["name"], int(entry.get("generation", 0)))
+                failure = failures.setdefault(key, {"communicator": key[0], "generation": key[1],
+                                                    "size": entry["size"], "failed_ranks": [],
+                                                    "seen_by": []})
+                failure["failed_ranks"] = sorted(set(failure["failed_ranks"]) | set(entry["failed_ranks"]))
+                failure["seen_by"].append(rank)
+    result["failures"] = [failures[key] for key in sorted(failures)]
     # Ranks inside a call when they wrote their dump (waiting, or failed there: a timeout, a
     # peer that died); ranks that died of an uncaught exception outside any call.
     waiting = {rank for rank, dump in dumps.items() for entry in dump["communicators"]
@@ -293,6 +309,11 @@ def _text(result: dict[str, Any]) -> str:
                      "they could write (SIGKILL, out of memory), or COLLECTIVES_TRACE_DIR was not "
                      "set to this folder for them")
         return "\n".join(lines)
+    for failure in result.get("failures", []):  # fault tolerance: first, the failed ranks
+        lost = ", ".join(map(str, failure["failed_ranks"])) or "none (the transport failed)"
+        lines.append(f"rank failure: generation {failure['generation']} of communicator "
+                     f"{failure['communicator']!r} (size {failure['size']}) lost rank(s) {lost}; "
+                     f"seen by world rank(s) {failure['seen_by']}, which went on without them")
     if result["verdict"] == "crash":
         rank = result["crashed"][0]
         where = f" on communicator {call['communicator']!r}" if call and call["communicator"] != "world" else ""

@@ -74,7 +74,7 @@ class Agent:
         env[config.FAULT_TOLERANT] = "1"
         env[config.ELASTIC_STORE] = self.address
         env[config.ELASTIC_ID] = member
-        env["LOCAL_RANK"] = member.lstrip("r")
+        env["LOCAL_RANK"] = member
         proc = subprocess.Popen(self.command, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509
         self.procs[member] = proc
         threading.Thread(target=self._wait, args=(member, proc), daemon=True).start()
@@ -104,7 +104,7 @@ class Agent:
         elif (self.replace and not self.finished and self.restarts < self.max_restarts
               and member in self.ever_members):
             self.restarts += 1
-            self.start(f"r{self.restarts}")
+            self.start(str(self.size + self.restarts - 1))  # ids go on: n, n + 1, ...
         running = [m for m in self.latest if m not in self.exits]
         if not running:  # the training is over (or lost): replacements never admitted end
             self._end([m for m in self.procs if m not in self.exits], signal.SIGTERM)

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from collectives.diagnostics import trace
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import linear_job  # noqa: E402
 
@@ -25,10 +27,11 @@ TIMEOUT = 240
 pytestmark = pytest.mark.timeout(TIMEOUT + 30)
 
 
-def run_job(out: Path, *args: str, faults: str, wait_join: str = "", timeout: float = 4) -> dict[str, dict]:
+def run_job(out: Path, *args: str, faults: str, wait_join: str = "", timeout: float = 4,
+            env: dict[str, str] | None = None) -> dict[str, dict]:
     command = [sys.executable, "-m", "collectives.elastic.launcher", "-n", "4", "--timeout", str(timeout),
                *args, sys.executable, JOB, str(out), "--faults", faults, "--wait-join", wait_join]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}, **(env or {})}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT,
                           stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
@@ -60,7 +63,9 @@ def check_final(results: dict[str, dict], size: int) -> list[int]:
 
 
 def test_survivors_of_a_sigkill_and_an_exit_train_on_and_match_the_reference(tmp_path: Path) -> None:
-    results = run_job(tmp_path, "--min", "2", faults="3:kill@4,1:exit@7")
+    traces = tmp_path / "trace"
+    results = run_job(tmp_path, "--min", "2", faults="3:kill@4,1:exit@7",
+                      env={"COLLECTIVES_TRACE_DIR": str(traces)})
     sizes = check_final(results, 2)
     # The step in flight is redone by the survivors: 4 ranks before step 4, 3 until step 7.
     assert sizes == [4] * 4 + [3] * 3 + [2] * 5
@@ -69,10 +74,18 @@ def test_survivors_of_a_sigkill_and_an_exit_train_on_and_match_the_reference(tmp
     assert [h[:3] for h in history] == [[0, 4, 0], [1, 3, 4], [2, 2, 7]]
     assert [h[3] for h in history] == [[], [3], [1]]  # RankFailure.failed_ranks, per generation
     assert results["2"]["rank"] == 1  # survivors renumbered in order
+    # The flight recorder's dumps, read by collectives-trace, name the failed ranks and generations.
+    found = trace.analyze(trace.load(str(traces)))
+    assert [(f["communicator"], f["generation"], f["failed_ranks"]) for f in found["failures"]] == [
+        ("world", 0, [3]), ("world@1", 1, [1])]
+    text = subprocess.run([sys.executable, "-m", "collectives.diagnostics.trace", str(traces)],
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "rank failure: generation 0 of communicator 'world' (size 4) lost rank(s) 3" in text
+    assert "rank failure: generation 1 of communicator 'world@1' (size 3) lost rank(s) 1" in text
 
 
 def test_replacements_join_after_an_exception_and_a_hang_and_hold_the_same_weights(tmp_path: Path) -> None:
     results = run_job(tmp_path, "--replace", faults="2:raise@3,1:stop@8", wait_join="6:4,10:4")
     sizes = check_final(results, 4)
     assert sizes[:3] == [4, 4, 4] and sizes[3] == 3 and sizes[8] == 3 and sizes[10:] == [4, 4]
-    assert {"r1", "r2"} <= set(results)  # the two replacements, with the weights of the rest
+    assert {"4", "5"} <= set(results)  # the two replacements, with the weights of the rest
