@@ -35,9 +35,11 @@ from collectives.launcher import LaunchInfo
 from .torch_bootstrap import import_torch_distributed, torch_timeout
 from .torch_dist import TorchCommunicator
 
-#: Seconds a settlement waits for a member that neither answers nor died, at most (a hung
-#: rank is left out after this); the communicator's timeout when that is shorter.
-MAX_WINDOW = 60.0
+#: Seconds a settlement waits for a member that neither answers nor died (a hung rank is left
+#: out after this): the communicator's timeout (a survivor blocked in a call on a rank that
+#: gave up answers once its call times out), plus WINDOW_MARGIN; at most MAX_WINDOW.
+MAX_WINDOW = 120.0
+WINDOW_MARGIN = 5.0
 
 
 class ElasticTorchCommunicator(TorchCommunicator):
@@ -72,7 +74,7 @@ class ElasticTorchCommunicator(TorchCommunicator):
                                      "default process group itself: call it before any "
                                      "init_process_group")
         seconds = config.timeout_seconds(timeout)
-        window = min(MAX_WINDOW, seconds) if seconds is not None else MAX_WINDOW
+        window = min(MAX_WINDOW, seconds + WINDOW_MARGIN) if seconds is not None else MAX_WINDOW
         membership = Membership.connect(address, me, window)
         generation = membership.first_generation()
         if generation is None:
@@ -108,6 +110,7 @@ class ElasticTorchCommunicator(TorchCommunicator):
         if not isinstance(error, (RuntimeError, CollectiveError)) or (
                 isinstance(error, CollectiveMismatch) and not isinstance(error, PeerLeft)):
             return None  # a mismatch of the calls, or not the transport's: what it says
+        self._revoke()
         outcome = self._settle_shrink()
         failed = [r for r, member in enumerate(self._members) if member not in outcome.votes]
         text = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
@@ -120,6 +123,18 @@ class ElasticTorchCommunicator(TorchCommunicator):
         self._broken = str(self._failure)
         _record_failure(self, failed)
         return self._failure
+
+    def _revoke(self) -> None:
+        """End this generation's group here: where no other call of this rank is pending its
+        connections close, so a survivor that waits on this rank (rather than on the dead one)
+        fails at once instead of at its timeout (Gloo has no revoke: this is the nearest; with a
+        call pending, torch waits for that call to time out first)."""
+        dist = self._dist
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except (RuntimeError, ValueError):
+                pass
 
     def _settle_shrink(self) -> Outcome:
         if self._outcome is None:

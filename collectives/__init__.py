@@ -8,7 +8,7 @@ Importing this package imports no transport (no torch, mpi4py or cupy).
 """
 
 from .communicator import Communicator, Work
-from .errors import BackendUnavailable, CollectiveError, CollectiveMismatch, CollectiveTimeout
+from .errors import BackendUnavailable, CollectiveError, CollectiveMismatch, CollectiveTimeout, RankFailure
 from .launcher import LaunchInfo, detect_launcher
 from .ops import ALLOWED_OPS, DTYPES, ReduceOp
 from .registry import BACKENDS, init
@@ -31,6 +31,7 @@ __all__ = [
     "CollectiveTimeout",
     "Communicator",
     "LaunchInfo",
+    "RankFailure",
     "ReduceOp",
     "Work",
     "detect_launcher",

@@ -89,3 +89,22 @@ def test_replacements_join_after_an_exception_and_a_hang_and_hold_the_same_weigh
     sizes = check_final(results, 4)
     assert sizes[:3] == [4, 4, 4] and sizes[3] == 3 and sizes[8] == 3 and sizes[10:] == [4, 4]
     assert {"4", "5"} <= set(results)  # the two replacements, with the weights of the rest
+
+
+def test_dataparallel_and_syncbatchnorm_train_across_a_shrink_like_one_process(tmp_path: Path) -> None:
+    import syncbn_job
+    import torch
+
+    command = [sys.executable, "-m", "collectives.elastic.launcher", "-n", "4", "--timeout", "10",
+               sys.executable, str(Path(syncbn_job.__file__).resolve()), str(tmp_path), "--faults", "3:kill@3"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL, cwd=str(Path(syncbn_job.__file__).parent))
+    assert done.returncode == 0, done.stderr[-6000:]
+    results = [json.loads(path.read_text()) for path in tmp_path.glob("*.json")]
+    assert sorted(r["rank"] for r in results) == [0, 1, 2]
+    expected = syncbn_job.reference(syncbn_job.STEPS)
+    for result in results:
+        assert result["sizes"] == [4, 4, 4, 3, 3, 3, 3, 3]
+        for got, want in zip(result["params"], expected):
+            torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-10, atol=1e-12)
