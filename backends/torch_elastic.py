@@ -23,10 +23,11 @@ import atexit
 import itertools
 import os
 import sys
+import time
 from typing import Any
 
 from collectives import config, registry
-from collectives.communicator import Communicator
+from collectives.communicator import Communicator, Work
 from collectives.elastic.membership import Membership, Outcome, left_out
 from collectives.errors import BackendUnavailable, CollectiveError, CollectiveMismatch, RankFailure
 from collectives.farewell import PeerLeft
@@ -40,6 +41,8 @@ from .torch_dist import TorchCommunicator
 #: gave up answers once its call times out), plus WINDOW_MARGIN; at most MAX_WINDOW.
 MAX_WINDOW = 120.0
 WINDOW_MARGIN = 5.0
+#: Seconds between two looks at the store for a revocation while the check's call waits.
+REVOKE_LOOK = 0.02
 
 
 class ElasticTorchCommunicator(TorchCommunicator):
@@ -110,7 +113,7 @@ class ElasticTorchCommunicator(TorchCommunicator):
         if not isinstance(error, (RuntimeError, CollectiveError)) or (
                 isinstance(error, CollectiveMismatch) and not isinstance(error, PeerLeft)):
             return None  # a mismatch of the calls, or not the transport's: what it says
-        self._revoke()
+        self._membership.revoke(self.generation)
         outcome = self._settle_shrink()
         failed = [r for r, member in enumerate(self._members) if member not in outcome.votes]
         text = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
@@ -124,17 +127,35 @@ class ElasticTorchCommunicator(TorchCommunicator):
         _record_failure(self, failed)
         return self._failure
 
-    def _revoke(self) -> None:
-        """End this generation's group here: where no other call of this rank is pending its
-        connections close, so a survivor that waits on this rank (rather than on the dead one)
-        fails at once instead of at its timeout (Gloo has no revoke: this is the nearest; with a
-        call pending, torch waits for that call to time out first)."""
-        dist = self._dist
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except (RuntimeError, ValueError):
-                pass
+    def _agree_word(self, word: int) -> int:
+        """The default check's all_reduce, polled (``is_completed`` and short sleeps) rather than
+        waited for: Gloo's wait with a timeout does not return before the call's own timeout,
+        and a survivor waiting here must see the revocation (:meth:`_peers_left`) at once."""
+        torch = self._torch
+        flag = torch.tensor([word], dtype=torch.int64)
+        work = self._dist.all_reduce(flag, op=self._band, group=self._group, async_op=True)
+        look = time.monotonic() + REVOKE_LOOK
+        pause = 0.0
+        while not work.is_completed():
+            if time.monotonic() >= look:
+                try:
+                    self._hear_farewells()
+                except CollectiveError:
+                    self._abandoned_works.append(Work(flag))
+                    raise
+                look = time.monotonic() + REVOKE_LOOK
+            time.sleep(pause)
+            pause = min(pause + 50e-6, 1e-3)
+        work.wait()
+        return int(flag[0])
+
+    def _peers_left(self) -> list[tuple[int, int, int]]:
+        """Also the revocation: while a call waits (the call path looks every 50 ms), a survivor
+        that saw a failure has revoked this generation in the store: this call fails too."""
+        if self._membership.is_revoked(self.generation):
+            raise CollectiveError(f"{self._call_name()}: generation {self.generation} was revoked "
+                                  "by a survivor that saw a rank fail")
+        return super()._peers_left()
 
     def _settle_shrink(self) -> Outcome:
         if self._outcome is None:
@@ -169,6 +190,9 @@ class ElasticTorchCommunicator(TorchCommunicator):
             pass  # the handles of the failed generation: the transport will not complete them
         dist = self._dist
         if dist.is_initialized():
+            # The failed generation's calls may still be running in Gloo until their timeout: the
+            # group is kept alive (else destroying it waits for them) and released at exit.
+            _retired.append(dist.group.WORLD)
             dist.destroy_process_group()
 
     def _agree(self, flag: bool) -> bool:
@@ -229,7 +253,12 @@ def _destroy_at_exit() -> None:
         atexit.register(_destroy_default_group)
 
 
+#: The groups of past generations (see ``_close_generation``).
+_retired: list[Any] = []
+
+
 def _destroy_default_group() -> None:
+    _retired.clear()
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_initialized():
         try:

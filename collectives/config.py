@@ -37,9 +37,10 @@ PROCESS_HOOKS = "COLLECTIVES_PROCESS_HOOKS"
 #: 1: ``init()`` makes a fault-tolerant communicator (a dead peer raises RankFailure, and
 #: ``shrink()``/``agree()`` go on without it; see collectives.elastic), as ``init(fault_tolerant=True)``.
 FAULT_TOLERANT = "COLLECTIVES_FAULT_TOLERANT"
-#: Set by ``collectives-elastic`` in its ranks' environment: the membership store (host:port)
-#: and this process's member id (0 .. n-1 for the first ranks; n, n+1, ... for replacements, which wait to join).
+#: Set by ``collectives-elastic`` in its ranks' environment: the membership store (host:port).
 ELASTIC_STORE = "COLLECTIVES_ELASTIC_STORE"
+#: Set by ``collectives-elastic`` in its ranks' environment: this process's member id (0 .. n-1
+#: for the first ranks; n, n+1, ... for replacements, which wait to join).
 ELASTIC_ID = "COLLECTIVES_ELASTIC_ID"
 
 #: Seconds, like torch.distributed's own default.

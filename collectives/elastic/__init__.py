@@ -47,7 +47,7 @@ class MembershipChange(Exception):  # noqa: N818 - not an error: the loop's sign
 
 @dataclass(frozen=True)
 class Generation:
-    """One membership of the job, as :attr:`State.history` records it."""
+    """One membership of the job, as ``State.history`` records it."""
 
     #: The communicator's generation, its size, and the step the state was at when it began.
     generation: int

@@ -5,7 +5,7 @@
 
 torch (the default): this process serves the membership store and starts the ranks, then
 replacements for the ranks that fail (``--replace``, at most ``--max-restarts``); see
-:mod:`collectives.elastic.agent`. ``--mpi``: runs ``mpirun`` (``--launcher``) with ULFM on
+``collectives/elastic/agent.py``. ``--mpi``: runs ``mpirun`` (``--launcher``) with ULFM on
 and Open MPI's heartbeat detector (a rank that ends without closing its connections, or hangs,
 is found in ~2 s), the ranks' ``COLLECTIVES_BACKEND=mpi`` and ``COLLECTIVES_FAULT_TOLERANT=1``.
 The exit status is 0 when the ranks of the last generation (at least ``--min``) all ended

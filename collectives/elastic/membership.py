@@ -14,6 +14,7 @@ Keys, under :data:`PREFIX`:
 - ``dead/<id>``: written by the agent when member ``id``'s process ended (its exit status).
 - ``joiners`` (a counter) and ``joiner/<k>``: the replacements waiting to join, in arrival
   order; ``admitted/<id>``: the generation a replacement joined.
+- ``revoked/<g>``: a member saw a failure in generation ``g`` (the others' waiting calls fail).
 - ``vote/<topic>/<id>`` and ``result/<topic>``: a member's word in a settlement (a shrink, a
   grow, an agree) and its outcome.
 """
@@ -80,6 +81,13 @@ class Membership:
 
     def is_dead(self, member: str) -> bool:
         return self._has(f"dead/{member}")
+
+    def revoke(self, generation: int) -> None:
+        """A member saw a failure in ``generation``: the others' waiting calls fail too."""
+        self._set(f"revoked/{generation}", "1")
+
+    def is_revoked(self, generation: int) -> bool:
+        return self._has(f"revoked/{generation}")
 
     # -- settlements ----------------------------------------------------------------------
 
