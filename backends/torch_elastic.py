@@ -78,7 +78,9 @@ class ElasticTorchCommunicator(TorchCommunicator):
                                      "init_process_group")
         seconds = config.timeout_seconds(timeout)
         window = min(MAX_WINDOW, seconds + WINDOW_MARGIN) if seconds is not None else MAX_WINDOW
-        membership = Membership.connect(address, me, window)
+        host, _, port = address.rpartition(":")
+        store = dist.TCPStore(host, int(port), None, False, timeout=torch_timeout(MAX_WINDOW))
+        membership = Membership(store, me, window)
         generation = membership.first_generation()
         if generation is None:
             generation = membership.wait_to_join()

@@ -49,18 +49,6 @@ class Membership:
         #: Seconds a settlement waits for members that neither voted nor died (a hung rank).
         self.window = window
 
-    @classmethod
-    def connect(cls, address: str, me: str, window: float) -> Membership:
-        """The membership behind the store at ``address`` (host:port), as member ``me``."""
-        import datetime  # noqa: PLC0415
-
-        from collectives.backends.torch_bootstrap import import_torch_distributed  # noqa: PLC0415
-
-        dist = import_torch_distributed()
-        host, _, port = address.rpartition(":")
-        store = dist.TCPStore(host, int(port), None, False, timeout=datetime.timedelta(seconds=60))
-        return cls(store, me, window)
-
     # -- keys ---------------------------------------------------------------------------
 
     def _has(self, key: str) -> bool:
