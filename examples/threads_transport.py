@@ -1,12 +1,13 @@
 # run: python examples/threads_transport.py
 """A whole backend in about 60 lines: the ranks are threads of one process, numpy arrays only.
 
-It implements what collectives.transport.Transport requires (all_reduce, broadcast,
-all_gather, reduce_scatter, send, recv, barrier, split, construction) on one rendezvous,
-:class:`Room`; everything else (reduce, gather, scatter, all_to_all, the uneven collectives,
-the argument checks, sequence numbers, fingerprints, the flight recorder) comes from the
-library. docs/architecture.md walks through it; tests/collective_calls/test_example_transport.py
-runs the dtype x op grid over it.
+:class:`ThreadsTransport` implements what collectives.transport.Transport requires
+(all_reduce, broadcast, all_gather, reduce_scatter, send, recv, barrier, split, construction)
+on one rendezvous, :class:`Room`; a :class:`collectives.Communicator` holds it, and everything
+else (reduce, gather, scatter, all_to_all, the uneven collectives, the argument checks,
+sequence numbers, fingerprints, timeouts, the flight recorder) comes from the library.
+docs/architecture.md walks through it; tests/collective_calls/test_example_transport.py runs
+the dtype x op grid over it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 from collectives import Communicator, ReduceOp, Work
 from collectives.errors import BackendUnavailable
+from collectives.transport import Transport
 
 UFUNCS = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
           ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum, ReduceOp.BAND: np.bitwise_and,
@@ -64,16 +66,16 @@ class Receive(Work):
         return self.done or not self.box.empty()
 
 
-class ThreadsCommunicator(Communicator):
+class ThreadsTransport(Transport):
     backend = "threads"
 
-    def __init__(self, room: Room, rank: int, *, timeout: Any = None) -> None:
+    def __init__(self, room: Room, rank: int) -> None:
+        super().__init__(rank, len(room.slots), rank)
         self.room = room
-        super().__init__(rank, len(room.slots), rank, timeout=timeout)
 
     @classmethod
-    def from_launcher(cls, launch: Any, *, timeout: Any = None) -> ThreadsCommunicator:
-        raise BackendUnavailable("the threads backend is made in-process: ThreadsCommunicator(room, rank)")
+    def from_launcher(cls, launch: Any, *, timeout: Any = None) -> ThreadsTransport:
+        raise BackendUnavailable("the threads backend is made in-process: ThreadsTransport(room, rank)")
 
     def _check_device(self, x: Any, adapter: Any) -> None:
         if not isinstance(x, np.ndarray):
@@ -112,14 +114,13 @@ class ThreadsCommunicator(Communicator):
     def _barrier(self) -> None:
         self.room.exchange(self.rank, None)
 
-    def _split(self, color: int | None, key: int) -> ThreadsCommunicator | None:
+    def _split(self, color: int | None, key: int) -> ThreadsTransport | None:
         groups = self.room.exchange(self.rank, (color, key))
         members = sorted((k, r) for r, (c, k) in enumerate(groups) if c == color and color is not None)
         rooms = self.room.exchange(self.rank, Room(len(members)) if members and members[0][1] == self.rank else None)
         if color is None:
             return None
-        return ThreadsCommunicator(rooms[members[0][1]], [r for _, r in members].index(self.rank),
-                                   timeout=self._timeout_arg)
+        return ThreadsTransport(rooms[members[0][1]], [r for _, r in members].index(self.rank))
 
 
 def run_ranks(size: int, body: Any) -> list[Any]:
@@ -128,7 +129,7 @@ def run_ranks(size: int, body: Any) -> list[Any]:
 
     def rank(r: int) -> None:
         try:
-            with ThreadsCommunicator(room, r, timeout=60) as comm:
+            with Communicator(ThreadsTransport(room, r), timeout=60) as comm:
                 results[r] = body(comm)
         except BaseException as error:  # noqa: BLE001 - re-raised in the caller
             errors.append(error)

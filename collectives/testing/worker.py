@@ -110,7 +110,7 @@ def _renew(comm: Communicator) -> Communicator:
         with _group_named(name):
             group = dist.new_group(list(range(comm.size)), use_local_synchronization=True)
         new = TorchCommunicator(group, local_rank=comm.local_rank)
-        new._name = name  # (its farewells' keys in torch's store)
+        new._transport._name = name  # (its farewells' keys in torch's store)
     else:
         return comm
     _forget_c10d_groups()
