@@ -21,6 +21,7 @@ import atexit
 import socket
 import threading
 import time
+import weakref
 from typing import Any
 
 from . import _exits, recorder
@@ -82,11 +83,17 @@ def _at_exit() -> None:
         recorder.dump(ENDED_NORMALLY)
 
 
+#: Every communicator of this process not yet closed (its farewell is said at exit). A timeout
+#: leaves requests behind in the transport, and a peer that timed out on ANOTHER communicator
+#: left its own behind there: the next call on any communicator of that transport could match
+#: one of them and return the peer's abandoned data, so a timeout makes every live
+#: communicator of its backend unusable.
+LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def say_farewell(how: int) -> None:
     """Every open communicator of this process says farewell (``how``), oldest first."""
-    from .reliability import _LIVE  # noqa: PLC0415
-
-    for comm in sorted(_LIVE, key=lambda comm: comm._trace_order):
+    for comm in sorted(LIVE, key=lambda comm: comm._trace_order):
         comm._say_farewell(how)
 
 

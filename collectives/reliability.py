@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import math
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -45,12 +44,9 @@ def poll_until(done: Callable[[], bool], deadline: float) -> bool:
     return wait_until(done, deadline - _clock(), POLL, clock=_clock)
 
 
-# Every communicator not yet closed. A timeout leaves requests behind in the transport,
-# and a peer that timed out on ANOTHER communicator left its own behind there: the next
-# call on any communicator of that transport could match one of them and return the
-# peer's abandoned data. So a timeout makes every live communicator of its backend in
-# this process unusable (see Reliability._timeout_error).
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+# Every communicator not yet closed (collectives.farewell's): a timeout makes every live
+# communicator of its backend in this process unusable (see Reliability._timeout_error).
+_LIVE = farewell.LIVE
 
 
 class Reliability:

@@ -85,7 +85,7 @@ def _recoverable() -> bool:
     """Whether every unusable communicator of this rank was made so by a peer that gave up on
     it (a job that raised elsewhere): a new world communicator then serves the next job. A
     timeout leaves requests in the transport that a later call could meet: the pool restarts."""
-    from collectives.reliability import _LIVE  # noqa: PLC0415
+    from collectives.farewell import LIVE as _LIVE  # noqa: PLC0415
 
     return all(comm._left for comm in list(_LIVE) if comm._why_broken)
 
