@@ -59,12 +59,13 @@ from .calls import (
     is_int,
 )
 from .checks import ArgumentChecks, Plan
+from .context import CommunicatorContext
 from .debug_p2p import CheckedPointToPoint
 from .errors import CollectiveError
 from .ops import ReduceOp
 from .recorder import END, POSTED, STARTED, STATE, CallRecord
 from .reliability import _LIVE, Reliability
-from .transport import CallContext, Transport
+from .transport import Transport
 from .work import MAX_PENDING, KeptHandles, Work, _reap, deliver  # noqa: F401  (MAX_PENDING: also here)
 
 _C_INT_MAX = 2**31 - 1
@@ -121,7 +122,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         self.rank = transport.rank
         self.size = size = transport.size
         self.local_rank = transport.local_rank
-        transport.attach(_Context(self), config.timeout_seconds(timeout))
+        transport.attach(CommunicatorContext(self), config.timeout_seconds(timeout))
         # One rank has nobody to disagree with: checks cost nothing at size 1.
         level = config.check_level() if size > 1 else config.CHECKS_OFF
         checks_by_default = transport._checks_by_default
@@ -583,50 +584,6 @@ def _in_backward_pass() -> bool:
     ``backward()``)."""
     torch = sys.modules.get("torch")
     return torch is not None and torch._C._current_graph_task_id() != -1
-
-
-class _Context(CallContext):
-    """A communicator's side of the contract, as its transport sees it."""
-
-    __slots__ = ("_comm",)
-
-    def __init__(self, comm: Communicator) -> None:
-        self._comm = comm
-
-    @property
-    def call(self) -> tuple[str, int]:
-        return self._comm._operation, self._comm._seq
-
-    @property
-    def name(self) -> str:
-        return self._comm.trace_name
-
-    @property
-    def broken(self) -> str | None:
-        return self._comm._why_broken
-
-    def call_name(self, call: tuple[str, int] | None = None) -> str:
-        return self._comm._call_name(call)
-
-    def timeout_error(self, detail: str = "", call: tuple[str, int] | None = None) -> Exception:
-        return self._comm._timeout_error(detail, call)
-
-    def hear_farewells(self, call: tuple[str, int] | None = None) -> None:
-        self._comm._hear_farewells(call)
-
-    def mark_broken(self, why: str) -> None:
-        self._comm._broken = f"{self._comm!r} is unusable: {why}"
-
-    def has_left(self, rank: int) -> bool:
-        return rank in self._comm._left
-
-    def await_work(self, work: Work, seconds: float) -> None:
-        self._comm._await(work, seconds)
-
-    def map_error(self, error: Exception) -> Exception:
-        if isinstance(error, CollectiveError):
-            return error
-        return self._comm._transport_error(error)
 
 
 __all__ = ["Communicator", "Work", "CollectiveError", "deliver"]

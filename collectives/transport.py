@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 class CallContext(abc.ABC):
     """What a transport (and its handles) may ask of the communicator that holds it; the
-    communicator gives its transport one (:attr:`Transport.context`)."""
+    communicator gives its transport one (``transport.context``)."""
 
     @property
     @abc.abstractmethod
@@ -68,7 +68,7 @@ class CallContext(abc.ABC):
 
     @abc.abstractmethod
     def hear_farewells(self, call: tuple[str, int] | None = None) -> None:
-        """Raise :class:`~collectives.farewell.PeerLeft` if a peer left before making the
+        """Raise ``collectives.farewell.PeerLeft`` if a peer left before making the
         running call (or ``call``); a transport calls it while it waits."""
 
     @abc.abstractmethod
@@ -116,7 +116,7 @@ class Transport(abc.ABC):
         ``timeout`` as the communicator's (``None``: ``COLLECTIVES_TIMEOUT``, 0: none), for
         transports that enforce it themselves.
 
-        Raises :class:`BackendUnavailable` with the reason when the backend cannot
+        Raises :class:`~collectives.BackendUnavailable` with the reason when the backend cannot
         run under that launcher or its transport is missing.
         """
 
