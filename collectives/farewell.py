@@ -17,15 +17,13 @@ The rank that finished goes on, and ends as it would have: it waits for nobody.
 
 from __future__ import annotations
 
-import atexit
 import socket
-import threading
 import time
 import weakref
 from typing import Any
 
-from . import _exits, recorder
 from .calls import FAREWELL_TAG  # noqa: F401  (also importable from here)
+from .diagnostics import _exits, recorder
 from .errors import CollectiveMismatch
 
 #: How a rank left: it finished normally (closed the communicator, or its interpreter is
@@ -48,24 +46,6 @@ class PeerLeft(CollectiveMismatch):
 
     #: (rank, its count of calls, FINISHED or FAILED) of each peer that left.
     left: list[tuple[int, int, int]]
-
-
-def install() -> None:
-    """Once per process, when its first communicator of more than one rank is made: at
-    interpreter exit every open communicator says farewell (registered after the transport's
-    own exit handlers, so it runs before them). A process-wide hook: not with
-    ``COLLECTIVES_PROCESS_HOOKS=0`` (``close()`` still says farewell)."""
-    from . import process_hooks  # noqa: PLC0415
-
-    if "atexit" in _installed or not process_hooks.enabled():
-        return
-    # How the process is ending: the MPI exit watch's, else one of its own (main thread only).
-    watch = process_hooks._installed.get("atexit")
-    if watch is None and threading.current_thread() is threading.main_thread():
-        watch = _exits.ExitWatch()
-    _installed["watch"] = watch
-    atexit.register(_at_exit)
-    _installed["atexit"] = True
 
 
 #: The reason of the dump a rank that ends normally writes (with COLLECTIVES_TRACE_DIR).
@@ -99,7 +79,7 @@ def say_farewell(how: int) -> None:
 
 def heard() -> bool:
     """Whether a call of this process raised because a peer left: the job is ending, and the
-    peers that finished wait for this rank in MPI_Finalize (see collectives.process_hooks)."""
+    peers that finished wait for this rank in MPI_Finalize (see collectives.diagnostics.process_hooks)."""
     return bool(raised)
 
 
