@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 from collectives.backends import cupy_nccl, nccl_handles, torch_dist, torch_handles
-from collectives.backends.torch_dist import TorchCommunicator
+from collectives.backends.torch_dist import TorchTransport
 
 from collectives import arrays
 from collectives.ops import ReduceOp
@@ -85,7 +85,7 @@ def test_cuda_array_interface_cannot_carry_bfloat16_to_torch():
 def test_torch_backend_takes_a_cupy_bfloat16_array_through_dlpack():
     bits = torch.tensor([0x3F80, -0x4080, 0x7FC0], dtype=torch.int16)  # 1.0, -1.0, nan
     x = CupyLikeArray(bits)
-    t = TorchCommunicator._as_tensor(types.SimpleNamespace(_torch=torch), x, arrays.CUPY)
+    t = TorchTransport._as_tensor(types.SimpleNamespace(_torch=torch), x, arrays.CUPY)
     assert t.dtype == torch.bfloat16 and t.data_ptr() == bits.data_ptr()  # zero-copy
     assert t[:2].tolist() == [1.0, -1.0]
 
