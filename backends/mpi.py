@@ -56,7 +56,7 @@ from collectives.transport import Transport
 from collectives.work import Work
 
 from . import _float_order
-from ._toolkit import (
+from ._buffers import (
     INT_OF_WIDTH,
     clone,
     count,

@@ -1,4 +1,4 @@
-"""The backend toolkit (backends/_toolkit.py) that every backend's staging, emulation and
+"""The backend toolkit (backends/_buffers.py) that every backend's staging, emulation and
 waiting goes through, checked on its own against numpy and a fake clock."""
 
 import functools
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from collectives.backends import mpi_requests
-from collectives.backends._toolkit import (
+from collectives.backends._buffers import (
     bitwise_as_min_max,
     flat_bytes,
     fold_bitwise,
