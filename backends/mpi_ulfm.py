@@ -23,14 +23,12 @@ import traceback
 from types import TracebackType
 from typing import Any
 
-from collectives import registry
-from collectives.communicator import Communicator
 from collectives.elastic.support import refuse
-from collectives.errors import CollectiveError, CollectiveTimeout, RankFailure
+from collectives.errors import CollectiveTimeout, RankFailure
 from collectives.farewell import PeerLeft
 from collectives.launcher import LaunchInfo
 
-from .mpi import MPICommunicator, import_mpi
+from .mpi import MPICommunicator, MPITransport, import_mpi
 
 
 def ulfm_refusal(MPI: Any) -> str | None:
@@ -45,12 +43,11 @@ def ulfm_refusal(MPI: Any) -> str | None:
     return None
 
 
-class ULFMCommunicator(MPICommunicator):
-    """A fault-tolerant communicator over Open MPI's ULFM (see the module's text)."""
+class ULFMTransport(MPITransport):
+    """A fault-tolerant transport over Open MPI's ULFM (see the module's text)."""
 
-    def __init__(self, comm: Any = None, local_rank: int | None = None, *, timeout: Any = None,
-                 generation: int = 0) -> None:
-        super().__init__(comm, local_rank, timeout=timeout)
+    def __init__(self, comm: Any = None, local_rank: int | None = None, *, generation: int = 0) -> None:
+        super().__init__(comm, local_rank)
         if self._word_request is not None:
             # Open MPI's persistent collectives report a dead peer as MPI_ERR_OTHER, not as
             # MPI_ERR_PROC_FAILED: the check word takes MPI_Iallreduce here.
@@ -61,7 +58,7 @@ class ULFMCommunicator(MPICommunicator):
         self._survivors: Any = None  # the shrunk MPI communicator, once a failure was seen
 
     @classmethod
-    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPICommunicator:
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPITransport:
         why = ulfm_refusal(import_mpi())
         if why is not None:
             raise refuse("mpi", "init(fault_tolerant=True)", why)
@@ -87,12 +84,8 @@ class ULFMCommunicator(MPICommunicator):
         who = (f"rank(s) {', '.join(map(str, failed))} failed" if failed
                else "no rank died (the transport failed)")
         self._failure = RankFailure(
-            f"{self._call_name()} failed in generation {self.generation}: {who}; call shrink() "
+            f"{self.context.call_name()} failed in generation {self.generation}: {who}; call shrink() "
             f"on every survivor to go on without them. MPI said: {text}", failed, self.generation)
-        self._broken = str(self._failure)
-        note = getattr(sys.modules.get("collectives.recorder"), "note_failure", None)
-        if note is not None:
-            note(self, failed, self.generation)
         return self._failure
 
     def _revoke_and_shrink(self) -> list[int]:
@@ -111,22 +104,15 @@ class ULFMCommunicator(MPICommunicator):
         old.Free()
         return [r for r in range(self.size) if r not in kept]
 
-    def _shrink(self) -> Communicator:
+    def _shrink(self) -> ULFMTransport:
         if self._survivors is None:  # no failure seen: the same ranks, a generation later
             self._revoke_and_shrink()
         survivors, self._survivors = self._survivors, None
         try:
-            child = ULFMCommunicator(survivors, local_rank=self.local_rank, timeout=self._timeout_arg,
-                                     generation=self.generation + 1)
+            child = ULFMTransport(survivors, local_rank=self.local_rank, generation=self.generation + 1)
             child._poll = self._poll
         finally:
             survivors.Free()
-        self._farewell_said = True  # the survivors know who left
-        try:
-            self.close()
-        except (CollectiveError, self._MPI.Exception):
-            pass  # the failed generation's requests: MPI will not complete them
-        registry.succeed(self, child)
         return child
 
     def _close(self) -> None:
@@ -147,7 +133,7 @@ class ULFMCommunicator(MPICommunicator):
                 return bool(self._comm.Agree(int(flag)))
             except MPI.Exception as error:
                 if error.Get_error_class() != MPI.ERR_PROC_FAILED:
-                    raise self._transport_error(error) from error
+                    raise self.context.map_error(error) from error
 
 
 #: Seconds MPI_Finalize may take at exit after a failure before the rank ends without it.
@@ -198,3 +184,11 @@ def _exit_on_uncaught_exception() -> None:
         os._exit(1)
 
     sys.excepthook = exit_on_uncaught_exception
+
+
+class ULFMCommunicator(MPICommunicator):
+    """The fault-tolerant communicator of the mpi backend on Open MPI's ULFM
+    (``init(fault_tolerant=True)``)."""
+
+    transport_class = ULFMTransport
+    _transport: ULFMTransport

@@ -26,15 +26,16 @@ import sys
 import time
 from typing import Any
 
-from collectives import config, registry
-from collectives.communicator import Communicator, Work
+from collectives import arrays, config
+from collectives.communicator import Communicator
 from collectives.elastic.membership import Membership, Outcome, left_out
 from collectives.errors import BackendUnavailable, CollectiveError, CollectiveMismatch, RankFailure
 from collectives.farewell import PeerLeft
 from collectives.launcher import LaunchInfo
+from collectives.ops import ReduceOp
 
 from .torch_bootstrap import import_torch_distributed, torch_timeout
-from .torch_dist import TorchCommunicator
+from .torch_dist import TorchTransport
 
 #: Seconds a settlement waits for a member that neither answers nor died (a hung rank is left
 #: out after this): the communicator's timeout (a survivor blocked in a call on a rank that
@@ -45,21 +46,21 @@ WINDOW_MARGIN = 5.0
 REVOKE_LOOK = 0.02
 
 
-class ElasticTorchCommunicator(TorchCommunicator):
-    """A fault-tolerant communicator over torch's Gloo (see the module's text)."""
+class ElasticTorchTransport(TorchTransport):
+    """A fault-tolerant transport over torch's Gloo (see the module's text)."""
 
-    def __init__(self, membership: Membership, generation: int, members: list[str], *,
-                 timeout: Any = None) -> None:
+    def __init__(self, membership: Membership, generation: int, members: list[str]) -> None:
+        super().__init__(None, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
         self._membership = membership
         self._members = members
         self._failure: RankFailure | None = None
         self._outcome: Outcome | None = None
         self._agreements = itertools.count()
-        super().__init__(None, local_rank=int(os.environ.get("LOCAL_RANK", 0)), timeout=timeout)
+        self._abandoned: list[Any] = []  # the check's handles a revocation left behind
         self.generation = generation
 
     @classmethod
-    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> ElasticTorchCommunicator:
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> ElasticTorchTransport:
         """Generation 0 for a rank collectives-elastic started, or the generation that admits a
         replacement (it waits until the survivors admit it)."""
         address = os.environ.get(config.ELASTIC_STORE, "").strip()
@@ -88,8 +89,8 @@ class ElasticTorchCommunicator(TorchCommunicator):
 
     @classmethod
     def _make(cls, membership: Membership, generation: int,
-              seconds: float | None) -> ElasticTorchCommunicator:
-        """Generation ``generation``'s default group (Gloo), and its communicator."""
+              seconds: float | None) -> ElasticTorchTransport:
+        """Generation ``generation``'s default group (Gloo), and its transport."""
         dist = import_torch_distributed()
         members = membership.members(generation)
         if membership.me not in members:
@@ -101,7 +102,7 @@ class ElasticTorchCommunicator(TorchCommunicator):
                                 world_size=len(members), timeout=torch_timeout(MAX_WINDOW + (seconds or 0)))
         dist.distributed_c10d._set_pg_timeout(torch_timeout(seconds), None)
         _destroy_at_exit()
-        return cls(membership, generation, members, timeout=0 if seconds is None else seconds)
+        return cls(membership, generation, members)
 
     # -- failures -------------------------------------------------------------------------
 
@@ -122,11 +123,9 @@ class ElasticTorchCommunicator(TorchCommunicator):
         who = (f"rank(s) {', '.join(map(str, failed))} failed (died, or hung past the timeout)"
                if failed else "no rank died (the transport failed: a timeout, or a lost connection)")
         self._failure = RankFailure(
-            f"{self._call_name()} failed in generation {self.generation}: {who}; call shrink() "
+            f"{self.context.call_name()} failed in generation {self.generation}: {who}; call shrink() "
             f"on every survivor to go on without them. The transport said: {text}",
             failed, self.generation)
-        self._broken = str(self._failure)
-        _record_failure(self, failed)
         return self._failure
 
     def _agree_word(self, word: int) -> int:
@@ -141,9 +140,9 @@ class ElasticTorchCommunicator(TorchCommunicator):
         while not work.is_completed():
             if time.monotonic() >= look:
                 try:
-                    self._hear_farewells()
+                    self.context.hear_farewells()
                 except CollectiveError:
-                    self._abandoned_works.append(Work(flag))
+                    self._abandoned.append((work, flag))  # Gloo may still write flag
                     raise
                 look = time.monotonic() + REVOKE_LOOK
             time.sleep(pause)
@@ -155,7 +154,7 @@ class ElasticTorchCommunicator(TorchCommunicator):
         """Also the revocation: while a call waits (the call path looks every 50 ms), a survivor
         that saw a failure has revoked this generation in the store: this call fails too."""
         if self._membership.is_revoked(self.generation):
-            raise CollectiveError(f"{self._call_name()}: generation {self.generation} was revoked "
+            raise CollectiveError(f"{self.context.call_name()}: generation {self.generation} was revoked "
                                   "by a survivor that saw a rank fail")
         return super()._peers_left()
 
@@ -168,59 +167,45 @@ class ElasticTorchCommunicator(TorchCommunicator):
 
     # -- shrink, agree, admit ---------------------------------------------------------------
 
-    def _shrink(self) -> Communicator:
-        outcome = self._settle_shrink()
-        return self._next(outcome)
+    def _shrink(self) -> ElasticTorchTransport:
+        return self._next(self._settle_shrink())
 
-    def _next(self, outcome: Outcome) -> ElasticTorchCommunicator:
-        """Close this generation and make the next one, of ``outcome.members``."""
+    def _next(self, outcome: Outcome) -> ElasticTorchTransport:
+        """End this generation's group and make the next one, of ``outcome.members``."""
         membership = self._membership
         if membership.me not in outcome.members:
             raise left_out(membership.me, self.generation + 1)
         membership.publish(self.generation + 1, outcome.members, outcome.joiners_taken)
-        seconds = self.timeout
-        self._close_generation()
-        successor = self._make(membership, self.generation + 1, seconds)
-        registry.succeed(self, successor)
-        return successor
-
-    def _close_generation(self) -> None:
-        self._farewell_said = True  # the agent tells the peers who left, not farewells
-        try:
-            self.close()
-        except CollectiveError:
-            pass  # the handles of the failed generation: the transport will not complete them
         dist = self._dist
         if dist.is_initialized():
             # The failed generation's calls may still be running in Gloo until their timeout: the
             # group is kept alive (else destroying it waits for them) and released at exit.
             _retired.append(dist.group.WORLD)
             dist.destroy_process_group()
+        return self._make(membership, self.generation + 1, self.timeout)
 
     def _agree(self, flag: bool) -> bool:
         outcome = self._membership.settle(f"agree/{self.generation}/{next(self._agreements)}",
                                           self._members, "1" if flag else "0")
         return all(vote == "1" for vote in outcome.votes.values())
 
-    def joiners_waiting(self) -> bool:
+    def _joiners_waiting(self) -> bool:
         """Whether a replacement waits to join, the same answer on every rank (one small
         all_reduce of what each rank saw in the store)."""
         import numpy as np  # noqa: PLC0415
 
         seen = np.array([self._membership.joiners_registered()], dtype=np.int64)
-        self.all_reduce(seen, "max")
+        self._all_reduce(seen, arrays.NUMPY, "int64", ReduceOp.MAX, False)
         return int(seen[0]) > self._membership.taken(self.generation)
 
-    def admit(self) -> ElasticTorchCommunicator:
-        """The next generation with the replacements waiting to join (after the members), or
-        this communicator when none waits. Collective; ``collectives.elastic`` calls it."""
-        if not self.joiners_waiting():
-            return self
+    def _admit(self) -> ElasticTorchTransport | None:
+        if not self._joiners_waiting():
+            return None
         membership = self._membership
         outcome = membership.settle(f"grow/{self.generation}", self._members, "1",
                                     membership.taken(self.generation))
         if outcome.members == self._members:
-            return self
+            return None
         return self._next(outcome)
 
     @property
@@ -235,15 +220,8 @@ class ElasticTorchCommunicator(TorchCommunicator):
         return list(self._members)
 
 
-def _record_failure(comm: ElasticTorchCommunicator, failed: list[int]) -> None:
-    """Tell the flight recorder who failed, in which generation (its dump names them)."""
-    from collectives import recorder  # noqa: PLC0415
-
-    note = getattr(recorder, "note_failure", None)
-    if note is not None:
-        note(comm, failed, comm.generation)
-
-
+#: The groups of past generations (see ``ElasticTorchTransport._next``).
+_retired: list[Any] = []
 _destroying = False
 
 
@@ -253,10 +231,6 @@ def _destroy_at_exit() -> None:
     if not _destroying:
         _destroying = True
         atexit.register(_destroy_default_group)
-
-
-#: The groups of past generations (see ``_close_generation``).
-_retired: list[Any] = []
 
 
 def _destroy_default_group() -> None:
@@ -269,3 +243,7 @@ def _destroy_default_group() -> None:
             pass
 
 
+class ElasticTorchCommunicator(Communicator):
+    """The fault-tolerant communicator of the torch backend (``init(fault_tolerant=True)``)."""
+
+    transport_class = ElasticTorchTransport

@@ -32,7 +32,7 @@ def rows_of_everyone(comm: Any, x: Any, dtype: str, out: Any, splits: Sequence[i
 
     mine = uneven_header(tuple(x.shape), dtype, None if out is None else int(out.shape[0]),
                          splits, comm.size)
-    everyone = comm._exchange_small(mine)
+    everyone = comm._transport._exchange_small(mine)
     error = uneven_mismatch(everyone, comm, comm._operation, splits is not None)
     if error is not None:
         raise error
@@ -45,7 +45,7 @@ def all_gather_v_counted(comm: Any, x: Any, adapter: ArrayAdapter, dtype: str, o
     from .wire import header_rows  # noqa: PLC0415
 
     counts = [int(c) for c in header_rows(rows_of_everyone(comm, x, dtype, out, None))]
-    return comm._all_gather_v(x, adapter, dtype, counts, out, async_op)
+    return comm._transport._all_gather_v(x, adapter, dtype, counts, out, async_op)
 
 
 def all_to_all_counted(comm: Any, x: Any, adapter: ArrayAdapter, dtype: str,
@@ -54,7 +54,7 @@ def all_to_all_counted(comm: Any, x: Any, adapter: ArrayAdapter, dtype: str,
     from .wire import header_splits  # noqa: PLC0415
 
     splits = header_splits(rows_of_everyone(comm, x, dtype, out, send_splits), comm.size)
-    return comm._all_to_all_v(x, adapter, dtype, splits, out, async_op)
+    return comm._transport._all_to_all_v(x, adapter, dtype, splits, out, async_op)
 
 
 # -- emulations: correct on any transport, from its other methods -----------------------------

@@ -106,6 +106,8 @@ def init(backend: str | None = None, *, timeout: Any = None,
         requested = fault_tolerant
         if fault_tolerant is None:
             fault_tolerant = bool(config.env_flag(config.FAULT_TOLERANT))
+        while _default is not None and _default._successor is not None:
+            _default = _default._successor  # a shrink's (fault tolerance)
         if _default is not None and not _default._closed:
             if backend is not None and name != _default.backend:
                 raise ValueError(f"collectives is already initialized with backend "
@@ -134,14 +136,5 @@ def init(backend: str | None = None, *, timeout: Any = None,
 def _fault_tolerant(comm: Communicator) -> bool:
     from .transport import Transport  # noqa: PLC0415
 
-    return comm.size == 1 or type(comm)._shrink is not Transport._shrink
+    return comm.size == 1 or type(comm._transport)._shrink is not Transport._shrink
 
-
-def succeed(old: Communicator, new: Communicator) -> None:
-    """``new`` (a shrink's or a join's) replaces ``old`` as ``init()``'s communicator, if it was."""
-    global _default
-    with _lock:
-        if _default is old:
-            _default = new
-    # the flight recorder tells the generations apart: world, world@1, world@2, ...
-    new.trace_name = f"{old.trace_name.partition('@')[0]}@{new.generation}"

@@ -105,8 +105,8 @@ class State:
         join are admitted here (:class:`MembershipChange` then leaves ``train``)."""
         object.__setattr__(self, "_committed", self.snapshot())
         comm = self.comm
-        if check_joiners and comm is not None and hasattr(comm, "admit"):
-            grown = comm.admit()
+        if check_joiners and comm is not None:
+            grown = comm._admit()
             if grown is not comm:
                 raise MembershipChange(grown)
 
