@@ -64,6 +64,7 @@ from .debug_p2p import CheckedPointToPoint
 from .diagnostics import process_hooks, recorder
 from .diagnostics.recorder import END, POSTED, STARTED, STATE, CallRecord
 from .errors import CollectiveError, RankFailure
+from .fault_tolerance import FaultTolerance
 from .ops import ReduceOp
 from .reliability import _LIVE, Reliability
 from .transport import Transport
@@ -80,7 +81,7 @@ _ROOTS = itertools.count()
 _ORDER = itertools.count()
 
 
-class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks):
+class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks, FaultTolerance):
     """A group of ranks that run collectives together.
 
     Attributes: ``rank`` (0 .. size-1 within this communicator), ``size``,
@@ -415,68 +416,6 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
             return None
         child: Communicator = type(self)._adopt(transport, timeout=self._timeout_arg, name=name)
         return child
-
-    # -- fault tolerance (opt-in: collectives.init(fault_tolerant=True); collectives.elastic) --
-
-    def shrink(self) -> Communicator:
-        """The communicator of the ranks still alive, renumbered in this one's order (rank
-        ``r`` of the result is the ``r``-th survivor), a generation later (``generation``).
-
-        Collective over the survivors: every surviving rank calls it, typically after a
-        :class:`~collectives.RankFailure`; without a failure it is a new communicator of the
-        same ranks. Only on a fault-tolerant communicator (``init(fault_tolerant=True)``); the
-        others raise :class:`~collectives.BackendUnavailable` naming the transports that can.
-        This communicator is closed by it.
-        """
-        if self._closed:
-            self._check_open()
-        return self._succeed(self._transport._shrink())
-
-    def agree(self, flag: bool) -> bool:
-        """The AND of ``flag`` over the ranks still alive, the same on every one of them, also
-        while peers fail (the failed ones take no part). Collective over the survivors; only on
-        a fault-tolerant communicator (see :meth:`shrink`)."""
-        if not isinstance(flag, (bool, int)) or isinstance(flag, int) and flag not in (0, 1):
-            raise TypeError(f"flag must be a bool; got {flag!r}")
-        if self._closed:
-            self._check_open()
-        return self._transport._agree(bool(flag))
-
-    @property
-    def generation(self) -> int:
-        """0 for a communicator made by ``init()`` or ``split()``; one more after each
-        :meth:`shrink` (or join of replacements, :mod:`collectives.elastic`)."""
-        return self._transport.generation
-
-    def _admit(self) -> Communicator:
-        """The next generation with the replacements waiting to join, or this communicator when
-        none waits (collective; :meth:`collectives.elastic.State.commit` calls it)."""
-        transport = self._transport._admit()
-        return self if transport is None else self._succeed(transport)
-
-    def _succeed(self, transport: Transport) -> Communicator:
-        """Close this communicator; the one of ``transport`` (its next generation) takes over
-        (``init()`` returns it from now on)."""
-        self._farewell_said = True  # the survivors know who left: no farewell
-        try:
-            self.close()
-        except CollectiveError:
-            pass  # the failed generation's handles: the transport will not complete them
-        name = f"{self.trace_name.partition('@')[0]}@{transport.generation}"
-        successor: Communicator = type(self)._adopt(transport, timeout=self._timeout_arg, name=name)
-        self._successor = successor
-        return successor
-
-    def _rank_failure(self, error: Exception | None) -> RankFailure | None:
-        """The transport's reading of ``error`` as a peer's failure (see
-        :meth:`Transport._rank_failure`); the first makes this communicator unusable and
-        tells the flight recorder which ranks failed, in which generation."""
-        failure = self._transport._rank_failure(error)
-        if failure is not None and error is not None and self._failure is None:
-            self._failure = failure
-            self._broken = str(failure)
-            recorder.note_failure(self, list(failure.failed_ranks), failure.generation)
-        return failure
 
     def close(self) -> None:
         """Complete outstanding asynchronous calls, tell the peers this rank is done with the
