@@ -157,6 +157,41 @@ def test_wait_until_gives_up_at_the_deadline_also_while_spinning():
     assert 0.5 <= clock.now < 0.51 and clock.pauses == []
 
 
+def test_a_spinning_policy_yields_every_n_tests_so_a_peer_on_the_same_core_runs():
+    clock = FakeClock()
+    seen = []  # yields so far, at each test
+
+    def done():
+        seen.append(len(clock.pauses))
+        clock.now += 1e-6
+        return len(seen) > 100
+
+    policy = PollPolicy(fast_polls=4, busy_seconds=1.0, sleep_min=1e-3, sleep_max=1e-3, clock_every=64,
+                        spin_seconds=1.0, spin_yield_every=16)
+    assert wait_until(done, 10.0, policy, clock=clock, pause=clock.pause)
+    assert set(clock.pauses) == {0}  # yields, no sleeps, within the spin
+    assert len(clock.pauses) == (100 - 4) // 16  # one every 16 tests after the fast ones
+
+
+def test_the_mpi_spinning_policy_ends_a_hung_wait_in_sleeps_not_spins():
+    """A call that never completes spins (with its periodic yields) for the busy second only,
+    then sleeps a millisecond between tests: it does not burn the core until the deadline."""
+    clock = FakeClock()
+    tests = itertools.count()
+
+    def never():
+        next(tests)
+        clock.now += 1e-6
+        return False
+
+    policy = mpi_requests.SPIN_POLL
+    assert not wait_until(never, 5.0, policy, clock=clock, pause=clock.pause)
+    sleeps = [p for p in clock.pauses if p > 0]
+    assert sleeps and max(sleeps) == mpi_requests.POLL_INTERVAL  # (the last one: to the deadline)
+    # after the busy second nothing but sleeps: ~4000 of them in the 4 s left, one test each
+    assert len(sleeps) > 3000 and next(tests) < 1.1e6 + 5000
+
+
 @pytest.mark.parametrize("ranks,cores,spins", [(2, 2, True), (1, 1, True), (3, 2, False), (4, 2, False)])
 def test_mpi_spins_only_where_each_rank_of_the_node_has_a_core(monkeypatch, ranks, cores, spins):
     monkeypatch.setattr(mpi_requests.os, "sched_getaffinity", lambda pid: set(range(cores)))
