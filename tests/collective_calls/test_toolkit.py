@@ -199,3 +199,47 @@ def test_mpi_spins_only_where_each_rank_of_the_node_has_a_core(monkeypatch, rank
     assert (policy.spin_seconds > 0) == spins
     assert policy.fast_polls == mpi_requests.FAST_POLLS and policy.busy_seconds == mpi_requests.BUSY_POLL_SECONDS
 
+
+
+# -- the uneven collectives' counts ---------------------------------------------------------------
+
+def test_the_uneven_headers_fast_agreement_finds_exactly_what_the_full_comparison_finds(monkeypatch):
+    """debug.uneven_mismatch answers the common case (every rank agrees) in plain Python; the
+    full comparison, which words the error, must find a disagreement exactly when it does not."""
+    from collectives import debug
+
+    class Comm:
+        size, _seq, backend = 3, 1, "mpi"
+
+    rng = np.random.default_rng(7)
+    full = debug._uneven_agree
+    outcomes = set()
+    for trial in range(400):
+        with_splits = bool(trial % 2)
+        splits = rng.integers(0, 3, size=(3, 3)).tolist()
+        shapes = [(int(sum(splits[r])) if with_splits else int(rng.integers(0, 4)), 2, 3) for r in range(3)]
+        dtypes = ["float32"] * 3
+        outs: list = [None] * 3
+        if with_splits:
+            outs = [sum(splits[j][r] for j in range(3)) for r in range(3)]
+        else:
+            outs = [sum(s[0] for s in shapes)] * 3
+        fault = trial // 2 % 4  # none, dtype, trailing shape, out rows
+        if fault == 1:
+            dtypes[1] = "float64"
+        elif fault == 2:
+            shapes[2] = (shapes[2][0], 2, 4)
+        elif fault == 3:
+            outs[0] += 1
+        rows = np.stack([debug.uneven_header(shapes[r], dtypes[r], outs[r] if trial % 3 else None,
+                                             splits[r] if with_splits else None, 3) for r in range(3)])
+        fast = debug.uneven_mismatch(rows, Comm(), "op", with_splits)
+        monkeypatch.setattr(debug, "_uneven_agree", lambda rows, with_splits: False)
+        slow = debug.uneven_mismatch(rows, Comm(), "op", with_splits)
+        monkeypatch.setattr(debug, "_uneven_agree", full)
+        assert (fast is None) == (slow is None), (trial, rows)
+        assert fast is None or str(fast) == str(slow)
+        outcomes.add(fast is None)
+    assert outcomes == {True, False}
+    assert debug.header_rows(rows) == [s[0] for s in shapes]
+    assert all(type(v) is int for v in debug.header_rows(rows))
