@@ -30,7 +30,7 @@ out through :meth:`MPICommunicator._call` (or, for handles, ``_collective``).
 Rank failure: an uncaught exception on one rank would leave the others waiting
 in a collective forever, so ``collectives.init()`` under an MPI launcher installs a
 ``sys.excepthook`` that prints the rank and calls ``MPI_Abort`` (see
-:mod:`collectives.process_hooks`); mpiexec then ends every rank.
+:mod:`collectives.diagnostics.process_hooks`); mpiexec then ends every rank.
 """
 
 from __future__ import annotations
@@ -43,10 +43,11 @@ from typing import Any
 
 import numpy as np
 
-from collectives import _exits, arrays, process_hooks
+from collectives import arrays
 from collectives.arrays import ArrayAdapter
 from collectives.calls import ALL_REDUCE, BROADCAST, FAREWELL_TAG
 from collectives.communicator import Communicator, Work
+from collectives.diagnostics import _exits, process_hooks
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo, check_world_size
 from collectives.ops import ALLOWED_OPS, ReduceOp
@@ -120,7 +121,7 @@ def import_mpi() -> Any:
 def install_abort_on_uncaught_exception(MPI: Any) -> None:
     """Make an uncaught exception (or an uncaught ``sys.exit(n)``, n not 0) on this rank end
     the whole MPI job with ``MPI_Abort`` (once per process). ``collectives.init()`` installs
-    it for jobs started by an MPI launcher; see :mod:`collectives.process_hooks`."""
+    it for jobs started by an MPI launcher; see :mod:`collectives.diagnostics.process_hooks`."""
     _exits.record_exit_calls()
     process_hooks._abort_mpi_on_uncaught_exception()
 

@@ -9,7 +9,7 @@ address only (loopback on one node; TCPStore alone would listen on every interfa
 and on one node Gloo's sockets use the loopback interface unless
 ``GLOO_SOCKET_IFNAME`` says otherwise. The store speaks torch's fixed binary protocol;
 nothing the project sends is pickled. Under an MPI launcher an uncaught exception
-calls ``MPI_Abort`` (see :mod:`collectives.process_hooks`).
+calls ``MPI_Abort`` (see :mod:`collectives.diagnostics.process_hooks`).
 
 Gloo's interface: torch (2.13) builds every Gloo group's device from
 ``GLOO_SOCKET_IFNAME`` when it makes the group (``init_process_group`` and ``new_group``

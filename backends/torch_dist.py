@@ -35,9 +35,10 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from collectives import arrays, farewell, recorder
+from collectives import arrays, farewell
 from collectives.arrays import ArrayAdapter
 from collectives.communicator import Communicator, Work, deliver
+from collectives.diagnostics import recorder
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp

@@ -17,7 +17,7 @@ __version__ = "0.1.0"
 
 # The one process-wide hook that cannot wait for init() (collectives/process_hooks.py): under
 # an MPI launcher sys.exit records its status, since `sys.exit(main())` looks it up first.
-from . import process_hooks as _process_hooks  # noqa: E402
+from .diagnostics import process_hooks as _process_hooks  # noqa: E402
 
 _process_hooks.at_import()
 

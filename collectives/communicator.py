@@ -38,7 +38,7 @@ from _thread import get_ident as _thread_id
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from . import config, emulations, farewell, recorder
+from . import config, emulations, farewell
 from .calls import (
     ALL_GATHER,
     ALL_GATHER_V,
@@ -59,9 +59,10 @@ from .calls import (
 )
 from .checks import ArgumentChecks, Plan
 from .debug_p2p import CheckedPointToPoint
+from .diagnostics import recorder
+from .diagnostics.recorder import END, POSTED, STARTED, STATE, CallRecord
 from .errors import CollectiveError
 from .ops import ReduceOp
-from .recorder import END, POSTED, STARTED, STATE, CallRecord
 from .reliability import _LIVE, Reliability
 from .transport import Transport
 from .work import MAX_PENDING, KeptHandles, Work, _reap, deliver  # noqa: F401  (MAX_PENDING: also here)
@@ -101,7 +102,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
     Every collective (and ``barrier``) takes ``timeout=``: seconds (or a timedelta) for this
     call, overriding the communicator's ``timeout`` (0: none); bad values are the same errors
     as the constructor's. Every call is remembered by the flight recorder
-    (:mod:`collectives.recorder`; ``register_hook``, ``dump_trace``).
+    (:mod:`collectives.diagnostics.recorder`; ``register_hook``, ``dump_trace``).
 
     Every collective takes ``async_op=True``: it then returns a :class:`Work` whose
     ``wait()`` returns what the call would have returned. The collectives that return

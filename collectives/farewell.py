@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Any
 
-from . import _exits, recorder
 from .calls import FAREWELL_TAG  # noqa: F401  (also importable from here)
+from .diagnostics import _exits, recorder
 from .errors import CollectiveMismatch
 
 #: How a rank left: it finished normally (closed the communicator, or its interpreter is
@@ -54,7 +54,7 @@ def install() -> None:
     interpreter exit every open communicator says farewell (registered after the transport's
     own exit handlers, so it runs before them). A process-wide hook: not with
     ``COLLECTIVES_PROCESS_HOOKS=0`` (``close()`` still says farewell)."""
-    from . import process_hooks  # noqa: PLC0415
+    from .diagnostics import process_hooks  # noqa: PLC0415
 
     if "atexit" in _installed or not process_hooks.enabled():
         return
@@ -92,7 +92,7 @@ def say_farewell(how: int) -> None:
 
 def heard() -> bool:
     """Whether a call of this process raised because a peer left: the job is ending, and the
-    peers that finished wait for this rank in MPI_Finalize (see collectives.process_hooks)."""
+    peers that finished wait for this rank in MPI_Finalize (see collectives.diagnostics.process_hooks)."""
     return bool(raised)
 
 

@@ -21,7 +21,7 @@ import weakref
 from typing import Any
 
 from . import calls as _calls
-from .recorder import CallRecord
+from .diagnostics.recorder import CallRecord
 
 #: Upper bounds of the size ranges (bytes); the last range is open.
 SIZE_RANGES = (1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)

@@ -7,8 +7,9 @@ import os
 import threading
 from typing import Any
 
-from . import config, process_hooks
+from . import config
 from .communicator import Communicator
+from .diagnostics import process_hooks
 from .errors import BackendUnavailable
 from .launcher import LaunchInfo, detect_launcher
 

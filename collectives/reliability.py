@@ -2,7 +2,7 @@
 every rank makes the same call, the flight recorder's hooks and dumps, timeouts (per call
 too), the barrier that names who is missing, and what a transport's error becomes.
 
-``Communicator._run`` records each call (see :mod:`collectives.recorder`); the methods here
+``Communicator._run`` records each call (see :mod:`collectives.diagnostics.recorder`); the methods here
 finish a record, call the hooks, run a call under its own ``timeout=``, run the barrier
 under a timeout, and write the dump when a call times out or the ranks' calls differ.
 """
@@ -15,13 +15,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from . import config, farewell, recorder
+from . import config, farewell
 from .calls import BARRIER, BARRIER_TAG, Call
 from .debug import call_hash
+from .diagnostics import recorder
+from .diagnostics.recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE, CallRecord, HookHandle
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .ops import ReduceOp
 from .polling import SPIN_YIELD_EVERY, PollPolicy, wait_until
-from .recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE, CallRecord, HookHandle
 from .transport import Transport
 from .work import Work, _reap
 
@@ -86,7 +87,7 @@ class Reliability(Transport):
     def register_hook(self, fn: Callable[[CallRecord], Any]) -> HookHandle:
         """Call ``fn(record)`` when each call on this communicator completes (in the calling
         thread, after the transport returned). ``record`` is a
-        :class:`collectives.recorder.CallRecord`: ``op``, ``seq``, ``dtype``, ``shape``,
+        :class:`collectives.diagnostics.recorder.CallRecord`: ``op``, ``seq``, ``dtype``, ``shape``,
         ``bytes``, ``start`` and ``end`` (``time.monotonic()``). An asynchronous call is
         reported when it is posted. Returns a handle whose ``remove()`` unregisters ``fn``.
         """

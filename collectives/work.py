@@ -12,10 +12,10 @@ import collections
 from collections.abc import Iterable
 from typing import Any
 
-from . import recorder
 from .arrays import ArrayAdapter
+from .diagnostics import recorder
+from .diagnostics.recorder import END, POSTED, STARTED, STATE
 from .polling import SPIN_YIELD_EVERY, PollPolicy, wait_until
-from .recorder import END, POSTED, STARTED, STATE
 
 #: Handles kept at most for a communicator; one more waits for the oldest first, so a
 #: program that drops handles in a loop runs in bounded memory.

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._exits import process_alive
+from ..diagnostics._exits import process_alive
 
 #: Namespace names: ``collectives-<pid>-<n>-sw`` and ``collectives-<pid>-<n>-<host>``.
 PREFIX = "collectives"

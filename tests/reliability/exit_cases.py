@@ -1,4 +1,4 @@
-"""How a process ends, as collectives/_exits.py reads it: for tests/reliability/test_signals.py, run by
+"""How a process ends, as collectives/diagnostics/_exits.py reads it: for tests/reliability/test_signals.py, run by
 every Python version found (the module is loaded by path, so no dependency is needed).
 
     python tests/reliability/exit_cases.py CASE
@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 spec = importlib.util.spec_from_file_location(
-    "_exits", Path(__file__).resolve().parents[2] / "collectives" / "_exits.py")
+    "_exits", Path(__file__).resolve().parents[2] / "collectives" / "diagnostics" / "_exits.py")
 _exits = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(_exits)
 _exits.record_exit_calls()  # what `import collectives` does under an MPI launcher (size > 1)

@@ -7,7 +7,7 @@ the job within seconds, with the expected exit code, and leave no process of the
 running (found through a token in their environment). The time from the signal (or
 the failure) to the launcher's exit is printed as a ``TIMING`` line (``-s``): the README's
 and docs/reliability.md's numbers come from there. ``test_exit_verdict_*`` runs
-``collectives/_exits.py`` (how a process is ending) on every Python 3.10-3.13 found.
+``collectives/diagnostics/_exits.py`` (how a process is ending) on every Python 3.10-3.13 found.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from collectives.backends.local import LocalCommunicator
 from launched_job import LaunchedJob
 
 import collectives
-from collectives import recorder, trace
+from collectives.diagnostics import recorder, trace
 from collectives.launcher import without_launcher_variables
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +167,7 @@ def test_rank_killed_with_sigkill_leaves_no_dump_and_the_verdict_says_so(tmp_pat
     assert_verdict(found, "hang", "all_reduce", behind=[2], odd=[], dumps=[0, 1])
     assert found["no_dump"] == [2], found
     job.kill()
-    text = subprocess.run([sys.executable, "-m", "collectives.trace", str(tmp_path)],
+    text = subprocess.run([sys.executable, "-m", "collectives.diagnostics.trace", str(tmp_path)],
                           capture_output=True, text=True, timeout=60).stdout
     assert "rank 2 wrote no dump" in text, text
 
@@ -383,7 +383,7 @@ def test_analyzer_on_dumps_made_by_hand():
 def test_collectives_trace_is_a_console_script_and_a_module(tmp_path):
     (tmp_path / "rank-0.json").write_text(json.dumps(_fake_dump(0, [(1, "all_reduce", "completed")], size=1)))
     for command in ([str(Path(sys.executable).parent / "collectives-trace")],
-                    [sys.executable, "-m", "collectives.trace"]):
+                    [sys.executable, "-m", "collectives.diagnostics.trace"]):
         run = subprocess.run([*command, str(tmp_path), "--json"], capture_output=True, text=True, timeout=60)
         assert run.returncode == 0 and json.loads(run.stdout)["verdict"] == "ok", run.stderr
 
@@ -409,7 +409,7 @@ def test_signal_to_one_rank_names_it_and_not_the_ranks_the_launcher_ended(tmp_pa
     found = verdict(tmp_path)
     assert found["verdict"] == "signal" and found["signalled"]["rank"] == 1, found
     assert found["signalled"]["signal"] == "SIGTERM" and found["no_dump"] == [0, 2], found
-    text = subprocess.run([sys.executable, "-m", "collectives.trace", str(tmp_path)],
+    text = subprocess.run([sys.executable, "-m", "collectives.diagnostics.trace", str(tmp_path)],
                           capture_output=True, text=True, timeout=60).stdout
     assert text.startswith("signal: rank 1 was ended by SIGTERM first"), text
     assert "ended by the launcher after rank 1 was ended by SIGTERM" in text, text
@@ -451,7 +451,7 @@ def test_torch_distributed_calls_on_the_backends_own_communicator_are_named(mode
 
 
 def test_empty_folder_is_no_dumps_and_a_failure(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "collectives.trace", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-m", "collectives.diagnostics.trace", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and run.stdout.startswith("no dumps: the folder holds no rank-<R>.json"), run
     assert trace.analyze({})["verdict"] == "no dumps"

@@ -40,7 +40,7 @@ CALLS = 5
 def say_when_inside(comms, rank: int) -> None:
     """Print ``ENTERING rank R`` once the flight recorder of one of ``comms`` holds call CALLS
     (or a barrier) as started: the rank is inside its last call."""
-    from collectives import recorder
+    from collectives.diagnostics import recorder
 
     while True:
         for comm in comms:
