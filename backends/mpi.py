@@ -557,8 +557,12 @@ class MPICommunicator(Communicator):
         result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
         row = row_bytes(x)
         sizes = [n * row for n in counts]
-        starts = offsets(sizes)
         byte = self._byte
+        if adapter is _NUMPY and not async_op and x.flags.c_contiguous and result.nbytes <= MAX_COUNT:
+            # The common case as raw mpi4py writes it (mpi4py lays out the displacements).
+            self._call(self._comm.Allgatherv, self._comm.Iallgatherv, [x, byte], [result, sizes, byte])
+            return result, counts
+        starts = offsets(sizes)
         return self._move_bytes(x, adapter, result, (result, counts), async_op, "Allgatherv",
                                 lambda send, recv: ([send, byte], [recv, (sizes, starts), byte]),
                                 counts=(*sizes, *starts))
@@ -570,8 +574,13 @@ class MPICommunicator(Communicator):
         row = row_bytes(x)
         send_sizes = [n * row for n in splits[self.rank]]
         recv_sizes = [n * row for n in received]
-        send_offsets, recv_offsets = offsets(send_sizes), offsets(recv_sizes)
         byte = self._byte
+        if adapter is _NUMPY and not async_op and x.flags.c_contiguous and \
+                max(x.nbytes, result.nbytes) <= MAX_COUNT:  # the common case, as for all_gather_v
+            self._call(self._comm.Alltoallv, self._comm.Ialltoallv, [x, send_sizes, byte],
+                       [result, recv_sizes, byte])
+            return result
+        send_offsets, recv_offsets = offsets(send_sizes), offsets(recv_sizes)
         return self._move_bytes(x, adapter, result, result, async_op, "Alltoallv",
                                 lambda send, recv: ([send, (send_sizes, send_offsets), byte],
                                                     [recv, (recv_sizes, recv_offsets), byte]),
