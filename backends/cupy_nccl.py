@@ -2,7 +2,7 @@
 
 One NCCL communicator per process, on device ``local_rank % device_count`` (bound
 before the communicator exists). Rank 0's NCCL unique id reaches the other ranks as
-:mod:`collectives.backends.nccl_id` says (MPI broadcast under mpiexec, TCP store under torchrun).
+:mod:`collectives.backends.cupy_id` says (MPI broadcast under mpiexec, TCP store under torchrun).
 
 Arrays: CuPy arrays and torch CUDA tensors, zero-copy: NCCL gets their device
 pointers. Every NCCL call and every local step runs on the caller's current stream
@@ -46,7 +46,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from collectives.backends.nccl_id import UNIQUE_ID_BYTES, comm_id_argument, exchange_unique_id, id_to_bytes
+from collectives.backends.cupy_id import UNIQUE_ID_BYTES, comm_id_argument, exchange_unique_id, id_to_bytes
 
 from collectives import arrays, config
 from collectives.arrays import ArrayAdapter
@@ -55,8 +55,8 @@ from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ReduceOp
 
-from ._toolkit import count, divide_, fold_bitwise, nbytes, row_bytes, stage
-from .nccl_handles import (  # noqa: F401  (wait_for and the poll constants: also importable from here)
+from ._buffers import count, divide_, fold_bitwise, nbytes, row_bytes, stage
+from .cupy_handles import (  # noqa: F401  (wait_for and the poll constants: also importable from here)
     _GROUP,
     BUSY_POLL_SECONDS,
     FAST_POLLS,
@@ -70,7 +70,7 @@ from .nccl_handles import (  # noqa: F401  (wait_for and the poll constants: als
     _TorchStreams,
     wait_for,
 )
-from .nccl_plans import (  # noqa: F401  (the plans: also importable from here)
+from .cupy_plans import (  # noqa: F401  (the plans: also importable from here)
     BFLOAT16_SINCE,
     NCCL_DTYPES,
     NCCL_OPS,

@@ -54,7 +54,7 @@ from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.polling import wait_until
 
 from . import _float_order
-from ._toolkit import (
+from ._buffers import (
     INT_OF_WIDTH,
     clone,
     count,

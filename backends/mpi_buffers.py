@@ -19,7 +19,7 @@ from typing import Any
 from collectives import arrays, config
 from collectives.arrays import ArrayAdapter
 
-from ._toolkit import stage
+from ._buffers import stage
 
 
 def mpi_cuda_aware(MPI: Any) -> bool:

@@ -44,7 +44,7 @@ from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 
 from . import _float_order
-from ._toolkit import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
+from ._buffers import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
 from .torch_bootstrap import (  # noqa: F401  (mpi_shared_tcp_store, store_host: also importable from here)
     DEFAULT_TIMEOUT,
     NO_TIMEOUT,

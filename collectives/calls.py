@@ -52,7 +52,7 @@ class Call:
     #: Does the work: ``(comm, x, adapter, dtype, op, root, out, async_op, extra)``.
     #: Calls with a path of their own (barrier, split) keep the default.
     run: Callable[..., Any] = _own_path
-    #: The operation's code in the ranks' fingerprints (collectives.debug): a wire format, so
+    #: The operation's code in the ranks' fingerprints (collectives.wire): a wire format, so
     #: a new operation takes the next free code and no code ever changes.
     code: int = -1
     #: nccl-tests' bus bandwidth factor is ``bus_steps * (n - 1) / n`` on n ranks (2 for

@@ -10,7 +10,7 @@ argument first, through the rules of :mod:`collectives.ops` and the adapters of
 on every backend, before anything is sent and with the input untouched. Backends only
 ever see arguments that passed.
 
-Reliability lives on that path too, once for every backend (see :mod:`collectives.debug`):
+Reliability lives on that path too, once for every backend (see :mod:`collectives.wire`):
 every collective gets a per-communicator sequence number; with ``COLLECTIVES_DEBUG=1``
 the ranks compare a fingerprint of each call before it runs (``CollectiveMismatch``);
 backends enforce ``timeout`` (``CollectiveTimeout``), after which the communicator

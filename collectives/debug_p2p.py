@@ -1,7 +1,7 @@
 """Point-to-point in debug mode (``COLLECTIVES_DEBUG=1``): a header ahead of each payload.
 
 A debug-mode send sends a small header (dtype, shape, tag, bytes; see
-:func:`collectives.debug.p2p_header`) ahead of its payload; a recv receives the header
+:func:`collectives.wire.p2p_header`) ahead of its payload; a recv receives the header
 first and compares it, so a send and a recv that disagree raise
 :class:`~collectives.CollectiveMismatch` naming both sides instead of corrupting ``x``.
 :class:`CheckedPointToPoint` is a base of :class:`collectives.Communicator`; the call
@@ -40,7 +40,7 @@ class _CheckedRecv(Work):
 
     def wait(self) -> Any:
         if not self._done:
-            from .debug import p2p_mismatch  # noqa: PLC0415  (debug mode only)
+            from .wire import p2p_mismatch  # noqa: PLC0415  (debug mode only)
 
             self._header_work.wait()
             error = p2p_mismatch(self._header, self._theirs, self._comm, self._src, self._tag)
@@ -94,7 +94,7 @@ class CheckedPointToPoint(Transport):
         the header before it receives the payload (scratch of the sender's size on a
         mismatch); an asynchronous one receives both at once (see :class:`_CheckedRecv`: a
         payload of another size is the transport's error, raised as the mismatch)."""
-        from .debug import p2p_header  # noqa: PLC0415  (debug mode only)
+        from .wire import p2p_header  # noqa: PLC0415  (debug mode only)
 
         header = p2p_header(dtype, tuple(x.shape), tag, _nbytes(x))
         if call is SEND:
@@ -107,7 +107,7 @@ class CheckedPointToPoint(Transport):
             return None
         if async_op:
             return _CheckedRecv(self, x, adapter, dtype, peer, tag, header)
-        from .debug import p2p_mismatch, p2p_nbytes  # noqa: PLC0415
+        from .wire import p2p_mismatch, p2p_nbytes  # noqa: PLC0415
 
         theirs = header.copy()
         self._recv_small(theirs, peer, tag).wait()

@@ -8,7 +8,7 @@ backend overrides one where its transport has the call. The uneven collectives f
 every rank's counts (:func:`rows_of_everyone`, run by the call path before the transport's
 method), so a disagreement is the same ``ValueError`` on every rank before any of the data moves.
 
-Imports: the array adapters and :class:`~collectives.work.Work`; the wire headers lazily.
+Imports: the array adapters, :class:`~collectives.work.Work` and the wire headers.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from .arrays import ArrayAdapter
-from .debug import header_rows, header_splits, uneven_header, uneven_mismatch
 from .ops import ReduceOp
+from .wire import header_rows, header_splits, uneven_header, uneven_mismatch
 from .work import Work
 
 # -- the uneven collectives: counts first (the call path's rows run these) ------------------

@@ -17,13 +17,13 @@ from typing import Any
 
 from . import config, farewell
 from .calls import BARRIER, BARRIER_TAG, Call
-from .debug import call_hash
 from .diagnostics import recorder
 from .diagnostics.recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE, CallRecord, HookHandle
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .ops import ReduceOp
 from .polling import SPIN_YIELD_EVERY, PollPolicy, wait_until
 from .transport import Transport
+from .wire import call_hash
 from .work import Work, _reap
 
 _clock = recorder.clock
@@ -386,7 +386,7 @@ class Reliability(Transport):
 
     def _hash_call(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
                    shape: tuple[int, ...]) -> int:
-        """:func:`collectives.debug.call_hash` of a kind of call, remembered."""
+        """:func:`collectives.wire.call_hash` of a kind of call, remembered."""
         if len(self._call_hashes) >= MAX_CALL_HASHES:
             self._call_hashes.clear()
         h = call_hash(call.name, reduce_op, root, dtype, tuple(shape))
@@ -399,7 +399,7 @@ class Reliability(Transport):
 
         One all_gather of a fixed-size int64 vector over this communicator's own transport.
         """
-        from .debug import fingerprint, mismatch  # noqa: PLC0415
+        from .wire import fingerprint, mismatch  # noqa: PLC0415
 
         mine = fingerprint(self._operation, self._seq, reduce_op, root, dtype, tuple(shape),
                            self._check_level)

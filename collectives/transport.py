@@ -166,7 +166,7 @@ class Transport(abc.ABC):
 
     def _agree_word(self, word: int) -> int:
         """The bitwise AND (BAND) over every rank of one non-negative int64 ``word`` each: the
-        default check's one small collective (:func:`collectives.debug.check_word`). Backends
+        default check's one small collective (:func:`collectives.wire.check_word`). Backends
         override it with the cheapest call their transport has for it."""
         import numpy as np  # noqa: PLC0415
 

@@ -92,7 +92,7 @@ def preflight() -> int:
     else:
         def cupy_finding() -> str:
             import cupy  # noqa: PLC0415
-            from collectives.backends.nccl_plans import decode_nccl_version  # noqa: PLC0415
+            from collectives.backends.cupy_plans import decode_nccl_version  # noqa: PLC0415
             from cupy.cuda import nccl  # noqa: PLC0415
 
             return f"{cupy.__version__}; NCCL {_version(decode_nccl_version(int(nccl.get_version())))}"

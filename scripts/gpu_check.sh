@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU check, in one call, within 6 minutes: install this checkout into the machine's python
-# (from carried wheels only: no index there), a pre-flight (20 s), a 1-rank smoke of every backend,
+# (from carried wheels only: no index there), a pre-flight (45 s), a 1-rank smoke of every backend,
 # every GPU test (tests/gpu/test_gpu.py, marker gpu) over torch (NCCL), cupy and mpi, then a
 # timing table of our all_reduce against the raw transports while time is left. Writes
 # $OUT/gpu_report.md (versions, what was installed, the pre-flight, results, every skip and why,
@@ -32,7 +32,7 @@ export PIP_BREAK_SYSTEM_PACKAGES=1
 START=$(date +%s)
 # Time budget (seconds from the start): the whole check, and the limits of each phase.
 TOTAL=${GPU_CHECK_SECONDS:-360}
-SETUP_LIMIT=60 PREFLIGHT_LIMIT=20 SMOKE_LIMIT=75 TIMING_RESERVE=45
+SETUP_LIMIT=60 PREFLIGHT_LIMIT=45 SMOKE_LIMIT=75 TIMING_RESERVE=45
 status=0
 phases=""
 

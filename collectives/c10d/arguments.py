@@ -151,17 +151,21 @@ def reduce_scatter(outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[to
 def all_gather_into_tensor(output: torch.Tensor, x: torch.Tensor, size: int) -> None:
     _dense([output, x])
     _same_kind("output_tensor", None, output, x, "input tensor")
-    if output.numel() != size * x.numel():
-        raise ValueError(f"all_gather_into_tensor: output_tensor holds {output.numel()} elements; it needs "
-                         f"size * input_tensor.numel() = {size} * {x.numel()} = {size * x.numel()}")
+    _size_times("all_gather_into_tensor", "output_tensor", output, "input_tensor", x, size)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, x: torch.Tensor, size: int) -> None:
     _dense([output, x])
     _same_kind("input", None, x, output, "output tensor")
-    if x.numel() != size * output.numel():
-        raise ValueError(f"reduce_scatter_tensor: input holds {x.numel()} elements; it needs size * "
-                         f"output.numel() = {size} * {output.numel()} = {size * output.numel()}")
+    _size_times("reduce_scatter_tensor", "input", x, "output", output, size)
+
+
+def _size_times(call: str, big_name: str, big: torch.Tensor, small_name: str, small: torch.Tensor,
+                size: int) -> None:
+    """``ValueError`` unless ``big`` holds ``size`` times the elements of ``small``."""
+    if big.numel() != size * small.numel():
+        raise ValueError(f"{call}: {big_name} holds {big.numel()} elements; it needs size * "
+                         f"{small_name}.numel() = {size} * {small.numel()} = {size * small.numel()}")
 
 
 def _splits(name: str, splits: Sequence[int], rows: int, tensor: str, size: int) -> None:

@@ -195,16 +195,20 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
                 self._worker.submit(lambda comm: agree(comm, operation, t, reason), f"{operation} (refused)")
             raise
 
+    def _each_tensor(self, tensors: list[torch.Tensor], call: Callable[[Communicator, torch.Tensor], Any],
+                     name: str) -> CollectivesWork:
+        """``call(comm, t)`` for each tensor of ``tensors``, in place (arguments checked)."""
+        def run(comm: Communicator) -> Any:
+            for t in tensors:
+                call(comm, t)
+            return tensors
+        return self._submit(tensors, run, name)
+
     @_operation("allreduce")
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
         arguments.allreduce(tensors)
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
-
-        def run(comm: Communicator) -> Any:
-            for t in tensors:
-                comm.all_reduce(t, op)
-            return tensors
-        return self._submit(tensors, run, "all_reduce")
+        return self._each_tensor(tensors, lambda comm, t: comm.all_reduce(t, op), "all_reduce")
 
     @_operation("allreduce_coalesced")
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
@@ -214,24 +218,14 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
         arguments.allreduce(tensors)
         root = _opt(opts, "rootRank", 0)
-
-        def run(comm: Communicator) -> Any:
-            for t in tensors:
-                comm.broadcast(t, root)
-            return tensors
-        return self._submit(tensors, run, "broadcast")
+        return self._each_tensor(tensors, lambda comm, t: comm.broadcast(t, root), "broadcast")
 
     @_operation("reduce")
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
         arguments.allreduce(tensors)
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
         root = _opt(opts, "rootRank", 0)
-
-        def run(comm: Communicator) -> Any:
-            for t in tensors:
-                comm.reduce(t, op, root)
-            return tensors
-        return self._submit(tensors, run, "reduce")
+        return self._each_tensor(tensors, lambda comm, t: comm.reduce(t, op, root), "reduce")
 
     @_operation("allgather")
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
@@ -269,17 +263,26 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                     opts: Any = None) -> CollectivesWork:
+        self._check_pairs("all_gather_into_tensor", outputs, inputs, arguments.all_gather_into_tensor)
+        return self._each_pair("all_gather_into_tensor", outputs, inputs, _all_gather_single)
+
+    def _check_pairs(self, name: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                     check: Callable[[torch.Tensor, torch.Tensor, int], None]) -> None:
+        """The arguments of ``name``_coalesced: one output per input, each pair as ``check`` says."""
         if len(outputs) != len(inputs):
-            raise ValueError(f"all_gather_into_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} "
+            raise ValueError(f"{name}_coalesced: {len(outputs)} outputs for {len(inputs)} "
                              "inputs; it needs one output per input")
         for output, x in zip(outputs, inputs):
-            arguments.all_gather_into_tensor(output, x, self.size())
+            check(output, x, self.size())
 
+    def _each_pair(self, name: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                   single: Callable[[Communicator, torch.Tensor, torch.Tensor], Any]) -> CollectivesWork:
+        """``name``_coalesced (arguments checked): ``single(comm, output, input)`` for each pair."""
         def run(comm: Communicator) -> Any:
             for output, x in zip(outputs, inputs):
-                _all_gather_single(comm, output, x)
+                single(comm, output, x)
             return outputs
-        return self._submit([*outputs, *inputs], run, "all_gather_into_tensor_coalesced")
+        return self._submit([*outputs, *inputs], run, f"{name}_coalesced")
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -309,18 +312,10 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> CollectivesWork:
-        if len(outputs) != len(inputs):
-            raise ValueError(f"reduce_scatter_tensor_coalesced: {len(outputs)} outputs for {len(inputs)} "
-                             "inputs; it needs one output per input")
-        for output, x in zip(outputs, inputs):
-            arguments.reduce_scatter_tensor(output, x, self.size())
+        self._check_pairs("reduce_scatter_tensor", outputs, inputs, arguments.reduce_scatter_tensor)
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), outputs)
-
-        def run(comm: Communicator) -> Any:
-            for output, x in zip(outputs, inputs):
-                _reduce_scatter_single(comm, output, x, op)
-            return outputs
-        return self._submit([*outputs, *inputs], run, "reduce_scatter_tensor_coalesced")
+        return self._each_pair("reduce_scatter_tensor", outputs, inputs,
+                               lambda comm, output, x: _reduce_scatter_single(comm, output, x, op))
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 

@@ -160,8 +160,8 @@ def _cupy_communicator(store: Any, rank: int, size: int) -> Communicator:
     """An NCCL communicator over the group's ranks, its id made by the group's rank 0 and
     handed to the others through torch's store (CUDA device: ``LOCAL_RANK`` % devices, or
     the one ``torch.cuda.set_device`` chose)."""
+    from collectives.backends.cupy_id import comm_id_argument, id_to_bytes  # noqa: PLC0415
     from collectives.backends.cupy_nccl import CupyNcclCommunicator, import_cupy_nccl  # noqa: PLC0415
-    from collectives.backends.nccl_id import comm_id_argument, id_to_bytes  # noqa: PLC0415
 
     cupy, nccl = import_cupy_nccl()
     launch = detect_launcher()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from collectives import calls, debug, profile, registry
+from collectives import calls, profile, registry, wire
 from collectives.bench import cases
 from collectives.communicator import Communicator
 from collectives.transport import Transport
@@ -56,8 +56,8 @@ def test_operation_codes_and_factors_come_from_the_rows():
     for row in calls.ROWS:
         assert codes.setdefault(row.name, row.code) == row.code, f"{row.name} has two codes"
     assert sorted(codes.values()) == list(range(len(codes))), "codes are 0..n-1, no gaps"
-    assert set(debug.OPERATIONS) == set(profile.OPERATIONS) == set(codes)
-    assert [debug.OPERATIONS.index(name) for name in codes] == list(codes.values())
+    assert set(wire.OPERATIONS) == set(profile.OPERATIONS) == set(codes)
+    assert [wire.OPERATIONS.index(name) for name in codes] == list(codes.values())
     for op in (*calls.OPERATIONS, "all_to_all_v", "send_recv"):
         for n in (2, 3, 8):
             assert profile.bus_factor(op, n) == cases.bus_factor(op, n) == calls.bus_factor(op, n)

@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from collectives.backends import cupy_nccl, nccl_id
+from collectives.backends import cupy_id, cupy_nccl
 from collectives.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS, check_cuda_array, reduce_plan
 
 import collectives
@@ -95,7 +95,7 @@ def run_plan(plan, dtype, per_rank):
     wrapping, as NCCL's kernels do), or the local fold, then AVG's division, then the cast back.
     Float MIN/MAX plans with order keys go through the backend's own key functions."""
     if getattr(plan, "keys", False):
-        from collectives.backends.nccl_plans import from_order_keys, order_keys
+        from collectives.backends.cupy_plans import from_order_keys, order_keys
 
         wire = [order_keys(t, arrays.TORCH, dtype, ReduceOp(plan.nccl_op)) for t in per_rank]
     else:
@@ -378,11 +378,11 @@ def test_all_gather_v_plan_concatenates_in_rank_order(size):
 
 def test_unique_id_bytes_round_trip_through_cupys_char_tuple():
     raw = bytes(range(64, 192))[::-1]  # both halves of the byte range
-    as_tuple = nccl_id.id_from_bytes(raw)
+    as_tuple = cupy_id.id_from_bytes(raw)
     assert len(as_tuple) == 128 and all(-128 <= b <= 255 for b in as_tuple)
-    if nccl_id._CHAR_IS_SIGNED:
+    if cupy_id._CHAR_IS_SIGNED:
         assert min(as_tuple) < 0  # what CuPy's get_unique_id returns on x86-64
-    assert nccl_id.id_to_bytes(as_tuple) == raw
+    assert cupy_id.id_to_bytes(as_tuple) == raw
 
 
 @pytest.mark.parametrize("version,kind", [("14.2.0", bytes), ("14.0.0rc1", bytes), ("15.0.0", bytes),
@@ -391,14 +391,14 @@ def test_comm_id_argument_is_bytes_from_cupy_14_and_the_char_tuple_before(versio
     # CuPy 14's NcclCommunicator(ndev, bytes commId, rank) raises TypeError on a tuple;
     # CuPy 13's took the tuple get_unique_id returned.
     raw = bytes(range(128))[::-1]
-    argument = nccl_id.comm_id_argument(raw, version)
-    assert type(argument) is kind and nccl_id.id_to_bytes(argument) == raw
+    argument = cupy_id.comm_id_argument(raw, version)
+    assert type(argument) is kind and cupy_id.id_to_bytes(argument) == raw
 
 
 @pytest.mark.parametrize("length", [0, 127, 129])
 def test_unique_id_of_wrong_length_is_refused(length):
     with pytest.raises(CollectiveError, match="128"):
-        nccl_id.id_from_bytes(bytes(length))
+        cupy_id.id_from_bytes(bytes(length))
 
 
 @pytest.mark.parametrize("launch,route", [
@@ -409,12 +409,12 @@ def test_unique_id_of_wrong_length_is_refused(length):
     (LaunchInfo("mpi", 0, 1, 0, 1), "single"),
 ])
 def test_each_launcher_gets_its_id_route(launch, route):
-    assert nccl_id.exchange_route(launch) == route
+    assert cupy_id.exchange_route(launch) == route
 
 
 def test_several_ranks_without_a_launcher_cannot_exchange():
     with pytest.raises(BackendUnavailable, match="mpiexec.*torchrun"):
-        nccl_id.exchange_route(LaunchInfo(None, 0, 2, 0, 2))
+        cupy_id.exchange_route(LaunchInfo(None, 0, 2, 0, 2))
 
 
 def _refuse():
@@ -425,7 +425,7 @@ def exchange_job(comm, ids):
     """Exchange each id of rank 0's list in turn (other ranks pass Nones)."""
     launch = detect_launcher()
     assert launch.rank == comm.rank
-    return [nccl_id.exchange_unique_id(launch, (lambda raw=raw: raw) if raw is not None else _refuse)
+    return [cupy_id.exchange_unique_id(launch, (lambda raw=raw: raw) if raw is not None else _refuse)
             for raw in ids]
 
 

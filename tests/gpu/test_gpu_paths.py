@@ -23,7 +23,7 @@ import types
 import numpy as np
 import pytest
 import torch
-from collectives.backends import cupy_nccl, nccl_handles, torch_dist, torch_handles
+from collectives.backends import cupy_handles, cupy_nccl, torch_dist, torch_handles
 from collectives.backends.torch_dist import TorchCommunicator
 
 from collectives import arrays
@@ -172,7 +172,7 @@ def test_torch_handle_of_a_cupy_array_orders_cupys_stream_current_at_wait(monkey
 
 
 class StreamLibrary:
-    """One array library's streams for nccl_handles: a current stream, ``use`` and events."""
+    """One array library's streams for cupy_handles: a current stream, ``use`` and events."""
 
     def __init__(self):
         self.current = "stream at launch"
@@ -203,8 +203,8 @@ def test_cupy_backend_writes_a_staged_async_recv_back_on_the_calls_stream():
     library, written_on = StreamLibrary(), []
     work = cupy_nccl._StreamWork(None, library, None, LocalCommunicator())
     work._stream, work._then = "recv's stream", lambda: written_on.append(library.current)
-    nccl_handles._open_group(GroupCalls()).append(work)
-    nccl_handles._launch_group(GroupCalls())
+    cupy_handles._open_group(GroupCalls()).append(work)
+    cupy_handles._launch_group(GroupCalls())
     assert written_on == ["recv's stream"]  # after NCCL's recv there, not on the launcher's
     assert work._event == "event on recv's stream" and library.current == "stream at launch"
 

@@ -227,7 +227,7 @@ def assert_ranks_fill_each_host_in_order(text, size):
 
 @pytest.mark.parametrize("launcher, route", [("mpiexec", "mpi"), ("torchrun", "store")])
 def test_rank_zeros_nccl_id_reaches_the_ranks_of_the_other_host(bed, launcher, route):
-    # backends/nccl_id.py alone (no CUDA, no CuPy): MPI_Bcast under mpiexec, torchrun's agent
+    # backends/cupy_id.py alone (no CUDA, no CuPy): MPI_Bcast under mpiexec, torchrun's agent
     # store (MASTER_ADDR:MASTER_PORT, which must be host-a's reachable address) under torchrun.
     # The NCCL communicator that uses the id needs GPUs: tests/gpu/test_gpu.py (GPU run owed).
     codes, text = run_job(bed, launcher, [str(SCRIPTS / "nccl_id_check.py")], None)

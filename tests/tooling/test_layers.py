@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import collectives
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,7 +22,7 @@ KNOWN_CYCLES = [
     {"collectives.checks", "collectives.communicator", "collectives.debug_p2p", "collectives.farewell",
      "collectives.objects", "collectives.diagnostics.process_hooks", "collectives.reliability",
      "collectives.transport"},
-    {"collectives.backends.cupy_nccl", "collectives.backends.nccl_handles"},
+    {"collectives.backends.cupy_nccl", "collectives.backends.cupy_handles"},
     {"collectives.syncbn.batchnorm", "collectives.syncbn.subclasses"},
 ]
 
@@ -121,3 +123,13 @@ def test_the_diagnostics_old_module_names_are_the_moved_modules():
     for name in ("recorder", "trace", "process_hooks", "_exits"):
         old = importlib.import_module(f"collectives.{name}")
         assert old is importlib.import_module(f"collectives.diagnostics.{name}"), name
+
+
+def test_every_package_of_the_checkout_is_installed():
+    """pyproject.toml lists the packages a wheel holds: a folder with an ``__init__.py`` that is
+    not listed is missing from every install but the editable one (where the tests run)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {name for name, path in modules().items() if path.name == "__init__.py"}
+    assert found == listed, f"unlisted: {sorted(found - listed)}; listed, not found: {sorted(listed - found)}"

@@ -1,4 +1,4 @@
-"""The NCCL unique id exchange of the cupy backend (backends/nccl_id.py) without a GPU.
+"""The NCCL unique id exchange of the cupy backend (backends/cupy_id.py) without a GPU.
 
 Rank 0 makes three ids in turn (made-up bytes: the exchange never looks inside); every
 other rank must receive exactly those bytes, through MPI_Bcast under an MPI launcher or
@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import sys
 
-from collectives.backends import nccl_id
+from collectives.backends import cupy_id
 
 from collectives.launcher import detect_launcher
 
@@ -34,10 +34,10 @@ def refuse() -> bytes:
 
 def main() -> int:
     launch = detect_launcher()
-    route = nccl_id.exchange_route(launch)
+    route = cupy_id.exchange_route(launch)
     bad = []
     for n in range(EXCHANGES):
-        got = nccl_id.exchange_unique_id(launch, (lambda n=n: made_up_id(n)) if launch.rank == 0 else refuse)
+        got = cupy_id.exchange_unique_id(launch, (lambda n=n: made_up_id(n)) if launch.rank == 0 else refuse)
         if got != made_up_id(n):
             bad.append(n)
     if bad:

@@ -1,4 +1,12 @@
-"""Fingerprints of calls: what the ranks compare before each collective.
+"""The wire headers: the small int64 vectors ranks exchange next to the data.
+
+- Fingerprints of calls (:func:`fingerprint`, :func:`check_word`): what the ranks compare
+  before each collective, described below.
+- The uneven collectives' counts header (:func:`uneven_header`): every all_gather_v and
+  all_to_all with splits exchanges one, in every mode, to agree on the row counts.
+- The point-to-point header of debug mode (:func:`p2p_header`): what a send announces.
+
+May import: numpy and collectives' calls, errors and ops (no transport, no call path).
 
 By default (``COLLECTIVES_DEBUG`` unset) every collective is preceded by one small all_reduce
 of one 64-bit word per rank (:func:`check_word`): a 31-bit hash of the call's fingerprint and

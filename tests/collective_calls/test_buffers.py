@@ -1,4 +1,4 @@
-"""The backend toolkit (backends/_toolkit.py) that every backend's staging, emulation and
+"""The backend toolkit (backends/_buffers.py) that every backend's staging, emulation and
 waiting goes through, checked on its own against numpy and a fake clock."""
 
 import functools
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 from collectives.backends import mpi_requests
-from collectives.backends._toolkit import (
+from collectives.backends._buffers import (
     bitwise_as_min_max,
     flat_bytes,
     fold_bitwise,
@@ -204,15 +204,15 @@ def test_mpi_spins_only_where_each_rank_of_the_node_has_a_core(monkeypatch, rank
 # -- the uneven collectives' counts ---------------------------------------------------------------
 
 def test_the_uneven_headers_fast_agreement_finds_exactly_what_the_full_comparison_finds(monkeypatch):
-    """debug.uneven_mismatch answers the common case (every rank agrees) in plain Python; the
+    """wire.uneven_mismatch answers the common case (every rank agrees) in plain Python; the
     full comparison, which words the error, must find a disagreement exactly when it does not."""
-    from collectives import debug
+    from collectives import wire
 
     class Comm:
         size, _seq, backend = 3, 1, "mpi"
 
     rng = np.random.default_rng(7)
-    full = debug._uneven_agree
+    full = wire._uneven_agree
     outcomes = set()
     for trial in range(400):
         with_splits = bool(trial % 2)
@@ -231,15 +231,15 @@ def test_the_uneven_headers_fast_agreement_finds_exactly_what_the_full_compariso
             shapes[2] = (shapes[2][0], 2, 4)
         elif fault == 3:
             outs[0] += 1
-        rows = np.stack([debug.uneven_header(shapes[r], dtypes[r], outs[r] if trial % 3 else None,
+        rows = np.stack([wire.uneven_header(shapes[r], dtypes[r], outs[r] if trial % 3 else None,
                                              splits[r] if with_splits else None, 3) for r in range(3)])
-        fast = debug.uneven_mismatch(rows, Comm(), "op", with_splits)
-        monkeypatch.setattr(debug, "_uneven_agree", lambda rows, with_splits: False)
-        slow = debug.uneven_mismatch(rows, Comm(), "op", with_splits)
-        monkeypatch.setattr(debug, "_uneven_agree", full)
+        fast = wire.uneven_mismatch(rows, Comm(), "op", with_splits)
+        monkeypatch.setattr(wire, "_uneven_agree", lambda rows, with_splits: False)
+        slow = wire.uneven_mismatch(rows, Comm(), "op", with_splits)
+        monkeypatch.setattr(wire, "_uneven_agree", full)
         assert (fast is None) == (slow is None), (trial, rows)
         assert fast is None or str(fast) == str(slow)
         outcomes.add(fast is None)
     assert outcomes == {True, False}
-    assert debug.header_rows(rows) == [s[0] for s in shapes]
-    assert all(type(v) is int for v in debug.header_rows(rows))
+    assert wire.header_rows(rows) == [s[0] for s in shapes]
+    assert all(type(v) is int for v in wire.header_rows(rows))

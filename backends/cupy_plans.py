@@ -14,7 +14,7 @@ from collectives.arrays import ArrayAdapter
 from collectives.ops import ReduceOp
 
 from . import _float_order
-from ._toolkit import BITWISE, INT_OF_WIDTH, NARROW_WIRE, bitwise_as_min_max, offsets
+from ._buffers import BITWISE, INT_OF_WIDTH, NARROW_WIRE, bitwise_as_min_max, offsets
 
 #: ncclDataType_t values of nccl.h (a stable ABI); bfloat16 needs NCCL >= 2.10.
 NCCL_DTYPES: dict[str, int] = {"int8": 0, "uint8": 1, "int32": 2, "uint32": 3, "int64": 4,
