@@ -35,6 +35,7 @@ in a collective forever, so ``collectives.init()`` under an MPI launcher install
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import zlib
@@ -524,6 +525,12 @@ class MPICommunicator(Communicator):
                 or (result is not None and nbytes(result) > MAX_COUNT):
             raise ValueError(f"{self._operation} of more than 2**31-1 bytes per message is not "
                              "supported by the MPI backend; split the array")
+        if adapter is _NUMPY and not async_op and (x is None or x.flags.c_contiguous):
+            # Host memory as it is (results and out= are contiguous): the MPI call as raw
+            # mpi4py makes it, with no staging to plan.
+            comm = self._comm
+            self._call(getattr(comm, name), getattr(comm, _nonblocking(name)), *arguments(x, result))
+            return value
         send = None if x is None else self._buffer(x, adapter, None)[0]
         recv, writeback = (None, None) if result is None else self._buffer(result, adapter, None)
         call = arguments(None if send is None else flat_bytes(send), None if recv is None else flat_bytes(recv))
@@ -684,6 +691,7 @@ def _int_view(buf: Any) -> Any:
     return buf.view(name)
 
 
+@functools.cache
 def _nonblocking(name: str) -> str:
     """mpi4py's name of the nonblocking form of a collective: Gather -> Igather."""
     return "I" + name[0].lower() + name[1:]
