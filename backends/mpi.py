@@ -63,7 +63,6 @@ from ._buffers import (
     flat_bytes,
     itemsize,
     nbytes,
-    offsets,
     row_bytes,
     stage,
 )
@@ -514,23 +513,22 @@ class MPICommunicator(Communicator):
     # -- the rest of the set: byte-moving collectives, and reduce ------------------------
 
     def _move_bytes(self, x: Any, adapter: ArrayAdapter, result: Any, value: Any, async_op: bool,
-                    name: str, arguments: Callable[[Any, Any], tuple[Any, ...]],
-                    counts: tuple[int, ...] = ()) -> Any:
+                    name: str, arguments: Callable[[Any, Any], tuple[Any, ...]]) -> Any:
         """The MPI collective ``name``, moving raw bytes from ``x`` into ``result`` (either may
         be ``None`` on ranks that send or receive nothing), through :meth:`_collective`:
         returns ``value`` once it has completed, or a handle whose ``wait()`` does.
-        ``arguments(send_bytes, recv_bytes)`` are the call's arguments. ``counts``: the byte
-        counts and displacements the call uses (C ints)."""
-        if any(n > MAX_COUNT for n in counts) or (x is not None and nbytes(x) > MAX_COUNT) \
-                or (result is not None and nbytes(result) > MAX_COUNT):
-            raise ValueError(f"{self._operation} of more than 2**31-1 bytes per message is not "
-                             "supported by the MPI backend; split the array")
-        if adapter is _NUMPY and not async_op and (x is None or x.flags.c_contiguous):
+        ``arguments(send_bytes, recv_bytes)`` are the call's arguments; their byte counts and
+        displacements (C ints) lie within ``x`` and ``result``, whose sizes are checked."""
+        if adapter is _NUMPY and not async_op and (x is None or (x.flags.c_contiguous and x.nbytes <= MAX_COUNT)) \
+                and (result is None or result.nbytes <= MAX_COUNT):
             # Host memory as it is (results and out= are contiguous): the MPI call as raw
             # mpi4py makes it, with no staging to plan.
             comm = self._comm
             self._call(getattr(comm, name), getattr(comm, _nonblocking(name)), *arguments(x, result))
             return value
+        if (x is not None and nbytes(x) > MAX_COUNT) or (result is not None and nbytes(result) > MAX_COUNT):
+            raise ValueError(f"{self._operation} of more than 2**31-1 bytes per message is not "
+                             "supported by the MPI backend; split the array")
         send = None if x is None else self._buffer(x, adapter, None)[0]
         recv, writeback = (None, None) if result is None else self._buffer(result, adapter, None)
         call = arguments(None if send is None else flat_bytes(send), None if recv is None else flat_bytes(recv))
@@ -563,35 +561,21 @@ class MPICommunicator(Communicator):
                       out: Any, async_op: bool) -> Any:
         result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
         row = row_bytes(x)
-        sizes = [n * row for n in counts]
+        sizes = [n * row for n in counts]  # (mpi4py lays them out back to back)
         byte = self._byte
-        if adapter is _NUMPY and not async_op and x.flags.c_contiguous and result.nbytes <= MAX_COUNT:
-            # The common case as raw mpi4py writes it (mpi4py lays out the displacements).
-            self._call(self._comm.Allgatherv, self._comm.Iallgatherv, [x, byte], [result, sizes, byte])
-            return result, counts
-        starts = offsets(sizes)
         return self._move_bytes(x, adapter, result, (result, counts), async_op, "Allgatherv",
-                                lambda send, recv: ([send, byte], [recv, (sizes, starts), byte]),
-                                counts=(*sizes, *starts))
+                                lambda send, recv: ([send, byte], [recv, sizes, byte]))
 
     def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
                       splits: list[list[int]], out: Any, async_op: bool) -> Any:
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
         row = row_bytes(x)
-        send_sizes = [n * row for n in splits[self.rank]]
+        send_sizes = [n * row for n in splits[self.rank]]  # (laid out back to back)
         recv_sizes = [n * row for n in received]
         byte = self._byte
-        if adapter is _NUMPY and not async_op and x.flags.c_contiguous and \
-                max(x.nbytes, result.nbytes) <= MAX_COUNT:  # the common case, as for all_gather_v
-            self._call(self._comm.Alltoallv, self._comm.Ialltoallv, [x, send_sizes, byte],
-                       [result, recv_sizes, byte])
-            return result
-        send_offsets, recv_offsets = offsets(send_sizes), offsets(recv_sizes)
         return self._move_bytes(x, adapter, result, result, async_op, "Alltoallv",
-                                lambda send, recv: ([send, (send_sizes, send_offsets), byte],
-                                                    [recv, (recv_sizes, recv_offsets), byte]),
-                                counts=(*send_sizes, *send_offsets, *recv_sizes, *recv_offsets))
+                                lambda send, recv: ([send, send_sizes, byte], [recv, recv_sizes, byte]))
 
     def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
                 async_op: bool) -> Any:
