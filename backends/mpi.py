@@ -20,9 +20,9 @@ Timeouts: MPI has none, so with a timeout set every collective is the nonblockin
 call (``Iallreduce``, ``Ibcast``, ...) completed by polling ``Test`` against a
 deadline (:func:`poll_policy`): a few tight polls first (small collectives finish
 there), then, when every rank of the node has a core of its own, polls without
-yielding for up to 50 us (a peer's message is seen the moment it lands), then polls
-with ``sched_yield`` (a rank sharing the core runs), then after a second of waiting
-polls every millisecond (a hung job does not burn the CPU). A collective request cannot be
+yielding but every 16th (a peer's message is seen the moment it lands, and a peer the
+scheduler put on this core runs), else polls with ``sched_yield`` each, and after a
+second of waiting polls every millisecond (a hung job does not burn the CPU). A collective request cannot be
 cancelled, so after a timeout the communicator refuses further calls. With no
 timeout (``COLLECTIVES_TIMEOUT=0``) the blocking calls are used. Every MPI call goes
 out through :meth:`MPICommunicator._call` (or, for handles, ``_collective``).
