@@ -9,14 +9,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from collectives.communicator import Work
 from collectives.errors import CollectiveError
 from collectives.polling import PollPolicy, wait_until, yield_or_sleep
-
-if TYPE_CHECKING:
-    from .cupy_nccl import CupyNcclCommunicator
+from collectives.work import Work
 
 #: Waiting for a collective under a timeout (:func:`wait_for`): tight polls of its CUDA event,
 #: then polls that yield the CPU for BUSY_POLL_SECONDS, then sleeps from POLL_MIN_SECONDS
@@ -135,7 +132,7 @@ def _launch_group(nccl: Any) -> None:
     try:
         nccl.groupEnd()
     except Exception as error:
-        failure = works[0]._comm._transport_error(error) if works else CollectiveError(str(error))
+        failure = works[0]._comm.context.map_error(error) if works else CollectiveError(str(error))
         for work in works:
             work._error = failure
         raise failure from error
@@ -149,19 +146,19 @@ class _StreamWork(Work):
     """An enqueued NCCL call (or a send/recv waiting in this thread's open NCCL group).
 
     ``wait()`` launches the open group if this call is in it. With a timeout, the host then
-    polls the call's CUDA event against the deadline (:meth:`CupyNcclCommunicator._complete`);
+    polls the call's CUDA event against the deadline (the cupy transport's ``_complete``);
     without one it returns at once, like torch's NCCL ``Work.wait()``. Either way the
     then-current stream (of ``like``'s library and device) is made to wait for the event, so
     kernels enqueued afterwards see the result.
     """
 
-    def __init__(self, result: Any, library: Any, event: Any, comm: CupyNcclCommunicator,
+    def __init__(self, result: Any, library: Any, event: Any, comm: Any,
                  like: Any = None, keep: Any = None) -> None:
         super().__init__(result)
         self._library, self._event, self._comm = library, event, comm
         self._like = result if like is None else like  # an array on the device
         self._keep = keep  # memory NCCL reads or writes until the call completes
-        self._call = (comm._operation, comm._seq)
+        self._call = comm.context.call
         self._stream: Any = None  # a grouped send/recv: its stream, and what follows it there
         self._then: Callable[[], None] | None = None
         self._host: Callable[[], None] | None = None  # host work once complete (debug headers)
@@ -183,8 +180,8 @@ class _StreamWork(Work):
             raise self._error
         comm = self._comm
         if not self._completed:
-            if comm._broken:  # aborted: the call may have ended early, its result is not trusted
-                raise CollectiveError(comm._broken)
+            if comm.context.broken:  # aborted: the call may have ended early, its result is not trusted
+                raise CollectiveError(comm.context.broken)
             comm._flush_group()  # launches this call if it is in the open group
             if comm.timeout is not None:
                 try:

@@ -50,10 +50,12 @@ from collectives.backends.cupy_id import UNIQUE_ID_BYTES, comm_id_argument, exch
 
 from collectives import arrays, config
 from collectives.arrays import ArrayAdapter
-from collectives.communicator import Communicator, Work
+from collectives.communicator import Communicator
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ReduceOp
+from collectives.transport import Transport
+from collectives.work import Work
 
 from ._buffers import count, divide_, fold_bitwise, nbytes, row_bytes, stage
 from .cupy_handles import (  # noqa: F401  (wait_for and the poll constants: also importable from here)
@@ -135,12 +137,11 @@ def check_cuda_array(x: Any, adapter: ArrayAdapter, device: int | None) -> None:
 
 # -- the communicator ---------------------------------------------------------------------------
 
-class CupyNcclCommunicator(Communicator):
-    """A communicator over a ``cupy.cuda.nccl.NcclCommunicator`` on one CUDA device.
+class CupyNcclTransport(Transport):
+    """The transport over a ``cupy.cuda.nccl.NcclCommunicator`` on one CUDA device.
 
     ``nccl_version`` is the runtime libnccl's (major, minor, patch); ``device`` the CUDA
-    ordinal every array must live on. ``timeout`` as for every communicator (``None`` reads
-    ``COLLECTIVES_TIMEOUT``; 0 means none).
+    ordinal every array must live on.
     """
 
     backend = "cupy"
@@ -148,8 +149,7 @@ class CupyNcclCommunicator(Communicator):
     # synchronize the stream on every call: here only COLLECTIVES_DEBUG=1 checks.
     _checks_by_default = False
 
-    def __init__(self, nccl_comm: Any, rank: int, size: int, local_rank: int, device: int, *,
-                 timeout: Any = None) -> None:
+    def __init__(self, nccl_comm: Any, rank: int, size: int, local_rank: int, device: int) -> None:
         cupy, nccl = import_cupy_nccl()
         self._cupy = cupy
         self._nccl_module = nccl
@@ -158,10 +158,10 @@ class CupyNcclCommunicator(Communicator):
         self.nccl_version = decode_nccl_version(int(nccl.get_version()))
         self._bfloat16_native = self.nccl_version >= BFLOAT16_SINCE
         self._libraries: dict[ArrayAdapter, Any] = {}
-        super().__init__(rank, size, local_rank, timeout=timeout)
+        super().__init__(rank, size, local_rank)
 
     @classmethod
-    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> CupyNcclCommunicator:
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> CupyNcclTransport:
         config.timeout_seconds(timeout)  # a bad value fails before anything starts
         cupy, nccl = import_cupy_nccl()
         device = bind_device(cupy, launch.local_rank)
@@ -169,7 +169,7 @@ class CupyNcclCommunicator(Communicator):
         with cupy.cuda.Device(device):
             comm = nccl.NcclCommunicator(launch.size, comm_id_argument(raw, cupy.__version__),
                                          launch.rank)
-        made = cls(comm, launch.rank, launch.size, launch.local_rank, device, timeout=timeout)
+        made = cls(comm, launch.rank, launch.size, launch.local_rank, device)
         log.info("collectives: cupy backend rank %d/%d on CUDA device %d, NCCL %s",
                  launch.rank, launch.size, device, ".".join(map(str, made.nccl_version)))
         return made
@@ -219,7 +219,7 @@ class CupyNcclCommunicator(Communicator):
         if wait_for(lambda: lib.query(event), self.timeout, self._check_async_error):
             return
         self._abort()
-        raise self._timeout_error("its NCCL calls were aborted (ncclCommAbort)", call=call)
+        raise self.context.timeout_error("its NCCL calls were aborted (ncclCommAbort)", call=call)
 
     def _check_async_error(self) -> None:
         """An error NCCL found on its own (a peer's connection lost): abort and raise it."""
@@ -227,9 +227,9 @@ class CupyNcclCommunicator(Communicator):
             self._comm.check_async_error()
         except Exception as error:  # noqa: BLE001  (NcclError is cupy's RuntimeError)
             self._abort()
-            self._broken = (f"{self!r} is unusable: NCCL reported an asynchronous error "
-                            f"({error}); create a new communicator, or end the job")
-            raise CollectiveError(f"{self._call_name()} failed: NCCL reported an asynchronous "
+            self.context.mark_broken(f"NCCL reported an asynchronous error ({error}); create a new "
+                                     "communicator, or end the job")
+            raise CollectiveError(f"{self.context.call_name()} failed: NCCL reported an asynchronous "
                                   f"error ({error}); this communicator is now unusable") from error
 
     def _abort(self) -> None:
@@ -530,7 +530,7 @@ class CupyNcclCommunicator(Communicator):
                 lib = self._library(arrays.CUPY)
                 self._complete(lib, lib.record(stream))
 
-    def _split(self, color: int | None, key: int) -> Communicator | None:
+    def _split(self, color: int | None, key: int) -> CupyNcclTransport | None:
         self._flush_group()
         native = getattr(self._comm, "commSplit", None)
         if native is not None and self.nccl_version >= COMM_SPLIT_SINCE:
@@ -544,11 +544,11 @@ class CupyNcclCommunicator(Communicator):
             if new is not _NOT_CALLED:
                 if color is None or new is None:
                     return None
-                return CupyNcclCommunicator(new, int(new.rank_id()), int(new.size()), self.local_rank,
-                                            self.device, timeout=self._timeout_arg)
+                return CupyNcclTransport(new, int(new.rank_id()), int(new.size()), self.local_rank,
+                                         self.device)
         return self._split_through_parent(color, key)
 
-    def _split_through_parent(self, color: int | None, key: int) -> Communicator | None:
+    def _split_through_parent(self, color: int | None, key: int) -> CupyNcclTransport | None:
         # Without ncclCommSplit (CuPy < 14, NCCL < 2.18.1) the new communicator is made through
         # this one: each group's first rank makes an NCCL id, and the ids travel in one exchange.
         import numpy as np  # noqa: PLC0415
@@ -568,14 +568,46 @@ class CupyNcclCommunicator(Communicator):
         except Exception as error:  # noqa: BLE001  (NcclError is cupy's RuntimeError)
             raise CollectiveError(f"split: NCCL could not create the communicator of color "
                                   f"{color} ({error})") from error
-        return CupyNcclCommunicator(comm, members.index(self.rank), len(members), self.local_rank,
-                                    self.device, timeout=self._timeout_arg)
+        return CupyNcclTransport(comm, members.index(self.rank), len(members), self.local_rank,
+                                 self.device)
 
     def _close(self) -> None:
         try:
             self._flush_group()
         finally:
             self._comm.destroy()
+
+
+class CupyNcclCommunicator(Communicator):
+    """A communicator over a ``cupy.cuda.nccl.NcclCommunicator`` on one CUDA device.
+
+    ``nccl_version`` is the runtime libnccl's (major, minor, patch); ``device`` the CUDA
+    ordinal every array must live on. ``timeout`` as for every communicator (``None`` reads
+    ``COLLECTIVES_TIMEOUT``; 0 means none).
+    """
+
+    transport_class = CupyNcclTransport
+    _transport: CupyNcclTransport
+
+    def __init__(self, nccl_comm: Any, rank: int, size: int, local_rank: int, device: int, *,
+                 timeout: Any = None) -> None:
+        config.timeout_seconds(timeout)  # a bad value fails before the transport is made
+        super().__init__(CupyNcclTransport(nccl_comm, rank, size, local_rank, device), timeout=timeout)
+
+    @property
+    def nccl_comm(self) -> Any:
+        """The underlying ``cupy.cuda.nccl.NcclCommunicator`` (for raw NCCL calls)."""
+        return self._transport.nccl_comm
+
+    @property
+    def device(self) -> int:
+        """The CUDA ordinal every array must live on."""
+        return self._transport.device
+
+    @property
+    def nccl_version(self) -> tuple[int, ...]:
+        """The runtime libnccl's (major, minor, patch)."""
+        return self._transport.nccl_version
 
 
 def _wire_buffer(x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, plan: ReducePlan

@@ -9,28 +9,30 @@ from __future__ import annotations
 from typing import Any
 
 from collectives.arrays import ArrayAdapter
-from collectives.communicator import Communicator, Work
+from collectives.communicator import Communicator
 from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
 from collectives.ops import ReduceOp
+from collectives.transport import Transport
+from collectives.work import Work
 
 
-class LocalCommunicator(Communicator):
+class LocalTransport(Transport):
+    """One rank, no peer: every collective is a copy at most."""
+
     backend = "local"
 
-    def __init__(self, local_rank: int = 0, *, timeout: Any = None) -> None:
-        # One rank waits for nobody: nothing here can time out, but the value is kept
-        # (and checked) like everywhere else.
-        super().__init__(rank=0, size=1, local_rank=local_rank, timeout=timeout)
+    def __init__(self, local_rank: int = 0) -> None:
+        super().__init__(0, 1, local_rank)
 
     @classmethod
-    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> LocalCommunicator:
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> LocalTransport:
         if launch.size != 1:
             raise BackendUnavailable(
                 f"backend 'local' runs one rank, but {launch.launcher} started {launch.size}; "
                 "use COLLECTIVES_BACKEND=mpi (mpiexec/mpirun/srun), torch or cupy, or auto"
             )
-        return cls(launch.local_rank, timeout=timeout)
+        return cls(launch.local_rank)
 
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Work | None:
@@ -61,5 +63,16 @@ class LocalCommunicator(Communicator):
     def _barrier(self) -> None:
         pass
 
-    def _split(self, color: int | None, key: int) -> Communicator | None:
-        return None if color is None else LocalCommunicator(self.local_rank, timeout=self._timeout_arg)
+    def _split(self, color: int | None, key: int) -> LocalTransport | None:
+        return None if color is None else LocalTransport(self.local_rank)
+
+
+class LocalCommunicator(Communicator):
+    """The communicator of one rank (no launcher): :class:`LocalTransport`'s."""
+
+    transport_class = LocalTransport
+
+    def __init__(self, local_rank: int = 0, *, timeout: Any = None) -> None:
+        # One rank waits for nobody: nothing here can time out, but the value is kept
+        # (and checked) like everywhere else.
+        super().__init__(LocalTransport(local_rank), timeout=timeout)

@@ -25,7 +25,7 @@ scheduler put on this core runs), else polls with ``sched_yield`` each, and afte
 second of waiting polls every millisecond (a hung job does not burn the CPU). A collective request cannot be
 cancelled, so after a timeout the communicator refuses further calls. With no
 timeout (``COLLECTIVES_TIMEOUT=0``) the blocking calls are used. Every MPI call goes
-out through :meth:`MPICommunicator._call` (or, for handles, ``_collective``).
+out through :meth:`MPITransport._call` (or, for handles, ``_collective``).
 
 Rank failure: an uncaught exception on one rank would leave the others waiting
 in a collective forever, so ``collectives.init()`` under an MPI launcher installs a
@@ -47,12 +47,14 @@ import numpy as np
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
 from collectives.calls import ALL_REDUCE, BROADCAST, FAREWELL_TAG
-from collectives.communicator import Communicator, Work
+from collectives.communicator import Communicator
 from collectives.diagnostics import _exits, process_hooks
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo, check_world_size
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.polling import wait_until
+from collectives.transport import Transport
+from collectives.work import Work
 
 from . import _float_order
 from ._buffers import (
@@ -126,16 +128,13 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
     process_hooks._abort_mpi_on_uncaught_exception()
 
 
-class MPICommunicator(Communicator):
-    """A communicator over an ``mpi4py.MPI.Comm`` (by default a duplicate of COMM_WORLD)."""
+class MPITransport(Transport):
+    """The transport over an ``mpi4py.MPI.Comm`` (by default a duplicate of COMM_WORLD)."""
 
     backend = "mpi"
 
-    def __init__(self, comm: Any = None, local_rank: int | None = None, *,
-                 timeout: Any = None) -> None:
-        """``comm``: the mpi4py communicator to duplicate (default COMM_WORLD).
-        ``timeout``: seconds (or timedelta) per blocking collective; ``None`` reads
-        ``COLLECTIVES_TIMEOUT``; 0 means none."""
+    def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
+        """``comm``: the mpi4py communicator to duplicate (default COMM_WORLD)."""
         MPI = import_mpi()
         self._MPI = MPI
         self._comm = (MPI.COMM_WORLD if comm is None else comm).Dup()
@@ -146,8 +145,7 @@ class MPICommunicator(Communicator):
             local_rank = node.Get_rank() if local_rank is None else local_rank
             self._poll = poll_policy(node.Get_size())
             node.Free()
-        super().__init__(self._comm.Get_rank(), self._comm.Get_size(), local_rank,
-                         timeout=timeout)
+        super().__init__(self._comm.Get_rank(), self._comm.Get_size(), local_rank)
         # Requests abandoned by a timeout: MPI may still write their buffers, so they live on.
         self._abandoned: list[Any] = []
         float16 = MPI.FLOAT16_T if hasattr(MPI, "FLOAT16_T") else MPI.DATATYPE_NULL
@@ -189,7 +187,7 @@ class MPICommunicator(Communicator):
             self._word_request = None
 
     @classmethod
-    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPICommunicator:
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPITransport:
         if launch.launcher == "torchrun":
             raise BackendUnavailable(
                 "backend 'mpi' needs an MPI launcher (mpiexec, mpirun or srun), but this "
@@ -203,10 +201,10 @@ class MPICommunicator(Communicator):
         if launch.local_rank_known:
             bind_device(launch.local_rank)
         check_world_size(launch, import_mpi().COMM_WORLD.Get_size())
-        comm = cls(local_rank=launch.local_rank if launch.local_rank_known else None, timeout=timeout)
+        transport = cls(local_rank=launch.local_rank if launch.local_rank_known else None)
         if not launch.local_rank_known:
-            bind_device(comm.local_rank)
-        return comm
+            bind_device(transport.local_rank)
+        return transport
 
     @property
     def mpi_comm(self) -> Any:
@@ -255,13 +253,13 @@ class MPICommunicator(Communicator):
         test = request.Test if status is None else lambda: request.Test(status)
         try:
             done = wait_until(test, math.inf if self.timeout is None else self.timeout, self._poll,
-                              check=lambda: self._hear_farewells(call))
+                              check=lambda: self.context.hear_farewells(call))
         except CollectiveError:
             self._abandoned.append(request)  # MPI may still write its buffers
             raise
         if not done:
             self._abandoned.append(request)
-            raise self._timeout_error(call=call)
+            raise self.context.timeout_error(call=call)
 
     def _complete_request(self, request: Any, call: tuple[str, int] | None, status: Any) -> None:
         """A handle's way to complete one of its requests: ``Wait`` with no timeout, else
@@ -366,7 +364,7 @@ class MPICommunicator(Communicator):
         MPI = self._MPI
         if MPI.Is_finalized() or self._comm == MPI.COMM_NULL:
             return
-        word = self._farewell_word = np.array([self._name_hash, self._seq, how], dtype=np.int64)
+        word = self._farewell_word = np.array([self._name_hash, self.context.call[1], how], dtype=np.int64)
         requests = [self._comm.Isend([word, MPI.INT64_T], peer, FAREWELL_TAG)
                     for peer in range(self.size) if peer != self.rank]
         if not wait_until(lambda: MPI.Request.Testall(requests), 0.2, self._poll):
@@ -385,7 +383,7 @@ class MPICommunicator(Communicator):
 
     @property
     def _name_hash(self) -> int:
-        return zlib.crc32(self.trace_name.encode()) & 0x7FFFFFFF
+        return zlib.crc32(self.context.name.encode()) & 0x7FFFFFFF
 
     def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
                     async_op: bool) -> Any:
@@ -489,7 +487,7 @@ class MPICommunicator(Communicator):
             start = getattr(self._comm, _nonblocking(name))
             return _Request(result, self._MPI, [start(*args) for args in calls],
                             finish or _nothing, self._complete_request,
-                            (self._operation, self._seq), buffers=buffers)
+                            self.context.call, buffers=buffers)
         run, start = getattr(self._comm, name), getattr(self._comm, _nonblocking(name))
         for args in calls:
             self._call(run, start, *args)
@@ -527,7 +525,7 @@ class MPICommunicator(Communicator):
             self._call(getattr(comm, name), getattr(comm, _nonblocking(name)), *arguments(x, result))
             return value
         if (x is not None and nbytes(x) > MAX_COUNT) or (result is not None and nbytes(result) > MAX_COUNT):
-            raise ValueError(f"{self._operation} of more than 2**31-1 bytes per message is not "
+            raise ValueError(f"{self.context.call[0]} of more than 2**31-1 bytes per message is not "
                              "supported by the MPI backend; split the array")
         send = None if x is None else self._buffer(x, adapter, None)[0]
         recv, writeback = (None, None) if result is None else self._buffer(result, adapter, None)
@@ -621,7 +619,7 @@ class MPICommunicator(Communicator):
                 writeback()
 
         work = _Request(x, self._MPI, [request], finish, self._complete_request,
-                        (self._operation, self._seq), statuses=[status], buffers=buf)
+                        self.context.call, statuses=[status], buffers=buf)
         if async_op:
             return work
         work.wait()
@@ -630,7 +628,7 @@ class MPICommunicator(Communicator):
     def _barrier(self) -> None:
         self._collective("Barrier", [()], None, False)
 
-    def _split(self, color: int | None, key: int) -> Communicator | None:
+    def _split(self, color: int | None, key: int) -> MPITransport | None:
         MPI = self._MPI
         # MPI has no nonblocking split: once every rank is through this barrier, Split
         # (and the new communicator's Dup) completes without waiting on anyone.
@@ -639,18 +637,42 @@ class MPICommunicator(Communicator):
         if new == MPI.COMM_NULL:
             return None
         try:
-            child = MPICommunicator(new, local_rank=self.local_rank, timeout=self._timeout_arg)
+            child = MPITransport(new, local_rank=self.local_rank)
             child._poll = self._poll
             return child
         finally:
-            new.Free()  # MPICommunicator keeps its own Dup
+            new.Free()  # MPITransport keeps its own Dup
 
     def _close(self) -> None:
         MPI = self._MPI
         if not MPI.Is_finalized() and self._comm != MPI.COMM_NULL:
-            if self._word_request is not None and not self._broken:  # (an active one stays)
+            if self._word_request is not None and not self.context.broken:  # (an active one stays)
                 self._word_request.Free()
             self._comm.Free()
+
+
+class MPICommunicator(Communicator):
+    """A communicator over an ``mpi4py.MPI.Comm`` (by default a duplicate of COMM_WORLD)."""
+
+    transport_class = MPITransport
+    _transport: MPITransport
+
+    def __init__(self, comm: Any = None, local_rank: int | None = None, *,
+                 timeout: Any = None) -> None:
+        """``comm``: the mpi4py communicator to duplicate (default COMM_WORLD).
+        ``timeout``: seconds (or timedelta) per blocking collective; ``None`` reads
+        ``COLLECTIVES_TIMEOUT``; 0 means none."""
+        super().__init__(MPITransport(comm, local_rank), timeout=timeout)
+
+    @property
+    def mpi_comm(self) -> Any:
+        """The underlying ``mpi4py.MPI.Comm`` (for mixing raw mpi4py calls)."""
+        return self._transport.mpi_comm
+
+    @property
+    def cuda_aware(self) -> bool:
+        """Whether CUDA arrays go to MPI directly (else staged through host memory)."""
+        return self._transport.cuda_aware
 
 
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.

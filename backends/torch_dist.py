@@ -37,11 +37,13 @@ from typing import Any
 
 from collectives import arrays, farewell
 from collectives.arrays import ArrayAdapter
-from collectives.communicator import Communicator, Work, deliver
+from collectives.communicator import Communicator
 from collectives.diagnostics import recorder
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
+from collectives.transport import Transport
+from collectives.work import Work, deliver
 
 from . import _float_order
 from ._buffers import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
@@ -58,17 +60,15 @@ from .torch_bootstrap import (  # noqa: F401  (mpi_shared_tcp_store, store_host:
 from .torch_handles import _BatchedP2P, _torch_call, _TorchWork, batches, launch_batch
 
 
-class TorchCommunicator(Communicator):
-    """A communicator over a torch.distributed process group (default: the world group)."""
+class TorchTransport(Transport):
+    """The transport over a torch.distributed process group (default: the world group)."""
 
     backend = "torch"
 
     def __init__(self, group: Any = None, ranks: list[int] | None = None,
-                 local_rank: int | None = None, *, timeout: Any = None) -> None:
+                 local_rank: int | None = None) -> None:
         """``group``: a torch ProcessGroup (None: the default group). ``ranks``: the
-        group's global ranks in this communicator's rank order (None: torch's order).
-        ``timeout``: the timeout the group was made with (torch enforces it; ``None``
-        reads ``COLLECTIVES_TIMEOUT``): for messages and for the groups of ``split``."""
+        group's global ranks in this transport's rank order (None: torch's order)."""
         import torch  # noqa: PLC0415
 
         dist = import_torch_distributed()
@@ -95,13 +95,14 @@ class TorchCommunicator(Communicator):
         me = self._global_ranks.index(dist.get_rank())
         if local_rank is None:
             local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
-        super().__init__(me, len(self._global_ranks), local_rank, timeout=timeout)
+        super().__init__(me, len(self._global_ranks), local_rank)
         # The single-tensor forms (torch >= 2.12 names; the older ones are deprecated there).
         self._all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
                                        or dist.reduce_scatter_tensor)
-        # The timeout torch enforces on this group (a call's own timeout= may be shorter).
-        self._group_timeout = self.timeout
+        # The timeout torch enforces on this group (a call's own timeout= may be shorter): the
+        # communicator's when it takes the transport (see attach).
+        self._group_timeout: float | None = None
         self._farewells_seen = 0  # the count of farewells in the store at the last look
         self._band = dist.ReduceOp.BAND
         self._name = "world"  # unique among communicators; split derives its children's
@@ -111,17 +112,20 @@ class TorchCommunicator(Communicator):
                      ReduceOp.MIN: R.MIN, ReduceOp.MAX: R.MAX, ReduceOp.BAND: R.BAND,
                      ReduceOp.BOR: R.BOR, ReduceOp.BXOR: R.BXOR}
 
+    def attach(self, context: Any, timeout: float | None) -> None:
+        super().attach(context, timeout)
+        self._group_timeout = timeout  # the timeout the group was made with (torch enforces it)
+
     @classmethod
-    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> TorchCommunicator:
-        """The world communicator; ``timeout`` (else ``COLLECTIVES_TIMEOUT``) becomes the
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> TorchTransport:
+        """The world transport; ``timeout`` (else ``COLLECTIVES_TIMEOUT``) becomes the
         default process group's timeout, unless the user initialized that group already."""
         from collectives import config  # noqa: PLC0415
 
         dist = import_torch_distributed()
-        seconds = config.timeout_seconds(timeout)
         if not dist.is_initialized():
-            bootstrap_process_group(dist, launch, torch_timeout(seconds))
-        return cls(local_rank=launch.local_rank, timeout=0 if seconds is None else seconds)
+            bootstrap_process_group(dist, launch, torch_timeout(config.timeout_seconds(timeout)))
+        return cls(local_rank=launch.local_rank)
 
     def _map_error(self, error: Exception) -> Exception | None:
         """torch's timeout errors become ``CollectiveTimeout``, its transport failures
@@ -135,18 +139,18 @@ class TorchCommunicator(Communicator):
         # Gloo: "Timed out waiting 5000ms for recv operation to complete"; NCCL's
         # watchdog: "Watchdog caught collective operation timeout".
         if "timed out" in lowered or "timeout" in lowered:
-            return self._timeout_error(detail="torch: " + first_line)
+            return self.context.timeout_error(detail="torch: " + first_line)
         dist_error = getattr(self._dist, "DistError", ())
         if isinstance(error, dist_error) or any(
                 phrase in lowered for phrase in ("connection closed", "connection reset",
                                                  "broken pipe", "connection refused")):
             try:  # a peer that left said so before its connection closed
-                self._hear_farewells()
+                self.context.hear_farewells()
             except CollectiveError as left:
                 return left
             except Exception:  # noqa: BLE001 - the store went with that peer
                 pass
-            return CollectiveError(f"{self._call_name()} failed in torch.distributed (a peer rank "
+            return CollectiveError(f"{self.context.call_name()} failed in torch.distributed (a peer rank "
                                    f"may have died): its connection closed, and it left no "
                                    f"farewell: {first_line}")
         return None
@@ -497,8 +501,8 @@ class TorchCommunicator(Communicator):
         enforces) is kept."""
         flag = self._torch.tensor([word], dtype=self._torch.int64)
         work = _TorchWork(flag, self._dist.all_reduce(flag, op=self._band, group=self._group,
-                                                      async_op=True), comm=self)
-        self._await(work, math.inf if self.timeout is None or self.timeout == self._group_timeout
+                                                      async_op=True), transport=self)
+        self.context.await_work(work, math.inf if self.timeout is None or self.timeout == self._group_timeout
                     else self.timeout)
         work.wait()
         return int(flag[0])
@@ -515,7 +519,7 @@ class TorchCommunicator(Communicator):
         store = self._store()
         if store is not None:  # (host and pid: see farewell.wait_for_departed)
             store.set(f"collectives/left/{self._name}/{self.rank}",
-                      f"{self._seq} {how} {socket.gethostname()} {os.getpid()}")
+                      f"{self.context.call[1]} {how} {socket.gethostname()} {os.getpid()}")
             store.add(f"collectives/left/{self._name}", 1)
 
     def _peers_left(self) -> list[tuple[int, int, int]]:
@@ -529,7 +533,7 @@ class TorchCommunicator(Communicator):
         found = []
         for peer in range(self.size):
             key = f"collectives/left/{self._name}/{peer}"
-            if peer != self.rank and peer not in self._left and store.check([key]):
+            if peer != self.rank and not self.context.has_left(peer) and store.check([key]):
                 calls, how, host, pid = store.get(key).decode().split()
                 found.append((peer, int(calls), int(how)))
                 farewell.departed.append((host, int(pid)))
@@ -555,15 +559,15 @@ class TorchCommunicator(Communicator):
             # "Ranks 1, 2 failed to pass monitoredBarrier in 1000 ms" (global ranks), on rank 0
             found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", text)
             if found is None:
-                raise self._timeout_error(
+                raise self.context.timeout_error(
                     detail="rank 0 did not release the barrier: its CollectiveTimeout (or its dump, "
                            "with COLLECTIVES_TRACE_DIR) names the ranks that never arrived") from error
             missing = sorted(self._global_ranks.index(int(r)) for r in found.group(1).split(",") if r.strip())
-            raise self._timeout_error(
+            raise self.context.timeout_error(
                 detail=f"rank(s) {', '.join(map(str, missing))} never arrived at the barrier") from error
         return True
 
-    def _split(self, color: int | None, key: int) -> Communicator | None:
+    def _split(self, color: int | None, key: int) -> TorchTransport | None:
         launch_batch()
         members = self._split_groups(color, key)
         self._splits += 1
@@ -580,8 +584,7 @@ class TorchCommunicator(Communicator):
             group = self._dist.new_group(sorted(global_ranks), use_local_synchronization=True,
                                          timeout=torch_timeout(self.timeout))
         created_groups.append(group)
-        child = TorchCommunicator(group, ranks=global_ranks, local_rank=self.local_rank,
-                                  timeout=self._timeout_arg)
+        child = TorchTransport(group, ranks=global_ranks, local_rank=self.local_rank)
         child._name = name
         return child
 
@@ -591,6 +594,26 @@ class TorchCommunicator(Communicator):
             if self._group in created_groups:
                 created_groups.remove(self._group)
             self._dist.destroy_process_group(self._group)
+
+
+class TorchCommunicator(Communicator):
+    """A communicator over a torch.distributed process group (default: the world group)."""
+
+    transport_class = TorchTransport
+    _transport: TorchTransport
+
+    def __init__(self, group: Any = None, ranks: list[int] | None = None,
+                 local_rank: int | None = None, *, timeout: Any = None) -> None:
+        """``group``: a torch ProcessGroup (None: the default group). ``ranks``: the
+        group's global ranks in this communicator's rank order (None: torch's order).
+        ``timeout``: the timeout the group was made with (torch enforces it; ``None``
+        reads ``COLLECTIVES_TIMEOUT``): for messages and for the groups of ``split``."""
+        super().__init__(TorchTransport(group, ranks, local_rank), timeout=timeout)
+
+    @property
+    def process_group(self) -> Any:
+        """The torch ProcessGroup (None means the default group)."""
+        return self._transport.process_group
 
 
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.

@@ -15,16 +15,18 @@ from typing import Any
 
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
-from collectives.communicator import Communicator, Work
+from collectives.work import Work
 
 
 class _TorchWork(Work):
-    def __init__(self, x: Any, work: Any, finish: Any = None,
-                 comm: Communicator | None = None) -> None:
+    """An asynchronous torch.distributed call's handle; ``transport``: the torch transport
+    whose communicator's context maps a failure (``None``: raised as torch raised it)."""
+
+    def __init__(self, x: Any, work: Any, finish: Any = None, transport: Any = None) -> None:
         super().__init__(x)
         self._work = work
         self._finish = finish
-        self._comm = comm
+        self._transport = transport
         #: For CuPy arrays: returns the torch view of the stream that is CuPy's current one when
         #: wait() is called, which wait() makes wait for the call (as it does torch's current
         #: stream for tensors).
@@ -38,9 +40,9 @@ class _TorchWork(Work):
                 try:
                     self._work.wait()
                 except RuntimeError as error:
-                    if self._comm is None:
+                    if self._transport is None:
                         raise
-                    raise self._comm._transport_error(error) from error
+                    raise self._transport.context.map_error(error) from error
                 self._work = None
                 if self._finish is not None:
                     self._finish()
@@ -61,9 +63,9 @@ class _TorchWork(Work):
         except RuntimeError as error:
             if "timed out" in str(error).lower() and not self._work.is_completed():
                 return False
-            if self._comm is None:
+            if self._transport is None:
                 raise
-            raise self._comm._transport_error(error) from error
+            raise self._transport.context.map_error(error) from error
         return True
 
 
@@ -89,8 +91,8 @@ class _BatchedP2P(_TorchWork):
     A CUDA event recorded at the call keeps the batch ordered after the kernels that produced
     the tensor, whichever stream is current when the batch goes out."""
 
-    def __init__(self, x: Any, op: Any, finish: Any, comm: Communicator) -> None:
-        super().__init__(x, None, finish, comm)
+    def __init__(self, x: Any, op: Any, finish: Any, transport: Any) -> None:
+        super().__init__(x, None, finish, transport)
         self._op = op
         self._pending = True
         self._error: Exception | None = None
@@ -159,11 +161,11 @@ def launch_batch() -> None:
         for work in members:
             if work._ready is not None:
                 torch.cuda.current_stream(work._op.tensor.device).wait_event(work._ready)
-        comm = members[0]._comm
+        transport = members[0]._transport
         try:
-            handles = comm._dist.batch_isend_irecv([work._op for work in members])  # type: ignore[union-attr]
+            handles = transport._dist.batch_isend_irecv([work._op for work in members])
         except RuntimeError as error:
-            failure = comm._transport_error(error) if comm is not None else error
+            failure = transport.context.map_error(error)
             for work in members:
                 work._error, work._pending = failure, False
             continue

@@ -164,40 +164,40 @@ def same_shape(comm: Any, shape: Shape, extra: Any) -> Shape:
 
 ALL_REDUCE = Call(
     "all_reduce", reduces=True, in_place=True, code=0, bus_steps=2,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_reduce(x, a, d, op, asy))
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._all_reduce(x, a, d, op, asy))
 BROADCAST = Call(
     "broadcast", in_place=True, root="src", code=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._broadcast(x, a, d, root, asy))
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._broadcast(x, a, d, root, asy))
 REDUCE = Call(
     "reduce", reduces=True, in_place=True, root="dst", code=6,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._reduce(x, a, d, op, root, asy))
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._reduce(x, a, d, op, root, asy))
 ALL_GATHER = Call(
     "all_gather", out_shape=stacked, code=2, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_gather(x, a, d, out, asy))
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._all_gather(x, a, d, out, asy))
 ALL_GATHER_V = Call(
     "all_gather_v", check=at_least_one_dim("all_gather_v"), counted=True, code=10, bus_steps=1,
     run=lambda c, x, a, d, op, root, out, asy, extra: c._all_gather_v_counted(x, a, d, out, asy))
 REDUCE_SCATTER = Call(
     "reduce_scatter", reduces=True, check=rows_divisible, out_shape=block_of_rows, code=3, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._reduce_scatter(x, a, d, op, out, asy))
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._reduce_scatter(x, a, d, op, out, asy))
 GATHER = Call(
     "gather", root="dst", out_shape=stacked, code=7, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._gather(x, a, d, root, out, asy))
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._gather(x, a, d, root, out, asy))
 SCATTER = Call(
     "scatter", root="src", check=rows_equal_size("scatter"), out_shape=one_row, code=8, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._scatter(x, a, d, root, out, asy))
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._scatter(x, a, d, root, out, asy))
 ALL_TO_ALL = Call(
     "all_to_all", check=rows_equal_size("all_to_all"), out_shape=same_shape, code=9, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_to_all(x, a, d, out, asy))
+    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._all_to_all(x, a, d, out, asy))
 ALL_TO_ALL_V = Call(
     "all_to_all", check=check_splits, counted=True, code=9, bus_steps=1,
     run=lambda c, x, a, d, op, root, out, asy, splits: c._all_to_all_counted(x, a, d, splits, out, asy))
 SEND = Call(
     "send", root="dst", collective=False, check=peer_and_tag("dst"), code=11,
-    run=lambda c, x, a, d, op, root, out, asy, tag: c._send(x, a, d, root, tag, asy))
+    run=lambda c, x, a, d, op, root, out, asy, tag: c._transport._send(x, a, d, root, tag, asy))
 RECV = Call(
     "recv", in_place=True, root="src", collective=False, check=peer_and_tag("src"), code=12,
-    run=lambda c, x, a, d, op, root, out, asy, tag: c._recv(x, a, d, root, tag, asy))
+    run=lambda c, x, a, d, op, root, out, asy, tag: c._transport._recv(x, a, d, root, tag, asy))
 BARRIER = Call("barrier", code=4)
 SPLIT = Call("split", code=5)
 

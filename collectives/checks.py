@@ -26,12 +26,14 @@ Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any], bool], ArrayAdapte
 _OUT_SHAPE_AFTER_COUNTS = frozenset({"all_gather_v", "all_to_all"})
 
 
-class ArgumentChecks(Transport):
+class ArgumentChecks:
     """The checks of the call path (a base of :class:`collectives.Communicator`)."""
 
     # Set by Communicator.__init__: whether the backend overrides ``_check_device`` (the call
     # path skips it when not), and the plans of the kinds of arrays that passed the checks.
     _checks_device: bool
+    _transport: Transport
+    size: int
     _plans: dict[tuple[Any, ...], Plan]
 
     # The checks run on every call. _run first looks the kind of x (its type and dtype,
@@ -49,7 +51,7 @@ class ArgumentChecks(Transport):
         dtype = adapter.dtype_name(x)
         adapter.check_array(x, in_place)
         if self._checks_device:
-            self._check_device(x, adapter)
+            self._transport._check_device(x, adapter)
         reduce_op = check_reduction(dtype, op) if reduces else None
         return adapter, dtype, reduce_op
 
@@ -59,7 +61,7 @@ class ArgumentChecks(Transport):
         fast path if it has one (:meth:`_fast_path`; in-place collectives only, so its
         result is ``x``), the adapter, dtype name and ReduceOp."""
         adapter, dtype, reduce_op = self._check_kind(x, op, call.reduces, call.in_place)
-        fast = self._fast_path(call, adapter, dtype, reduce_op) \
+        fast = self._transport._fast_path(call, adapter, dtype, reduce_op) \
             if call.in_place and call.collective else None
         # The per-array check: with a fast path, the one that also returns x's host view
         # (without, check_array's None means the fast path, never taken, is never called);
@@ -79,7 +81,7 @@ class ArgumentChecks(Transport):
         """``check``, then :meth:`_check_device` (as in :meth:`_check_kind`)."""
         def check_and_device(x: Any, in_place: bool) -> Any:
             view = check(x, in_place)
-            self._check_device(x, adapter)
+            self._transport._check_device(x, adapter)
             return view
         return check_and_device
 

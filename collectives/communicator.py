@@ -1,8 +1,7 @@
-"""The Communicator interface every backend implements. Read this file first.
+"""The Communicator: the public interface and the one call path. Read this file first.
 
-A backend subclasses :class:`Communicator` and implements the underscored
-methods (``_all_reduce``, ``_broadcast``, ..., ``_send``, ``_recv``) that
-:mod:`collectives.transport` declares. Every public
+A :class:`Communicator` holds a :class:`~collectives.transport.Transport` (the backend: it
+moves the data) and does everything else itself. Every public
 collective hands its arguments to ONE call path, :meth:`Communicator._run`, driven by
 the table of :mod:`collectives.calls` (one row per collective). That path checks every
 argument first, through the rules of :mod:`collectives.ops` and the adapters of
@@ -18,15 +17,17 @@ is unusable. Asynchronous handles (``async_op=True``) are kept by the communicat
 until they complete, so a handle the caller drops still completes correctly (its
 buffers stay alive), and ``close()`` completes them all.
 
-Where a backend's transport has no primitive for a collective, the default of
+Where a transport has no primitive for a collective, the default of
 :class:`~collectives.transport.Transport` is a correct emulation (:mod:`collectives.emulations`)
-from the backend's other methods (``reduce`` from ``all_reduce``, ``gather`` from
-``all_gather``, ...); backends override it with their transport's own call where there is one.
+from its other methods (``reduce`` from ``all_reduce``, ``gather`` from ``all_gather``, ...);
+a transport overrides it with its own call where there is one.
 
 The other rooms: :mod:`collectives.calls` (the table, one row per collective),
 :mod:`collectives.checks` (the argument checks and the plans of the call path),
 :mod:`collectives.work` (the asynchronous handle), :mod:`collectives.debug_p2p`
-(point-to-point in debug mode).
+(point-to-point in debug mode), :mod:`collectives.reliability` (timeouts, fingerprints,
+the monitored barrier, farewells). Imports: those modules and the transport protocol, never a
+backend.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ from .calls import (
     is_int,
 )
 from .checks import ArgumentChecks, Plan
+from .context import CommunicatorContext
 from .debug_p2p import CheckedPointToPoint
-from .diagnostics import recorder
+from .diagnostics import process_hooks, recorder
 from .diagnostics.recorder import END, POSTED, STARTED, STATE, CallRecord
 from .errors import CollectiveError
 from .ops import ReduceOp
@@ -73,11 +75,9 @@ _C_INT_MAX = 2**31 - 1
 
 _clock = recorder.clock
 # Names of communicators in the split tree (see Communicator.trace_name): communicators made
-# without a parent are numbered in the order this process made them; a split's child is
-# named by split() before the backend makes it (pushed here, taken by __init__).
+# without a parent are numbered in the order this process made them; split() names its child.
 _ROOTS = itertools.count()
 _ORDER = itertools.count()
-_CHILD_NAME: list[str] = []
 
 
 class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks):
@@ -110,28 +110,37 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
     (contiguous, writable) that the result is written into and returned.
     """
 
-    def __init__(self, rank: int, size: int, local_rank: int, *,
-                 timeout: Any = None) -> None:
-        self.rank = rank
-        self.size = size
-        self.local_rank = local_rank
-        self.timeout: float | None = config.timeout_seconds(timeout)
+    #: The backend's transport class (a public subclass sets it: ``from_launcher`` builds one).
+    transport_class: type[Transport] | None = None
+
+    def __init__(self, transport: Transport, *, timeout: Any = None, name: str | None = None) -> None:
+        """``transport``: the backend that moves the data (this communicator's only).
+        ``timeout``: seconds (or a timedelta) per blocking call; ``None`` reads
+        ``COLLECTIVES_TIMEOUT``; 0 means none. ``name``: its place in the split tree."""
+        if not isinstance(transport, Transport):
+            raise TypeError(f"transport must be a collectives.transport.Transport; got {type(transport).__name__}")
+        self._transport = transport
+        self.rank = transport.rank
+        self.size = size = transport.size
+        self.local_rank = transport.local_rank
+        transport.attach(CommunicatorContext(self), config.timeout_seconds(timeout))
         # One rank has nobody to disagree with: checks cost nothing at size 1.
         level = config.check_level() if size > 1 else config.CHECKS_OFF
-        if level == config.CHECKS_DEFAULT and not self._checks_by_default:
+        checks_by_default = transport._checks_by_default
+        if level == config.CHECKS_DEFAULT and not checks_by_default:
             level = config.CHECKS_OFF
         self._check_level = level
         # Debug mode (COLLECTIVES_DEBUG=1): full fingerprints, and headers ahead of send/recv.
         self.debug: bool = level == config.CHECKS_FULL
         # The first collective compares in full, COLLECTIVES_DEBUG=0 too (then no more).
-        self._checking = size > 1 and (level != config.CHECKS_OFF or self._checks_by_default)
+        self._checking = size > 1 and (level != config.CHECKS_OFF or checks_by_default)
         self._call_hashes: dict[tuple[Any, ...], int] = {}
         self._barrier_words: dict[int, tuple[Work, Any]] = {}
         self._left: dict[int, tuple[int, int]] = {}
         self._abandoned_works: list[Work] = []
         self._farewell_said = False
         if size > 1:
-            farewell.install()
+            process_hooks.install_farewell()
         self._closed = False
         # Why the communicator cannot be used any more (after a timeout), else None.
         self._why_broken: str | None = None
@@ -150,10 +159,10 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         # The plans of the kinds of arrays that passed the checks (see _plan), and whether the
         # backend checks devices (else the call path skips _check_device).
         self._plans: dict[tuple[Any, ...], Plan] = {}
-        self._checks_device = type(self)._check_device is not Transport._check_device
+        self._checks_device = type(transport)._check_device is not Transport._check_device
         #: This communicator's place in the split tree, the same on every member: "world" (the
         #: one init() made), "comm<N>" (made directly), "<parent>/<k>:<color>" (the k-th split).
-        self.trace_name = _CHILD_NAME.pop() if _CHILD_NAME else f"comm{next(_ROOTS)}"
+        self.trace_name = name or f"comm{next(_ROOTS)}"
         self._trace_order = next(_ORDER)
         self._trace_splits = 0
         # The flight recorder (collectives/recorder.py): the last calls, None when turned off.
@@ -164,6 +173,38 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
 
             profile.attach(self)
         _LIVE.add(self)
+
+    @classmethod
+    def from_launcher(cls, launch: Any, *, timeout: Any = None) -> Communicator:
+        """The world communicator of ``cls``'s backend for a process started as ``launch``
+        says (see :func:`collectives.init`); ``timeout`` as the constructor's."""
+        if cls.transport_class is None:
+            raise TypeError(f"{cls.__name__} names no transport_class; pass a Transport to Communicator()")
+        comm: Communicator = cls._adopt(cls.transport_class.from_launcher(launch, timeout=timeout),
+                                        timeout=timeout)
+        return comm
+
+    @classmethod
+    def _adopt(cls, transport: Transport, *, timeout: Any = None, name: str | None = None) -> Any:
+        """A communicator of this class around ``transport`` (made by ``from_launcher`` or a
+        split), without the public constructor of a backend's class."""
+        comm = cls.__new__(cls)
+        Communicator.__init__(comm, transport, timeout=timeout, name=name)
+        return comm
+
+    @property
+    def backend(self) -> str:
+        """The backend's name ("local", "torch", "mpi", "cupy", ...)."""
+        return self._transport.backend
+
+    @property
+    def timeout(self) -> float | None:
+        """Seconds a blocking collective may take before :class:`CollectiveTimeout` (None: none)."""
+        return self._transport.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float | None) -> None:
+        self._transport.timeout = seconds
 
     # -- the public interface: every method hands its arguments to _run ------------------
 
@@ -357,18 +398,19 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         if key is not None and not -_C_INT_MAX - 1 <= int(key) <= _C_INT_MAX:
             raise ValueError(f"key must be between -2**31 and 2**31 - 1; got {key}")
         record = self._begin(SPLIT)
-        _CHILD_NAME[:] = [f"{self.trace_name}/{self._trace_splits}:{color}"]
+        name = f"{self.trace_name}/{self._trace_splits}:{color}"
         self._trace_splits += 1
         try:
             if self._checking:  # colors and keys differ by design: only the call is compared
                 self._check_call(SPLIT, None, -1, None, ())
-            child = self._split(None if color is None else int(color),
-                                self.rank if key is None else int(key))
+            transport = self._transport._split(None if color is None else int(color),
+                                               self.rank if key is None else int(key))
         except Exception as error:
             self._raise_failed(record, error)
-        finally:
-            _CHILD_NAME.clear()
         self._completed(record)
+        if transport is None:
+            return None
+        child: Communicator = type(self)._adopt(transport, timeout=self._timeout_arg, name=name)
         return child
 
     def close(self) -> None:
@@ -383,7 +425,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
                 self._say_farewell(farewell.FINISHED)
                 self._closed, self._gate = True, None
                 _LIVE.discard(self)
-                self._close()
+                self._transport._close()
 
     def bind_thread(self) -> None:
         """Make the calling thread the one this communicator takes calls from.
@@ -535,22 +577,6 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
                 f"{threading.current_thread().name!r}. Two threads on one communicator would "
                 "mix up their calls between ranks: give each thread a communicator of its "
                 "own (split() in the owning thread, then bind_thread() in the other)")
-
-    def _split_groups(self, color: int | None, key: int) -> list[int] | None:
-        """Every rank's group for ``split``, through one all_gather of (color, key).
-
-        Returns this rank's group as a list of ranks of this communicator in the
-        new communicator's order, or ``None`` when ``color`` is ``None``. For
-        backends whose transport has no native split.
-        """
-        import numpy as np  # noqa: PLC0415  (numpy is a dependency of the interface)
-
-        mine = np.array([-1 if color is None else color, key], dtype=np.int64)
-        everyone = self._exchange_small(mine)
-        if color is None:
-            return None
-        members = [r for r in range(self.size) if everyone[r, 0] == color]
-        return sorted(members, key=lambda r: (int(everyone[r, 1]), r))
 
 
 def _in_backward_pass() -> bool:

@@ -10,6 +10,7 @@ path hands it send and recv when ``comm.debug`` is set.
 
 from __future__ import annotations
 
+import collections
 from typing import Any
 
 from .arrays import ArrayAdapter
@@ -25,14 +26,15 @@ class _CheckedRecv(Work):
     any wait order), the payload into a staging array of x's shape; ``wait()`` compares the
     header and copies the payload into ``x`` only when it matches."""
 
-    def __init__(self, comm: Transport, x: Any, adapter: ArrayAdapter, dtype: str,
+    def __init__(self, comm: CheckedPointToPoint, x: Any, adapter: ArrayAdapter, dtype: str,
                  src: int, tag: int, header: Any) -> None:
         super().__init__(x)
         self._comm, self._adapter, self._src, self._tag = comm, adapter, src, tag
         self._header, self._theirs = header, header.copy()
-        self._header_work = comm._recv_small(self._theirs, src, tag)
+        transport = comm._transport
+        self._header_work = transport._recv_small(self._theirs, src, tag)
         self._staging = adapter.empty(x, tuple(x.shape))
-        self._payload = comm._recv(self._staging, adapter, dtype, src, tag, True) or Work(self._staging)
+        self._payload = transport._recv(self._staging, adapter, dtype, src, tag, True) or Work(self._staging)
         self._done = False
         self._error: Exception | None = None
         # An error the payload's handle raised while polled (it raises it only once).
@@ -80,8 +82,11 @@ class _CheckedRecv(Work):
             return True
 
 
-class CheckedPointToPoint(Transport):
+class CheckedPointToPoint:
     """send and recv with a header ahead of each payload (debug mode)."""
+
+    _transport: Transport
+    _pending_p2p: collections.deque[Work]
 
     def _checked_p2p(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, peer: int,
                      async_op: bool, tag: int) -> Any:
@@ -98,8 +103,8 @@ class CheckedPointToPoint(Transport):
 
         header = p2p_header(dtype, tuple(x.shape), tag, _nbytes(x))
         if call is SEND:
-            sent = self._send_small(header, peer, tag)
-            payload = self._send(x, adapter, dtype, peer, tag, async_op)
+            sent = self._transport._send_small(header, peer, tag)
+            payload = self._transport._send(x, adapter, dtype, peer, tag, async_op)
             if async_op:
                 return AllOf((sent, payload))
             if type(sent) is not Work:  # completes later: kept like a dropped p2p handle
@@ -110,15 +115,15 @@ class CheckedPointToPoint(Transport):
         from .wire import p2p_mismatch, p2p_nbytes  # noqa: PLC0415
 
         theirs = header.copy()
-        self._recv_small(theirs, peer, tag).wait()
+        self._transport._recv_small(theirs, peer, tag).wait()
         error = p2p_mismatch(header, theirs, self, peer, tag)
         if error is None:
-            self._recv(x, adapter, dtype, peer, tag, False)
+            self._transport._recv(x, adapter, dtype, peer, tag, False)
             return None
         # Take the payload anyway, into scratch memory of the size the header says, so
         # that the stream stays in step; x is untouched.
-        scratch = self._scratch_bytes(x, adapter, p2p_nbytes(theirs))
-        self._recv(scratch, adapter, "uint8", peer, tag, False)
+        scratch = self._transport._scratch_bytes(x, adapter, p2p_nbytes(theirs))
+        self._transport._recv(scratch, adapter, "uint8", peer, tag, False)
         raise error
 
 

@@ -31,7 +31,7 @@ def rows_of_everyone(comm: Any, x: Any, dtype: str, out: Any, splits: Sequence[i
     of the data moves."""
     mine = uneven_header(tuple(x.shape), dtype, None if out is None else int(out.shape[0]),
                          splits, comm.size)
-    everyone = comm._exchange_small(mine)
+    everyone = comm._transport._exchange_small(mine)
     error = uneven_mismatch(everyone, comm, comm._operation, splits is not None)
     if error is not None:
         raise error
@@ -42,14 +42,14 @@ def all_gather_v_counted(comm: Any, x: Any, adapter: ArrayAdapter, dtype: str, o
                          async_op: bool) -> Any:
     """all_gather_v: the counts exchange, then the transport's ``_all_gather_v``."""
     counts = header_rows(rows_of_everyone(comm, x, dtype, out, None))
-    return comm._all_gather_v(x, adapter, dtype, counts, out, async_op)
+    return comm._transport._all_gather_v(x, adapter, dtype, counts, out, async_op)
 
 
 def all_to_all_counted(comm: Any, x: Any, adapter: ArrayAdapter, dtype: str,
                        send_splits: Sequence[int], out: Any, async_op: bool) -> Any:
     """Uneven all_to_all: the counts exchange, then the transport's ``_all_to_all_v``."""
     splits = header_splits(rows_of_everyone(comm, x, dtype, out, send_splits), comm.size)
-    return comm._all_to_all_v(x, adapter, dtype, splits, out, async_op)
+    return comm._transport._all_to_all_v(x, adapter, dtype, splits, out, async_op)
 
 
 # -- emulations: correct on any transport, from its other methods -----------------------------

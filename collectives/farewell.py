@@ -17,10 +17,9 @@ The rank that finished goes on, and ends as it would have: it waits for nobody.
 
 from __future__ import annotations
 
-import atexit
 import socket
-import threading
 import time
+import weakref
 from typing import Any
 
 from .calls import FAREWELL_TAG  # noqa: F401  (also importable from here)
@@ -49,24 +48,6 @@ class PeerLeft(CollectiveMismatch):
     left: list[tuple[int, int, int]]
 
 
-def install() -> None:
-    """Once per process, when its first communicator of more than one rank is made: at
-    interpreter exit every open communicator says farewell (registered after the transport's
-    own exit handlers, so it runs before them). A process-wide hook: not with
-    ``COLLECTIVES_PROCESS_HOOKS=0`` (``close()`` still says farewell)."""
-    from .diagnostics import process_hooks  # noqa: PLC0415
-
-    if "atexit" in _installed or not process_hooks.enabled():
-        return
-    # How the process is ending: the MPI exit watch's, else one of its own (main thread only).
-    watch = process_hooks._installed.get("atexit")
-    if watch is None and threading.current_thread() is threading.main_thread():
-        watch = _exits.ExitWatch()
-    _installed["watch"] = watch
-    atexit.register(_at_exit)
-    _installed["atexit"] = True
-
-
 #: The reason of the dump a rank that ends normally writes (with COLLECTIVES_TRACE_DIR).
 ENDED_NORMALLY = "exit: ended normally"
 
@@ -82,11 +63,17 @@ def _at_exit() -> None:
         recorder.dump(ENDED_NORMALLY)
 
 
+#: Every communicator of this process not yet closed (its farewell is said at exit). A timeout
+#: leaves requests behind in the transport, and a peer that timed out on ANOTHER communicator
+#: left its own behind there: the next call on any communicator of that transport could match
+#: one of them and return the peer's abandoned data, so a timeout makes every live
+#: communicator of its backend unusable.
+LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def say_farewell(how: int) -> None:
     """Every open communicator of this process says farewell (``how``), oldest first."""
-    from .reliability import _LIVE  # noqa: PLC0415
-
-    for comm in sorted(_LIVE, key=lambda comm: comm._trace_order):
+    for comm in sorted(LIVE, key=lambda comm: comm._trace_order):
         comm._say_farewell(how)
 
 

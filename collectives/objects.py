@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .errors import CollectiveError
 
-if TYPE_CHECKING:
-    from .communicator import Communicator
-
 #: The size a rank sends when its own argument failed (see the module docstring).
 _FAILED = -1
 
 
-def broadcast_object(comm: Communicator, obj: Any, src: int = 0) -> Any:
+def broadcast_object(comm: Any, obj: Any, src: int = 0) -> Any:
     comm._check_rank(src, "src")
     payload, problem = _pickled(obj) if comm.rank == src else (b"", None)
     size = np.array([_FAILED if problem else len(payload)], dtype=np.int64)
@@ -44,14 +41,14 @@ def broadcast_object(comm: Communicator, obj: Any, src: int = 0) -> Any:
     return pickle.loads(_host(comm, received).tobytes())
 
 
-def all_gather_object(comm: Communicator, obj: Any) -> list[Any]:
+def all_gather_object(comm: Any, obj: Any) -> list[Any]:
     payload, problem = _pickled(obj)
     sizes = _everyones_size(comm, payload, problem, "all_gather_object")
     gathered, counts = comm.all_gather_v(_wire(comm, _bytes_array(payload)))
     return _unpickled(_host(comm, gathered), [int(c) for c in counts], sizes)
 
 
-def gather_object(comm: Communicator, obj: Any, dst: int = 0) -> list[Any] | None:
+def gather_object(comm: Any, obj: Any, dst: int = 0) -> list[Any] | None:
     comm._check_rank(dst, "dst")
     payload, problem = _pickled(obj)
     sizes = _everyones_size(comm, payload, problem, "gather_object")
@@ -64,7 +61,7 @@ def gather_object(comm: Communicator, obj: Any, dst: int = 0) -> list[Any] | Non
     return [pickle.loads(host[r, :n].tobytes()) for r, n in enumerate(sizes)]
 
 
-def scatter_object(comm: Communicator, objs: Sequence[Any] | None, src: int = 0) -> Any:
+def scatter_object(comm: Any, objs: Sequence[Any] | None, src: int = 0) -> Any:
     comm._check_rank(src, "src")
     payloads: list[bytes] = []
     problem: str | None = None
@@ -100,7 +97,7 @@ def _pickled(obj: Any) -> tuple[bytes, str | None]:
         return b"", f"the object does not pickle: {type(error).__name__}: {error}"
 
 
-def _everyones_size(comm: Communicator, payload: bytes, problem: str | None, name: str) -> list[int]:
+def _everyones_size(comm: Any, payload: bytes, problem: str | None, name: str) -> list[int]:
     mine = np.array([_FAILED if problem else len(payload)], dtype=np.int64)
     sizes = [int(s) for s in _host(comm, comm.all_gather(_wire(comm, mine))).reshape(-1)]
     failed = [r for r, s in enumerate(sizes) if s == _FAILED]
@@ -109,7 +106,7 @@ def _everyones_size(comm: Communicator, payload: bytes, problem: str | None, nam
     return sizes
 
 
-def _failed(comm: Communicator, name: str, ranks: list[int], problem: str | None) -> Exception:
+def _failed(comm: Any, name: str, ranks: list[int], problem: str | None) -> Exception:
     if problem is not None:  # this rank's own argument: the same error as a bad argument
         return ValueError(f"{name}: {problem}")
     return CollectiveError(f"{name} on {comm!r}: rank(s) {ranks} could not send their object "
@@ -131,17 +128,17 @@ def _bytes_array(data: bytes) -> np.ndarray:
     return np.frombuffer(bytearray(data), dtype=np.uint8)  # writable: in-place calls take it
 
 
-def _wire(comm: Communicator, array: np.ndarray) -> Any:
+def _wire(comm: Any, array: np.ndarray) -> Any:
     """``array`` as the communicator's transport takes it (CuPy on the cupy backend)."""
     if comm.backend != "cupy":
         return array
     import cupy  # noqa: PLC0415
 
-    with cupy.cuda.Device(comm.device):  # type: ignore[attr-defined]
+    with cupy.cuda.Device(comm.device):
         return cupy.asarray(array)
 
 
-def _host(comm: Communicator, array: Any) -> np.ndarray:
+def _host(comm: Any, array: Any) -> np.ndarray:
     if isinstance(array, np.ndarray):
         return array
     return np.asarray(array.get())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import math
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -47,15 +46,12 @@ def poll_until(done: Callable[[], bool], deadline: float) -> bool:
     return wait_until(done, deadline - _clock(), POLL, clock=_clock)
 
 
-# Every communicator not yet closed. A timeout leaves requests behind in the transport,
-# and a peer that timed out on ANOTHER communicator left its own behind there: the next
-# call on any communicator of that transport could match one of them and return the
-# peer's abandoned data. So a timeout makes every live communicator of its backend in
-# this process unusable (see Reliability._timeout_error).
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+# Every communicator not yet closed (collectives.farewell's): a timeout makes every live
+# communicator of its backend in this process unusable (see Reliability._timeout_error).
+_LIVE = farewell.LIVE
 
 
-class Reliability(Transport):
+class Reliability:
     """Hooks, dumps, timeouts, the monitored barrier, fingerprints, transport errors."""
 
     # Set by Communicator.__init__.
@@ -64,11 +60,16 @@ class Reliability(Transport):
     _ring: Any
     _hooks: list[Callable[[CallRecord], Any]]
 
+    _transport: Transport
+    rank: int
+    size: int
+    _seq: int
+    _operation: str
+    _pending_p2p: collections.deque[Work]
     _run: Callable[..., Any]  # Communicator's call path
     _why_broken: str | None
     _broken: str | None  # Communicator's property (setting it closes the gate)
     _closed: bool
-    backend: str
     # Set by Communicator.__init__: the checks level (config.check_level(), CHECKS_OFF where
     # the transport does not check by default), whether calls are still checked (the call
     # path's one test), and the hashes of the kinds of call seen (see _check_call).
@@ -161,7 +162,7 @@ class Reliability(Transport):
         if self._checking:
             self._check_call(BARRIER, None, -1, None, ())
         else:
-            self._barrier()
+            self._transport._barrier()
 
     def _monitored_barrier(self, seconds: float) -> None:
         """The barrier under a timeout: :meth:`_synchronize` (under the deadline), and before it
@@ -172,12 +173,12 @@ class Reliability(Transport):
         call) is taken by its next barrier, which skips words of older barriers."""
         import numpy as np  # noqa: PLC0415
 
-        if self._native_monitored_barrier(seconds):
+        if self._transport._native_monitored_barrier(seconds):
             return
         seq = self._seq
         if self.rank != 0:
             word = np.full(1, seq, np.int64)
-            self._pending_p2p.append(self._send_small(word, 0, BARRIER_TAG))  # (kept till sent)
+            self._pending_p2p.append(self._transport._send_small(word, 0, BARRIER_TAG))  # (kept till sent)
             _reap(self._pending_p2p)
             try:
                 self._synchronize()
@@ -190,7 +191,7 @@ class Reliability(Transport):
         for peer in range(1, self.size):
             if peer not in words:
                 vector = np.zeros(1, np.int64)
-                words[peer] = (self._recv_small(vector, peer, BARRIER_TAG), vector)
+                words[peer] = (self._transport._recv_small(vector, peer, BARRIER_TAG), vector)
         try:
             self._synchronize()
         except CollectiveTimeout as error:
@@ -220,7 +221,7 @@ class Reliability(Transport):
                 del words[peer]
                 return True
             vector = np.zeros(1, np.int64)  # an older barrier's: the next word is this one's
-            words[peer] = (self._recv_small(vector, peer, BARRIER_TAG), vector)
+            words[peer] = (self._transport._recv_small(vector, peer, BARRIER_TAG), vector)
 
     def _wait_all(self, works: dict[int, Work], deadline: float) -> list[int]:
         """Poll ``works`` until all completed or ``deadline``; the keys of those that did not."""
@@ -239,14 +240,14 @@ class Reliability(Transport):
         if self.size > 1 and not self._closed and not self._why_broken and not self._farewell_said:
             self._farewell_said = True
             try:
-                self._tell_peers_left(how)
+                self._transport._tell_peers_left(how)
             except Exception:  # noqa: BLE001 - the transport is going away already
                 pass
 
     def _hear_farewells(self, call: tuple[str, int] | None = None) -> None:
         """While a call waits (``call``: its operation and number; default the running one):
         :class:`~collectives.farewell.PeerLeft` when a peer left before making it."""
-        for rank, calls, how in self._peers_left():
+        for rank, calls, how in self._transport._peers_left():
             self._left[rank] = (calls, how)
         seq = call[1] if call is not None else self._seq
         gone = [(rank, calls, how) for rank, (calls, how) in self._left.items() if calls < seq]
@@ -267,9 +268,9 @@ class Reliability(Transport):
     def _exchange_listening(self, vector: Any) -> Any:
         """:meth:`_exchange_small`, polled under the communicator's timeout while looking for
         farewells (a peer that left is heard here too, also with no timeout)."""
-        work = self._start_exchange_small(vector)
+        work = self._transport._start_exchange_small(vector)
         if work is None:
-            return self._exchange_small(vector)
+            return self._transport._exchange_small(vector)
         self._await(work, math.inf if self.timeout is None else self.timeout)
         return work.wait()
 
@@ -318,10 +319,10 @@ class Reliability(Transport):
                         "take it back (some ranks may still be inside it); create a new "
                         "communicator, or end the job")
         for sibling in list(_LIVE):  # a peer may have left requests on any of them
-            if sibling is not self and sibling.backend == self.backend and not sibling._broken:
+            if sibling is not self and sibling.backend == self._transport.backend and not sibling._broken:
                 sibling._broken = (
                     f"{sibling!r} is unusable: {call_name} timed out, and this communicator "
-                    f"shares the {self.backend} transport with it (a rank that timed out on "
+                    f"shares the {self._transport.backend} transport with it (a rank that timed out on "
                     "another communicator may have left a call behind on this one); end the job")
         source = f"timeout={self.timeout:g}s" if self.timeout is not None else "the transport's timeout"
         return CollectiveTimeout(
@@ -341,13 +342,13 @@ class Reliability(Transport):
         """
         if isinstance(error, (TypeError, ValueError, MemoryError)):
             return error
-        mapped = self._map_error(error)
+        mapped = self._transport._map_error(error)
         if mapped is not None:
             return mapped
         text = str(error).strip()
         # MPICH's first line announces a stack of frames ("Other MPI error, error stack:"): its class is the news.
         first_line = text.splitlines()[0][:300].removesuffix(" error stack:").rstrip(",") if text else ""
-        return CollectiveError(f"{self._call_name()} failed in the {self.backend} transport: "
+        return CollectiveError(f"{self._call_name()} failed in the {self._transport.backend} transport: "
                                f"{type(error).__module__}.{type(error).__qualname__}: {first_line}")
 
     def _check_call(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
@@ -377,7 +378,7 @@ class Reliability(Transport):
             h = self._hash_call(call, reduce_op, root, dtype, shape)
         # check_word(h, seq) and words_agree, written out: this runs on every call
         h = (h ^ seq) & 0x7FFFFFFF
-        reduced = self._agree_word((h << 32) | (h ^ 0xFFFFFFFF))
+        reduced = self._transport._agree_word((h << 32) | (h ^ 0xFFFFFFFF))
         if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
             self._compare_fingerprints(reduce_op, root, dtype, shape)
             raise CollectiveMismatch(  # (hash words differ only where fingerprints do)

@@ -1,21 +1,29 @@
-"""What a backend implements: the contract between the call path and a transport, in one file.
+"""What a backend implements: the Transport protocol, in one file.
 
-A backend subclasses :class:`collectives.Communicator` (which derives from
-:class:`Transport`) and implements the abstract methods here (construction from the
-launcher included); it may override the hooks with a default below, and nothing else of
-the framework. The call path
-(``Communicator._run``) calls them only with arguments that passed every check:
-``x`` is an array of a known kind, ``adapter`` is its :class:`~collectives.arrays.ArrayAdapter`,
+A :class:`collectives.Communicator` HOLDS one :class:`Transport`: the communicator is the
+public API and the call path (argument checks, sequence numbers, fingerprints, timeouts,
+the flight recorder, hooks, kept handles); the transport moves the data and knows nothing
+of that bookkeeping. A backend is a subclass of :class:`Transport` that implements the
+abstract methods below (each collective the transport must have, ``_barrier``, ``_split``,
+construction from the launcher) and may override the hooks with a default (the other
+collectives default to correct emulations, :mod:`collectives.emulations`). Its public
+class (``MPICommunicator``, ...) is a thin :class:`~collectives.Communicator` subclass that
+builds the transport.
+
+The call path calls these methods only with arguments that passed every check: ``x`` is
+an array of a known kind, ``adapter`` is its :class:`~collectives.arrays.ArrayAdapter`,
 ``dtype`` its dtype name, ``op`` a :class:`~collectives.ReduceOp` allowed on that dtype,
-roots and peers are valid ranks. The methods with a body are hooks with a default that
-a backend overrides where its transport does better; the collectives a transport may
-lack default to correct emulations (:mod:`collectives.emulations`).
+roots and peers are valid ranks. What a transport may ask of the communicator that holds
+it (the running call, its deadline's error, the peers that left) is its
+:attr:`Transport.context`, a :class:`CallContext`; the communicator keeps
+:attr:`Transport.timeout` up to date. docs/architecture.md has the picture and an example.
+
+Imports: arrays, emulations, ops, work (never the communicator).
 """
 
 from __future__ import annotations
 
 import abc
-import collections
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -27,31 +35,88 @@ from .work import Work
 
 if TYPE_CHECKING:
     from .calls import Call
-    from .communicator import Communicator
     from .launcher import LaunchInfo
 
 
+class CallContext(abc.ABC):
+    """What a transport (and its handles) may ask of the communicator that holds it; the
+    communicator gives its transport one (``transport.context``)."""
+
+    @property
+    @abc.abstractmethod
+    def call(self) -> tuple[str, int]:
+        """The running call: its operation and sequence number (a handle keeps it)."""
+
+    @property
+    @abc.abstractmethod
+    def name(self) -> str:
+        """The communicator's place in the split tree, the same on every member."""
+
+    @property
+    @abc.abstractmethod
+    def broken(self) -> str | None:
+        """Why the communicator is unusable (after a timeout or a lost peer), else None."""
+
+    @abc.abstractmethod
+    def call_name(self, call: tuple[str, int] | None = None) -> str:
+        """The running call (or ``call``) as error messages name it."""
+
+    @abc.abstractmethod
+    def timeout_error(self, detail: str = "", call: tuple[str, int] | None = None) -> Exception:
+        """The :class:`~collectives.CollectiveTimeout` to raise when the deadline of the running
+        call (or ``call``) passed; the communicator becomes unusable."""
+
+    @abc.abstractmethod
+    def hear_farewells(self, call: tuple[str, int] | None = None) -> None:
+        """Raise ``collectives.farewell.PeerLeft`` if a peer left before making the
+        running call (or ``call``); a transport calls it while it waits."""
+
+    @abc.abstractmethod
+    def mark_broken(self, why: str) -> None:
+        """Make the communicator unusable (every later call raises, saying ``why``): the
+        transport failed in a way it cannot recover from."""
+
+    @abc.abstractmethod
+    def has_left(self, rank: int) -> bool:
+        """Whether ``rank`` is known to have left the communicator."""
+
+    @abc.abstractmethod
+    def await_work(self, work: Work, seconds: float) -> None:
+        """Wait for ``work`` (a call of the transport's own, before data moves) at most
+        ``seconds``, listening for farewells; ``CollectiveTimeout`` past them."""
+
+    @abc.abstractmethod
+    def map_error(self, error: Exception) -> Exception:
+        """What an exception the transport raised inside a call (or a handle's wait) becomes."""
+
+
 class Transport(abc.ABC):
-    """The methods a backend implements, and the state the call path's helpers share."""
+    """The methods a backend implements (the call path's side of the contract is
+    :class:`CallContext`)."""
 
     #: The backend's name ("local", "torch", "mpi", "cupy"), as COLLECTIVES_BACKEND says it.
     backend: str = ""
-    # Set by Communicator.__init__ (declared here for the helpers that read them).
-    rank: int
-    size: int
-    # The running call, for error messages: its operation and sequence number.
-    _seq: int
-    _operation: str
-    # Point-to-point handles not known to be complete (see Communicator.__init__).
-    _pending_p2p: collections.deque[Work]
+    #: The seconds a blocking call may take (``None``: none): kept by the communicator (its
+    #: ``timeout``, or a call's own ``timeout=`` while that call runs).
+    timeout: float | None = None
+    #: The communicator's side (set when a communicator takes the transport).
+    context: CallContext
+
+    def __init__(self, rank: int, size: int, local_rank: int) -> None:
+        self.rank, self.size, self.local_rank = rank, size, local_rank
+
+    def attach(self, context: CallContext, timeout: float | None) -> None:
+        """Called once, by the communicator that holds this transport, before any call."""
+        self.context, self.timeout = context, timeout
 
     @classmethod
     @abc.abstractmethod
-    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> Communicator:
-        """The world communicator of this backend for a process started as ``launch`` says;
-        ``timeout`` as the constructor's (``None``: ``COLLECTIVES_TIMEOUT``, 0: none).
+    def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> Transport:
+        """The world transport of this backend for a process started as ``launch`` says;
+        ``timeout`` as the communicator's (``None``: ``COLLECTIVES_TIMEOUT``, 0: none), for
+        transports that enforce it themselves.
 
-        Raises :class:`BackendUnavailable` with the reason when the backend cannot
+        Raises :class:`~collectives.BackendUnavailable` with the reason when the backend cannot
         run under that launcher or its transport is missing.
         """
 
@@ -129,13 +194,30 @@ class Transport(abc.ABC):
         return emulations.all_to_all_v(self, x, adapter, dtype, splits, out, async_op)
 
     @abc.abstractmethod
-    def _barrier(self) -> None: ...
+    def _barrier(self) -> None:
+        """Return once every rank has entered the barrier."""
 
     @abc.abstractmethod
-    def _split(self, color: int | None, key: int) -> Communicator | None: ...
+    def _split(self, color: int | None, key: int) -> Transport | None:
+        """Collective: the transport of the ranks that passed ``color`` (a non-negative int),
+        ranked by ``key`` then by rank here; ``None`` for a ``None`` color. Transports without
+        a native split use :meth:`_split_groups`."""
 
     def _close(self) -> None:
         """Release transport resources (called once)."""
+
+    def _split_groups(self, color: int | None, key: int) -> list[int] | None:
+        """Every rank's group for ``_split``, through one :meth:`_exchange_small` of (color, key):
+        this rank's group as ranks of this transport in the new order, ``None`` when ``color``
+        is ``None``. For transports without a native split."""
+        import numpy as np  # noqa: PLC0415
+
+        mine = np.array([-1 if color is None else color, key], dtype=np.int64)
+        everyone = self._exchange_small(mine)
+        if color is None:
+            return None
+        members = [r for r in range(self.size) if everyone[r, 0] == color]
+        return sorted(members, key=lambda r: (int(everyone[r, 1]), r))
 
     # -- hooks with a default ------------------------------------------------------------
 
@@ -175,7 +257,7 @@ class Transport(abc.ABC):
         return int(vector[0])
 
     def _tell_peers_left(self, how: int) -> None:
-        """Leave a farewell with every peer: this rank made ``self._seq`` collectives on this
+        """Leave a farewell with every peer: this rank made ``self.context.call[1]`` collectives on this
         communicator and is done with it (``how``: :data:`collectives.farewell.FINISHED` or
         ``FAILED``). Must not wait for the peers. Default: the transport cannot tell them (a
         call left without a partner then waits for its timeout)."""

@@ -184,7 +184,7 @@ def convert_sync_batchnorm(module: torch.nn.Module, comm: Communicator | None = 
             return _copy_state(module, converted)
         if isinstance(module, SyncBatchNorm):  # ours already, its own class kept (or a Sync<Name>)
             return subclasses.with_state(cls, module, _comm_ref=_CommRef(comm))
-        return subclasses.synchronized(module, _CommRef(comm))
+        return subclasses.synchronized(module, _CommRef(comm), SyncBatchNorm)
     for name, child in module.named_children():
         module.add_module(name, convert_sync_batchnorm(child, comm))
     return module

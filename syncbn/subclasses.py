@@ -79,6 +79,7 @@ class _Synchronized:
     """What the class made for a batch-norm subclass adds to it (first in its bases)."""
 
     _synchronized_from: type[Any]
+    _synchronized_base: type[Any]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         original = self._synchronized_from
@@ -97,22 +98,22 @@ class _Synchronized:
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # The made class is found again from the original (which pickles by name), not by its own name.
-        return _new, (self._synchronized_from,), dict(vars(self))
+        return _new, (self._synchronized_from, self._synchronized_base), dict(vars(self))
 
 
-def _new(original: type[Any]) -> Any:
-    return object.__new__(synchronized_class(original))  # as torch.nn.Module makes one
+def _new(original: type[Any], base: type[Any]) -> Any:
+    return object.__new__(synchronized_class(original, base))  # as torch.nn.Module makes one
 
 
-def synchronized_class(original: type[Any]) -> type[Any]:
-    """``Sync<Name>``: a subclass of ``original`` and of SyncBatchNorm (one per class)."""
-    from .batchnorm import SyncBatchNorm  # noqa: PLC0415  (batchnorm imports this module)
-
+def synchronized_class(original: type[Any], base: type[Any]) -> type[Any]:
+    """``Sync<Name>``: a subclass of ``original`` and of ``base`` (SyncBatchNorm; passed in,
+    since its module imports this one), one per class."""
     with _LOCK:
         made = _CLASSES.get(original)
         if made is None:
-            made = type(f"Sync{original.__name__}", (_Synchronized, original, SyncBatchNorm),
-                        {"_synchronized_from": original, "__module__": original.__module__,
+            made = type(f"Sync{original.__name__}", (_Synchronized, original, base),
+                        {"_synchronized_from": original, "_synchronized_base": base,
+                         "__module__": original.__module__,
                          "__qualname__": f"Sync{original.__qualname__}"})
             _CLASSES[original] = made
     return made
@@ -129,9 +130,10 @@ def with_state(cls: type[Any], module: Any, **attributes: Any) -> torch.nn.Modul
     return new
 
 
-def synchronized(module: Any, comm_ref: Any) -> torch.nn.Module:
-    """``module`` (a batch-norm subclass) as its ``Sync<Name>`` class, sharing its state."""
-    return with_state(synchronized_class(type(module)), module, _comm_ref=comm_ref)
+def synchronized(module: Any, comm_ref: Any, base: type[Any]) -> torch.nn.Module:
+    """``module`` (a batch-norm subclass) as its ``Sync<Name>`` class (also a ``base``), sharing
+    its state."""
+    return with_state(synchronized_class(type(module), base), module, _comm_ref=comm_ref)
 
 
 def unsynchronized(module: Any) -> torch.nn.Module:

@@ -251,7 +251,7 @@ def _dump_on_uncaught_exception() -> None:
         recorder.dump(f"uncaught {kind.__name__}: {value}")
         # A peer that finished may still be exiting: torchrun would end it as this rank fails.
         farewell.wait_for_departed(FINALIZE_GRACE)
-        from ..reliability import _LIVE  # noqa: PLC0415
+        from ..farewell import LIVE as _LIVE  # noqa: PLC0415
 
         if any(comm._why_broken for comm in list(_LIVE)):
             _release_output()
@@ -447,3 +447,20 @@ def _end_if_blocked(main: Any, describe: str) -> None:
         sys.stderr.flush()
     finally:
         _end_process(130)
+
+
+def install_farewell() -> None:
+    """Once per process, when its first communicator of more than one rank is made: at
+    interpreter exit every open communicator says farewell (registered after the transport's
+    own exit handlers, so it runs before them). A process-wide hook: not with
+    ``COLLECTIVES_PROCESS_HOOKS=0`` (``close()`` still says farewell)."""
+    installed = farewell._installed
+    if "atexit" in installed or not enabled():
+        return
+    # How the process is ending: the MPI exit watch's, else one of its own (main thread only).
+    watch = _installed.get("atexit")
+    if watch is None and threading.current_thread() is threading.main_thread():
+        watch = _exits.ExitWatch()
+    installed["watch"] = watch
+    atexit.register(farewell._at_exit)
+    installed["atexit"] = True

@@ -85,7 +85,7 @@ def _recoverable() -> bool:
     """Whether every unusable communicator of this rank was made so by a peer that gave up on
     it (a job that raised elsewhere): a new world communicator then serves the next job. A
     timeout leaves requests in the transport that a later call could meet: the pool restarts."""
-    from collectives.reliability import _LIVE  # noqa: PLC0415
+    from collectives.farewell import LIVE as _LIVE  # noqa: PLC0415
 
     return all(comm._left for comm in list(_LIVE) if comm._why_broken)
 
@@ -110,7 +110,7 @@ def _renew(comm: Communicator) -> Communicator:
         with _group_named(name):
             group = dist.new_group(list(range(comm.size)), use_local_synchronization=True)
         new = TorchCommunicator(group, local_rank=comm.local_rank)
-        new._name = name  # (its farewells' keys in torch's store)
+        new._transport._name = name  # (its farewells' keys in torch's store)
     else:
         return comm
     _forget_c10d_groups()

@@ -62,7 +62,8 @@ def ranked(args: argparse.Namespace) -> None:
     from collectives.bench import cli  # noqa: PLC0415
 
     comm = collectives.init("mpi")
-    default_timeout, default_poll = comm.timeout, comm._poll
+    transport = getattr(comm, "_transport", comm)  # (the MPI transport waits by its _poll)
+    default_timeout, default_poll = comm.timeout, transport._poll
     rows = []
     order = list(args.policies)
     shift = args.round % len(order)
@@ -73,7 +74,7 @@ def ranked(args: argparse.Namespace) -> None:
             if name != "blocking" and policy is None:
                 continue  # a policy this version does not have
             comm.timeout = None if name == "blocking" else default_timeout
-            comm._poll = default_poll if policy is None else policy
+            transport._poll = default_poll if policy is None else policy
             bench = cli.parse_args([op, "-b", str(args.bytes), "-e", str(args.bytes), "--raw",
                                     "-t", str(args.seconds)])
             with open(os.devnull, "w") as quiet:

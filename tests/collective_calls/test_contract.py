@@ -26,20 +26,30 @@ def backend_class(name: str) -> type[Communicator]:
 
 
 @pytest.mark.parametrize("name", sorted(registry.BACKENDS))
-def test_a_backend_overrides_only_the_transport_contract(name):
+def test_a_backend_is_a_transport_held_by_a_thin_communicator(name):
+    """The public class holds its backend's Transport: it adds a constructor and read-only
+    views of the transport, and overrides nothing else of the Communicator; the transport
+    implements the whole protocol and is no Communicator (composition, not inheritance)."""
     cls = backend_class(name)
-    assert not inspect.isabstract(cls), f"{cls.__name__} leaves abstract methods"
-    framework = {attr for attr in dir(Communicator) if not attr.startswith("__")}
-    for klass in cls.__mro__[:cls.__mro__.index(Communicator)]:
-        overridden = {attr for attr in vars(klass) if attr in framework} - set(vars(Transport))
-        assert not overridden, f"{klass.__name__} overrides the framework's {sorted(overridden)}"
+    transport = cls.transport_class
+    assert transport is not None and issubclass(transport, Transport)
+    assert not issubclass(transport, Communicator)
+    assert not inspect.isabstract(transport), f"{transport.__name__} leaves abstract methods"
+    allowed = {"__init__", "__doc__", "__module__", "__annotations__", "transport_class"}
+    overridden = {attr for attr in vars(cls) if attr in vars(Communicator)} - allowed
+    assert not overridden, f"{cls.__name__} overrides the framework's {sorted(overridden)}"
+    for attr, value in vars(cls).items():
+        if not attr.startswith("_") and attr != "transport_class":
+            assert isinstance(value, property) and value.fset is None, f"{cls.__name__}.{attr}"
 
 
 def test_from_launcher_and_its_timeout_are_in_the_contract():
     assert "from_launcher" in Transport.__abstractmethods__
     assert "timeout" in inspect.signature(Transport.from_launcher).parameters
     for name in registry.BACKENDS:
-        assert "timeout" in inspect.signature(backend_class(name).from_launcher).parameters
+        transport = backend_class(name).transport_class
+        assert transport is not None
+        assert "timeout" in inspect.signature(transport.from_launcher).parameters
 
 
 @pytest.mark.parametrize("path", sorted(BACKENDS_DIR.glob("*.py")), ids=lambda p: p.name)

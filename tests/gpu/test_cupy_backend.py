@@ -262,7 +262,7 @@ class Library:
 def _grouped_works(nccl, count):
     from collectives.backends.local import LocalCommunicator
 
-    comm = LocalCommunicator()
+    comm = LocalCommunicator()._transport  # (a transport: its context names the call)
     works = []
     for n in range(count):
         work = cupy_nccl._StreamWork(n, Library(), None, comm)

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 from collectives.backends import cupy_handles, cupy_nccl, torch_dist, torch_handles
-from collectives.backends.torch_dist import TorchCommunicator
+from collectives.backends.torch_dist import TorchTransport
 
 from collectives import arrays
 from collectives.ops import ReduceOp
@@ -85,7 +85,7 @@ def test_cuda_array_interface_cannot_carry_bfloat16_to_torch():
 def test_torch_backend_takes_a_cupy_bfloat16_array_through_dlpack():
     bits = torch.tensor([0x3F80, -0x4080, 0x7FC0], dtype=torch.int16)  # 1.0, -1.0, nan
     x = CupyLikeArray(bits)
-    t = TorchCommunicator._as_tensor(types.SimpleNamespace(_torch=torch), x, arrays.CUPY)
+    t = TorchTransport._as_tensor(types.SimpleNamespace(_torch=torch), x, arrays.CUPY)
     assert t.dtype == torch.bfloat16 and t.data_ptr() == bits.data_ptr()  # zero-copy
     assert t[:2].tolist() == [1.0, -1.0]
 
@@ -201,7 +201,7 @@ def test_cupy_backend_writes_a_staged_async_recv_back_on_the_calls_stream():
     from collectives.backends.local import LocalCommunicator
 
     library, written_on = StreamLibrary(), []
-    work = cupy_nccl._StreamWork(None, library, None, LocalCommunicator())
+    work = cupy_nccl._StreamWork(None, library, None, LocalCommunicator()._transport)
     work._stream, work._then = "recv's stream", lambda: written_on.append(library.current)
     cupy_handles._open_group(GroupCalls()).append(work)
     cupy_handles._launch_group(GroupCalls())
@@ -244,36 +244,37 @@ def handoff_probe_job(comm, case):
         log.append("keys")
         encode(*args)
 
-    saved = (comm._comm, comm._cuda_aware, comm._device_memory if hasattr(comm, "_device_memory") else None)
+    transport = comm._transport
+    saved = (transport._comm, transport._cuda_aware, getattr(transport, "_device_memory", None))
     patches = [(arrays.TORCH, "is_cuda", lambda x: True), (torch.cuda, "current_stream", lambda device=None: Stream()),
                (_float_order, "encode", logged_encode)]
     originals = [(owner, name, owner.__dict__.get(name, getattr(owner, name))) for owner, name, _ in patches]
     for owner, name, value in patches:
         setattr(owner, name, value)
-    comm._comm, comm._cuda_aware = LoggedComm(comm._comm), True
+    comm._transport._comm, comm._transport._cuda_aware = LoggedComm(comm._transport._comm), True
     try:
         x = torch.tensor([3.0, float("nan"), -1.0, 2.0])
         if case == "all_reduce_min":
-            comm._all_reduce(x, arrays.TORCH, "float32", ReduceOp.MIN, False)
+            comm._transport._all_reduce(x, arrays.TORCH, "float32", ReduceOp.MIN, False)
             result = x
         elif case == "reduce_scatter_max":
-            result = comm._reduce_scatter(x, arrays.TORCH, "float32", ReduceOp.MAX)
+            result = comm._transport._reduce_scatter(x, arrays.TORCH, "float32", ReduceOp.MAX)
         elif case == "reduce_min_async":
-            comm._reduce(x, arrays.TORCH, "float32", ReduceOp.MIN, 0, True).wait()
+            comm._transport._reduce(x, arrays.TORCH, "float32", ReduceOp.MIN, 0, True).wait()
             result = x
         else:  # bfloat16 MAX, staged through a contiguous copy (a strided input)
             wide = torch.stack([x, x], dim=-1).to(torch.bfloat16)
             result = wide[:, 0]
-            comm._all_reduce(result, arrays.TORCH, "bfloat16", ReduceOp.MAX, False)
+            comm._transport._all_reduce(result, arrays.TORCH, "bfloat16", ReduceOp.MAX, False)
     finally:
         for owner, name, value in originals:
             if owner is arrays.TORCH:
                 del owner.is_cuda  # back to the class's method
             else:
                 setattr(owner, name, value)
-        comm._comm, comm._cuda_aware = saved[0], saved[1]
+        comm._transport._comm, comm._transport._cuda_aware = saved[0], saved[1]
         if saved[2] is not None:
-            comm._device_memory = saved[2]
+            comm._transport._device_memory = saved[2]
     bits = result.float().view(torch.int32).tolist()
     return log, bits, type(mpi_buffers.bind_device).__name__ if hasattr(mpi_buffers, "bind_device") else None
 

@@ -20,6 +20,7 @@ from collectives.backends.local import LocalCommunicator
 
 import collectives
 from collectives import Communicator, syncbn
+from collectives.transport import Transport
 
 # The key case runs on every world; the others on a sample. The matrix's last four
 # worlds are the ones the rest of the file uses, so they stay warm (the session keeps 4).
@@ -39,18 +40,17 @@ MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.
 
 # -- on the ranks ---------------------------------------------------------------------------
 
-class CountingCommunicator(Communicator):
-    """Wraps a real communicator and counts the collectives that go through it."""
+class CountingTransport(Transport):
+    """Wraps a real communicator's transport and counts the collectives that go through it."""
 
-    def __init__(self, inner: Communicator) -> None:
+    def __init__(self, inner: Transport) -> None:
         super().__init__(inner.rank, inner.size, inner.local_rank)
         self.inner = inner
         self.backend = inner.backend
         self.calls: list[str] = []
-        self._checking = False  # SyncBatchNorm's collectives are counted, not the check before each
 
     @classmethod
-    def from_launcher(cls, launch):  # pragma: no cover - never launched
+    def from_launcher(cls, launch, *, timeout=None):  # pragma: no cover - never launched
         raise NotImplementedError
 
     def _all_reduce(self, x, adapter, dtype, op, async_op):
@@ -84,6 +84,15 @@ class CountingCommunicator(Communicator):
     def _split(self, color, key):
         self.calls.append("split")
         return self.inner._split(color, key)
+
+
+def CountingCommunicator(inner: Communicator) -> Communicator:
+    """A communicator over ``inner``'s transport that counts its collectives (``.calls``)."""
+    transport = CountingTransport(inner._transport)
+    counting = Communicator(transport, timeout=inner.timeout or 0)
+    counting.calls = transport.calls
+    counting._checking = False  # SyncBatchNorm's collectives are counted, not the check before each
+    return counting
 
 
 def _numpy(t: torch.Tensor | None) -> np.ndarray | None:

@@ -18,13 +18,7 @@ PACKAGES = (("collectives", "collectives"), ("backends", "collectives.backends")
 # report (collectives-info) and the torch.distributed backend's rendezvous.
 TOOLS = ("collectives.info", "collectives.c10d", "collectives.testing", "collectives.bench")
 # Cycles still there (each a strongly connected set of modules); the list may only shrink.
-KNOWN_CYCLES = [
-    {"collectives.checks", "collectives.communicator", "collectives.debug_p2p", "collectives.farewell",
-     "collectives.objects", "collectives.diagnostics.process_hooks", "collectives.reliability",
-     "collectives.transport"},
-    {"collectives.backends.cupy_nccl", "collectives.backends.cupy_handles"},
-    {"collectives.syncbn.batchnorm", "collectives.syncbn.subclasses"},
-]
+KNOWN_CYCLES: list[set[str]] = []
 
 
 def modules() -> dict[str, Path]:
