@@ -20,9 +20,9 @@ Timeouts: MPI has none, so with a timeout set every collective is the nonblockin
 call (``Iallreduce``, ``Ibcast``, ...) completed by polling ``Test`` against a
 deadline (:func:`poll_policy`): a few tight polls first (small collectives finish
 there), then, when every rank of the node has a core of its own, polls without
-yielding for up to 50 us (a peer's message is seen the moment it lands), then polls
-with ``sched_yield`` (a rank sharing the core runs), then after a second of waiting
-polls every millisecond (a hung job does not burn the CPU). A collective request cannot be
+yielding but every 16th (a peer's message is seen the moment it lands, and a peer the
+scheduler put on this core runs), else polls with ``sched_yield`` each, and after a
+second of waiting polls every millisecond (a hung job does not burn the CPU). A collective request cannot be
 cancelled, so after a timeout the communicator refuses further calls. With no
 timeout (``COLLECTIVES_TIMEOUT=0``) the blocking calls are used. Every MPI call goes
 out through :meth:`MPITransport._call` (or, for handles, ``_collective``).
@@ -35,6 +35,7 @@ in a collective forever, so ``collectives.init()`` under an MPI launcher install
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import zlib
@@ -64,7 +65,6 @@ from ._buffers import (
     flat_bytes,
     itemsize,
     nbytes,
-    offsets,
     row_bytes,
     stage,
 )
@@ -511,15 +511,20 @@ class MPITransport(Transport):
     # -- the rest of the set: byte-moving collectives, and reduce ------------------------
 
     def _move_bytes(self, x: Any, adapter: ArrayAdapter, result: Any, value: Any, async_op: bool,
-                    name: str, arguments: Callable[[Any, Any], tuple[Any, ...]],
-                    counts: tuple[int, ...] = ()) -> Any:
+                    name: str, arguments: Callable[[Any, Any], tuple[Any, ...]]) -> Any:
         """The MPI collective ``name``, moving raw bytes from ``x`` into ``result`` (either may
         be ``None`` on ranks that send or receive nothing), through :meth:`_collective`:
         returns ``value`` once it has completed, or a handle whose ``wait()`` does.
-        ``arguments(send_bytes, recv_bytes)`` are the call's arguments. ``counts``: the byte
-        counts and displacements the call uses (C ints)."""
-        if any(n > MAX_COUNT for n in counts) or (x is not None and nbytes(x) > MAX_COUNT) \
-                or (result is not None and nbytes(result) > MAX_COUNT):
+        ``arguments(send_bytes, recv_bytes)`` are the call's arguments; their byte counts and
+        displacements (C ints) lie within ``x`` and ``result``, whose sizes are checked."""
+        if adapter is _NUMPY and not async_op and (x is None or (x.flags.c_contiguous and x.nbytes <= MAX_COUNT)) \
+                and (result is None or result.nbytes <= MAX_COUNT):
+            # Host memory as it is (results and out= are contiguous): the MPI call as raw
+            # mpi4py makes it, with no staging to plan.
+            comm = self._comm
+            self._call(getattr(comm, name), getattr(comm, _nonblocking(name)), *arguments(x, result))
+            return value
+        if (x is not None and nbytes(x) > MAX_COUNT) or (result is not None and nbytes(result) > MAX_COUNT):
             raise ValueError(f"{self.context.call[0]} of more than 2**31-1 bytes per message is not "
                              "supported by the MPI backend; split the array")
         send = None if x is None else self._buffer(x, adapter, None)[0]
@@ -554,26 +559,21 @@ class MPITransport(Transport):
                       out: Any, async_op: bool) -> Any:
         result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
         row = row_bytes(x)
-        sizes = [n * row for n in counts]
-        starts = offsets(sizes)
+        sizes = [n * row for n in counts]  # (mpi4py lays them out back to back)
         byte = self._byte
         return self._move_bytes(x, adapter, result, (result, counts), async_op, "Allgatherv",
-                                lambda send, recv: ([send, byte], [recv, (sizes, starts), byte]),
-                                counts=(*sizes, *starts))
+                                lambda send, recv: ([send, byte], [recv, sizes, byte]))
 
     def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
                       splits: list[list[int]], out: Any, async_op: bool) -> Any:
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
         row = row_bytes(x)
-        send_sizes = [n * row for n in splits[self.rank]]
+        send_sizes = [n * row for n in splits[self.rank]]  # (laid out back to back)
         recv_sizes = [n * row for n in received]
-        send_offsets, recv_offsets = offsets(send_sizes), offsets(recv_sizes)
         byte = self._byte
         return self._move_bytes(x, adapter, result, result, async_op, "Alltoallv",
-                                lambda send, recv: ([send, (send_sizes, send_offsets), byte],
-                                                    [recv, (recv_sizes, recv_offsets), byte]),
-                                counts=(*send_sizes, *send_offsets, *recv_sizes, *recv_offsets))
+                                lambda send, recv: ([send, send_sizes, byte], [recv, recv_sizes, byte]))
 
     def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
                 async_op: bool) -> Any:
@@ -697,6 +697,7 @@ def _int_view(buf: Any) -> Any:
     return buf.view(name)
 
 
+@functools.cache
 def _nonblocking(name: str) -> str:
     """mpi4py's name of the nonblocking form of a collective: Gather -> Igather."""
     return "I" + name[0].lower() + name[1:]

@@ -8,25 +8,30 @@ from collections.abc import Callable
 from typing import Any
 
 from collectives.farewell import LISTEN_SECONDS
-from collectives.polling import PollPolicy
+from collectives.polling import SPIN_YIELD_EVERY, PollPolicy
 from collectives.work import Work
 
-#: Waiting for a request under a timeout: FAST_POLLS tests before the clock is read (none on
-#: the fast path), then tests with sched_yield (the clock read every 64th) for
-#: BUSY_POLL_SECONDS, then one test per POLL_INTERVAL.
+#: Waiting for a request under a timeout where ranks share cores: FAST_POLLS tests before the
+#: clock is read (none on the fast path), then tests with sched_yield (the clock read every
+#: 64th) for BUSY_POLL_SECONDS, then one test per POLL_INTERVAL (a hung call sleeps).
 FAST_POLLS = 16
 BUSY_POLL_SECONDS = 1.0
 POLL_INTERVAL = 0.001
 # While yielding, a look for farewells (collectives.farewell) every LISTEN_SECONDS at most.
 POLL = PollPolicy(FAST_POLLS, BUSY_POLL_SECONDS, POLL_INTERVAL, POLL_INTERVAL, clock_every=64,
                   check_seconds=LISTEN_SECONDS)
-#: Seconds of tests without yielding before the yielding ones, where no rank shares a core.
-#: sched_yield after 16 tests made 16-256 KiB broadcasts 1.1-1.3x raw at 2 ranks: the
-#: message landed while the rank was in the kernel. Spinning costs a rank that shares its
-#: core the rest of the spin, so oversubscribed nodes keep POLL.
-SPIN_SECONDS = 50e-6
+#: Where no rank shares a core: tests without yielding, but a yield every SPIN_YIELD_EVERY
+#: tests, for the whole busy second (SPIN_SECONDS), then sleeps. Measured on 2 ranks of a
+#: 2-core machine (scripts/bench/poll_policy.py, docs/performance.md): yielding at every
+#: test made 16-256 KiB broadcasts 1.1-1.3x raw on a quiet node (the message landed while
+#: the rank was in the kernel); spinning without yields is 10-150x raw when the scheduler
+#: puts both ranks on one core (a busy job on the other: the peer waits for the spin to
+#: end); the periodic yield costs the first nothing measurable and is within the noise of
+#: yielding at every test in the second, as MPI's own blocking calls are.
+SPIN_SECONDS = BUSY_POLL_SECONDS
 SPIN_POLL = PollPolicy(FAST_POLLS, BUSY_POLL_SECONDS, POLL_INTERVAL, POLL_INTERVAL, clock_every=64,
-                       spin_seconds=SPIN_SECONDS, check_seconds=LISTEN_SECONDS)
+                       spin_seconds=SPIN_SECONDS, check_seconds=LISTEN_SECONDS,
+                       spin_yield_every=SPIN_YIELD_EVERY)
 
 
 def poll_policy(ranks_on_node: int) -> PollPolicy:

@@ -89,6 +89,13 @@ class ArgumentChecks:
                    root: Any) -> None:
         """``out=`` must be an array of x's kind, dtype and device, contiguous and writable,
         of the result's shape (``ValueError``/``TypeError`` naming expected and got)."""
+        if adapter is _NUMPY and type(out) is type(x) and call.out_shape is not None:
+            # A numpy out= that passes, in a few reads (any fault: the checks below name it;
+            # a C-contiguous array has no zero stride on a dimension longer than 1).
+            flags = out.flags
+            if out.dtype == x.dtype and flags.c_contiguous and flags.writeable and \
+                    out.shape == call.out_shape(self, x.shape, extra):
+                return
         if call.out_shape is None and call.name not in _OUT_SHAPE_AFTER_COUNTS:
             raise TypeError(f"{call.name} takes no out= argument")
         try:
@@ -125,3 +132,6 @@ class ArgumentChecks:
 
 def _no_fast_path(view: Any, root: Any) -> bool:
     return False
+
+
+_NUMPY = arrays.NUMPY

@@ -8,7 +8,7 @@ backend overrides one where its transport has the call. The uneven collectives f
 every rank's counts (:func:`rows_of_everyone`, run by the call path before the transport's
 method), so a disagreement is the same ``ValueError`` on every rank before any of the data moves.
 
-Imports: the array adapters and :class:`~collectives.work.Work`; the wire headers lazily.
+Imports: the array adapters, :class:`~collectives.work.Work` and the wire headers.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 
 from .arrays import ArrayAdapter
 from .ops import ReduceOp
+from .wire import header_rows, header_splits, uneven_header, uneven_mismatch
 from .work import Work
 
 # -- the uneven collectives: counts first (the call path's rows run these) ------------------
@@ -28,8 +29,6 @@ def rows_of_everyone(comm: Any, x: Any, dtype: str, out: Any, splits: Sequence[i
     shape, its dtype, its ``out`` rows and (all_to_all) its splits, as a numpy array of
     one row per rank. A disagreement is the same ``ValueError`` on every rank, before any
     of the data moves."""
-    from .wire import uneven_header, uneven_mismatch  # noqa: PLC0415
-
     mine = uneven_header(tuple(x.shape), dtype, None if out is None else int(out.shape[0]),
                          splits, comm.size)
     everyone = comm._transport._exchange_small(mine)
@@ -42,17 +41,13 @@ def rows_of_everyone(comm: Any, x: Any, dtype: str, out: Any, splits: Sequence[i
 def all_gather_v_counted(comm: Any, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
                          async_op: bool) -> Any:
     """all_gather_v: the counts exchange, then the transport's ``_all_gather_v``."""
-    from .wire import header_rows  # noqa: PLC0415
-
-    counts = [int(c) for c in header_rows(rows_of_everyone(comm, x, dtype, out, None))]
+    counts = header_rows(rows_of_everyone(comm, x, dtype, out, None))
     return comm._transport._all_gather_v(x, adapter, dtype, counts, out, async_op)
 
 
 def all_to_all_counted(comm: Any, x: Any, adapter: ArrayAdapter, dtype: str,
                        send_splits: Sequence[int], out: Any, async_op: bool) -> Any:
     """Uneven all_to_all: the counts exchange, then the transport's ``_all_to_all_v``."""
-    from .wire import header_splits  # noqa: PLC0415
-
     splits = header_splits(rows_of_everyone(comm, x, dtype, out, send_splits), comm.size)
     return comm._transport._all_to_all_v(x, adapter, dtype, splits, out, async_op)
 

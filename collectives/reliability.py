@@ -20,7 +20,7 @@ from .diagnostics import recorder
 from .diagnostics.recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE, CallRecord, HookHandle
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .ops import ReduceOp
-from .polling import PollPolicy, wait_until
+from .polling import SPIN_YIELD_EVERY, PollPolicy, wait_until
 from .transport import Transport
 from .wire import call_hash
 from .work import Work, _reap
@@ -30,12 +30,13 @@ _clock = recorder.clock
 MAX_CALL_HASHES = 4096
 
 #: How ``poll_until`` waits: tests without giving up the CPU for SPIN_SECONDS (a peer's answer
-#: is seen the moment it lands), then tests with a yield until YIELD_SECONDS, then sleeps from
-#: 0.1 ms up to 1 ms between tests (a long wait does not burn the CPU).
+#: is seen the moment it lands; a yield every SPIN_YIELD_EVERY tests, for a peer on this core),
+#: then tests with a yield until YIELD_SECONDS, then sleeps from 0.1 ms up to 1 ms between
+#: tests (a long wait does not burn the CPU).
 SPIN_SECONDS = 50e-6
 YIELD_SECONDS = 0.002
 POLL = PollPolicy(fast_polls=0, busy_seconds=YIELD_SECONDS, sleep_min=1e-4, sleep_max=1e-3,
-                  spin_seconds=SPIN_SECONDS)
+                  spin_seconds=SPIN_SECONDS, spin_yield_every=SPIN_YIELD_EVERY)
 #: Seconds a call path's own exchange waits in one go before it looks for farewells again.
 LISTEN_SLICE = 0.05
 

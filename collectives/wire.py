@@ -168,28 +168,39 @@ _HEADER = 4 + MAX_DIMS  # rows, dtype, ndim, MAX_DIMS - 1 dims, tail hash, out r
 
 def uneven_header(shape: tuple[int, ...], dtype: str, out_rows: int | None,
                   splits: Any, size: int) -> NDArray[Any]:
-    vector = np.full(_HEADER + (size if splits is not None else 0), -1, dtype=np.int64)
-    vector[0] = shape[0]
-    vector[1] = _DTYPE_CODES[dtype]
-    vector[2] = len(shape)
-    rest = shape[1:MAX_DIMS]
-    vector[3:3 + len(rest)] = rest
-    if len(shape) > MAX_DIMS:
-        vector[2 + MAX_DIMS] = zlib.crc32(repr(shape[MAX_DIMS:]).encode())
-    vector[3 + MAX_DIMS] = -1 if out_rows is None else out_rows
+    rest = [int(d) for d in shape[1:MAX_DIMS]]
+    tail = zlib.crc32(repr(shape[MAX_DIMS:]).encode()) if len(shape) > MAX_DIMS else -1
+    values = [int(shape[0]), _DTYPE_CODES[dtype], len(shape), *rest, *[-1] * (MAX_DIMS - 1 - len(rest)),
+              tail, -1 if out_rows is None else out_rows]
     if splits is not None:
-        vector[_HEADER:] = [int(count) for count in splits]
-    return vector
+        values += [int(count) for count in splits]
+    return np.array(values, dtype=np.int64)
 
 
 def header_rows(everyone: NDArray[Any]) -> list[int]:
     """Each rank's x.shape[0], from the exchanged vectors."""
-    return [int(rows) for rows in everyone[:, 0]]
+    return everyone[:, 0].tolist()  # type: ignore[no-any-return]
 
 
 def header_splits(everyone: NDArray[Any], size: int) -> list[list[int]]:
     """``splits[i][j]``: rows rank i sends to rank j, from the exchanged vectors."""
-    return [[int(count) for count in row[_HEADER:_HEADER + size]] for row in everyone]
+    return everyone[:, _HEADER:_HEADER + size].tolist()  # type: ignore[no-any-return]
+
+
+def _uneven_agree(rows: list[list[int]], with_splits: bool) -> bool:
+    """Whether the exchanged vectors agree (dtype, trailing shape) and every ``out`` has the
+    rows its rank receives: :func:`uneven_mismatch`'s common case, in plain Python."""
+    first = rows[0][1:_HEADER - 1]  # dtype, ndim, dims, tail hash
+    if any(row[1:_HEADER - 1] != first for row in rows):
+        return False
+    total = 0 if with_splits else sum(row[0] for row in rows)
+    for rank, row in enumerate(rows):
+        out_rows = row[_HEADER - 1]
+        if out_rows >= 0:
+            need = sum(other[_HEADER + rank] for other in rows) if with_splits else total
+            if out_rows != need:
+                return False
+    return True
 
 
 def _rest_shape(row: NDArray[Any]) -> str:
@@ -213,6 +224,8 @@ def uneven_mismatch(everyone: NDArray[Any], comm: Any, operation: str,
     """``ValueError`` when the ranks' dtypes or trailing shapes differ, or some rank's ``out``
     has the wrong number of rows; else ``None``. The same message on every rank."""
     # (no rank in it: every rank raises the very same message)
+    if _uneven_agree(everyone.tolist(), with_splits):
+        return None
     where = f"{operation} (call #{comm._seq}, backend {comm.backend}, size {comm.size})"
     dtypes = [DTYPES[int(row[1])] for row in everyone]
     if len(set(dtypes)) > 1:

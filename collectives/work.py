@@ -15,13 +15,15 @@ from typing import Any
 from .arrays import ArrayAdapter
 from .diagnostics import recorder
 from .diagnostics.recorder import END, POSTED, STARTED, STATE
-from .polling import PollPolicy, wait_until
+from .polling import SPIN_YIELD_EVERY, PollPolicy, wait_until
 
 #: Handles kept at most for a communicator; one more waits for the oldest first, so a
 #: program that drops handles in a loop runs in bounded memory.
 MAX_PENDING = 1024
-# How Work.wait_for polls: 50 us without yielding, yields to 2 ms, then sleeps 0.1-1 ms.
-_POLL = PollPolicy(fast_polls=0, busy_seconds=0.002, sleep_min=1e-4, sleep_max=1e-3, spin_seconds=50e-6)
+# How Work.wait_for polls: 50 us without yielding (but every SPIN_YIELD_EVERY tests), yields to
+# 2 ms, then sleeps 0.1-1 ms.
+_POLL = PollPolicy(fast_polls=0, busy_seconds=0.002, sleep_min=1e-4, sleep_max=1e-3, spin_seconds=50e-6,
+                   spin_yield_every=SPIN_YIELD_EVERY)
 
 
 class Work:

@@ -239,28 +239,35 @@ class Case:
         return raw.bind(self, self.x_raw, self.out_raw)  # type: ignore[no-any-return]
 
     # -- the check
-    def wrong(self) -> int:
-        """Run the collective once through collectives on the pattern and count this rank's wrong
-        elements against numpy (every rank computes every rank's input)."""
+    def wrong(self, raw: Any = None) -> int:
+        """Run the collective once through collectives (with ``raw``: the raw program of
+        :meth:`raw` instead) on the pattern and count this rank's wrong elements against numpy
+        (every rank computes every rank's input). The raw programs reduce AVG as SUM (ours
+        divides): with ``raw`` and AVG nothing is run and 0 returned."""
         arr, op, n, rank = self.arr, self.op, self.comm.size, self.comm.rank
         dtype, redop, root = arr.dtype_name, self.redop, self.root
+        if raw is not None and redop == "avg" and op in REDUCING:
+            return 0
         inputs = [pattern(r, self._shape_in(r), dtype, redop) for r in range(n)]
         x, out = self._buffers(inputs[rank])
-        call = self._ours(x, out)
+        call = self._ours(x, out) if raw is None else raw.bind(self, x, out)
         if call is None or op == "barrier":
             if call is not None:
                 call()
             return 0
         result = call()
-        if isinstance(result, tuple):  # all_gather_v: (gathered, counts)
+        if raw is not None:  # the raw programs write into out
+            result = out
+        elif isinstance(result, tuple):  # all_gather_v: (gathered, counts)
             result = result[0]
         want: NDArray[np.float64] | None
         if op == "all_reduce":
             got, want = x, reference(inputs, dtype, redop)
         elif op == "broadcast":
             got, want = x, inputs[root]
-        elif op == "reduce":
-            got, want = x, reference(inputs, dtype, redop) if rank == root else inputs[rank]
+        elif op == "reduce":  # (off the root torch.distributed leaves x undefined: ours keeps it)
+            got, want = x, reference(inputs, dtype, redop) if rank == root else \
+                (inputs[rank] if raw is None else None)
         elif op in ("all_gather", "all_gather_v"):
             got, want = result, np.concatenate([v.reshape(-1) for v in inputs])
         elif op == "reduce_scatter":

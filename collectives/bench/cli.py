@@ -194,6 +194,9 @@ def measure(case: Case, raw: Raw | None, barrier: Any, sync: Any,
         wrong = int(total(comm, arr, float(case.wrong()), "sum"))
     fns = [ours]
     raw_call = case.raw(raw) if raw is not None else None
+    raw_wrong = None
+    if args.check and raw_call is not None:  # the baseline is checked too (JSON: raw_wrong)
+        raw_wrong = int(total(comm, arr, float(case.wrong(raw)), "sum"))
     if raw_call is not None:
         fns.append(raw_call)
     iters = args.iters
@@ -219,6 +222,8 @@ def measure(case: Case, raw: Raw | None, barrier: Any, sync: Any,
         row["raw"] = stats(slowest[1], case.nbytes, bus) if raw_call is not None else None
         if raw_call is not None:
             row["ratio"] = row["ours"]["median_us"] / row["raw"]["median_us"]
+            if raw_wrong is not None:
+                row["raw_wrong"] = raw_wrong
             row["diff_us"] = float(np.median(slowest[0] - slowest[1]) * 1e6)  # paired: same iteration
     return row
 

@@ -2,13 +2,16 @@
 
 ``bind(case, x, out)`` returns the call with everything that can be prepared once prepared
 (buffer specs, datatypes, pointers, counts): what a tuned program on the bare transport runs in
-its loop, the strictest baseline. It returns None where the transport has no such call (MPI has
-no bfloat16; torch.distributed has no uneven all_gather; NCCL has no barrier), and the table
-prints "-" there.
+its loop, the strictest baseline. The uneven all_gather_v and all_to_all_v are what a program
+must do on the bare transport when the peers' counts are not known: exchange them (one small
+Allgather or Alltoall), then the v-collective (NCCL's grouped sends: told the counts). It
+returns None where the transport has no such call (MPI has no bfloat16; torch.distributed has
+no uneven all_gather; NCCL has no barrier), and the table prints "-" there.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -78,9 +81,15 @@ class RawMPI(Raw):
         if op == "all_gather":
             return lambda: comm.Allgather(spec, out_spec)
         if op == "all_gather_v":
-            counts = case.counts
-            displs = [sum(counts[:j]) for j in range(n)]
-            return lambda: comm.Allgatherv(spec, [out, (counts, displs), T])
+            # What a program that does not know the other ranks' counts must do: gather them
+            # (one int a rank), then the v-collective (mpi4py computes the displacements).
+            mine, counts = np.array([len(x)], np.int32), np.empty(n, np.int32)
+            count_specs = ([mine, MPI.INT32_T], [counts, MPI.INT32_T])
+
+            def all_gather_v() -> None:
+                comm.Allgather(*count_specs)
+                comm.Allgatherv(spec, [out, counts, T])
+            return all_gather_v
         if op == "reduce_scatter":
             return lambda: comm.Reduce_scatter_block(spec, out_spec, mpi_op)
         if op == "gather":
@@ -90,11 +99,14 @@ class RawMPI(Raw):
         if op == "all_to_all":
             return lambda: comm.Alltoall(spec, out_spec)
         if op == "all_to_all_v":
-            send_counts = case.splits[rank]
-            recv_counts = [case.splits[j][rank] for j in range(n)]
-            sd = [sum(send_counts[:j]) for j in range(n)]
-            rd = [sum(recv_counts[:j]) for j in range(n)]
-            return lambda: comm.Alltoallv([x, (send_counts, sd), T], [out, (recv_counts, rd), T])
+            # Each rank knows what it sends; what it receives travels first (one int a pair).
+            send_counts, recv_counts = np.array(case.splits[rank], np.int32), np.empty(n, np.int32)
+            count_specs = ([send_counts, MPI.INT32_T], [recv_counts, MPI.INT32_T])
+
+            def all_to_all_v() -> None:
+                comm.Alltoall(*count_specs)
+                comm.Alltoallv([x, send_counts, T], [out, recv_counts, T])
+            return all_to_all_v
         if op == "send_recv":
             return ping_pong(rank, n, lambda peer: comm.Send(spec, peer), lambda peer: comm.Recv(out_spec, peer),
                              lambda peer: comm.Send(out_spec, peer))
@@ -155,9 +167,16 @@ class RawTorch(Raw):
         if op == "all_to_all":
             return lambda: dist.all_to_all_single(out, x, group=group)
         if op == "all_to_all_v":
+            # What it receives travels first (one int a pair), as a program without us must.
+            torch = sys.modules["torch"]
             send = case.splits[rank]
-            recv = [case.splits[j][rank] for j in range(n)]
-            return lambda: dist.all_to_all_single(out, x, recv, send, group=group)
+            send_counts = torch.tensor(send, dtype=torch.int64, device=x.device)
+            recv_counts = torch.empty_like(send_counts)
+
+            def all_to_all_v() -> None:
+                dist.all_to_all_single(recv_counts, send_counts, group=group)
+                dist.all_to_all_single(out, x, recv_counts.tolist(), send, group=group)
+            return all_to_all_v
         if op == "send_recv":
             peer_of = self._global
             return ping_pong(rank, n, lambda peer: dist.send(x, peer_of(peer), group),

@@ -157,6 +157,41 @@ def test_wait_until_gives_up_at_the_deadline_also_while_spinning():
     assert 0.5 <= clock.now < 0.51 and clock.pauses == []
 
 
+def test_a_spinning_policy_yields_every_n_tests_so_a_peer_on_the_same_core_runs():
+    clock = FakeClock()
+    seen = []  # yields so far, at each test
+
+    def done():
+        seen.append(len(clock.pauses))
+        clock.now += 1e-6
+        return len(seen) > 100
+
+    policy = PollPolicy(fast_polls=4, busy_seconds=1.0, sleep_min=1e-3, sleep_max=1e-3, clock_every=64,
+                        spin_seconds=1.0, spin_yield_every=16)
+    assert wait_until(done, 10.0, policy, clock=clock, pause=clock.pause)
+    assert set(clock.pauses) == {0}  # yields, no sleeps, within the spin
+    assert len(clock.pauses) == (100 - 4) // 16  # one every 16 tests after the fast ones
+
+
+def test_the_mpi_spinning_policy_ends_a_hung_wait_in_sleeps_not_spins():
+    """A call that never completes spins (with its periodic yields) for the busy second only,
+    then sleeps a millisecond between tests: it does not burn the core until the deadline."""
+    clock = FakeClock()
+    tests = itertools.count()
+
+    def never():
+        next(tests)
+        clock.now += 1e-6
+        return False
+
+    policy = mpi_requests.SPIN_POLL
+    assert not wait_until(never, 5.0, policy, clock=clock, pause=clock.pause)
+    sleeps = [p for p in clock.pauses if p > 0]
+    assert sleeps and max(sleeps) == mpi_requests.POLL_INTERVAL  # (the last one: to the deadline)
+    # after the busy second nothing but sleeps: ~4000 of them in the 4 s left, one test each
+    assert len(sleeps) > 3000 and next(tests) < 1.1e6 + 5000
+
+
 @pytest.mark.parametrize("ranks,cores,spins", [(2, 2, True), (1, 1, True), (3, 2, False), (4, 2, False)])
 def test_mpi_spins_only_where_each_rank_of_the_node_has_a_core(monkeypatch, ranks, cores, spins):
     monkeypatch.setattr(mpi_requests.os, "sched_getaffinity", lambda pid: set(range(cores)))
@@ -164,3 +199,47 @@ def test_mpi_spins_only_where_each_rank_of_the_node_has_a_core(monkeypatch, rank
     assert (policy.spin_seconds > 0) == spins
     assert policy.fast_polls == mpi_requests.FAST_POLLS and policy.busy_seconds == mpi_requests.BUSY_POLL_SECONDS
 
+
+
+# -- the uneven collectives' counts ---------------------------------------------------------------
+
+def test_the_uneven_headers_fast_agreement_finds_exactly_what_the_full_comparison_finds(monkeypatch):
+    """wire.uneven_mismatch answers the common case (every rank agrees) in plain Python; the
+    full comparison, which words the error, must find a disagreement exactly when it does not."""
+    from collectives import wire
+
+    class Comm:
+        size, _seq, backend = 3, 1, "mpi"
+
+    rng = np.random.default_rng(7)
+    full = wire._uneven_agree
+    outcomes = set()
+    for trial in range(400):
+        with_splits = bool(trial % 2)
+        splits = rng.integers(0, 3, size=(3, 3)).tolist()
+        shapes = [(int(sum(splits[r])) if with_splits else int(rng.integers(0, 4)), 2, 3) for r in range(3)]
+        dtypes = ["float32"] * 3
+        outs: list = [None] * 3
+        if with_splits:
+            outs = [sum(splits[j][r] for j in range(3)) for r in range(3)]
+        else:
+            outs = [sum(s[0] for s in shapes)] * 3
+        fault = trial // 2 % 4  # none, dtype, trailing shape, out rows
+        if fault == 1:
+            dtypes[1] = "float64"
+        elif fault == 2:
+            shapes[2] = (shapes[2][0], 2, 4)
+        elif fault == 3:
+            outs[0] += 1
+        rows = np.stack([wire.uneven_header(shapes[r], dtypes[r], outs[r] if trial % 3 else None,
+                                             splits[r] if with_splits else None, 3) for r in range(3)])
+        fast = wire.uneven_mismatch(rows, Comm(), "op", with_splits)
+        monkeypatch.setattr(wire, "_uneven_agree", lambda rows, with_splits: False)
+        slow = wire.uneven_mismatch(rows, Comm(), "op", with_splits)
+        monkeypatch.setattr(wire, "_uneven_agree", full)
+        assert (fast is None) == (slow is None), (trial, rows)
+        assert fast is None or str(fast) == str(slow)
+        outcomes.add(fast is None)
+    assert outcomes == {True, False}
+    assert wire.header_rows(rows) == [s[0] for s in shapes]
+    assert all(type(v) is int for v in wire.header_rows(rows))

@@ -53,24 +53,30 @@ def test_every_collective_runs_right_under_mpiexec_against_raw_mpi4py(tmp_path: 
     assert doc["meta"]["ranks"] == 2
     assert [(r["op"], r["bytes"], r["wrong"]) for r in doc["results"]] == \
         [(r["op"], r["bytes"], r["wrong"]) for r in rows]
+    # the raw programs are right too (the uneven ones exchange their counts first)
+    assert [(r["op"], r["raw_wrong"]) for r in doc["results"]] == [(r["op"], 0) for r in doc["results"]]
     by_op = {r["op"]: r for r in doc["results"] if r["bytes"] in (64, 0, 68)}
     # nccl-tests' bus factors at 2 ranks
     assert by_op["all_reduce"]["ours"]["busbw_GBps"] == pytest.approx(by_op["all_reduce"]["ours"]["algbw_GBps"])
     assert by_op["all_gather"]["ours"]["busbw_GBps"] == pytest.approx(by_op["all_gather"]["ours"]["algbw_GBps"] / 2)
 
 
-def test_every_collective_runs_right_under_torchrun_against_raw_torch_distributed() -> None:
+def test_every_collective_runs_right_under_torchrun_against_raw_torch_distributed(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    text = bench("all", *SMALL, "--raw", launcher=[str(BIN / "torchrun"), "--nproc_per_node", "2",
-                                                   "--master_port", port, "--no-python"])
+    out = tmp_path / "bench.json"
+    text = bench("all", *SMALL, "--raw", "--json", str(out), launcher=[
+        str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", port, "--no-python"])
     assert "backend torch" in text and "raw: torch.distributed" in text
     rows = parse_table(text)
     assert {r["op"] for r in rows} == set(OPS)
     assert all(r["wrong"] == 0 for r in rows)
     # torch.distributed has every one but an uneven all_gather
     assert {r["op"] for r in rows if r["raw_time_us"] is None} == {"all_gather_v"}
+    results = json.loads(out.read_text())["results"]
+    assert [(r["op"], r.get("raw_wrong")) for r in results] == \
+        [(r["op"], None if r["op"] == "all_gather_v" else 0) for r in results]
 
 
 class Broken:
