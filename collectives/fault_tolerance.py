@@ -80,6 +80,21 @@ class FaultTolerance:
         self._successor = successor
         return successor
 
+    #: The first error of an operation run for this communicator on another thread (the
+    #: worker of a "collectives" process group: torch gives its caller a RuntimeError).
+    _elsewhere: CollectiveError | None = None
+
+    def _failed_elsewhere(self, error: BaseException) -> None:
+        if isinstance(error, CollectiveError) and self._elsewhere is None:
+            self._elsewhere = error
+
+    def _failure_elsewhere(self) -> RankFailure | None:
+        """The :class:`RankFailure` behind an operation that failed on another thread
+        (:meth:`_failed_elsewhere`), settled by this communicator's transport; ``None`` when
+        none failed or the transport reads it as no peer's failure."""
+        error, self._elsewhere = self._elsewhere, None
+        return None if error is None else self._rank_failure(error)
+
     def _rank_failure(self, error: Exception | None) -> RankFailure | None:
         """The transport's reading of ``error`` as a peer's failure (see
         :meth:`Transport._rank_failure`); the first makes this communicator unusable and

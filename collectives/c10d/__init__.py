@@ -8,7 +8,9 @@ or plain ``dist.init_process_group("collectives")`` (env://), or the mixed
 ``"cpu:gloo,cuda:collectives"``. The transport is the one ``collectives.init()`` picks
 (``COLLECTIVES_BACKEND``, else auto): ``mpi`` (CPU and CUDA tensors), ``cupy`` (CUDA
 tensors; the NCCL id travels through torch's store) or ``local`` (one rank). torch's
-own transports (``torch``: Gloo, NCCL) are refused: use them as torch backends directly.
+own transports (``torch``: Gloo, NCCL) are refused: use them as torch backends directly;
+except in a fault-tolerant job under ``collectives-elastic``, where :func:`process_group`
+gives a group over each generation's communicator (see ``collectives.elastic``).
 
 Importing this package imports torch; ``import collectives`` does not import it.
 """
@@ -22,7 +24,7 @@ import torch.distributed as dist
 from collectives.communicator import Communicator
 
 from .process_group import BACKEND_NAME, ProcessGroupCollectives
-from .rendezvous import create_process_group, rendezvous_kwargs
+from .rendezvous import create_process_group, elastic_communicator, rendezvous_kwargs
 from .worker import CollectivesWork
 
 
@@ -61,6 +63,34 @@ def init_process_group(backend: str = BACKEND_NAME, **kwargs: Any) -> None:
     dist.init_process_group(backend=backend, **rendezvous_kwargs(kwargs))
 
 
+_elastic_group: tuple[Communicator, Any] | None = None
+
+
+def process_group() -> Any:
+    """The "collectives" process group over ``collectives.init()``'s communicator, for
+    ``DistributedDataParallel(model, process_group=...)`` and ``dist.*(group=...)``.
+
+    In a fault-tolerant job on the torch backend (``collectives-elastic``), torch's default
+    group is the current generation's Gloo group: this is a group of the whole generation
+    made with ``dist.new_group(backend="collectives")``, made again (once per generation) after
+    a shrink or a join, so ``collectives.elastic.run``'s ``train`` calls it and wraps DDP again.
+    Elsewhere it is the default group, ``init_process_group()``'s (made first if need be).
+    """
+    global _elastic_group
+    register()
+    comm = elastic_communicator()
+    if comm is None:
+        if not dist.is_initialized():
+            init_process_group()
+        return dist.distributed_c10d._get_default_group()
+    if _elastic_group is not None and _elastic_group[0] is comm \
+            and _elastic_group[1] in dist.distributed_c10d._world.pg_map:
+        return _elastic_group[1]
+    group = dist.new_group(backend=BACKEND_NAME)
+    _elastic_group = (comm, group)
+    return group
+
+
 def communicator(group: Any = None) -> Communicator:
     """The Communicator behind a "collectives" process group (``None``: the default group),
     for the caller's own collectives (``syncbn.SyncBatchNorm(comm=...)``,
@@ -79,4 +109,4 @@ def communicator(group: Any = None) -> Communicator:
 
 
 __all__ = ["BACKEND_NAME", "CollectivesWork", "ProcessGroupCollectives", "communicator", "init_process_group",
-           "register"]
+           "process_group", "register"]

@@ -104,7 +104,11 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         super().__init__(rank, size)
         self.comm = comm
         self._host = host
-        self._worker = Worker(worker_comm, f"collectives-pg-{comm.backend}-{id(self):x}")
+        # A fault-tolerant communicator hears of its group's failed operations: torch hands
+        # their errors to the caller as RuntimeError, which collectives.elastic.run reads as a
+        # RankFailure through the communicator (Communicator._failed_elsewhere).
+        failed = getattr(comm, "_failed_elsewhere", None)
+        self._worker = Worker(worker_comm, f"collectives-pg-{comm.backend}-{id(self):x}", failed)
         self._group_name = ""
         self._group_desc = ""
 

@@ -87,10 +87,20 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
     """torch's creator for this backend (``register_backend(..., extended_api=True)``)."""
     rank, size = int(options.group_rank), int(options.group_size)
     ranks = list(options.global_ranks_in_group)
-    name = transport()
-    if not ranks:  # the default group
+    elastic = elastic_communicator()
+    if elastic is not None:  # process_group() on torch's Gloo under collectives-elastic
+        name = elastic.backend
+        if ranks != list(range(elastic.size)) or (rank, size) != (elastic.rank, elastic.size):
+            raise BackendUnavailable(
+                f"under collectives-elastic (torch backend) a {BACKEND_NAME!r} group spans the whole "
+                f"generation ({elastic.size} ranks); got ranks {ranks}: make it with "
+                "collectives.c10d.process_group()")
+        comm = elastic
+    elif not ranks:  # the default group
+        name = transport()
         comm = _world_communicator(name, options.store, rank, size)
     else:
+        name = transport()
         comm = _subgroup_communicator(name, options.store, rank, ranks)
     worker_comm = comm.split(0)
     assert worker_comm is not None
@@ -108,6 +118,20 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
 
         install_abort_on_uncaught_exception(import_mpi())
     return pg
+
+
+def elastic_communicator() -> Communicator | None:
+    """``collectives.init()``'s communicator (its current generation) when it is a
+    fault-tolerant one on torch's Gloo (``collectives-elastic``): torch's default group is
+    then that generation's Gloo group, and a "collectives" group runs over the communicator."""
+    from collectives import registry  # noqa: PLC0415
+
+    comm = registry._default
+    while comm is not None and comm._successor is not None:
+        comm = comm._successor
+    if comm is None or comm._closed or comm.backend != "torch" or not registry._fault_tolerant(comm):
+        return None
+    return comm
 
 
 def _world_communicator(name: str, store: Any, rank: int, size: int) -> Communicator:

@@ -254,8 +254,10 @@ class Started:
 class Worker:
     """The thread that runs one process group's operations on ``comm`` (see the module)."""
 
-    def __init__(self, comm: Communicator, name: str) -> None:
+    def __init__(self, comm: Communicator, name: str,
+                 failed: Callable[[BaseException], None] | None = None) -> None:
         self.comm = comm
+        self._failed = failed  # told of each operation's error, on the worker's thread
         self._where = repr(comm)
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._in_flight: collections.deque[_InFlight] = collections.deque()
@@ -369,6 +371,8 @@ class Worker:
     def _finish(self, outcome: Outcome, value: Any) -> None:
         """The operation's end: ``wait()`` returns now; its future completes on a completer."""
         outcome.value = value
+        if isinstance(value, _Failure) and self._failed is not None:
+            self._failed(value.error)
         outcome.done.set()
         self._completer.complete(outcome)
 

@@ -155,10 +155,15 @@ def run(train: Callable[[Communicator, State], Any], state: State, comm: Communi
             return train(comm, state)
         except MembershipChange as change:
             comm = change.comm
-        except RankFailure as failure:
+        except Exception as error:  # noqa: BLE001 - a RankFailure, or one torch handed on as another error
+            failure = error if isinstance(error, RankFailure) else comm._failure_elsewhere()
+            if failure is None:
+                raise
             restarts += 1
             if max_restarts is not None and restarts > max_restarts:
-                raise
+                if failure is error:
+                    raise
+                raise failure from error
             failed = failure.failed_ranks
             state.restore()
             comm = comm.shrink()

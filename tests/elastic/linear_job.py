@@ -40,6 +40,16 @@ def partial_gradient(w: np.ndarray, step: int, rank: int, size: int) -> np.ndarr
     return x.T @ (x @ w - y)
 
 
+def parse_faults(text: str) -> dict[str, tuple[str, int]]:
+    """``member:how@step,...`` as {member: (how, step)}."""
+    faults = {}
+    for fault in filter(None, text.split(",")):
+        member, _, rest = fault.partition(":")
+        how, _, step = rest.partition("@")
+        faults[member] = (how, int(step))
+    return faults
+
+
 def fail(how: str) -> None:
     sys.stdout.flush()
     if how == "kill":
@@ -58,11 +68,7 @@ def main() -> None:
     p.add_argument("--faults", default="")
     p.add_argument("--wait-join", default="")
     args = p.parse_args()
-    faults = {}
-    for fault in filter(None, args.faults.split(",")):
-        member, _, rest = fault.partition(":")
-        how, _, step = rest.partition("@")
-        faults[member] = (how, int(step))
+    faults = parse_faults(args.faults)
     holds = dict(tuple(map(int, hold.split(":"))) for hold in filter(None, args.wait_join.split(",")))
 
     comm = collectives.init(fault_tolerant=True)

@@ -16,7 +16,7 @@ import os
 
 import torch
 from collectives.syncbn import DataParallel, SyncBatchNorm
-from linear_job import fail
+from linear_job import fail, parse_faults
 from torch import nn
 
 import collectives
@@ -53,8 +53,7 @@ def main() -> None:
     p.add_argument("out")
     p.add_argument("--faults", default="")
     args = p.parse_args()
-    faults = {m: (how, int(step)) for m, _, rest in (f.partition(":") for f in filter(None, args.faults.split(",")))
-              for how, _, step in [rest.partition("@")]}
+    faults = parse_faults(args.faults)
     collectives.init(fault_tolerant=True)
     me = os.environ[collectives.config.ELASTIC_ID]
     net = model(SyncBatchNorm)

@@ -91,20 +91,43 @@ def test_replacements_join_after_an_exception_and_a_hang_and_hold_the_same_weigh
     assert {"4", "5"} <= set(results)  # the two replacements, with the weights of the rest
 
 
+def run_torch_job(job: str, out: Path, faults: str) -> list[dict]:
+    """``job`` (a job of torch modules, beside linear_job.py) under collectives-elastic, 4 ranks."""
+    command = [sys.executable, "-m", "collectives.elastic.launcher", "-n", "4", "--timeout", "10",
+               sys.executable, str(Path(job).resolve()), str(out), "--faults", faults]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL, cwd=str(Path(job).resolve().parent))
+    assert done.returncode == 0, done.stderr[-6000:]
+    return [json.loads(path.read_text()) for path in out.glob("*.json")]
+
+
 def test_dataparallel_and_syncbatchnorm_train_across_a_shrink_like_one_process(tmp_path: Path) -> None:
     import syncbn_job
     import torch
 
-    command = [sys.executable, "-m", "collectives.elastic.launcher", "-n", "4", "--timeout", "10",
-               sys.executable, str(Path(syncbn_job.__file__).resolve()), str(tmp_path), "--faults", "3:kill@3"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT,
-                          stdin=subprocess.DEVNULL, cwd=str(Path(syncbn_job.__file__).parent))
-    assert done.returncode == 0, done.stderr[-6000:]
-    results = [json.loads(path.read_text()) for path in tmp_path.glob("*.json")]
+    results = run_torch_job(syncbn_job.__file__, tmp_path, "3:kill@3")
     assert sorted(r["rank"] for r in results) == [0, 1, 2]
     expected = syncbn_job.reference(syncbn_job.STEPS)
     for result in results:
         assert result["sizes"] == [4, 4, 4, 3, 3, 3, 3, 3]
+        for got, want in zip(result["params"], expected):
+            torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-10, atol=1e-12)
+
+
+def test_torch_ddp_on_the_collectives_backend_trains_across_a_shrink(tmp_path: Path) -> None:
+    """DistributedDataParallel over collectives.c10d.process_group(), wrapped again in each
+    generation: a SIGKILL in the middle of a step, and the survivors end with the parameters of
+    a plain-torch replay (no DDP) of the same steps on the same shards."""
+    import ddp_job
+    import torch
+
+    results = run_torch_job(ddp_job.__file__, tmp_path, "3:kill@3")
+    assert sorted(r["rank"] for r in results) == [0, 1, 2]
+    sizes = [4, 4, 4, 3, 3, 3, 3, 3]
+    expected = ddp_job.reference(sizes)
+    for result in results:
+        assert result["sizes"] == sizes
+        assert result["params"] == results[0]["params"]  # every rank holds the same bits
         for got, want in zip(result["params"], expected):
             torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-10, atol=1e-12)
