@@ -47,7 +47,12 @@ def resolve_backend(name: str | None, launch: LaunchInfo) -> str:
 
 
 def backend_class(name: str) -> type[Communicator]:
-    module_name, _, class_name = BACKENDS[name].partition(":")
+    return _import_class(name, BACKENDS[name])
+
+
+def _import_class(name: str, where: str) -> type[Communicator]:
+    """The class ``where`` ("module:class") names, imported now; backend ``name`` for the error."""
+    module_name, _, class_name = where.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
@@ -70,13 +75,7 @@ def fault_tolerant_class(name: str) -> type[Communicator]:
         from .elastic.support import refuse  # noqa: PLC0415
 
         raise refuse(name, "init(fault_tolerant=True)")
-    module_name, _, class_name = FAULT_TOLERANT_BACKENDS[name].partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise BackendUnavailable(f"backend {name!r} cannot be imported: {error}") from error
-    cls: type[Communicator] = getattr(module, class_name)
-    return cls
+    return _import_class(name, FAULT_TOLERANT_BACKENDS[name])
 
 
 def init(backend: str | None = None, *, timeout: Any = None,
