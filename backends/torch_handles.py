@@ -61,8 +61,10 @@ class _TorchWork(Work):
         try:
             self._work.wait(datetime.timedelta(seconds=seconds))
         except RuntimeError as error:
-            if "timed out" in str(error).lower() and not self._work.is_completed():
-                return False
+            if "timed out" in str(error).lower():
+                # torch's wait gave up at ``seconds``; the call may have completed since (a
+                # race with the process group's thread): then wait() says how it ended.
+                return bool(self._work.is_completed())
             if self._transport is None:
                 raise
             raise self._transport.context.map_error(error) from error
