@@ -46,17 +46,7 @@ TRACED = tuple(os.path.join(HERE, part) + os.sep for part in ("collectives", "ba
 def timed(fns: dict[str, Callable[[], Any]], calls: int, rounds: int, barrier: Callable[[], Any]) -> dict[str, float]:
     """Median over ``rounds`` of the wall time per call (us) of each function, rounds interleaved
     (the order reversed every other round), a barrier before each batch."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            fn = fns[name]
-            barrier()
-            start = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            samples[name].append((time.perf_counter() - start) / calls * 1e6)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return batched(fns, calls, rounds, barrier)
 
 
 def floor_calls(op: str, comm: Any, x: Any, array: str) -> dict[str, Callable[[], Any]]:
@@ -124,7 +114,7 @@ def ours_calls(op: str, comm: Any, x: Any) -> dict[str, Callable[[], Any]]:
 
 
 def batched(fns: dict[str, Callable[[], Any]], calls: int, rounds: int, barrier: Callable[[], Any]) -> dict[str, float]:
-    """Like :func:`timed` for functions that run ``calls`` calls themselves (``fn.calls``) or one."""
+    """:func:`timed`, where a function may also run ``calls`` calls itself (``fn.calls``)."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):
