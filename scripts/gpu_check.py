@@ -3,6 +3,7 @@
     python scripts/gpu_check.py preflight            # markdown on stdout; exit 0 ok, 2 no CUDA, 1 stop
     python scripts/gpu_check.py summary JUNIT...     # markdown: counts, failures, skips by reason
     python scripts/gpu_check.py smoke-failures JUNIT # "backend: why; ..." of the failed smoke tests
+    python scripts/gpu_check.py launcher NAME        # the tests' command line for NAME (mpiexec)
 
 The pre-flight runs in the interpreter the check uses (the device image's python), in one
 process, in seconds: every import the tests need (the project as installed, torch, CuPy,
@@ -221,12 +222,17 @@ def smoke_failures(paths: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in ("preflight", "summary", "smoke-failures"):
+    if not argv or argv[0] not in ("preflight", "summary", "smoke-failures", "launcher"):
         print(__doc__, file=sys.stderr)
         return 2
     try:
         if argv[0] == "preflight":
             return preflight()
+        if argv[0] == "launcher":  # the command line the tests use for a launcher, e.g. mpiexec
+            from collectives.testing.launch import launcher_command  # noqa: PLC0415
+
+            print(" ".join(launcher_command(argv[1])))
+            return 0
         return summary(argv[1:]) if argv[0] == "summary" else smoke_failures(argv[1:])
     except Exception:  # noqa: BLE001  (a bug here must not lose the report)
         traceback.print_exc(file=sys.stdout)

@@ -142,6 +142,12 @@ else
 fi
 phase_done "set-up (MPI, install)" "$(now)" "$SETUP_LIMIT s (the install)"
 
+# Open MPI refuses to start ranks as root unless told twice (the device machine runs as root).
+if [ "$(id -u)" -eq 0 ]; then
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    say "- running as root: OMPI_ALLOW_RUN_AS_ROOT=1 and OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 (Open MPI's mpiexec)"
+fi
+
 # -- 2. pre-flight: stops the run with a clear report when the tests could not run ------------------------
 say ""
 say "## Pre-flight"
@@ -205,6 +211,8 @@ say "(pytest exit status $rc; log: gpu_check.log; junit: smoke_junit.xml, gpu_ju
 say ""
 say "## all_reduce timing: ours vs the raw transport (float32 SUM, same buffers)"
 say ""
+MPIEXEC=$("$PY" scripts/gpu_check.py launcher mpiexec 2>>"$LOG")
+say "(the MPI timing's launcher: ${MPIEXEC:-none found})"
 if [ "$cuda" = 1 ]; then
     t0=$(now)
     timed() {  # one timing command, 40 s at most, and only while the check's budget lasts
@@ -223,8 +231,7 @@ if [ "$cuda" = 1 ]; then
         timed "$PY" scripts/bench/gpu_timing.py --backend cupy
     fi
     if mpi_ok; then
-        mpiexec=$("$PY" -c 'from collectives.testing.pool import launcher_command as l; print(l("mpiexec")[0])')
-        COLLECTIVES_MPI_CUDA_AWARE=0 timed "$mpiexec" -n 2 "$PY" scripts/bench/gpu_timing.py --backend mpi
+        COLLECTIVES_MPI_CUDA_AWARE=0 timed $MPIEXEC -n 2 "$PY" scripts/bench/gpu_timing.py --backend mpi
     fi
     tee -a "$REPORT" <"$TIMING"
     phase_done "timing" $(( $(now) - t0 )) "what is left, 40 s a run"

@@ -71,9 +71,23 @@ def _fused_sums(x: torch.Tensor, like: torch.Tensor) -> tuple[torch.Tensor, torc
     mean 0, var 1, eps 0 returns exactly those as grad_bias and grad_weight (3-5x faster on
     CPU than torch's two-pass statistics kernel)."""
     zeros, ones = torch.zeros_like(like), torch.ones_like(like)
-    _, sum_squares, sums = torch.ops.aten.native_batch_norm_backward(
-        x, x, ones, zeros, ones, None, None, False, 0.0, [False, True, True])
+    _, sum_squares, sums = inference_backward(x, x, ones, zeros, ones, 0.0, [False, True, True])
     return sums, sum_squares
+
+
+def inference_backward(grad_output: torch.Tensor, x: torch.Tensor, weight: torch.Tensor | None,
+                       mean: torch.Tensor, var: torch.Tensor, eps: float,
+                       mask: list[bool]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """torch's inference-mode batch-norm backward around ``mean``/``var``: ``(grad_input,
+    Σdy·(x - mean)/sqrt(var + eps), Σdy)`` per channel, the parts ``mask`` asks for.
+
+    The saved-statistics arguments are empty tensors, not None: CUDA's kernel asserts that they
+    are defined (an empty one tells it to use ``mean``/``var``); CPU's ignores them here.
+    """
+    empty = mean.new_empty(0)
+    result: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = torch.ops.aten.native_batch_norm_backward(
+        grad_output, x, weight, mean, var, empty, empty, False, eps, mask)
+    return result
 
 
 def _far(mean: torch.Tensor, var: torch.Tensor, min_var: float | None = None) -> bool:
@@ -297,9 +311,8 @@ class SyncBatchNormFunction(torch.autograd.Function):
         else:
             # One fused pass for both sums: inference-mode backward computes exactly
             # grad_bias = Σdy and grad_weight = Σdy·(x - center)·invstd.
-            _, sum_dy_xhat, sum_dy = torch.ops.aten.native_batch_norm_backward(
-                grad_output, shifted, ones, center, var, None, None, False, ctx.eps,
-                [False, True, True])
+            _, sum_dy_xhat, sum_dy = inference_backward(grad_output, shifted, ones, center, var, ctx.eps,
+                                                        [False, True, True])
         grad_input = None
         if ctx.needs_input_grad[0]:
             sums = torch.cat([sum_dy, sum_dy_xhat])

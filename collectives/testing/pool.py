@@ -211,10 +211,14 @@ class RankPool:
         while len(connections) < self.size:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._process.poll() is not None:  # timed out, or the launcher exited
+                exited = self._process.poll()
                 output = self.output()
                 self.close()
-                raise PoolError(f"{self.size} {self.backend} ranks under {self.launcher} did not "
-                                f"all start within {START_TIMEOUT:.0f}s; their output:\n{output}")
+                why = (f"did not all start within {START_TIMEOUT:.0f}s" if exited is None else
+                       f"did not all start: the launcher exited (status {exited}) after "
+                       f"{len(connections)} connected")
+                raise PoolError(f"{self.size} {self.backend} ranks under {self.launcher} {why}; "
+                                f"their output:\n{output}")
             sock.settimeout(min(remaining, 0.5))
             try:
                 conn = self._listener.accept()

@@ -12,7 +12,10 @@
   and the device every backend binds;
 - the torch backend's asynchronous sends and recvs of CUDA tensors, batched into
   ``batch_isend_irecv`` (run over Gloo here, with the batching switched on);
-- which GPU worlds a machine skips, from its NCCL version and GPU count.
+- which GPU worlds a machine skips, from its NCCL version and GPU count;
+- SyncBatchNorm's inference-mode batch-norm backward calls (its one-pass sums, forward and
+  backward): CUDA's kernel asserts that the saved statistics are defined tensors, where CPU's
+  takes None; a stand-in op with CUDA's precondition runs them here.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ import numpy as np
 import pytest
 import torch
 from collectives.backends import cupy_handles, cupy_nccl, torch_dist, torch_handles
+from collectives.backends.local import LocalCommunicator
 from collectives.backends.torch_dist import TorchTransport
 
-from collectives import arrays
+from collectives import arrays, syncbn
 from collectives.ops import ReduceOp
 
 #: What CuPy 14.2 puts in __cuda_array_interface__ for its bfloat16 (ml_dtypes') arrays: the
@@ -409,3 +413,37 @@ def test_a_failed_smoke_skips_that_backends_worlds_with_its_reason():
     assert "smoke of backend cupy failed (test_smoke_one_rank[cupy-1] failed)" in reasons["cupy-1"]
     assert "pool did not start" in reasons["mpi-2-staged"]
     assert reasons["torch-nccl-1"] is None
+
+
+@pytest.mark.parametrize("shape", [(6, 3), (4, 3, 5, 5)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_syncbn_gives_the_batch_norm_backward_defined_saved_statistics(monkeypatch, shape, dtype):
+    """Far-from-zero data (the shifted route: two one-pass sums) forward and backward, through an
+    op that asserts CUDA's precondition (Normalization.cu: ``save_mean should always be defined``);
+    the gradients still match torch's BatchNorm in float64."""
+    real = torch.ops.aten.native_batch_norm_backward
+    calls = []
+
+    def like_cuda(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask):
+        calls.append(train)
+        assert save_mean is not None and save_invstd is not None, "save_mean should always be defined"
+        return real(grad, x, weight, running_mean, running_var, save_mean, save_invstd, train, eps, mask)
+
+    class LikeCuda:  # the rest (overloads: torch's own BatchNorm) as the real op has it
+        __call__ = staticmethod(like_cuda)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    monkeypatch.setattr(torch.ops.aten, "native_batch_norm_backward", LikeCuda())
+    x64 = (torch.randn(shape, dtype=torch.float64) + 20.0).requires_grad_()  # far: |mean| > 3 std
+    x = x64.detach().to(dtype).requires_grad_()
+    dy = torch.randn(shape, dtype=torch.float64)
+    ours = syncbn.SyncBatchNorm(shape[1], comm=LocalCommunicator()).to(dtype)
+    plain = (torch.nn.BatchNorm1d if len(shape) == 2 else torch.nn.BatchNorm2d)(shape[1]).double()
+    ours(x).backward(dy.to(dtype))
+    plain(x64).backward(dy)  # the reference: float64
+    assert False in calls  # the inference-mode calls ran through the stand-in
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(x.grad.double(), x64.grad, **tol)
+    torch.testing.assert_close(ours.weight.grad.double(), plain.weight.grad, **tol)
