@@ -3,7 +3,7 @@
 Host arrays go to MPI without a copy: a numpy array as it is, a CPU torch tensor
 through a numpy view of its memory (cheaper than DLPack per call). In-place
 reductions use ``MPI.IN_PLACE``. Where MPI lacks a dtype (bfloat16 always,
-float16 where the library has no ``MPI_FLOAT16_T``) the reduction is staged
+float16 where the library does not reduce ``MPIX_C_FLOAT16``) the reduction is staged
 through float32 and rounded back; broadcast and all_gather move raw bytes, so
 they need no staging. AVG is SUM, then a division by size on every rank.
 
@@ -76,7 +76,7 @@ from .mpi_buffers import (  # noqa: F401  (cupyx_empty_pinned: also importable f
     host_view,
     mpi_cuda_aware,
 )
-from .mpi_library import library_version, saturates_small_integer_sums, wrapping_wire
+from .mpi_library import float16_datatype, library_version, saturates_small_integer_sums, wrapping_wire
 from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
     BUSY_POLL_SECONDS,
     FAST_POLLS,
@@ -148,7 +148,7 @@ class MPITransport(Transport):
         super().__init__(self._comm.Get_rank(), self._comm.Get_size(), local_rank)
         # Requests abandoned by a timeout: MPI may still write their buffers, so they live on.
         self._abandoned: list[Any] = []
-        float16 = MPI.FLOAT16_T if hasattr(MPI, "FLOAT16_T") else MPI.DATATYPE_NULL
+        float16 = float16_datatype(MPI)
         self._float16_native = float16 != MPI.DATATYPE_NULL
         self._types = {
             "bool": MPI.C_BOOL, "int8": MPI.INT8_T, "uint8": MPI.UINT8_T,

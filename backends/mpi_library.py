@@ -13,11 +13,18 @@ through int32 on the wire, which no sum of 8- or 16-bit values from fewer than 6
 overflows, and are written back with a wrapping cast: the low bits are the wrapped result.
 PROD did not saturate in any measurement; it goes the same way all the same, since the
 AVX component's kernels for it are the same kind of code and the cost is a copy.
+
+float16: mpi4py names ``MPI.FLOAT16_T`` (``MPIX_C_FLOAT16``) wherever it can, yet a library
+may still refuse to reduce it: Debian's Open MPI 4.1.6 fails every float16 reduction with
+``MPI_ERR_TYPE``. Whether it reduces is probed once, locally (:func:`float16_datatype`); where
+it does not, float16 is reduced through float32 like bfloat16.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from collectives.ops import ReduceOp
 
@@ -49,3 +56,21 @@ def wrapping_wire(dtype: str, op: ReduceOp, saturates: bool) -> str | None:
     if saturates and op in WRAPPING_OPS:
         return SATURATING_WIRE.get(dtype)
     return None
+
+
+def float16_datatype(MPI: Any) -> Any:
+    """``MPI.FLOAT16_T`` where the library reduces it, else ``MPI.DATATYPE_NULL``.
+
+    Probed on this process alone: an in-place ``MPI_Allreduce`` on ``MPI_COMM_SELF`` (the
+    argument checks of every reduction) and an ``MPI_Reduce_local`` of 1 + 2 (the op's kernel).
+    """
+    float16 = getattr(MPI, "FLOAT16_T", MPI.DATATYPE_NULL)
+    if float16 == MPI.DATATYPE_NULL:
+        return float16
+    x, y = np.ones(1, np.float16), np.full(1, 2, np.float16)
+    try:
+        MPI.COMM_SELF.Allreduce(MPI.IN_PLACE, [x, float16], MPI.SUM)
+        MPI.SUM.Reduce_local([x, float16], [y, float16])
+    except Exception:  # noqa: BLE001  (MPI.Exception; a library may fail it in other ways)
+        return MPI.DATATYPE_NULL
+    return float16 if y[0] == 3 else MPI.DATATYPE_NULL

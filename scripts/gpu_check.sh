@@ -92,6 +92,8 @@ if ! "$PY" -c '' 2>/dev/null; then
     say "Result: FAIL (no python), $(now) s in all"
     exit 1
 fi
+# Its full path: a bare name would reach another python on the ranks mpiexec starts.
+PY=$("$PY" -c 'import sys; print(sys.executable)')
 say "- python: $("$PY" -c 'import sys; print(sys.version.split()[0], sys.executable)')"
 
 # -- 1. set-up: MPI and this checkout, into the python, from carried wheels only --------------------------

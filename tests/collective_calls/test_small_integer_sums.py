@@ -1,7 +1,9 @@
 """Small-integer SUM and PROD wrap, as numpy's do, on every MPI library: Open MPI's AVX
 reduction component saturates them (3 x 30000 as int16 is 32767 there, 24464 in numpy) once
 a vector instruction does the add, so the MPI backend reduces them through int32 under Open
-MPI (backends/mpi_library.py). Run under each MPI by `make test-environments`."""
+MPI (backends/mpi_library.py). float16 reductions match numpy both where the library reduces
+MPIX_C_FLOAT16 and, through float32, where it refuses it (Debian's Open MPI 4.1.6, on the GPU
+machine's image). Run under each MPI by `make test-environments`."""
 
 from __future__ import annotations
 
@@ -81,3 +83,66 @@ def test_only_open_mpi_reduces_small_integers_through_int32():
             assert wrapping_wire(dtype, op, True) is None
     for dtype in ("int32", "int64", "float32", "bool"):
         assert wrapping_wire(dtype, ReduceOp.SUM, True) is None
+
+
+def float16_job(comm, native):
+    """float16 SUM, AVG, PROD, MIN of all_reduce, reduce_scatter and reduce on a split of the world
+    whose transport reduces float16 natively or (``native=False``, as where the library refuses
+    MPIX_C_FLOAT16) through float32; ``native`` as the transport decided it is returned too."""
+    from collectives.backends import mpi as mpi_backend
+
+    probe = mpi_backend.float16_datatype
+    if not native:  # the library's answer on Debian's Open MPI 4.1.6
+        mpi_backend.float16_datatype = lambda MPI: MPI.DATATYPE_NULL
+    try:
+        child = comm.split(0)
+    finally:
+        mpi_backend.float16_datatype = probe
+    out = {"native": child._transport._float16_native}
+    for op in ("sum", "avg", "prod", "min"):
+        x = np.linspace(0.5, 2.0, 5 * comm.size, dtype=np.float16) + np.float16(comm.rank)
+        out["all_reduce", op] = child.all_reduce(x.copy(), op)
+        out["reduce_scatter", op] = child.reduce_scatter(x.copy(), op)
+        y = x.copy()
+        child.reduce(y, op, dst=0)
+        out["reduce", op] = y
+    child.close()
+    return out
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["as-the-library-says", "through-float32"])
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
+def test_float16_reductions_match_numpy_natively_or_through_float32(world, native):
+    results = world.run(float16_job, args=(native,))
+    size = world.size
+    inputs = [np.linspace(0.5, 2.0, 5 * size, dtype=np.float16) + np.float16(r) for r in range(size)]
+    wide = np.stack(inputs).astype(np.float64)
+    want = {"sum": wide.sum(0), "avg": wide.mean(0), "prod": wide.prod(0), "min": wide.min(0)}
+    for rank, got in enumerate(results):
+        if not native:
+            assert got["native"] is False
+        for op, total in want.items():
+            for name, value, reference in (
+                    ("all_reduce", got["all_reduce", op], total),
+                    ("reduce_scatter", got["reduce_scatter", op], total[rank * 5:(rank + 1) * 5]),
+                    ("reduce", got["reduce", op], total if rank == 0 else inputs[rank])):
+                assert value.dtype == np.float16, (name, op)
+                np.testing.assert_allclose(value.astype(np.float64), reference, rtol=2e-3,
+                                           err_msg=f"rank {rank} {name} {op}")
+
+
+def test_float16_probe_refuses_what_the_library_cannot_reduce():
+    from collectives.backends.mpi_library import float16_datatype
+    from mpi4py import MPI
+
+    assert float16_datatype(MPI) == MPI.FLOAT16_T  # MPICH (and Open MPI 5) reduce it
+
+    class Refusing:  # Debian's Open MPI 4.1.6: MPI_ERR_TYPE from any float16 reduction
+        DATATYPE_NULL, FLOAT16_T, IN_PLACE, SUM = MPI.DATATYPE_NULL, MPI.FLOAT16_T, MPI.IN_PLACE, MPI.SUM
+
+        class COMM_SELF:
+            @staticmethod
+            def Allreduce(*args):
+                raise MPI.Exception(MPI.ERR_TYPE)
+
+    assert float16_datatype(Refusing) == MPI.DATATYPE_NULL
