@@ -35,12 +35,13 @@ WRAPPING_OPS = (ReduceOp.SUM, ReduceOp.PROD)
 
 def library_version(MPI: Any) -> str:
     """The first line of ``MPI_Get_library_version`` ("Open MPI v5.0.11, ...", "MPICH
-    Version: 5.0.2", "Intel(R) MPI Library 2021.18 ..."); "" where mpi4py cannot say."""
+    Version: 5.0.2", "Intel(R) MPI Library 2021.18 ..."), its runs of blanks as one space and
+    without the NUL Open MPI 4.1 leaves in it; "" where mpi4py cannot say."""
     try:
-        text: str = MPI.Get_library_version()
+        text: str = MPI.Get_library_version().replace("\0", " ")
     except Exception:  # noqa: BLE001  (an MPI-1 library, or mpi4py built without it)
         return ""
-    return text.strip().splitlines()[0] if text.strip() else ""
+    return " ".join(text.strip().splitlines()[0].split()) if text.strip() else ""
 
 
 def saturates_small_integer_sums(version: str) -> bool:

@@ -29,11 +29,12 @@ from collectives.farewell import PeerLeft
 from collectives.launcher import LaunchInfo
 
 from .mpi import MPICommunicator, MPITransport, import_mpi
+from .mpi_library import library_version
 
 
 def ulfm_refusal(MPI: Any) -> str | None:
     """Why this MPI cannot go on after a rank dies, or ``None`` when it can."""
-    library = MPI.Get_library_version().strip().splitlines()[0][:60]
+    library = library_version(MPI)[:60]
     if "Open MPI" not in library:
         return (f"the mpi backend needs Open MPI 5 with ULFM; this MPI ({library}) has none that "
                 "works (the MPICH wheel's revoke and shrink are stubs)")

@@ -74,8 +74,9 @@ def mpi_report() -> dict[str, Any]:
         return {"usable": False, "why": f"mpi4py cannot load an MPI library: {error} "
                                         "(pip install mpich, or set MPI4PY_LIBMPI)"}
     from collectives.backends.mpi_buffers import mpi_cuda_aware  # noqa: PLC0415
+    from collectives.backends.mpi_library import library_version  # noqa: PLC0415
 
-    library = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+    library = library_version(MPI)
     forced = os.environ.get(config.MPI_CUDA_AWARE, "").strip()
     try:
         aware = mpi_cuda_aware(MPI)

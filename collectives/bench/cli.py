@@ -308,7 +308,9 @@ def describe(comm: Any, arr: Arrays, raw: Raw | None, args: argparse.Namespace) 
         import mpi4py  # noqa: PLC0415
         from mpi4py import MPI  # noqa: PLC0415
 
-        meta["transport"] = " ".join(MPI.Get_library_version().splitlines()[0].split()[:3])
+        from collectives.backends.mpi_library import library_version  # noqa: PLC0415
+
+        meta["transport"] = " ".join(library_version(MPI).split()[:3])
         meta["thread_level"] = ("single", "funneled", "serialized", "multiple")[MPI.Query_thread()]
         meta["mpi4py"] = mpi4py.__version__
     elif comm.backend == "torch":

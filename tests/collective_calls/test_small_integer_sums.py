@@ -146,3 +146,16 @@ def test_float16_probe_refuses_what_the_library_cannot_reduce():
                 raise MPI.Exception(MPI.ERR_TYPE)
 
     assert float16_datatype(Refusing) == MPI.DATATYPE_NULL
+
+
+def test_library_version_is_one_clean_line():
+    from collectives.backends.mpi_library import library_version
+
+    class OpenMPI41:  # what mpi4py returned on the GPU machine's Debian Open MPI 4.1.6
+        @staticmethod
+        def Get_library_version():
+            return "Open MPI v4.1.6, package: Debian OpenMPI, ident: 4.1.6, repo rev: v4.1.6, Sep 30, 2023\0"
+
+    assert library_version(OpenMPI41) == \
+        "Open MPI v4.1.6, package: Debian OpenMPI, ident: 4.1.6, repo rev: v4.1.6, Sep 30, 2023"
+    assert saturates_small_integer_sums(library_version(OpenMPI41))
