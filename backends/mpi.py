@@ -637,7 +637,7 @@ class MPITransport(Transport):
         if new == MPI.COMM_NULL:
             return None
         try:
-            child = MPITransport(new, local_rank=self.local_rank)
+            child = type(self)(new, local_rank=self.local_rank)  # a ULFM parent's child is ULFM too
             child._poll = self._poll
             return child
         finally:

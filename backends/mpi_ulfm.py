@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import threading
 import traceback
 from types import TracebackType
 from typing import Any
@@ -65,7 +66,9 @@ class ULFMTransport(MPITransport):
             raise refuse("mpi", "init(fault_tolerant=True)", why)
         _exit_on_uncaught_exception()
         atexit.register(_finalize_within, FINALIZE_SECONDS)  # (before the communicator's own
-        return super().from_launcher(launch, timeout=timeout)  # exit hooks: it runs after them)
+        transport = super().from_launcher(launch, timeout=timeout)  # exit hooks: it runs after them)
+        _Heartbeat.start(transport._MPI)  # (its stop, registered now, runs before MPI_Finalize)
+        return transport
 
     def _rank_failure(self, error: Exception | None) -> RankFailure | None:
         if error is None:
@@ -78,8 +81,8 @@ class ULFMTransport(MPITransport):
         if isinstance(error, MPI.Exception):
             if error.Get_error_class() in _argument_classes(MPI):
                 return None  # the call's arguments (the call path's checks make these rare)
-        elif not isinstance(error, (PeerLeft, CollectiveTimeout)):
-            return None
+        elif not isinstance(error, (PeerLeft, CollectiveTimeout, RankFailure)):
+            return None  # (a RankFailure: one of a split of this communicator, on another thread)
         failed = self._revoke_and_shrink()
         text = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         who = (f"rank(s) {', '.join(map(str, failed))} failed" if failed
@@ -157,6 +160,47 @@ def _finalize_within(seconds: float) -> None:
         faulthandler.dump_traceback_later(seconds, exit=True, file=quiet)
         MPI.Finalize()
         faulthandler.cancel_dump_traceback_later()
+
+
+class _Heartbeat:
+    """Open MPI's heartbeat detector (without its own thread, see above) sends this rank's
+    heartbeats from MPI's progress loop: a rank that makes no MPI call for the detector's timeout
+    (an import, a long forward pass, torch building DDP) would be taken for dead by its peers and
+    aborted. A daemon thread enters the progress loop (``MPI_Iprobe`` on a duplicate of
+    ``COMM_SELF``) every :data:`HEARTBEAT_PROGRESS` seconds, from ``init()`` until the
+    interpreter's exit hooks, before ``MPI_Finalize``."""
+
+    _thread: threading.Thread | None = None
+    _stop = threading.Event()
+
+    @classmethod
+    def start(cls, MPI: Any) -> None:
+        if cls._thread is not None or MPI.Query_thread() != MPI.THREAD_MULTIPLE:
+            return
+        comm = MPI.COMM_SELF.Dup()
+        cls._thread = threading.Thread(target=cls._run, args=(comm,), daemon=True,
+                                       name="collectives-ulfm-heartbeat")
+        cls._thread.start()
+        atexit.register(cls.stop)
+
+    @classmethod
+    def _run(cls, comm: Any) -> None:
+        try:
+            while not cls._stop.wait(HEARTBEAT_PROGRESS):
+                comm.Iprobe()
+        finally:
+            comm.Free()
+
+    @classmethod
+    def stop(cls) -> None:
+        cls._stop.set()
+        if cls._thread is not None:
+            cls._thread.join()
+
+
+#: Seconds between two entries of the heartbeat thread into MPI's progress loop (the detector's
+#: period, as collectives-elastic sets it, is 0.5 s; its timeout 2 s).
+HEARTBEAT_PROGRESS = 0.1
 
 
 def _argument_classes(MPI: Any) -> set[int]:

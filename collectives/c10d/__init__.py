@@ -22,6 +22,7 @@ from typing import Any
 import torch.distributed as dist
 
 from collectives.communicator import Communicator
+from collectives.errors import BackendUnavailable
 
 from .process_group import BACKEND_NAME, ProcessGroupCollectives
 from .rendezvous import create_process_group, elastic_communicator, rendezvous_kwargs
@@ -70,10 +71,13 @@ def process_group() -> Any:
     """The "collectives" process group over ``collectives.init()``'s communicator, for
     ``DistributedDataParallel(model, process_group=...)`` and ``dist.*(group=...)``.
 
-    In a fault-tolerant job on the torch backend (``collectives-elastic``), torch's default
-    group is the current generation's Gloo group: this is a group of the whole generation
-    made with ``dist.new_group(backend="collectives")``, made again (once per generation) after
-    a shrink or a join, so ``collectives.elastic.run``'s ``train`` calls it and wraps DDP again.
+    In a fault-tolerant job (``collectives-elastic``) it is a group of the current generation
+    (its ranks, its size), made again once per generation after a shrink or a join, so
+    ``collectives.elastic.run``'s ``train`` calls it and wraps DDP again. On the torch backend
+    torch's default group is the generation's Gloo group, and this one is made with
+    ``dist.new_group(backend="collectives")``; on the mpi backend (Open MPI's ULFM) this one is
+    torch's default group, made over the generation's communicator (the previous generation's
+    is destroyed first; torch's store is each rank's own, since no rank may hold the job's).
     Elsewhere it is the default group, ``init_process_group()``'s (made first if need be).
     """
     global _elastic_group
@@ -86,9 +90,31 @@ def process_group() -> Any:
     if _elastic_group is not None and _elastic_group[0] is comm \
             and _elastic_group[1] in dist.distributed_c10d._world.pg_map:
         return _elastic_group[1]
-    group = dist.new_group(backend=BACKEND_NAME)
+    if comm.backend == "torch":
+        group = dist.new_group(backend=BACKEND_NAME)
+    else:
+        group = _default_group_over(comm)
     _elastic_group = (comm, group)
     return group
+
+
+def _default_group_over(comm: Communicator) -> Any:
+    """torch's default group, a "collectives" group over ``comm`` (a fault-tolerant mpi
+    communicator), made after the previous generation's is destroyed."""
+    if dist.is_initialized():
+        old = dist.distributed_c10d._get_default_group()
+        if isinstance(old, ProcessGroupCollectives) and old.comm is comm:
+            return old  # made by init_process_group() in this generation
+        if not isinstance(old, ProcessGroupCollectives):
+            raise BackendUnavailable(
+                f"in a fault-tolerant job on the mpi backend, process_group() makes torch's default "
+                f"group itself (a {BACKEND_NAME!r} group over each generation's communicator); torch's "
+                f"default group is already one of backend {dist.get_backend(old)!r}: do not call "
+                "init_process_group() with another backend")
+        old.shutdown()  # its worker's communicator belongs to a past generation
+        dist.destroy_process_group()
+    dist.init_process_group(BACKEND_NAME, store=dist.HashStore(), rank=comm.rank, world_size=comm.size)
+    return dist.distributed_c10d._get_default_group()
 
 
 def communicator(group: Any = None) -> Communicator:

@@ -27,6 +27,7 @@ from collectives.communicator import Communicator
 from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo, detect_launcher
 from collectives.registry import resolve_backend
+from collectives.transport import Transport
 
 from .process_group import BACKEND_NAME, ProcessGroupCollectives
 
@@ -88,13 +89,13 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
     rank, size = int(options.group_rank), int(options.group_size)
     ranks = list(options.global_ranks_in_group)
     elastic = elastic_communicator()
-    if elastic is not None:  # process_group() on torch's Gloo under collectives-elastic
+    if elastic is not None:  # process_group() in a fault-tolerant job (collectives-elastic)
         name = elastic.backend
-        if ranks != list(range(elastic.size)) or (rank, size) != (elastic.rank, elastic.size):
+        if ranks not in ([], list(range(elastic.size))) or (rank, size) != (elastic.rank, elastic.size):
             raise BackendUnavailable(
-                f"under collectives-elastic (torch backend) a {BACKEND_NAME!r} group spans the whole "
-                f"generation ({elastic.size} ranks); got ranks {ranks}: make it with "
-                "collectives.c10d.process_group()")
+                f"in a fault-tolerant job a {BACKEND_NAME!r} group spans the whole generation "
+                f"({elastic.size} ranks; this rank is its rank {elastic.rank}); got rank {rank} of "
+                f"{size}, ranks {ranks or 'all'}: make it with collectives.c10d.process_group()")
         comm = elastic
     elif not ranks:  # the default group
         name = transport()
@@ -111,7 +112,7 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
     if name == "cupy":  # NCCL takes CUDA tensors only: CPU tensors go to Gloo (see ProcessGroupCollectives)
         host = dist.ProcessGroupGloo(dist.PrefixStore("host/", options.store), rank, size, options.timeout)
     pg = ProcessGroupCollectives(comm, worker_comm, rank, size, host)
-    if name == "mpi" and size > 1:
+    if name == "mpi" and size > 1 and elastic is None:
         # init_process_group wraps sys.excepthook (to prefix tracebacks with the rank): ours goes
         # around it again, so that an uncaught exception on one rank ends the job (MPI_Abort).
         from collectives.backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
@@ -122,15 +123,18 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
 
 def elastic_communicator() -> Communicator | None:
     """``collectives.init()``'s communicator (its current generation) when it is a
-    fault-tolerant one on torch's Gloo (``collectives-elastic``): torch's default group is
-    then that generation's Gloo group, and a "collectives" group runs over the communicator."""
+    fault-tolerant one (``collectives-elastic``): a "collectives" group then runs over it. On
+    torch's Gloo, torch's default group is that generation's Gloo group; on Open MPI's ULFM
+    (mpi) the generation's "collectives" group is torch's default group."""
     from collectives import registry  # noqa: PLC0415
 
     comm = registry._default
     while comm is not None and comm._successor is not None:
         comm = comm._successor
-    if comm is None or comm._closed or comm.backend != "torch" or not registry._fault_tolerant(comm):
+    if comm is None or comm._closed or comm.backend not in ("torch", "mpi") or not registry._fault_tolerant(comm):
         return None
+    if comm.backend == "mpi" and type(comm._transport)._shrink is Transport._shrink:
+        return None  # a plain mpi communicator of one rank
     return comm
 
 

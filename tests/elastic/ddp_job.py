@@ -3,7 +3,8 @@ trained with collectives.elastic across a shrink: ``train`` wraps the model in
 DistributedDataParallel over ``collectives.c10d.process_group()``, the "collectives" group of
 the current generation (made again after each shrink).
 
-    collectives-elastic -n 4 python ddp_job.py OUT --faults 3:kill@3
+    collectives-elastic -n 4 python ddp_job.py OUT --faults 3:kill@3          # torch backend (Gloo)
+    collectives-elastic --mpi -n 4 python ddp_job.py OUT --faults 3:kill@3    # Open MPI's ULFM
 
 Each rank of the last generation writes OUT/<rank>.json: its parameters and the sizes.
 """
@@ -61,7 +62,8 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("--faults", default="")
     args = parser.parse_args()
-    fault = parse_faults(args.faults).get(os.environ[collectives.config.ELASTIC_ID])
+    first = collectives.init(fault_tolerant=True)
+    fault = parse_faults(args.faults).get(os.environ.get(collectives.config.ELASTIC_ID) or str(first.rank))
     net = model()
     state = elastic.State(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=LR), step=0, sizes=[])
 
@@ -83,7 +85,8 @@ def main() -> None:
 
     elastic.run(train, state)
     comm = collectives.init(fault_tolerant=True)
-    result = {"rank": comm.rank, "sizes": state.sizes,
+    group = collectives.c10d.process_group()
+    result = {"rank": comm.rank, "sizes": state.sizes, "group": [dist.get_rank(group), dist.get_world_size(group)],
               "params": [p.detach().tolist() for p in net.parameters()]}
     with open(os.path.join(args.out, f"{comm.rank}.json"), "w") as f:
         json.dump(result, f)

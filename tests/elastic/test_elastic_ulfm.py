@@ -37,10 +37,10 @@ def clean_env() -> dict[str, str]:
     return {**env, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
-def run_ulfm_job(out: Path, faults: str) -> tuple[int, dict[str, dict]]:
+def run_ulfm_job(out: Path, faults: str, job: str = JOB) -> tuple[int, dict[str, dict]]:
     command = [sys.executable, "-m", "collectives.elastic.launcher", "--mpi", "--launcher",
                " ".join(mpi_launcher()), "-n", "4", "--timeout", "20",
-               sys.executable, JOB, str(out), "--faults", faults]
+               sys.executable, job, str(out), "--faults", faults]
     done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
                           stdin=subprocess.DEVNULL)
     results = {path.stem: json.loads(path.read_text()) for path in out.glob("*.json")}
@@ -68,6 +68,28 @@ def test_ulfm_survivors_of_an_exception_and_a_hang_match_the_reference(tmp_path:
     sizes = check_final(results, 2)
     assert sizes == [4] * 3 + [3] * 5 + [2] * 4
     assert sorted(results) == ["1", "3"]
+
+
+@needs_ulfm
+def test_ulfm_torch_ddp_on_the_collectives_backend_trains_across_a_shrink(tmp_path: Path) -> None:
+    """DistributedDataParallel over collectives.c10d.process_group() on ULFM, wrapped again in
+    each generation: rank 3 is SIGKILLed between the forward and DDP's all_reduce, and the three
+    survivors (ranks 0-2 of a 3-rank group) end with the parameters of a float64 plain-torch
+    replay (no DDP) of the same steps on the same shards."""
+    import ddp_job
+    import torch
+
+    status, results = run_ulfm_job(tmp_path, "3:kill@3", job=str(Path(ddp_job.__file__).resolve()))
+    assert sorted(results) == ["0", "1", "2"], sorted(results)
+    sizes = [4, 4, 4, 3, 3, 3, 3, 3]
+    expected = ddp_job.reference(sizes)
+    for result in results.values():
+        assert result["sizes"] == sizes
+        assert result["group"] == [result["rank"], 3]  # the group's rank and size: the new generation's
+        assert result["params"] == results["0"]["params"]  # every rank holds the same bits
+        for got, want in zip(result["params"], expected):
+            torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-10, atol=1e-12)
+    assert status in (0, 1)  # 1: a survivor's MPI_Finalize took over 3 s after the failure (docs/elastic.md)
 
 
 REFUSAL = """
