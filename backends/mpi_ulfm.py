@@ -108,6 +108,12 @@ class ULFMTransport(MPITransport):
         old.Free()
         return [r for r in range(self.size) if r not in kept]
 
+    def _split(self, color: int | None, key: int) -> MPITransport | None:
+        child = super()._split(color, key)  # a ULFMTransport: revoked and shrunk on its own failures
+        if child is not None:
+            child.generation = self.generation
+        return child
+
     def _shrink(self) -> ULFMTransport:
         if self._survivors is None:  # no failure seen: the same ranks, a generation later
             self._revoke_and_shrink()

@@ -584,9 +584,13 @@ class TorchTransport(Transport):
             group = self._dist.new_group(sorted(global_ranks), use_local_synchronization=True,
                                          timeout=torch_timeout(self.timeout))
         created_groups.append(group)
-        child = TorchTransport(group, ranks=global_ranks, local_rank=self.local_rank)
+        child = self._split_transport(group, global_ranks)
         child._name = name
         return child
+
+    def _split_transport(self, group: Any, global_ranks: list[int]) -> TorchTransport:
+        """The transport of a split's new group (a fault-tolerant transport's is one too)."""
+        return TorchTransport(group, ranks=global_ranks, local_rank=self.local_rank)
 
     def _close(self) -> None:
         launch_batch()

@@ -34,7 +34,7 @@ from collectives.farewell import PeerLeft
 from collectives.launcher import LaunchInfo
 from collectives.ops import ReduceOp
 
-from .torch_bootstrap import import_torch_distributed, torch_timeout
+from .torch_bootstrap import created_groups, import_torch_distributed, torch_timeout
 from .torch_dist import TorchTransport
 
 #: Seconds a settlement waits for a member that neither answers nor died (a hung rank is left
@@ -107,12 +107,8 @@ class ElasticTorchTransport(TorchTransport):
     # -- failures -------------------------------------------------------------------------
 
     def _rank_failure(self, error: Exception | None) -> RankFailure | None:
-        if error is None:  # the next call after a failure
-            failure = self._failure
-            return None if failure is None else RankFailure(str(failure), failure.failed_ranks,
-                                                            failure.generation)
-        if self._failure is not None:
-            return self._failure
+        if error is None or self._failure is not None:  # the next call after a failure
+            return _again(self._failure, error)
         if not isinstance(error, (RuntimeError, CollectiveError)) or (
                 isinstance(error, CollectiveMismatch) and not isinstance(error, PeerLeft)):
             return None  # a mismatch of the calls, or not the transport's: what it says
@@ -153,10 +149,11 @@ class ElasticTorchTransport(TorchTransport):
     def _peers_left(self) -> list[tuple[int, int, int]]:
         """Also the revocation: while a call waits (the call path looks every 50 ms), a survivor
         that saw a failure has revoked this generation in the store: this call fails too."""
-        if self._membership.is_revoked(self.generation):
-            raise CollectiveError(f"{self.context.call_name()}: generation {self.generation} was revoked "
-                                  "by a survivor that saw a rank fail")
+        _check_revoked(self, self)
         return super()._peers_left()
+
+    def _split_transport(self, group: Any, global_ranks: list[int]) -> TorchTransport:
+        return ElasticSplitTransport(self, group, global_ranks)
 
     def _settle_shrink(self) -> Outcome:
         if self._outcome is None:
@@ -218,6 +215,81 @@ class ElasticTorchTransport(TorchTransport):
     def members(self) -> list[str]:
         """The member ids of this generation, in rank order."""
         return list(self._members)
+
+
+def _again(failure: RankFailure | None, error: Exception | None) -> RankFailure | None:
+    """The failure already seen: itself for the error of the call that failed, a fresh one for
+    the next call (``error=None``)."""
+    if failure is None or error is not None:
+        return failure
+    return RankFailure(str(failure), failure.failed_ranks, failure.generation)
+
+
+def _check_revoked(transport: TorchTransport, generation: ElasticTorchTransport) -> None:
+    """``CollectiveError`` when a survivor revoked ``generation`` (it saw a rank fail)."""
+    if generation._membership.is_revoked(generation.generation):
+        raise CollectiveError(f"{transport.context.call_name()}: generation {generation.generation} was "
+                              "revoked by a survivor that saw a rank fail")
+
+
+class ElasticSplitTransport(TorchTransport):
+    """A ``split()`` of a fault-tolerant transport (a Gloo subgroup of its generation's group): a
+    failure in one of its calls is settled by the generation (revoked, the members' votes), so it
+    raises :class:`~collectives.RankFailure` naming the failed ranks in its own numbering, and the
+    generation's other communicators raise too. It ends with its generation: ``split()`` the
+    communicator that ``shrink()`` of the parent gives (its own ``shrink()`` says so)."""
+
+    def __init__(self, generation: ElasticTorchTransport, group: Any, global_ranks: list[int]) -> None:
+        super().__init__(group, ranks=global_ranks, local_rank=generation.local_rank)
+        self._generation = generation
+        self._failure: RankFailure | None = None
+        self._abandoned: list[Any] = []
+        self._agreements = itertools.count()
+        self.generation = generation.generation
+
+    _agree_word = ElasticTorchTransport._agree_word
+
+    def _split_transport(self, group: Any, global_ranks: list[int]) -> TorchTransport:
+        return ElasticSplitTransport(self._generation, group, global_ranks)
+
+    def _peers_left(self) -> list[tuple[int, int, int]]:
+        _check_revoked(self, self._generation)
+        return super()._peers_left()
+
+    def _rank_failure(self, error: Exception | None) -> RankFailure | None:
+        if error is None or self._failure is not None:
+            return _again(self._failure, error)
+        failure = self._generation._rank_failure(error)
+        if failure is None:
+            return None
+        failed = [r for r, g in enumerate(self._global_ranks) if g in failure.failed_ranks]
+        who = (f"rank(s) {', '.join(map(str, failed))} of this split failed" if failed
+               else "no rank of this split failed (one of the generation did)")
+        self._failure = RankFailure(
+            f"{self.context.call_name()} failed in generation {self.generation}: {who}. A split of a "
+            f"fault-tolerant communicator ends with its generation: call shrink() on the communicator "
+            f"it was split from (every survivor), then split() the result again. ({failure})",
+            failed, self.generation)
+        return self._failure
+
+    def _shrink(self) -> TorchTransport:
+        raise BackendUnavailable(
+            "shrink() of a split of a fault-tolerant communicator on the torch backend: the split ends "
+            "with its generation; call shrink() on the communicator it was split from (every "
+            "survivor), then split() the result again (Open MPI's ULFM shrinks a split itself)")
+
+    def _agree(self, flag: bool) -> bool:
+        generation = self._generation
+        members = [generation._members[g] for g in self._global_ranks]
+        outcome = generation._membership.settle(
+            f"agree/{self.generation}/{self._name}/{next(self._agreements)}", members, "1" if flag else "0")
+        return all(vote == "1" for vote in outcome.votes.values())
+
+    def _close(self) -> None:
+        if self._group in self._dist.distributed_c10d._world.pg_map:
+            super()._close()  # (else its generation's shrink destroyed it already)
+        elif self._group in created_groups:
+            created_groups.remove(self._group)
 
 
 #: The groups of past generations (see ``ElasticTorchTransport._next``).

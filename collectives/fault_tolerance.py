@@ -57,8 +57,8 @@ class FaultTolerance:
 
     @property
     def generation(self) -> int:
-        """0 for a communicator made by ``init()`` or ``split()``; one more after each
-        :meth:`shrink` (or join of replacements, :mod:`collectives.elastic`)."""
+        """0 for a communicator made by ``init()``; one more after each :meth:`shrink` (or join
+        of replacements, :mod:`collectives.elastic`); a ``split()`` has its parent's."""
         return self._transport.generation
 
     def _admit(self) -> Any:

@@ -312,7 +312,8 @@ class Transport(abc.ABC):
     # -- to go on after a peer's death overrides (backends/torch_elastic.py, backends/mpi_ulfm.py);
     # -- the defaults refuse, naming what works (collectives/elastic/support.py) -------------
 
-    #: 0 for a transport made by ``from_launcher`` or ``_split``; one more after each shrink or join.
+    #: 0 for a transport made by ``from_launcher``; one more after each shrink or join (a
+    #: fault-tolerant transport's ``_split`` has its parent's).
     generation: int = 0
 
     def _rank_failure(self, error: Exception | None) -> RankFailure | None:

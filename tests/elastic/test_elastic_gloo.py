@@ -131,3 +131,31 @@ def test_torch_ddp_on_the_collectives_backend_trains_across_a_shrink(tmp_path: P
         assert result["params"] == results[0]["params"]  # every rank holds the same bits
         for got, want in zip(result["params"], expected):
             torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-10, atol=1e-12)
+
+
+def check_split(results: dict[str, dict], split_shrinks: bool) -> None:
+    """What split_job.py's survivors saw: the split's RankFailure names split rank 0 (member 3,
+    split in reverse order), the world's names world rank 3, and the split made again from the
+    world's shrink() (and, where the transport can, the split's own shrink()) sums the survivors'
+    world ranks + 1 (1 + 2 + 3)."""
+    assert sorted(results) == ["0", "1", "2"], sorted(results)
+    for member, seen in results.items():
+        rank = int(member)
+        assert seen["split_rank"] == 3 - rank and seen["before"] == 10.0
+        assert seen["split_failure"] == [0] and seen["world_failure"] == [3]
+        assert seen["again"] == [2 - rank, 3, 6.0] and seen["agree"] is True
+        if split_shrinks:
+            assert seen["split_shrunk"] == [2 - rank, 3, 6.0]
+        else:
+            assert "split() the result again" in seen["split_shrunk"]
+
+
+def test_a_split_of_a_fault_tolerant_communicator_raises_rank_failure_and_is_made_again(tmp_path: Path) -> None:
+    """A SIGKILLed member's split: the survivors' call on it raises RankFailure in the split's
+    numbering (not a plain error, nor a hang), the world's call raises too, and a split of the
+    shrunk world works; the split's own shrink() says what to do instead."""
+    import split_job
+
+    run_torch_job(split_job.__file__, tmp_path, "")
+    check_split({p.stem: json.loads(p.read_text()) for p in tmp_path.glob("*.json")}, split_shrinks=False)
+

@@ -20,7 +20,7 @@ from collectives.testing.launch import mpi_command, mpi_launcher, mpi_launcher_n
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import linear_job  # noqa: E402
-from test_elastic_gloo import check_final  # noqa: E402
+from test_elastic_gloo import check_final, check_split  # noqa: E402
 
 JOB = str(Path(linear_job.__file__).resolve())
 TIMEOUT = 120
@@ -90,6 +90,17 @@ def test_ulfm_torch_ddp_on_the_collectives_backend_trains_across_a_shrink(tmp_pa
         for got, want in zip(result["params"], expected):
             torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-10, atol=1e-12)
     assert status in (0, 1)  # 1: a survivor's MPI_Finalize took over 3 s after the failure (docs/elastic.md)
+
+
+@needs_ulfm
+def test_ulfm_a_split_raises_rank_failure_and_shrinks(tmp_path: Path) -> None:
+    """A split of a ULFM communicator (a ULFM communicator too): a SIGKILLed member's split raises
+    RankFailure in the split's numbering, shrinks itself to the survivors, and is made again from
+    the shrunk world."""
+    import split_job
+
+    _, results = run_ulfm_job(tmp_path, "", job=str(Path(split_job.__file__).resolve()))
+    check_split(results, split_shrinks=True)
 
 
 REFUSAL = """
