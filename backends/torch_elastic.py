@@ -23,6 +23,7 @@ import atexit
 import itertools
 import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -58,6 +59,9 @@ class ElasticTorchTransport(TorchTransport):
         self._agreements = itertools.count()
         self._abandoned: list[Any] = []  # the check's handles a revocation left behind
         self.generation = generation
+        # A failure may be settled from two threads at once: the caller's, and the worker of a
+        # "collectives" process group (a split of this transport, see ElasticSplitTransport).
+        self._settling = threading.Lock()
 
     @classmethod
     def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> ElasticTorchTransport:
@@ -107,6 +111,10 @@ class ElasticTorchTransport(TorchTransport):
     # -- failures -------------------------------------------------------------------------
 
     def _rank_failure(self, error: Exception | None) -> RankFailure | None:
+        with self._settling:
+            return self._settled_failure(error)
+
+    def _settled_failure(self, error: Exception | None) -> RankFailure | None:
         if error is None or self._failure is not None:  # the next call after a failure
             return _again(self._failure, error)
         if not isinstance(error, (RuntimeError, CollectiveError)) or (

@@ -57,7 +57,9 @@ def init_process_group(backend: str = BACKEND_NAME, **kwargs: Any) -> None:
     Under torchrun (or with ``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR`` set) torch's env://
     is used as it is (``MASTER_ADDR`` alone, under an MPI launcher: the address rank 0's store
     listens on); without
-    a launcher the group has one rank. ``init_method``/``store``, ``rank``,
+    a launcher the group has one rank. In a fault-tolerant job on the mpi backend (Open MPI's
+    ULFM) it is over the current generation's communicator, on a store of this rank's own (see
+    :func:`process_group`). ``init_method``/``store``, ``rank``,
     ``world_size``, ``timeout``, ``device_id`` and the rest pass through unchanged.
     """
     register()
@@ -113,7 +115,7 @@ def _default_group_over(comm: Communicator) -> Any:
                 "init_process_group() with another backend")
         old.shutdown()  # its worker's communicator belongs to a past generation
         dist.destroy_process_group()
-    dist.init_process_group(BACKEND_NAME, store=dist.HashStore(), rank=comm.rank, world_size=comm.size)
+    init_process_group()  # over comm, on a store of this rank's own (rendezvous_kwargs)
     return dist.distributed_c10d._get_default_group()
 
 

@@ -48,6 +48,10 @@ def rendezvous_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     kwargs = dict(kwargs)
     if "init_method" in kwargs or "store" in kwargs:
         return kwargs
+    elastic = elastic_communicator()
+    if elastic is not None and elastic.backend == "mpi":  # ULFM: no rank may hold the job's store
+        kwargs.update(store=dist.HashStore(), rank=elastic.rank, world_size=elastic.size)
+        return kwargs
     launch = detect_launcher()
     if launch.launcher == "torchrun" or (os.environ.get("MASTER_ADDR") and os.environ.get("RANK")
                                          and os.environ.get("WORLD_SIZE")):
