@@ -24,11 +24,14 @@ from collections.abc import Sequence
 from .. import config
 
 #: Open MPI's ULFM, and its heartbeat detector: a rank that dies without its sockets closing
-#: (or hangs) is declared failed after ``timeout`` seconds without a heartbeat. Not its thread
-#: (``mpi_ft_detector_thread``): with it, Open MPI 5.0.11's MPI_Finalize spins forever after a
-#: peer failed; without it the heartbeats go out while the ranks wait in MPI (our polling).
+#: (or hangs) is declared failed after ``--detector-timeout`` seconds without a heartbeat. Not
+#: its thread (``mpi_ft_detector_thread``): with it, Open MPI 5.0.11's MPI_Finalize spins forever
+#: after a peer failed; without it the heartbeats go out from MPI's progress loop, which a thread
+#: of ours enters every 0.1 s (backends/mpi_ulfm.py).
 ULFM_FLAGS = ("--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true",
-              "--mca", "mpi_ft_detector_period", "0.5", "--mca", "mpi_ft_detector_timeout", "2")
+              "--mca", "mpi_ft_detector_period", "0.5")
+#: Seconds without a heartbeat before the detector declares a rank failed (default).
+DETECTOR_TIMEOUT = 2.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,6 +50,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mpi", action="store_true", help="run under Open MPI's mpirun with ULFM")
     p.add_argument("--launcher", default="mpirun",
                    help="with --mpi: the mpirun command line (default mpirun)")
+    p.add_argument("--detector-timeout", type=float, default=DETECTOR_TIMEOUT,
+                   help=f"with --mpi: seconds without a heartbeat before Open MPI declares a rank "
+                        f"failed (a hung rank, or one that ended without closing its connections; "
+                        f"default {DETECTOR_TIMEOUT:g}); raise it on a loaded machine, where a rank "
+                        "that gets no CPU that long is taken for dead")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
     return p
 
@@ -62,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              ("--max-restarts", args.max_restarts, 0)):
         if value < low:
             parser().error(f"{name} must be at least {low}; got {value}")
+    if args.detector_timeout < 1:
+        parser().error(f"--detector-timeout must be at least 1 (the heartbeat period is 0.5 s); "
+                       f"got {args.detector_timeout:g}")
     if args.min_size > args.nproc:
         parser().error(f"--min {args.min_size} is more than -n {args.nproc}")
     if args.timeout is not None:
@@ -72,7 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.replace:
             parser().error("--replace: replacements join on the torch backend only; on Open MPI "
                            "the job shrinks")
-        mpirun = [*shlex.split(args.launcher), *ULFM_FLAGS, "-n", str(args.nproc),
+        mpirun = [*shlex.split(args.launcher), *ULFM_FLAGS, "--mca", "mpi_ft_detector_timeout",
+                  f"{args.detector_timeout:g}", "-n", str(args.nproc),
                   "-x", f"{config.BACKEND}=mpi", "-x", f"{config.FAULT_TOLERANT}=1",
                   "-x", config.TIMEOUT, *command]
         sys.stdout.flush()
