@@ -39,10 +39,13 @@ class CallCheck:
     communicator of ``size`` ranks over ``transport``; ``context`` is the communicator's side
     (the running call, its exchange, what errors become)."""
 
-    __slots__ = ("_transport", "_context", "level", "first_checked", "_hashes")
+    __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "_hashes")
 
     def __init__(self, transport: Transport, context: CommunicatorContext, size: int) -> None:
         self._transport, self._context = transport, context
+        # The communicator, for the running call's number (``context.call`` without its tuple:
+        # :meth:`check` runs on every call).
+        self._comm = context.comm
         # One rank has nobody to disagree with: checks cost nothing at size 1.
         level = config.check_level() if size > 1 else config.CHECKS_OFF
         if level == config.CHECKS_DEFAULT and not transport._checks_by_default:
@@ -69,7 +72,7 @@ class CallCheck:
         every communicator (which also compares the ranks' checks levels), the full
         fingerprints always travel. Every rank makes the same exchanges as long as every rank
         makes the same calls: the ranks all see the same result, so all raise or none."""
-        seq = self._context.call[1]
+        seq: int = self._comm._seq
         if call.counted:  # dtype and shape: the call's counts exchange compares them
             dtype, shape = None, ()
         if self.level != config.CHECKS_DEFAULT or seq == 1:
