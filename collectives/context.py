@@ -2,8 +2,9 @@
 a :class:`~collectives.Communicator` hands the transport it holds, and the part of the
 communicator that owns what goes wrong inside a call: naming the running call, the timeout
 error (the communicator and its siblings become unusable), the farewells of peers heard while
-waiting, the listening wait of the call path's own exchanges, and what a transport's error
-becomes. The communicator's reliability parts (:mod:`collectives.reliability`) use it too.
+waiting, the listening wait of the call path's own exchanges, a call under its own
+``timeout=``, and what a transport's error becomes. The communicator's reliability parts
+(:mod:`collectives.reliability`) use it too.
 
 Imports: config, errors, farewell, polling, the recorder, the transport protocol and work (the
 communicator is passed in, not imported).
@@ -47,8 +48,8 @@ class CommunicatorContext(CallContext):
     """The side of communicator ``comm`` that its ``transport``, its handles and its parts see.
 
     Of ``comm`` it reads the running call (``_operation``, ``_seq``), ``trace_name``,
-    ``timeout``, its flight-recorder ring (``_ring``), its fault tolerance (``_fault``) and
-    ``repr``; it sets ``comm._broken`` (unusable), ``comm._checking`` (see
+    ``timeout``, why it is unusable (``_why_broken``), its flight-recorder ring (``_ring``), its
+    fault tolerance (``_fault``) and ``repr``; it sets ``comm._broken`` (unusable), ``comm._checking`` (see
     :meth:`stop_checking`) and ``comm.timeout`` (for a call's own ``timeout=``: see
     :meth:`run_with_timeout`, which runs the call through ``comm._run``), and nothing else."""
 

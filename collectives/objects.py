@@ -11,6 +11,8 @@ every rank of the communicator, as torch's and mpi4py's object collectives do.
 A rank whose own argument is bad (an object that does not pickle, ``objs`` of the wrong
 length) sends a size of -1 in the first exchange, so that every rank raises, not only
 that one, and none waits for bytes that never come.
+
+Imports: checks, errors and numpy (CuPy when used); the communicator is passed in.
 """
 
 from __future__ import annotations
