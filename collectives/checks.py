@@ -1,19 +1,24 @@
 """The call path's argument checks, and the plans that let a kind of array skip them.
 
 Every call is checked before anything is sent, on every backend, so a bad argument is
-the same ``TypeError``/``ValueError`` everywhere with the input untouched.
-:class:`ArgumentChecks` is a base of :class:`collectives.Communicator`; its methods are
-called by ``Communicator._run``.
+the same ``TypeError``/``ValueError`` everywhere with the input untouched. A
+:class:`collectives.Communicator` holds one :class:`ArgumentChecks` (given its transport and
+size); ``Communicator._run`` calls its methods. The checks of ``split``'s arguments and of
+the calling thread are here too.
+
+Imports: arrays, calls, errors, ops and the transport protocol (never the communicator).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from . import arrays
 from .arrays import ArrayAdapter
 from .calls import Call, is_int
+from .errors import CollectiveError
 from .ops import ReduceOp, check_reduction
 from .transport import Transport
 
@@ -24,17 +29,22 @@ Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any], bool], ArrayAdapte
 
 # Calls whose out= rows are known only once the counts have travelled (checked then).
 _OUT_SHAPE_AFTER_COUNTS = frozenset({"all_gather_v", "all_to_all"})
+_C_INT_MAX = 2**31 - 1
 
 
 class ArgumentChecks:
-    """The checks of the call path (a base of :class:`collectives.Communicator`)."""
+    """The checks of the call path for one communicator: of ``size`` ranks, over ``transport``
+    (its device check, its fast paths). ``size`` is also what the rows' shape rules read."""
 
-    # Set by Communicator.__init__: whether the backend overrides ``_check_device`` (the call
-    # path skips it when not), and the plans of the kinds of arrays that passed the checks.
-    _checks_device: bool
-    _transport: Transport
-    size: int
-    _plans: dict[tuple[Any, ...], Plan]
+    __slots__ = ("_transport", "size", "plans", "_checks_device")
+
+    def __init__(self, transport: Transport, size: int) -> None:
+        self._transport = transport
+        self.size = size
+        #: The plans of the kinds of arrays that passed the checks (see :meth:`plan`).
+        self.plans: dict[tuple[Any, ...], Plan] = {}
+        # Whether the backend checks devices (else the per-array check skips _check_device).
+        self._checks_device = type(transport)._check_device is not Transport._check_device
 
     # The checks run on every call. _run first looks the kind of x (its type and dtype,
     # and op) up among the kinds that passed before on this communicator, for this row of
@@ -43,7 +53,7 @@ class ArgumentChecks:
     # of the checks, and so which error a call with several faults gets, is the same on
     # both paths.
 
-    def _check_kind(self, x: Any, op: Any, reduces: bool, in_place: bool
+    def check_kind(self, x: Any, op: Any, reduces: bool, in_place: bool
                     ) -> tuple[ArrayAdapter, str, ReduceOp | None]:
         """The adapter and dtype name of ``x`` and, for a reduction, the ReduceOp; for
         ``in_place`` also that x is writable."""
@@ -55,12 +65,12 @@ class ArgumentChecks:
         reduce_op = check_reduction(dtype, op) if reduces else None
         return adapter, dtype, reduce_op
 
-    def _plan(self, call: Call, x: Any, op: Any) -> Plan:
+    def plan(self, call: Call, x: Any, op: Any) -> Plan:
         """The full checks of a kind of ``x`` (and ``op``) not seen before by ``call``, and
         what later calls of that kind run (remembered): the per-array check, the backend's
-        fast path if it has one (:meth:`_fast_path`; in-place collectives only, so its
+        fast path if it has one (``Transport._fast_path``; in-place collectives only, so its
         result is ``x``), the adapter, dtype name and ReduceOp."""
-        adapter, dtype, reduce_op = self._check_kind(x, op, call.reduces, call.in_place)
+        adapter, dtype, reduce_op = self.check_kind(x, op, call.reduces, call.in_place)
         fast = self._transport._fast_path(call, adapter, dtype, reduce_op) \
             if call.in_place and call.collective else None
         # The per-array check: with a fast path, the one that also returns x's host view
@@ -68,24 +78,24 @@ class ArgumentChecks:
         # then the backend's device check, where it has one.
         check: Callable[[Any, bool], Any] = adapter.check_array if fast is None else adapter.host_view
         if self._checks_device:
-            check = self._checked_device(check, adapter)
+            check = self.checked_device(check, adapter)
         plan = (check, fast or _no_fast_path, adapter, dtype, reduce_op)
         try:
-            self._plans[call, type(x), x.dtype, op] = plan
+            self.plans[call, type(x), x.dtype, op] = plan
         except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered
             pass
         return plan
 
-    def _checked_device(self, check: Callable[[Any, bool], Any], adapter: ArrayAdapter
+    def checked_device(self, check: Callable[[Any, bool], Any], adapter: ArrayAdapter
                         ) -> Callable[[Any, bool], Any]:
-        """``check``, then :meth:`_check_device` (as in :meth:`_check_kind`)."""
+        """``check``, then the transport's ``_check_device`` (as in :meth:`check_kind`)."""
         def check_and_device(x: Any, in_place: bool) -> Any:
             view = check(x, in_place)
             self._transport._check_device(x, adapter)
             return view
         return check_and_device
 
-    def _check_out(self, call: Call, x: Any, adapter: ArrayAdapter, out: Any, extra: Any,
+    def check_out(self, call: Call, x: Any, adapter: ArrayAdapter, out: Any, extra: Any,
                    root: Any) -> None:
         """``out=`` must be an array of x's kind, dtype and device, contiguous and writable,
         of the result's shape (``ValueError``/``TypeError`` naming expected and got)."""
@@ -123,11 +133,31 @@ class ArgumentChecks:
             raise ValueError("out must be contiguous (C order)")
         adapter.check_writable(out)
 
-    def _check_rank(self, rank: Any, name: str) -> None:
-        if isinstance(rank, bool) or not is_int(rank):
-            raise TypeError(f"{name} must be an int rank; got {type(rank).__name__}")
-        if not 0 <= rank < self.size:
-            raise ValueError(f"{name}={rank} is out of range; valid ranks: 0 to {self.size - 1}")
+    def check_rank(self, rank: Any, name: str) -> None:
+        """``rank`` (the argument ``name``) is a rank of this communicator."""
+        check_rank(rank, name, self.size)
+
+
+def check_rank(rank: Any, name: str, size: int) -> None:
+    """``rank`` (the argument ``name``) is an int from 0 to ``size - 1``."""
+    if isinstance(rank, bool) or not is_int(rank):
+        raise TypeError(f"{name} must be an int rank; got {type(rank).__name__}")
+    if not 0 <= rank < size:
+        raise ValueError(f"{name}={rank} is out of range; valid ranks: 0 to {size - 1}")
+
+
+def check_split(color: Any, key: Any) -> None:
+    """``split``'s arguments: ``color`` a non-negative int or ``None``, ``key`` an int or
+    ``None``, both in the range of C ints (MPI takes C ints; torch's int64 would allow more)."""
+    for name, value in (("color", color), ("key", key)):
+        if value is not None and (isinstance(value, bool) or not is_int(value)):
+            raise TypeError(f"{name} must be an int or None; got {type(value).__name__}")
+    if color is not None and int(color) < 0:
+        raise ValueError(f"color must be >= 0 (or None to join no group); got {color}")
+    if color is not None and int(color) > _C_INT_MAX:
+        raise ValueError(f"color must be at most 2**31 - 1 = {_C_INT_MAX}; got {color}")
+    if key is not None and not -_C_INT_MAX - 1 <= int(key) <= _C_INT_MAX:
+        raise ValueError(f"key must be between -2**31 and 2**31 - 1; got {key}")
 
 
 def _no_fast_path(view: Any, root: Any) -> bool:
@@ -135,3 +165,23 @@ def _no_fast_path(view: Any, root: Any) -> bool:
 
 
 _NUMPY = arrays.NUMPY
+
+
+def in_backward_pass() -> bool:
+    """Whether this thread is running a backward pass of torch's autograd engine (which
+    runs CUDA backward functions on threads of its own, for the thread that called
+    ``backward()``)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch._C._current_graph_task_id() != -1
+
+
+def wrong_thread(comm: Any) -> CollectiveError:
+    """The error of a call on ``comm`` from a thread other than its owner's."""
+    import threading  # noqa: PLC0415  (only for the message)
+
+    return CollectiveError(
+        f"{comm!r} takes calls from one thread, the one that created it (or last "
+        f"called bind_thread()); this call came from thread "
+        f"{threading.current_thread().name!r}. Two threads on one communicator would "
+        "mix up their calls between ranks: give each thread a communicator of its "
+        "own (split() in the owning thread, then bind_thread() in the other)")

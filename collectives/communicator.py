@@ -1,45 +1,31 @@
 """The Communicator: the public interface and the one call path. Read this file first.
 
 A :class:`Communicator` holds a :class:`~collectives.transport.Transport` (the backend: it
-moves the data) and does everything else itself. Every public
-collective hands its arguments to ONE call path, :meth:`Communicator._run`, driven by
-the table of :mod:`collectives.calls` (one row per collective). That path checks every
-argument first, through the rules of :mod:`collectives.ops` and the adapters of
-:mod:`collectives.arrays`, so a bad call raises the same ``TypeError``/``ValueError``
-on every backend, before anything is sent and with the input untouched. Backends only
-ever see arguments that passed.
+moves the data). Every public collective hands its arguments to ONE call path,
+:meth:`Communicator._run`, driven by the table of :mod:`collectives.calls` (one row per
+collective): it checks every argument first (the same ``TypeError``/``ValueError`` on every
+backend, before anything is sent, the input untouched), numbers the call, checks that every
+rank makes it, records it, runs it on the transport and maps its errors; a timeout leaves the
+communicator unusable. Asynchronous handles are kept until they complete.
 
-Reliability lives on that path too, once for every backend (see :mod:`collectives.wire`):
-every collective gets a per-communicator sequence number; with ``COLLECTIVES_DEBUG=1``
-the ranks compare a fingerprint of each call before it runs (``CollectiveMismatch``);
-backends enforce ``timeout`` (``CollectiveTimeout``), after which the communicator
-is unusable. Asynchronous handles (``async_op=True``) are kept by the communicator
-until they complete, so a handle the caller drops still completes correctly (its
-buffers stay alive), and ``close()`` completes them all.
-
-Where a transport has no primitive for a collective, the default of
-:class:`~collectives.transport.Transport` is a correct emulation (:mod:`collectives.emulations`)
-from its other methods (``reduce`` from ``all_reduce``, ``gather`` from ``all_gather``, ...);
-a transport overrides it with its own call where there is one.
-
-The other rooms: :mod:`collectives.calls` (the table, one row per collective),
-:mod:`collectives.checks` (the argument checks and the plans of the call path),
-:mod:`collectives.work` (the asynchronous handle), :mod:`collectives.debug_p2p`
-(point-to-point in debug mode), :mod:`collectives.reliability` (timeouts, fingerprints,
-the monitored barrier, farewells). Imports: those modules and the transport protocol, never a
-backend.
+The communicator has no base class: it HOLDS its parts, each with its own state: kept handles
+(:mod:`collectives.work`), argument checks (:mod:`collectives.checks`), the context its transport
+sees, which owns timeouts and what errors become (:mod:`collectives.context`), the same-call
+check and the monitored barrier (:mod:`collectives.reliability`), farewells
+(:mod:`collectives.farewell`), debug-mode send/recv (:mod:`collectives.debug_p2p`) and fault
+tolerance (:mod:`collectives.fault_tolerance`). Imports: those, the table of
+:mod:`collectives.calls` and the transport protocol, never a backend.
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
-import sys
 from _thread import get_ident as _thread_id
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from . import config, emulations, farewell
+from . import config, emulations, farewell, objects
 from .calls import (
     ALL_GATHER,
     ALL_GATHER_V,
@@ -56,24 +42,20 @@ from .calls import (
     SEND,
     SPLIT,
     Call,
-    is_int,
 )
-from .checks import ArgumentChecks, Plan
-from .context import CommunicatorContext
+from .checks import ArgumentChecks, check_split, in_backward_pass, wrong_thread
+from .context import CommunicatorContext, mark_failed
 from .debug_p2p import CheckedPointToPoint
 from .diagnostics import process_hooks, recorder
-from .diagnostics.recorder import END, POSTED, STARTED, STATE, CallRecord
+from .diagnostics.recorder import END, POSTED, STARTED, STATE, CallRecord, HookHandle
 from .errors import CollectiveError, RankFailure
-from .fault_tolerance import FaultTolerance
+from .fault_tolerance import FaultTolerance, check_flag
 from .ops import ReduceOp
-from .reliability import _LIVE, Reliability
+from .reliability import CallCheck, MonitoredBarrier
 from .transport import Transport
-from .work import MAX_PENDING, KeptHandles, Work, _reap, deliver  # noqa: F401  (MAX_PENDING: also here)
+from .work import MAX_PENDING, KeptHandles, Work, deliver  # noqa: F401  (MAX_PENDING: also here)
 
-_C_INT_MAX = 2**31 - 1
-
-
-
+_LIVE = farewell.LIVE
 _clock = recorder.clock
 # Names of communicators in the split tree (see Communicator.trace_name): communicators made
 # without a parent are numbered in the order this process made them; split() names its child.
@@ -81,7 +63,7 @@ _ROOTS = itertools.count()
 _ORDER = itertools.count()
 
 
-class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks, FaultTolerance):
+class Communicator:
     """A group of ranks that run collectives together.
 
     Attributes: ``rank`` (0 .. size-1 within this communicator), ``size``,
@@ -121,49 +103,34 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         if not isinstance(transport, Transport):
             raise TypeError(f"transport must be a collectives.transport.Transport; got {type(transport).__name__}")
         self._transport = transport
-        self.rank = transport.rank
+        self.rank = rank = transport.rank
         self.size = size = transport.size
         self.local_rank = transport.local_rank
-        transport.attach(CommunicatorContext(self), config.timeout_seconds(timeout))
-        # One rank has nobody to disagree with: checks cost nothing at size 1.
-        level = config.check_level() if size > 1 else config.CHECKS_OFF
-        checks_by_default = transport._checks_by_default
-        if level == config.CHECKS_DEFAULT and not checks_by_default:
-            level = config.CHECKS_OFF
-        self._check_level = level
+        # The parts, each with its own state (see the module's text).
+        self._handles = handles = KeptHandles()
+        self._checks = checks = ArgumentChecks(transport, size)
+        self._fault = FaultTolerance(self, transport)
+        self._farewells = farewells = farewell.Farewells(transport, size)
+        self._context = context = CommunicatorContext(self, transport, farewells)
+        transport.attach(context, config.timeout_seconds(timeout))
+        self._call_check = call_check = CallCheck(transport, context, size)
+        self._p2p = CheckedPointToPoint(transport, handles, self)
+        self._monitored = MonitoredBarrier(transport, rank, size, handles)
+        # The call path's shortcuts into its parts (one attribute read each).
+        self._pending, self._reap, self._keep = handles.pending, handles.reap, handles.keep
+        self._plans, self._plan, self._check_call = checks.plans, checks.plan, call_check.check
         # Debug mode (COLLECTIVES_DEBUG=1): full fingerprints, and headers ahead of send/recv.
-        self.debug: bool = level == config.CHECKS_FULL
-        # The first collective compares in full, COLLECTIVES_DEBUG=0 too (then no more).
-        self._checking = size > 1 and (level != config.CHECKS_OFF or checks_by_default)
-        self._call_hashes: dict[tuple[Any, ...], int] = {}
-        self._barrier_words: dict[int, tuple[Work, Any]] = {}
-        self._left: dict[int, tuple[int, int]] = {}
-        self._abandoned_works: list[Work] = []
-        self._farewell_said = False
+        self.debug: bool = call_check.level == config.CHECKS_FULL
+        self._checking = call_check.first_checked  # (turned off after it at COLLECTIVES_DEBUG=0)
         if size > 1:
             process_hooks.install_farewell()
         self._closed = False
-        # Why the communicator cannot be used any more (after a timeout), else None.
-        self._why_broken: str | None = None
-        # Fault tolerance: the RankFailure this communicator raised, and its next generation.
-        self._failure: RankFailure | None = None
-        self._successor: Communicator | None = None
-        # The running call, for error messages: its operation and sequence number.
-        self._seq = 0
-        self._operation = ""
-        # Handles of asynchronous calls not known to be complete (see KeptHandles).
-        self._pending: collections.deque[Work] = collections.deque()
-        self._posted: collections.deque[list[Any] | None] = collections.deque()
-        self._pending_p2p: collections.deque[Work] = collections.deque()
-        # The thread that may call collectives on this communicator (see bind_thread).
-        self._owner = _thread_id()
+        self._why_broken: str | None = None  # why it cannot be used any more (a timeout), else None
+        self._seq, self._operation = 0, ""  # the running call's number and operation
+        self._owner = _thread_id()  # the thread that may call collectives on it (see bind_thread)
         # The call path's one test of closed, unusable and owner thread: the owner's id
         # while the communicator is open and usable, else None (see _check_open).
         self._gate: int | None = self._owner
-        # The plans of the kinds of arrays that passed the checks (see _plan), and whether the
-        # backend checks devices (else the call path skips _check_device).
-        self._plans: dict[tuple[Any, ...], Plan] = {}
-        self._checks_device = type(transport)._check_device is not Transport._check_device
         #: This communicator's place in the split tree, the same on every member: "world" (the
         #: one init() made), "comm<N>" (made directly), "<parent>/<k>:<color>" (the k-th split).
         self.trace_name = name or f"comm{next(_ROOTS)}"
@@ -184,12 +151,10 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         says (see :func:`collectives.init`); ``timeout`` as the constructor's."""
         if cls.transport_class is None:
             raise TypeError(f"{cls.__name__} names no transport_class; pass a Transport to Communicator()")
-        comm: Communicator = cls._adopt(cls.transport_class.from_launcher(launch, timeout=timeout),
-                                        timeout=timeout)
-        return comm
+        return cls._adopt(cls.transport_class.from_launcher(launch, timeout=timeout), timeout=timeout)
 
     @classmethod
-    def _adopt(cls, transport: Transport, *, timeout: Any = None, name: str | None = None) -> Any:
+    def _adopt(cls, transport: Transport, *, timeout: Any = None, name: str | None = None) -> Communicator:
         """A communicator of this class around ``transport`` (made by ``from_launcher`` or a
         split), without the public constructor of a backend's class."""
         comm = cls.__new__(cls)
@@ -212,8 +177,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
 
     # -- the public interface: every method hands its arguments to _run ------------------
 
-    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", *, async_op: bool = False,
-                   timeout: Any = None) -> Any:
+    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", *, async_op: bool = False, timeout: Any = None) -> Any:
         """Reduce ``x`` elementwise over all ranks, in place; every rank gets the result.
 
         ``x`` keeps its shape and dtype. ``op`` must be allowed on ``x``'s dtype
@@ -222,8 +186,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         """
         return self._run(ALL_REDUCE, x, op, -1, None, async_op, None, timeout)
 
-    def broadcast(self, x: Any, src: int = 0, *, async_op: bool = False,
-                  timeout: Any = None) -> Any:
+    def broadcast(self, x: Any, src: int = 0, *, async_op: bool = False, timeout: Any = None) -> Any:
         """Copy rank ``src``'s ``x`` into ``x`` on every rank, in place.
 
         ``x`` must have the same shape and dtype on every rank. ``src`` is a rank
@@ -242,8 +205,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         """
         return self._run(REDUCE, x, op, dst, None, async_op, None, timeout)
 
-    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False,
-                   timeout: Any = None) -> Any:
+    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False, timeout: Any = None) -> Any:
         """Gather every rank's ``x``: a new array of shape ``(size, *x.shape)``.
 
         Row ``r`` of the result is rank ``r``'s ``x``. ``x`` is not modified. With
@@ -251,8 +213,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         """
         return self._run(ALL_GATHER, x, None, -1, out, async_op, None, timeout)
 
-    def all_gather_v(self, x: Any, *, out: Any = None, async_op: bool = False,
-                     timeout: Any = None) -> Any:
+    def all_gather_v(self, x: Any, *, out: Any = None, async_op: bool = False, timeout: Any = None) -> Any:
         """Gather arrays whose first dimension may differ between ranks.
 
         Returns ``(gathered, counts)``: every rank's ``x`` concatenated in rank order
@@ -275,8 +236,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         """
         return self._run(REDUCE_SCATTER, x, op, -1, out, async_op, None, timeout)
 
-    def gather(self, x: Any, dst: int = 0, *, out: Any = None, async_op: bool = False,
-               timeout: Any = None) -> Any:
+    def gather(self, x: Any, dst: int = 0, *, out: Any = None, async_op: bool = False, timeout: Any = None) -> Any:
         """Gather every rank's ``x`` on rank ``dst``: there a new ``(size, *x.shape)``
         array (row ``r`` is rank ``r``'s ``x``), ``None`` on the other ranks.
 
@@ -284,8 +244,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         """
         return self._run(GATHER, x, None, dst, out, async_op, None, timeout)
 
-    def scatter(self, x: Any, src: int = 0, *, out: Any = None, async_op: bool = False,
-                timeout: Any = None) -> Any:
+    def scatter(self, x: Any, src: int = 0, *, out: Any = None, async_op: bool = False, timeout: Any = None) -> Any:
         """Hand row ``r`` of rank ``src``'s ``x`` to rank ``r``.
 
         Every rank passes ``x`` of the same shape ``(size, *rest)`` and dtype (only
@@ -312,8 +271,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
             return self._run(ALL_TO_ALL, x, None, -1, out, async_op, None, timeout)
         return self._run(ALL_TO_ALL_V, x, None, -1, out, async_op, send_splits, timeout)
 
-    def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False,
-             timeout: Any = None) -> Any:
+    def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False, timeout: Any = None) -> Any:
         """Send ``x`` to rank ``dst`` (matched by a :meth:`recv` there with the same ``tag``).
 
         Returns ``None``, or with ``async_op=True`` a :class:`Work`; ``x`` must not be
@@ -321,8 +279,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         """
         return self._run(SEND, x, None, dst, None, async_op, tag, timeout)
 
-    def recv(self, x: Any, src: int, *, tag: int = 0, async_op: bool = False,
-             timeout: Any = None) -> Any:
+    def recv(self, x: Any, src: int, *, tag: int = 0, async_op: bool = False, timeout: Any = None) -> Any:
         """Receive into ``x``, in place, what rank ``src`` sent with ``tag``; returns ``x``.
 
         ``x`` must have the shape and dtype of the sender's array (in debug mode a
@@ -335,27 +292,19 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Rank ``src``'s ``obj`` (any picklable object), on every rank (``src`` gets ``obj``)."""
-        from . import objects  # noqa: PLC0415
-
         return objects.broadcast_object(self, obj, src)
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, as a list in rank order, on every rank."""
-        from . import objects  # noqa: PLC0415
-
         return objects.all_gather_object(self, obj)
 
     def gather_object(self, obj: Any, dst: int = 0) -> list[Any] | None:
         """Every rank's ``obj`` as a list in rank order on rank ``dst``; ``None`` elsewhere."""
-        from . import objects  # noqa: PLC0415
-
         return objects.gather_object(self, obj, dst)
 
     def scatter_object(self, objs: Sequence[Any] | None, src: int = 0) -> Any:
         """Object ``r`` of rank ``src``'s ``objs`` (one per rank) on rank ``r``; the other
         ranks' ``objs`` is not read (pass ``None``)."""
-        from . import objects  # noqa: PLC0415
-
         return objects.scatter_object(self, objs, src)
 
     def barrier(self, *, timeout: Any = None) -> None:
@@ -375,7 +324,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
             if self.timeout is None or self.size == 1:
                 self._synchronize()
             else:
-                self._monitored_barrier(self.timeout)
+                self._monitored.run(self.timeout, self._seq, self._synchronize)
         except Exception as error:
             self._raise_failed(record, error)
         finally:
@@ -391,16 +340,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         by ``key`` (default: this rank), ties broken by rank here.
         """
         self._check_open()
-        for name, value in (("color", color), ("key", key)):
-            if value is not None and (isinstance(value, bool) or not is_int(value)):
-                raise TypeError(f"{name} must be an int or None; got {type(value).__name__}")
-        if color is not None and int(color) < 0:
-            raise ValueError(f"color must be >= 0 (or None to join no group); got {color}")
-        # One range on every backend: MPI takes C ints (torch's int64 would allow more).
-        if color is not None and int(color) > _C_INT_MAX:
-            raise ValueError(f"color must be at most 2**31 - 1 = {_C_INT_MAX}; got {color}")
-        if key is not None and not -_C_INT_MAX - 1 <= int(key) <= _C_INT_MAX:
-            raise ValueError(f"key must be between -2**31 and 2**31 - 1; got {key}")
+        check_split(color, key)
         record = self._begin(SPLIT)
         name = f"{self.trace_name}/{self._trace_splits}:{color}"
         self._trace_splits += 1
@@ -414,8 +354,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         self._completed(record)
         if transport is None:
             return None
-        child: Communicator = type(self)._adopt(transport, timeout=self._timeout_arg, name=name)
-        return child
+        return type(self)._adopt(transport, timeout=self._timeout_arg, name=name)
 
     def close(self) -> None:
         """Complete outstanding asynchronous calls, tell the peers this rank is done with the
@@ -424,7 +363,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         if not self._closed:
             try:
                 if not self._broken:
-                    self._complete_pending()
+                    self._handles.complete()
             finally:
                 self._say_farewell(farewell.FINISHED)
                 self._closed, self._gate = True, None
@@ -457,6 +396,61 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         if why:
             self._gate = None
 
+    def register_hook(self, fn: Callable[[CallRecord], Any]) -> HookHandle:
+        """Call ``fn(record)`` when each call on this communicator completes (in the calling
+        thread, after the transport returned). ``record`` is a
+        :class:`collectives.diagnostics.recorder.CallRecord`: ``op``, ``seq``, ``dtype``, ``shape``,
+        ``bytes``, ``start`` and ``end`` (``time.monotonic()``). An asynchronous call is
+        reported when it is posted. Returns a handle whose ``remove()`` unregisters ``fn``.
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable; got {type(fn).__name__}")
+        if self._ring is None:  # COLLECTIVES_TRACE_SIZE=0: a ring of one call carries the hooks' records
+            self._ring = collections.deque(maxlen=1)
+        self._hooks.append(fn)
+        return HookHandle(self._hooks, fn)
+
+    def dump_trace(self, path: str | None = None) -> str | None:
+        """Write this rank's flight-recorder dump (every communicator's recent calls, every
+        thread's stack) to ``path``, else to ``COLLECTIVES_TRACE_DIR/rank-<R>.json``; returns
+        the path written, None when neither is given. Local: no other rank takes part."""
+        return recorder.dump(f"dump_trace() on {self.trace_name}", path)
+
+    @property
+    def sequence_number(self) -> int:
+        """How many collectives this communicator has started (the running one's number)."""
+        return self._seq
+
+    def shrink(self) -> Communicator:
+        """The communicator of the ranks still alive, renumbered in this one's order (rank
+        ``r`` of the result is the ``r``-th survivor), a generation later (``generation``).
+
+        Collective over the survivors: every surviving rank calls it, typically after a
+        :class:`~collectives.RankFailure`; without a failure it is a new communicator of the
+        same ranks. Only on a fault-tolerant communicator (``init(fault_tolerant=True)``); the
+        others raise :class:`~collectives.BackendUnavailable` naming the transports that can.
+        This communicator is closed by it.
+        """
+        if self._closed:
+            self._check_open()
+        successor: Communicator = self._fault.succeed(self._transport._shrink())
+        return successor
+
+    def agree(self, flag: bool) -> bool:
+        """The AND of ``flag`` over the ranks still alive, the same on every one of them, also
+        while peers fail (the failed ones take no part). Collective over the survivors; only on
+        a fault-tolerant communicator (see :meth:`shrink`)."""
+        flag = check_flag(flag)
+        if self._closed:
+            self._check_open()
+        return self._transport._agree(flag)
+
+    @property
+    def generation(self) -> int:
+        """0 for a communicator made by ``init()``; one more after each :meth:`shrink` (or join
+        of replacements, :mod:`collectives.elastic`); a ``split()`` has its parent's."""
+        return self._transport.generation
+
     def __enter__(self) -> Communicator:
         return self
 
@@ -481,7 +475,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         if self._gate != _thread_id():  # closed, unusable, or another thread
             self._check_open()
         if timeout is not None:
-            return self._run_with_timeout(call, x, op, root, out, async_op, extra, timeout)
+            return self._context.run_with_timeout(call, x, op, root, out, async_op, extra, timeout)
         if async_op is not False and async_op is not True:
             raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
         try:  # a kind of x (type, dtype, and op) that passed the checks before: its plan
@@ -492,11 +486,11 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         # call of a kind runs the same route as the later ones (the backend's fast path too).
         view = check(x, call.in_place)
         if call.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
-            self._check_rank(root, call.root)  # (a bool is no rank)
+            self._checks.check_rank(root, call.root)  # (a bool is no rank)
         if call.check is not None:
             call.check(self, tuple(x.shape), extra, root)
         if out is not None:
-            self._check_out(call, x, adapter, out, extra, root)
+            self._checks.check_out(call, x, adapter, out, extra, root)
         if self._pending:
             self._reap()
         if call.collective:
@@ -517,7 +511,7 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
             if view is not None and not async_op and fast(view, root):
                 result = x  # the backend's fast path ran it (see _fast_path)
             elif self.debug and not call.collective:
-                result = self._checked_p2p(call, x, adapter, dtype, root, async_op, extra)
+                result = self._p2p.run(call, x, adapter, dtype, root, async_op, extra)
             else:
                 result = call.run(self, x, adapter, dtype, reduce_op, root, out, async_op, extra)
         except Exception as error:
@@ -533,38 +527,60 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
                 if call.collective:
                     self._keep(result, record)
                 else:
-                    self._pending_p2p.append(result)
-                    _reap(self._pending_p2p)
+                    self._handles.keep_p2p(result)
             return result
         return x if call.in_place else result
 
-    def _all_gather_v_counted(self, x: Any, adapter: Any, dtype: str, out: Any, async_op: bool) -> Any:
-        """all_gather_v's row: the counts exchange, then the transport's ``_all_gather_v``."""
-        return emulations.all_gather_v_counted(self, x, adapter, dtype, out, async_op)
-
-    def _all_to_all_counted(self, x: Any, adapter: Any, dtype: str, send_splits: Sequence[int],
-                            out: Any, async_op: bool) -> Any:
-        """The uneven all_to_all's row: the counts exchange, then the transport's ``_all_to_all_v``."""
-        return emulations.all_to_all_counted(self, x, adapter, dtype, send_splits, out, async_op)
+    # The uneven rows' runs: the counts exchange, then the transport's _all_gather_v / _all_to_all_v.
+    _all_gather_v_counted = emulations.all_gather_v_counted
+    _all_to_all_counted = emulations.all_to_all_counted
 
     def _raise_failed(self, record: list[Any] | None, error: Exception) -> NoReturn:
         """Raise what ``error``, raised inside the call of ``record``, becomes (the record marked
-        failed): our own errors as they are, the transport's through :meth:`_transport_error`."""
-        self._failed(record, error)
+        failed): our own errors as they are, the transport's through the context's ``transport_error``."""
+        mark_failed(record, error)
         if isinstance(error, CollectiveError):
             # fault tolerance: our own timeout or a peer's farewell may mean a peer failed
-            failure = None if isinstance(error, RankFailure) else self._rank_failure(error)
+            failure = None if isinstance(error, RankFailure) else self._fault.rank_failure(error)
             if failure is not None:
                 raise failure from error
             raise error
-        raise self._transport_error(error) from error
+        raise self._context.transport_error(error) from error
+
+    @property
+    def _timeout_arg(self) -> float:
+        """``timeout`` as a constructor argument, for a split to inherit (0: none)."""
+        return 0.0 if self.timeout is None else self.timeout
+
+    def _completed(self, record: list[Any] | None) -> None:
+        if record is not None:
+            record[END] = _clock()
+            if self._hooks:
+                self._call_hooks(record)
+
+    def _call_hooks(self, record: list[Any]) -> None:
+        described = CallRecord(record, self)
+        for hook in list(self._hooks):
+            hook(described)
+
+    def _synchronize(self) -> None:
+        """The barrier itself: with checks on, the check before the call (no rank completes its
+        all_reduce before every rank has entered it; it also tells a barrier from another call)."""
+        if self._checking:
+            self._check_call(BARRIER, None, -1, None, ())
+        else:
+            self._transport._barrier()
+
+    def _say_farewell(self, how: int) -> None:
+        """Tell the peers this rank leaves (``close()``, exit), unless closed or unusable already."""
+        if not self._closed and not self._why_broken:
+            self._farewells.say(how)
 
     def _begin(self, call: Call) -> list[Any] | None:
         """Number (and record) a call that takes no array (barrier, split)."""
         if self._pending:
             self._reap()
-        self._seq += 1
-        self._operation = call.name
+        self._seq, self._operation = self._seq + 1, call.name
         if self._ring is None:
             return None
         record = [self._seq, call, None, None, -1, STARTED, _clock(), 0.0, None, None, None]
@@ -575,26 +591,10 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
         if self._closed:
             raise ValueError(f"{self!r} is closed; create a new communicator")
         if self._broken:
-            raise self._rank_failure(None) or CollectiveError(self._broken)
-        if self._owner != _thread_id() and not _in_backward_pass():
-            import threading  # noqa: PLC0415  (only for the message)
-
-            raise CollectiveError(
-                f"{self!r} takes calls from one thread, the one that created it (or last "
-                f"called bind_thread()); this call came from thread "
-                f"{threading.current_thread().name!r}. Two threads on one communicator would "
-                "mix up their calls between ranks: give each thread a communicator of its "
-                "own (split() in the owning thread, then bind_thread() in the other)")
-
-
-def _in_backward_pass() -> bool:
-    """Whether this thread is running a backward pass of torch's autograd engine (which
-    runs CUDA backward functions on threads of its own, for the thread that called
-    ``backward()``)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and torch._C._current_graph_task_id() != -1
+            raise self._fault.rank_failure(None) or CollectiveError(self._broken)
+        if self._owner != _thread_id() and not in_backward_pass():
+            raise wrong_thread(self)
 
 
 __all__ = ["Communicator", "Work", "CollectiveError", "deliver"]
-# Also importable from here, where they used to live: MAX_PENDING and the rows of the table
-# (ALL_REDUCE, BROADCAST, ...; defined in collectives.calls).
+# Also importable from here, where they used to live: MAX_PENDING, the rows (ALL_REDUCE, ...).

@@ -4,34 +4,37 @@ A debug-mode send sends a small header (dtype, shape, tag, bytes; see
 :func:`collectives.wire.p2p_header`) ahead of its payload; a recv receives the header
 first and compares it, so a send and a recv that disagree raise
 :class:`~collectives.CollectiveMismatch` naming both sides instead of corrupting ``x``.
-:class:`CheckedPointToPoint` is a base of :class:`collectives.Communicator`; the call
-path hands it send and recv when ``comm.debug`` is set.
+A :class:`collectives.Communicator` holds one :class:`CheckedPointToPoint` (given its
+transport, its kept handles, and itself to name in messages); the call path hands it send and
+recv when ``comm.debug`` is set.
+
+Imports: arrays, calls, errors, work and the transport protocol (never the communicator);
+the wire headers when used.
 """
 
 from __future__ import annotations
 
-import collections
 from typing import Any
 
 from .arrays import ArrayAdapter
 from .calls import SEND, Call
 from .errors import CollectiveError
 from .transport import Transport
-from .work import AllOf, Work
+from .work import AllOf, KeptHandles, Work
 
 
 class _CheckedRecv(Work):
-    """An asynchronous debug-mode recv (see ``CheckedPointToPoint._checked_p2p``): the header and the
+    """An asynchronous debug-mode recv (see :meth:`CheckedPointToPoint.run`): the header and the
     payload recvs are both posted when the recv is made (so the sender's handles complete in
     any wait order), the payload into a staging array of x's shape; ``wait()`` compares the
     header and copies the payload into ``x`` only when it matches."""
 
-    def __init__(self, comm: CheckedPointToPoint, x: Any, adapter: ArrayAdapter, dtype: str,
+    def __init__(self, p2p: CheckedPointToPoint, x: Any, adapter: ArrayAdapter, dtype: str,
                  src: int, tag: int, header: Any) -> None:
         super().__init__(x)
-        self._comm, self._adapter, self._src, self._tag = comm, adapter, src, tag
+        self._p2p, self._adapter, self._src, self._tag = p2p, adapter, src, tag
         self._header, self._theirs = header, header.copy()
-        transport = comm._transport
+        transport = p2p.transport
         self._header_work = transport._recv_small(self._theirs, src, tag)
         self._staging = adapter.empty(x, tuple(x.shape))
         self._payload = transport._recv(self._staging, adapter, dtype, src, tag, True) or Work(self._staging)
@@ -45,7 +48,7 @@ class _CheckedRecv(Work):
             from .wire import p2p_mismatch  # noqa: PLC0415  (debug mode only)
 
             self._header_work.wait()
-            error = p2p_mismatch(self._header, self._theirs, self._comm, self._src, self._tag)
+            error = p2p_mismatch(self._header, self._theirs, self._p2p.comm, self._src, self._tag)
             try:
                 if self._payload_error is not None:
                     raise self._payload_error
@@ -60,7 +63,7 @@ class _CheckedRecv(Work):
             finally:
                 self._done = True
                 try:  # waited: close() need not wait (and raise) again
-                    self._comm._pending_p2p.remove(self)
+                    self._p2p.handles.pending_p2p.remove(self)
                 except ValueError:
                     pass
             if error is None:
@@ -83,12 +86,16 @@ class _CheckedRecv(Work):
 
 
 class CheckedPointToPoint:
-    """send and recv with a header ahead of each payload (debug mode)."""
+    """send and recv with a header ahead of each payload (debug mode), over ``transport``; a
+    send's header handle that completes later is kept in ``handles``; ``comm`` is the
+    communicator as a mismatch's message names it (its ``repr`` and ``rank``)."""
 
-    _transport: Transport
-    _pending_p2p: collections.deque[Work]
+    __slots__ = ("transport", "handles", "comm")
 
-    def _checked_p2p(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, peer: int,
+    def __init__(self, transport: Transport, handles: KeptHandles, comm: Any) -> None:
+        self.transport, self.handles, self.comm = transport, handles, comm
+
+    def run(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, peer: int,
                      async_op: bool, tag: int) -> Any:
         """Debug mode: a send sends a small header (dtype, shape, tag, bytes) ahead of its
         payload, without blocking; a recv receives the header first and compares it. On a
@@ -103,27 +110,27 @@ class CheckedPointToPoint:
 
         header = p2p_header(dtype, tuple(x.shape), tag, _nbytes(x))
         if call is SEND:
-            sent = self._transport._send_small(header, peer, tag)
-            payload = self._transport._send(x, adapter, dtype, peer, tag, async_op)
+            sent = self.transport._send_small(header, peer, tag)
+            payload = self.transport._send(x, adapter, dtype, peer, tag, async_op)
             if async_op:
                 return AllOf((sent, payload))
             if type(sent) is not Work:  # completes later: kept like a dropped p2p handle
-                self._pending_p2p.append(sent)
+                self.handles.pending_p2p.append(sent)
             return None
         if async_op:
             return _CheckedRecv(self, x, adapter, dtype, peer, tag, header)
         from .wire import p2p_mismatch, p2p_nbytes  # noqa: PLC0415
 
         theirs = header.copy()
-        self._transport._recv_small(theirs, peer, tag).wait()
-        error = p2p_mismatch(header, theirs, self, peer, tag)
+        self.transport._recv_small(theirs, peer, tag).wait()
+        error = p2p_mismatch(header, theirs, self.comm, peer, tag)
         if error is None:
-            self._transport._recv(x, adapter, dtype, peer, tag, False)
+            self.transport._recv(x, adapter, dtype, peer, tag, False)
             return None
         # Take the payload anyway, into scratch memory of the size the header says, so
         # that the stream stays in step; x is untouched.
-        scratch = self._transport._scratch_bytes(x, adapter, p2p_nbytes(theirs))
-        self._transport._recv(scratch, adapter, "uint8", peer, tag, False)
+        scratch = self.transport._scratch_bytes(x, adapter, p2p_nbytes(theirs))
+        self.transport._recv(scratch, adapter, "uint8", peer, tag, False)
         raise error
 
 

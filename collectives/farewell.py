@@ -13,6 +13,9 @@ never make it, and the call raises :class:`collectives.CollectiveMismatch` namin
 its count of calls. The communicator is unusable after that (its call cannot be taken back).
 
 The rank that finished goes on, and ends as it would have: it waits for nobody.
+
+Each communicator holds a :class:`Farewells`: the peers that left it, and whether this rank said
+its own farewell. Imports: calls, errors, diagnostics (the transport protocol for types only).
 """
 
 from __future__ import annotations
@@ -20,11 +23,14 @@ from __future__ import annotations
 import socket
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .calls import FAREWELL_TAG  # noqa: F401  (also importable from here)
 from .diagnostics import _exits, recorder
 from .errors import CollectiveMismatch
+
+if TYPE_CHECKING:
+    from .transport import Transport
 
 #: How a rank left: it finished normally (closed the communicator, or its interpreter is
 #: ending normally), its process is ending through an uncaught exception or a failing exit, or
@@ -106,3 +112,33 @@ def describe(left: list[tuple[int, int, int]]) -> str:
     """``left`` in words: who left, how, and after how many calls."""
     return "; ".join(f"rank {rank} {_HOW.get(how, 'left')} after {calls} collective "
                      f"call{'s' if calls != 1 else ''} on it" for rank, calls, how in sorted(left))
+
+
+class Farewells:
+    """The peers that left a communicator of ``size`` ranks over ``transport`` (rank -> its
+    count of calls, and how it left: see the module's text), and whether this rank
+    said its own farewell."""
+
+    __slots__ = ("_transport", "_size", "left", "said")
+
+    def __init__(self, transport: Transport, size: int) -> None:
+        self._transport, self._size = transport, size
+        self.left: dict[int, tuple[int, int]] = {}
+        self.said = False
+
+    def say(self, how: int) -> None:
+        """Tell the peers that this rank leaves (once). Best effort: a peer that cannot be told
+        waits for its timeout, as before."""
+        if self._size > 1 and not self.said:
+            self.said = True
+            try:
+                self._transport._tell_peers_left(how)
+            except Exception:  # noqa: BLE001 - the transport is going away already
+                pass
+
+    def gone_before(self, seq: int) -> list[tuple[int, int, int]]:
+        """The peers known to have left before making call number ``seq``: (rank, its count
+        of calls, how), after asking the transport for news."""
+        for rank, calls, how in self._transport._peers_left():
+            self.left[rank] = (calls, how)
+        return [(rank, calls, how) for rank, (calls, how) in self.left.items() if calls < seq]

@@ -105,8 +105,8 @@ def init(backend: str | None = None, *, timeout: Any = None,
         requested = fault_tolerant
         if fault_tolerant is None:
             fault_tolerant = bool(config.env_flag(config.FAULT_TOLERANT))
-        while _default is not None and _default._successor is not None:
-            _default = _default._successor  # a shrink's (fault tolerance)
+        while _default is not None and _default._fault.successor is not None:
+            _default = _default._fault.successor  # a shrink's (fault tolerance)
         if _default is not None and not _default._closed:
             if backend is not None and name != _default.backend:
                 raise ValueError(f"collectives is already initialized with backend "

@@ -298,7 +298,7 @@ class Transport(abc.ABC):
     def _map_error(self, error: Exception) -> Exception | None:
         """What an exception the transport raised inside a call means, where the backend
         knows better than the default (a :class:`CollectiveError` naming the call): its
-        transport's timeout as :meth:`_timeout_error`'s :class:`CollectiveTimeout`, a peer
+        transport's timeout as ``context.timeout_error()``'s :class:`CollectiveTimeout`, a peer
         that died. ``None``: the default. Never called for ``TypeError``/``ValueError``."""
         return None
 

@@ -95,7 +95,7 @@ def check_word(call_hash: int, seq: int) -> int:
     its sequence number in the high half, its complement in the low half (a non-negative
     int64). The BAND of every rank's word passes :func:`words_agree` exactly when every
     rank's ``h`` is the same: a bit where two ranks differ is 0 in both halves. (The call
-    path, ``Reliability._check_call``, computes it inline.)"""
+    path, ``CallCheck.check`` (collectives/reliability.py), computes it inline.)"""
     h = (call_hash ^ seq) & 0x7FFFFFFF
     return (h << 32) | (h ^ _LOW)
 

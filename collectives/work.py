@@ -2,8 +2,10 @@
 
 Every collective takes ``async_op=True`` and then returns a :class:`Work` (or a
 subclass a backend defines around its transport's requests); the communicator keeps
-the handles that may still be running (see ``Communicator._keep``), so a handle the
+the handles that may still be running in a :class:`KeptHandles` it holds, so a handle the
 caller drops still completes.
+
+Imports: arrays, polling and the recorder's record layout (never the communicator).
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def deliver(adapter: ArrayAdapter, result: Any, out: Any, async_op: bool) -> Any
 
 
 class KeptHandles:
-    """The handles a communicator keeps (a base of :class:`collectives.Communicator`): those of
+    """The handles a communicator keeps (it holds one: ``Communicator._handles``): those of
     asynchronous collectives not known to be complete, oldest first, with their flight-recorder
     records (``None`` where the recorder is off), and point-to-point handles apart: one may wait
     for a send the peer makes only later, so they are never waited for to make room (that could
@@ -83,32 +85,42 @@ class KeptHandles:
     the communicator learns its handle completed (the next call's reaping, ``close()``, or a
     dump written by the communicator's own thread)."""
 
-    _pending: collections.deque[Work]
-    _posted: collections.deque[list[Any] | None]
-    _pending_p2p: collections.deque[Work]
+    __slots__ = ("pending", "posted", "pending_p2p")
 
-    def _keep(self, work: Work, record: list[Any] | None) -> None:
-        if len(self._pending) >= MAX_PENDING:
-            self._pending.popleft().wait()
-            _completed_record(self._posted.popleft())
-        self._pending.append(work)
-        self._posted.append(record)
+    def __init__(self) -> None:
+        self.pending: collections.deque[Work] = collections.deque()
+        self.posted: collections.deque[list[Any] | None] = collections.deque()
+        self.pending_p2p: collections.deque[Work] = collections.deque()
 
-    def _reap(self) -> None:
+    def keep(self, work: Work, record: list[Any] | None) -> None:
+        """Keep the handle of an asynchronous collective (and its record) until it completes."""
+        if len(self.pending) >= MAX_PENDING:
+            self.pending.popleft().wait()
+            _completed_record(self.posted.popleft())
+        self.pending.append(work)
+        self.posted.append(record)
+
+    def keep_p2p(self, work: Work) -> None:
+        """Keep the handle of an asynchronous send or recv until it completes."""
+        self.pending_p2p.append(work)
+        _reap(self.pending_p2p)
+
+    def reap(self) -> None:
         """Forget the collective handles that have completed, oldest first (collectives
         complete in the order they were made; a still-running one ends the scan), and mark
         their records completed."""
-        pending, posted = self._pending, self._posted
+        pending, posted = self.pending, self.posted
         while pending and pending[0].is_completed():
             pending.popleft()
             _completed_record(posted.popleft())
 
-    def _complete_pending(self) -> None:
-        while self._pending:
-            self._pending.popleft().wait()
-            _completed_record(self._posted.popleft())
-        while self._pending_p2p:
-            self._pending_p2p.popleft().wait()
+    def complete(self) -> None:
+        """Wait for every kept handle, collectives first (``close()``)."""
+        while self.pending:
+            self.pending.popleft().wait()
+            _completed_record(self.posted.popleft())
+        while self.pending_p2p:
+            self.pending_p2p.popleft().wait()
 
 
 def _reap(pending: collections.deque[Work]) -> None:

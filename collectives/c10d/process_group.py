@@ -106,8 +106,9 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         self._host = host
         # A fault-tolerant communicator hears of its group's failed operations: torch hands
         # their errors to the caller as RuntimeError, which collectives.elastic.run reads as a
-        # RankFailure through the communicator (Communicator._failed_elsewhere).
-        failed = getattr(comm, "_failed_elsewhere", None)
+        # RankFailure through the communicator (its part FaultTolerance.failed_elsewhere).
+        fault = getattr(comm, "_fault", None)
+        failed = None if fault is None else fault.failed_elsewhere
         self._worker = Worker(worker_comm, f"collectives-pg-{comm.backend}-{id(self):x}", failed)
         self._group_name = ""
         self._group_desc = ""

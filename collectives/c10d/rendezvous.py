@@ -133,8 +133,8 @@ def elastic_communicator() -> Communicator | None:
     from collectives import registry  # noqa: PLC0415
 
     comm = registry._default
-    while comm is not None and comm._successor is not None:
-        comm = comm._successor
+    while comm is not None and comm._fault.successor is not None:
+        comm = comm._fault.successor
     if comm is None or comm._closed or comm.backend not in ("torch", "mpi") or not registry._fault_tolerant(comm):
         return None
     if comm.backend == "mpi" and type(comm._transport)._shrink is Transport._shrink:

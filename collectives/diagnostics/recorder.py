@@ -188,7 +188,8 @@ def _communicator_dict(comm: Any, wall_minus_monotonic: float) -> dict[str, Any]
              "calls": [_call_dict(call, wall_minus_monotonic) for call in calls]}
     # fault tolerance: the communicator's generation, and the ranks a RankFailure named
     entry["generation"] = int(getattr(comm, "generation", 0))
-    failure = getattr(comm, "_failure", None)
+    fault = getattr(comm, "_fault", None)
+    failure = None if fault is None else fault.failure
     if failure is not None:
         entry["failed_ranks"] = list(failure.failed_ranks)
     return entry

@@ -106,7 +106,7 @@ class State:
         object.__setattr__(self, "_committed", self.snapshot())
         comm = self.comm
         if check_joiners and comm is not None:
-            grown = comm._admit()
+            grown = comm._fault.admit()
             if grown is not comm:
                 raise MembershipChange(grown)
 
@@ -156,7 +156,7 @@ def run(train: Callable[[Communicator, State], Any], state: State, comm: Communi
         except MembershipChange as change:
             comm = change.comm
         except Exception as error:  # noqa: BLE001 - a RankFailure, or one torch handed on as another error
-            failure = error if isinstance(error, RankFailure) else comm._failure_elsewhere()
+            failure = error if isinstance(error, RankFailure) else comm._fault.failure_elsewhere()
             if failure is None:
                 raise
             restarts += 1

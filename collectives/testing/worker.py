@@ -87,7 +87,7 @@ def _recoverable() -> bool:
     timeout leaves requests in the transport that a later call could meet: the pool restarts."""
     from collectives.farewell import LIVE as _LIVE  # noqa: PLC0415
 
-    return all(comm._left for comm in list(_LIVE) if comm._why_broken)
+    return all(comm._farewells.left for comm in list(_LIVE) if comm._why_broken)
 
 
 def _renew(comm: Communicator) -> Communicator:

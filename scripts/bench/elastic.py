@@ -68,7 +68,7 @@ def rank(out: str, how: str, replace: bool, c10d: bool) -> None:
         try:
             all_reduce(comm) if c10d else comm.all_reduce(x)
         except Exception as error:  # noqa: BLE001 - a RankFailure (through torch: a RuntimeError)
-            if not isinstance(error, collectives.RankFailure) and comm._failure_elsewhere() is None:
+            if not isinstance(error, collectives.RankFailure) and comm._fault.failure_elsewhere() is None:
                 raise
             record["detected"] = time.time()
             comm = comm.shrink()
@@ -80,7 +80,7 @@ def rank(out: str, how: str, replace: bool, c10d: bool) -> None:
         step += 1
         if replace and step == FAIL_AT + 5 and not joined:
             while comm.size < 4:  # hold until the replacement is in
-                comm = comm._admit()
+                comm = comm._fault.admit()
                 time.sleep(0.005)
     Path(out, f"{me}.json").write_text(json.dumps(record))
 

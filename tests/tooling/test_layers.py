@@ -127,3 +127,11 @@ def test_every_package_of_the_checkout_is_installed():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {name for name, path in modules().items() if path.name == "__init__.py"}
     assert found == listed, f"unlisted: {sorted(found - listed)}; listed, not found: {sorted(listed - found)}"
+
+
+def test_the_communicator_has_no_base_but_object():
+    """The Communicator HOLDS its parts (kept handles, argument checks, the context, the same-call
+    check, farewells, fault tolerance): none is a base class whose attributes it must set."""
+    from collectives import Communicator  # noqa: PLC0415
+
+    assert Communicator.__bases__ == (object,)
