@@ -50,6 +50,7 @@ from collectives.backends.cupy_id import UNIQUE_ID_BYTES, comm_id_argument, exch
 
 from collectives import arrays, config
 from collectives.arrays import ArrayAdapter
+from collectives.calls import Request
 from collectives.communicator import Communicator
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
@@ -271,8 +272,8 @@ class CupyNcclTransport(Transport):
 
     # -- collectives ------------------------------------------------------------------------
 
-    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                    async_op: bool) -> Any:
+    def _all_reduce(self, r: Request) -> Any:
+        x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
         lib = self._library(adapter)
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
@@ -290,11 +291,11 @@ class CupyNcclTransport(Transport):
             writeback()
         return self._done(lib, stream, async_op, x)
 
-    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
-                async_op: bool) -> Any:
+    def _reduce(self, r: Request) -> Any:
+        x, adapter, dtype, op, dst, async_op = r.x, r.adapter, r.dtype, r.op, r.root, r.async_op
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         if plan.nccl_op is None:  # bitwise ops: all_gather and fold, kept on dst
-            return super()._reduce(x, adapter, dtype, op, dst, async_op)
+            return super()._reduce(r)
         lib = self._library(adapter)
         stream = lib.stream(x)
         self._flush_group()
@@ -310,8 +311,8 @@ class CupyNcclTransport(Transport):
                 writeback()
         return self._done(lib, stream, async_op, x)
 
-    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
-                   async_op: bool) -> Any:
+    def _broadcast(self, r: Request) -> Any:
+        x, adapter, dtype, src, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         self._flush_group()
@@ -323,16 +324,16 @@ class CupyNcclTransport(Transport):
             writeback()
         return self._done(lib, stream, async_op, x)
 
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
-                    async_op: bool = False) -> Any:
+    def _all_gather(self, r: Request) -> Any:
+        x, adapter, dtype, out, async_op = r.x, r.adapter, r.dtype, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         self._flush_group()
         buf, _ = stage(x, adapter, dtype, None)
         return self._done(lib, stream, async_op, self._gather_rows(lib, adapter, buf, stream, out))
 
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                        out: Any = None, async_op: bool = False) -> Any:
+    def _reduce_scatter(self, r: Request) -> Any:
+        x, adapter, dtype, op, out, async_op = r.x, r.adapter, r.dtype, r.op, r.out, r.async_op
         lib = self._library(adapter)
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
@@ -376,8 +377,8 @@ class CupyNcclTransport(Transport):
         finally:
             nccl.groupEnd()
 
-    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
-                async_op: bool) -> Any:
+    def _gather(self, r: Request) -> Any:
+        x, adapter, dtype, dst, out, async_op = r.x, r.adapter, r.dtype, r.root, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, _ = stage(x, adapter, dtype, None)
@@ -388,8 +389,8 @@ class CupyNcclTransport(Transport):
                        buf, result)
         return self._done(lib, stream, async_op, result, like=buf, keep=buf)
 
-    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
-                 async_op: bool) -> Any:
+    def _scatter(self, r: Request) -> Any:
+        x, adapter, dtype, src, out, async_op = r.x, r.adapter, r.dtype, r.root, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf = stage(x, adapter, dtype, None)[0] if self.rank == src else None
@@ -398,8 +399,8 @@ class CupyNcclTransport(Transport):
         self._exchange(lib, stream, scatter_plan(self.rank, self.size, src, row_size), buf, result)
         return self._done(lib, stream, async_op, result, keep=buf)
 
-    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
-                    async_op: bool) -> Any:
+    def _all_to_all(self, r: Request) -> Any:
+        x, adapter, dtype, out, async_op = r.x, r.adapter, r.dtype, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, _ = stage(x, adapter, dtype, None)
@@ -408,8 +409,8 @@ class CupyNcclTransport(Transport):
         self._exchange(lib, stream, all_to_all_plan(self.rank, self.size, row_size), buf, result)
         return self._done(lib, stream, async_op, result, keep=buf)
 
-    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
-                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+    def _all_to_all_v(self, r: Request) -> Any:
+        x, adapter, dtype, splits, out, async_op = r.x, r.adapter, r.dtype, r.extra, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, _ = stage(x, adapter, dtype, None)
@@ -419,8 +420,8 @@ class CupyNcclTransport(Transport):
         self._exchange(lib, stream, all_to_all_v_plan(self.rank, splits, row_size), buf, result)
         return self._done(lib, stream, async_op, result, like=buf, keep=buf)
 
-    def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
-                      out: Any, async_op: bool) -> Any:
+    def _all_gather_v(self, r: Request) -> Any:
+        x, adapter, dtype, counts, out, async_op = r.x, r.adapter, r.dtype, r.extra, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, _ = stage(x, adapter, dtype, None)
@@ -431,8 +432,8 @@ class CupyNcclTransport(Transport):
 
     # -- point-to-point ---------------------------------------------------------------------
 
-    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
-              async_op: bool) -> Work | None:
+    def _send(self, r: Request) -> Work | None:
+        x, adapter, dtype, dst, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
         # NCCL has no tags: calls between two ranks match in the order they are made.
         lib = self._library(adapter)
         stream = lib.stream(x)
@@ -450,8 +451,8 @@ class CupyNcclTransport(Transport):
         self._done(lib, stream, False, None)
         return None
 
-    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
-              async_op: bool) -> Work | None:
+    def _recv(self, r: Request) -> Work | None:
+        x, adapter, dtype, src, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, writeback = stage(x, adapter, dtype, None)

@@ -46,7 +46,7 @@ import numpy as np
 
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
-from collectives.calls import ALL_REDUCE, BROADCAST, FAREWELL_TAG
+from collectives.calls import ALL_REDUCE, BROADCAST, FAREWELL_TAG, Request
 from collectives.communicator import Communicator
 from collectives.diagnostics import _exits, process_hooks
 from collectives.errors import BackendUnavailable, CollectiveError
@@ -385,8 +385,8 @@ class MPITransport(Transport):
     def _name_hash(self) -> int:
         return zlib.crc32(self.context.name.encode()) & 0x7FFFFFFF
 
-    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                    async_op: bool) -> Any:
+    def _all_reduce(self, r: Request) -> Any:
+        x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         buf, writeback = self._buffer(x, adapter, dtype, wire)
         IN_PLACE = self._MPI.IN_PLACE
@@ -395,14 +395,14 @@ class MPITransport(Transport):
                                               for chunk in _chunks(buf if keys is None else keys)],
                                 x, async_op, self._finish_reduction(buf, keys, wire, op, writeback), buf)
 
-    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
-                   async_op: bool) -> Any:
+    def _broadcast(self, r: Request) -> Any:
+        x, adapter, src, async_op = r.x, r.adapter, r.root, r.async_op
         buf, writeback = self._buffer(x, adapter, None)
         return self._collective("Bcast", [([chunk, self._byte], src) for chunk in _chunks(flat_bytes(buf))],
                                 x, async_op, writeback, buf)
 
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
-                    async_op: bool = False) -> Any:
+    def _all_gather(self, r: Request) -> Any:
+        x, adapter, out, async_op = r.x, r.adapter, r.out, r.async_op
         if adapter is _NUMPY and not async_op and x.flags.c_contiguous and x.nbytes <= MAX_COUNT:
             # The common case in as few steps as raw mpi4py takes (out= is written directly).
             if out is None:
@@ -434,8 +434,8 @@ class MPITransport(Transport):
             writeback()
         return Work(out) if async_op else out
 
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                        out: Any = None, async_op: bool = False) -> Any:
+    def _reduce_scatter(self, r: Request) -> Any:
+        x, adapter, dtype, op, out, async_op = r.x, r.adapter, r.dtype, r.op, r.out, r.async_op
         if adapter is _NUMPY and not async_op:
             spec = self._native[dtype].get(op)
             if spec is not None and x.flags.c_contiguous and x.size // self.size <= MAX_COUNT:
@@ -532,31 +532,31 @@ class MPITransport(Transport):
         call = arguments(None if send is None else flat_bytes(send), None if recv is None else flat_bytes(recv))
         return self._collective(name, [call], value, async_op, writeback, (send, recv))
 
-    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
-                async_op: bool) -> Any:
+    def _gather(self, r: Request) -> Any:
+        x, adapter, dst, out, async_op = r.x, r.adapter, r.root, r.out, r.async_op
         here = self.rank == dst
         result = (out if out is not None else adapter.empty(x, (self.size, *x.shape))) if here else None
         byte = self._byte
         return self._move_bytes(x, adapter, result, result, async_op, "Gather", lambda send, recv: (
             [send, byte], [recv, byte] if here else None, dst))
 
-    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
-                 async_op: bool) -> Any:
+    def _scatter(self, r: Request) -> Any:
+        x, adapter, src, out, async_op = r.x, r.adapter, r.root, r.out, r.async_op
         here = self.rank == src
         result = out if out is not None else adapter.empty(x, tuple(x.shape[1:]))
         byte = self._byte
         return self._move_bytes(x if here else None, adapter, result, result, async_op, "Scatter",
                                 lambda send, recv: ([send, byte] if here else None, [recv, byte], src))
 
-    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
-                    async_op: bool) -> Any:
+    def _all_to_all(self, r: Request) -> Any:
+        x, adapter, out, async_op = r.x, r.adapter, r.out, r.async_op
         result = out if out is not None else adapter.empty(x, tuple(x.shape))
         byte = self._byte
         return self._move_bytes(x, adapter, result, result, async_op, "Alltoall",
                                 lambda send, recv: ([send, byte], [recv, byte]))
 
-    def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
-                      out: Any, async_op: bool) -> Any:
+    def _all_gather_v(self, r: Request) -> Any:
+        x, adapter, counts, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
         row = row_bytes(x)
         sizes = [n * row for n in counts]  # (mpi4py lays them out back to back)
@@ -564,8 +564,8 @@ class MPITransport(Transport):
         return self._move_bytes(x, adapter, result, (result, counts), async_op, "Allgatherv",
                                 lambda send, recv: ([send, byte], [recv, sizes, byte]))
 
-    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
-                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+    def _all_to_all_v(self, r: Request) -> Any:
+        x, adapter, splits, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
         row = row_bytes(x)
@@ -575,8 +575,8 @@ class MPITransport(Transport):
         return self._move_bytes(x, adapter, result, result, async_op, "Alltoallv",
                                 lambda send, recv: ([send, send_sizes, byte], [recv, recv_sizes, byte]))
 
-    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
-                async_op: bool) -> Any:
+    def _reduce(self, r: Request) -> Any:
+        x, adapter, dtype, op, dst, async_op = r.x, r.adapter, r.dtype, r.op, r.root, r.async_op
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         here = self.rank == dst
         buf, writeback = self._buffer(x, adapter, dtype, wire)
@@ -591,15 +591,15 @@ class MPITransport(Transport):
         finish = self._finish_reduction(buf, keys, wire, op, writeback) if here else _nothing
         return self._collective("Reduce", calls, x, async_op, finish, data)
 
-    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
-              async_op: bool) -> Work | None:
+    def _send(self, r: Request) -> Work | None:
+        x, adapter, dst, tag, async_op = r.x, r.adapter, r.root, r.extra, r.async_op
         buf, _ = self._buffer(x, adapter, None)  # (a staging copy lives as long as the request)
         work: Work | None = self._collective("Send", [([flat_bytes(buf), self._byte], dst, tag)], None,
                                              async_op, None, buf)
         return work
 
-    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
-              async_op: bool) -> Work | None:
+    def _recv(self, r: Request) -> Work | None:
+        x, adapter, dtype, src, tag, async_op = r.x, r.adapter, r.dtype, r.root, r.extra, r.async_op
         buf, writeback = self._buffer(x, adapter, None)
         data = flat_bytes(buf)
         status = self._MPI.Status()

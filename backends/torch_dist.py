@@ -37,6 +37,7 @@ from typing import Any
 
 from collectives import arrays, farewell
 from collectives.arrays import ArrayAdapter
+from collectives.calls import Request
 from collectives.communicator import Communicator
 from collectives.diagnostics import recorder
 from collectives.errors import BackendUnavailable, CollectiveError
@@ -180,8 +181,8 @@ class TorchTransport(Transport):
         return self._torch.utils.dlpack.from_dlpack(x)
 
     @_torch_call
-    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                    async_op: bool) -> Work | None:
+    def _all_reduce(self, r: Request) -> Work | None:
+        x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
         direct = _DIRECT[dtype].get(op) if adapter is _TORCH else None
         if direct is not None and x.is_contiguous():
             # The common case, kept free of any extra tensor op (each costs microseconds):
@@ -195,7 +196,7 @@ class TorchTransport(Transport):
             return None
         if _negative_strides(x, adapter):  # torch.from_numpy refuses these: reduce a copy
             copy = x.copy()
-            self._all_reduce(copy, adapter, dtype, op, False)
+            self._all_reduce(r._replace(x=copy, async_op=False))
             x[...] = copy
             return Work(x) if async_op else None
         t = self._as_tensor(x, adapter)
@@ -254,15 +255,15 @@ class TorchTransport(Transport):
         staged.copy_(fold_bitwise(self._gather_tensor(staged), op))
 
     @_torch_call
-    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
-                   async_op: bool) -> Work | None:
+    def _broadcast(self, r: Request) -> Work | None:
+        x, adapter, dtype, src, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
         if adapter is _TORCH and dtype not in NARROW_WIRE and x.is_contiguous():
             # dtypes every torch transport moves as they are: no uint8 view to make.
             work = self._dist.broadcast(x, self._global_ranks[src], self._group, async_op)
             return _TorchWork(x, work, None, self) if async_op else None
         if _negative_strides(x, adapter):
             copy = x.copy()
-            self._broadcast(copy, adapter, dtype, src, False)
+            self._broadcast(r._replace(x=copy, async_op=False))
             x[...] = copy
             return Work(x) if async_op else None
         t = self._as_tensor(x, adapter)
@@ -286,8 +287,8 @@ class TorchTransport(Transport):
         self._all_gather_single(flat_bytes(out), flat_bytes(staged), group=self._group)
         return out[self._torch_rank] if self._reordered else out
 
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
-                    async_op: bool = False) -> Any:
+    def _all_gather(self, r: Request) -> Any:
+        x, adapter, dtype, out, async_op = r.x, r.adapter, r.dtype, r.out, r.async_op
         if self._reordered:  # torch's rows, put in our order
             return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
         launch_batch()  # (the other paths go through _torch_call, which does too)
@@ -335,21 +336,21 @@ class TorchTransport(Transport):
         finish()
         return value
 
-    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
-                async_op: bool) -> Any:
+    def _gather(self, r: Request) -> Any:
+        x, adapter, dst, out, async_op = r.x, r.adapter, r.root, r.out, r.async_op
         # Empty arrays and a reordered group take the emulation.
         if self._reordered or not math.prod(x.shape):  # (Gloo refuses zero-byte lists)
-            return super()._gather(x, adapter, dtype, dst, out, async_op)
+            return super()._gather(r)
         here = self.rank == dst
         result = (out if out is not None else adapter.empty(x, (self.size, *x.shape))) if here else None
         root = self._global_ranks[dst]
         return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy: self._dist.gather(
             send, list(recv.view(self.size, -1).unbind(0)) if here else None, root, self._group, asy))
 
-    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
-                 async_op: bool) -> Any:
+    def _scatter(self, r: Request) -> Any:
+        x, adapter, src, out, async_op = r.x, r.adapter, r.root, r.out, r.async_op
         if self._reordered or not math.prod(x.shape):  # (Gloo refuses zero-byte lists)
-            return super()._scatter(x, adapter, dtype, src, out, async_op)
+            return super()._scatter(r)
         here = self.rank == src
         result = out if out is not None else adapter.empty(x, tuple(x.shape[1:]))
         root = self._global_ranks[src]
@@ -358,19 +359,19 @@ class TorchTransport(Transport):
                                     recv, list(send.view(self.size, -1).unbind(0)) if here else None,
                                     root, self._group, asy))
 
-    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
-                    async_op: bool) -> Any:
+    def _all_to_all(self, r: Request) -> Any:
+        x, adapter, out, async_op = r.x, r.adapter, r.out, r.async_op
         if self._reordered or not math.prod(x.shape):  # (Gloo refuses zero-byte lists)
-            return super()._all_to_all(x, adapter, dtype, out, async_op)
+            return super()._all_to_all(r)
         result = out if out is not None else adapter.empty(x, tuple(x.shape))
         return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
                                 self._dist.all_to_all_single(recv, send, group=self._group,
                                                              async_op=asy))
 
-    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
-                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+    def _all_to_all_v(self, r: Request) -> Any:
+        x, adapter, splits, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         if self._reordered:
-            return super()._all_to_all_v(x, adapter, dtype, splits, out, async_op)
+            return super()._all_to_all_v(r)
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
         row = math.prod(x.shape[1:]) * itemsize(x)
@@ -381,11 +382,11 @@ class TorchTransport(Transport):
                                                              async_op=asy))
 
     @_torch_call
-    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
-                async_op: bool) -> Work | None:
+    def _reduce(self, r: Request) -> Work | None:
+        x, adapter, dtype, op, dst, async_op = r.x, r.adapter, r.dtype, r.op, r.root, r.async_op
         direct = _DIRECT[dtype].get(op)
         if direct is None:  # staged dtypes, NaN-ordered MIN/MAX, bitwise on NCCL: emulated
-            return super()._reduce(x, adapter, dtype, op, dst, async_op)
+            return super()._reduce(r)
         t = self._as_tensor(x, adapter)
         here = self.rank == dst
         # Off dst the transport may use its buffer as scratch: it gets a copy (x stays as it was).
@@ -414,8 +415,8 @@ class TorchTransport(Transport):
             return gathered.numpy()
         return _as_cupy(self._torch, gathered)
 
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                        out: Any = None, async_op: bool = False) -> Any:
+    def _reduce_scatter(self, r: Request) -> Any:
+        x, adapter, dtype, op, out, async_op = r.x, r.adapter, r.dtype, r.op, r.out, r.async_op
         return deliver(adapter, self._reduce_scatter_new(x, adapter, dtype, op), out, async_op)
 
     @_torch_call
@@ -461,8 +462,8 @@ class TorchTransport(Transport):
         return _as_cupy(self._torch, out)
 
     @_torch_call
-    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
-              async_op: bool) -> Work | None:
+    def _send(self, r: Request) -> Work | None:
+        x, adapter, dst, tag, async_op = r.x, r.adapter, r.root, r.extra, r.async_op
         t = self._as_tensor(x, adapter)
         staged = flat_bytes(t if t.is_contiguous() else t.contiguous())
         peer = self._global_ranks[dst]
@@ -475,8 +476,8 @@ class TorchTransport(Transport):
         return None
 
     @_torch_call
-    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
-              async_op: bool) -> Work | None:
+    def _recv(self, r: Request) -> Work | None:
+        x, adapter, src, tag, async_op = r.x, r.adapter, r.root, r.extra, r.async_op
         t = self._as_tensor(x, adapter)
         staged = t if t.is_contiguous() else t.contiguous()
         peer = self._global_ranks[src]

@@ -56,7 +56,9 @@ from .calls import (
     SEND,
     SPLIT,
     Call,
+    Request,
     is_int,
+    new_request,
 )
 from .checks import ArgumentChecks, Plan
 from .context import CommunicatorContext
@@ -518,8 +520,12 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
                 result = x  # the backend's fast path ran it (see _fast_path)
             elif self.debug and not call.collective:
                 result = self._checked_p2p(call, x, adapter, dtype, root, async_op, extra)
-            else:
-                result = call.run(self, x, adapter, dtype, reduce_op, root, out, async_op, extra)
+            else:  # the transport's method for the row, given the call's one Request
+                request = new_request(Request, (call, x, adapter, dtype, reduce_op, root, out, async_op,
+                                                extra))
+                if call.counted:  # the uneven rows: the counts exchange puts every rank's in extra
+                    request = emulations.counted(self, request)
+                result = getattr(self._transport, call.method)(request)
         except Exception as error:
             self._raise_failed(record, error)
         if record is not None:
@@ -537,15 +543,6 @@ class Communicator(KeptHandles, Reliability, CheckedPointToPoint, ArgumentChecks
                     _reap(self._pending_p2p)
             return result
         return x if call.in_place else result
-
-    def _all_gather_v_counted(self, x: Any, adapter: Any, dtype: str, out: Any, async_op: bool) -> Any:
-        """all_gather_v's row: the counts exchange, then the transport's ``_all_gather_v``."""
-        return emulations.all_gather_v_counted(self, x, adapter, dtype, out, async_op)
-
-    def _all_to_all_counted(self, x: Any, adapter: Any, dtype: str, send_splits: Sequence[int],
-                            out: Any, async_op: bool) -> Any:
-        """The uneven all_to_all's row: the counts exchange, then the transport's ``_all_to_all_v``."""
-        return emulations.all_to_all_counted(self, x, adapter, dtype, send_splits, out, async_op)
 
     def _raise_failed(self, record: list[Any] | None, error: Exception) -> NoReturn:
         """Raise what ``error``, raised inside the call of ``record``, becomes (the record marked

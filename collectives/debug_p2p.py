@@ -14,7 +14,7 @@ import collections
 from typing import Any
 
 from .arrays import ArrayAdapter
-from .calls import SEND, Call
+from .calls import RECV, SEND, Call, Request
 from .errors import CollectiveError
 from .transport import Transport
 from .work import AllOf, Work
@@ -34,7 +34,8 @@ class _CheckedRecv(Work):
         transport = comm._transport
         self._header_work = transport._recv_small(self._theirs, src, tag)
         self._staging = adapter.empty(x, tuple(x.shape))
-        self._payload = transport._recv(self._staging, adapter, dtype, src, tag, True) or Work(self._staging)
+        self._payload = transport._recv(Request(RECV, self._staging, adapter, dtype, root=src, async_op=True,
+                                                 extra=tag)) or Work(self._staging)
         self._done = False
         self._error: Exception | None = None
         # An error the payload's handle raised while polled (it raises it only once).
@@ -104,7 +105,8 @@ class CheckedPointToPoint:
         header = p2p_header(dtype, tuple(x.shape), tag, _nbytes(x))
         if call is SEND:
             sent = self._transport._send_small(header, peer, tag)
-            payload = self._transport._send(x, adapter, dtype, peer, tag, async_op)
+            payload = self._transport._send(Request(SEND, x, adapter, dtype, root=peer, async_op=async_op,
+                                                    extra=tag))
             if async_op:
                 return AllOf((sent, payload))
             if type(sent) is not Work:  # completes later: kept like a dropped p2p handle
@@ -118,12 +120,12 @@ class CheckedPointToPoint:
         self._transport._recv_small(theirs, peer, tag).wait()
         error = p2p_mismatch(header, theirs, self, peer, tag)
         if error is None:
-            self._transport._recv(x, adapter, dtype, peer, tag, False)
+            self._transport._recv(Request(RECV, x, adapter, dtype, root=peer, extra=tag))
             return None
         # Take the payload anyway, into scratch memory of the size the header says, so
         # that the stream stays in step; x is untouched.
         scratch = self._transport._scratch_bytes(x, adapter, p2p_nbytes(theirs))
-        self._transport._recv(scratch, adapter, "uint8", peer, tag, False)
+        self._transport._recv(Request(RECV, scratch, adapter, "uint8", root=peer, extra=tag))
         raise error
 
 
