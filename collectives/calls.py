@@ -9,9 +9,9 @@ the work. Adding a collective is adding a row here and a public method that hand
 arguments to ``Communicator._run``; the checks, the sequence number, the fingerprint,
 the timeout and the error mapping come with the path, never with the method.
 
-The call path hands the transport one :class:`Request` per call (built once, a tuple: no
-Python frame to make it, its fields read by C-level getters); the row names the
-transport's method that takes it (:attr:`Call.method`).
+The call path hands the transport one :class:`Request` per call (a record with slots, made
+once per kind of call and refilled per call); the row names the transport's method that takes
+it (:attr:`Call.method`).
 
 Imports: nothing of the package at run time (arrays and ops for annotations only).
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .arrays import ArrayAdapter
@@ -65,15 +65,21 @@ class Call:
     bus_steps: int = 0
 
 
-class Request(NamedTuple):
+class Request:
     """One call, as the call path hands it to a transport's method (its row's
     :attr:`Call.method`), after every check passed.
 
-    A tuple: the call path makes it in one C call (``tuple.__new__(Request, fields)``),
-    a transport reads its fields as attributes. A transport that calls another of its
+    A communicator keeps one record per kind of call (row, type and dtype of x, op), made when
+    the kind first passes the checks with what stays the same (the row, the adapter, the dtype,
+    the op); each call refills the rest (x, root, out, async flag, extra) and empties x and
+    out once the method returned: no record to make, so the call path costs no more than
+    positional arguments. A transport reads the record during the call and keeps what it
+    needs, never the record (a handle keeps the arrays). A transport that calls another of its
     methods makes one with keywords (``Request(ALL_GATHER, x, adapter, dtype)``) or
     ``request._replace(...)``.
     """
+
+    __slots__ = ("call", "x", "adapter", "dtype", "op", "root", "out", "async_op", "extra")
 
     #: The row of the call being run (an emulation's inner call names its own row).
     call: Call
@@ -83,21 +89,35 @@ class Request(NamedTuple):
     adapter: ArrayAdapter
     #: x's dtype name (a key of :data:`collectives.ops.DTYPES`).
     dtype: str
-    #: The reduce op, allowed on ``dtype`` (the rows that reduce); ``None`` for the others.
-    op: Any = None
+    #: The :class:`~collectives.ReduceOp`, allowed on ``dtype`` (the rows that reduce); ``None``
+    #: for the others.
+    op: Any
     #: The root (``src``/``dst``) or the peer of a send/recv, a valid rank; -1: none.
-    root: int = -1
+    root: int
     #: Where the result goes (checked shape and dtype), or ``None``: a new array.
-    out: Any = None
+    out: Any
     #: Return a :class:`~collectives.Work` (a handle) instead of waiting.
-    async_op: bool = False
+    async_op: bool
     #: The row's extra argument: the tag (send, recv), every rank's row counts (all_gather_v,
     #: after the counts exchange), the splits ``splits[i][j]`` (uneven all_to_all, after it).
-    extra: Any = None
+    extra: Any
 
+    def __init__(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, op: Any = None,
+                 root: int = -1, out: Any = None, async_op: bool = False, extra: Any = None) -> None:
+        self.call, self.x, self.adapter, self.dtype, self.op = call, x, adapter, dtype, op
+        self.root, self.out, self.async_op, self.extra = root, out, async_op, extra
 
-#: Makes a :class:`Request` from a tuple of all its fields without a Python frame.
-new_request = tuple.__new__
+    def _replace(self, **fields: Any) -> Request:
+        """A new record: this one's fields, ``fields`` changed."""
+        made = Request(self.call, self.x, self.adapter, self.dtype, self.op, self.root, self.out,
+                       self.async_op, self.extra)
+        for name, value in fields.items():
+            setattr(made, name, value)
+        return made
+
+    def __repr__(self) -> str:
+        return (f"Request({self.call.name}, dtype={self.dtype}, op={self.op}, root={self.root}, "
+                f"async_op={self.async_op}, extra={self.extra!r})")
 
 
 # -- shape rules ---------------------------------------------------------------------------

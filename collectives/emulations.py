@@ -39,14 +39,14 @@ def rows_of_everyone(comm: Any, x: Any, dtype: str, out: Any, splits: Sequence[i
     return everyone
 
 
-def counted(comm: Any, r: Request) -> Request:
+def counted(comm: Any, r: Request) -> None:
     """The uneven rows' counts exchange, run by the call path before the transport's method:
-    ``r`` with ``extra`` every rank's row counts (all_gather_v) or the splits ``splits[i][j]``
+    ``r.extra`` becomes every rank's row counts (all_gather_v) or the splits ``splits[i][j]``
     (uneven all_to_all, from each rank's ``send_splits``)."""
     if r.call is ALL_GATHER_V:
-        return r._replace(extra=header_rows(rows_of_everyone(comm, r.x, r.dtype, r.out, None)))
-    everyone = rows_of_everyone(comm, r.x, r.dtype, r.out, r.extra)
-    return r._replace(extra=header_splits(everyone, comm.size))
+        r.extra = header_rows(rows_of_everyone(comm, r.x, r.dtype, r.out, None))
+    else:
+        r.extra = header_splits(rows_of_everyone(comm, r.x, r.dtype, r.out, r.extra), comm.size)
 
 
 # -- emulations: correct on any transport, from its other methods -----------------------------
