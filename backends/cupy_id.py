@@ -97,7 +97,7 @@ def exchange_unique_id(launch: LaunchInfo, make_id: Callable[[], bytes]) -> byte
     if route == "single":
         return _checked(make_id())
     if route == "mpi":
-        from collectives.backends.mpi import import_mpi  # noqa: PLC0415
+        from collectives.backends.mpi_channel import import_mpi  # noqa: PLC0415
 
         check_world_size(launch, import_mpi().COMM_WORLD.Get_size())  # srun without --mpi
         return mpi_broadcast_bytes(make_id() if launch.rank == 0 else None)
@@ -119,7 +119,7 @@ def _checked(raw: bytes) -> bytes:
 def mpi_broadcast_bytes(raw: bytes | None, comm: Any = None, root: int = 0) -> bytes:
     """Rank ``root``'s 128 bytes on every rank of ``comm`` (default MPI.COMM_WORLD)."""
     if comm is None:
-        from collectives.backends.mpi import import_mpi  # noqa: PLC0415
+        from collectives.backends.mpi_channel import import_mpi  # noqa: PLC0415
 
         comm = import_mpi().COMM_WORLD
     buf = np.zeros(UNIQUE_ID_BYTES, dtype=np.uint8)

@@ -37,27 +37,41 @@ the uneven collectives and debug p2p headers travel through device buffers. Host
 refused with a ``TypeError``. ``split`` uses ncclCommSplit where CuPy wraps it (CuPy >= 14,
 NCCL >= 2.18.1), else makes the new communicator through this one (its group leader's id
 travels in an all_gather).
+
+The channel every call goes through (the NCCL communicator and its device, the stream
+libraries, completion under the deadline, the open group, the small vectors, the barrier) is
+:mod:`collectives.backends.cupy_channel`'s :class:`CupyNcclChannel`; this module holds the
+collectives, send/recv and split, and the public :class:`CupyNcclCommunicator`.
+
+Imports: the interface, cupy_channel and the cupy backend's helper modules.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from collectives.backends.cupy_id import UNIQUE_ID_BYTES, comm_id_argument, exchange_unique_id, id_to_bytes
 
-from collectives import arrays, config
+from collectives import config
 from collectives.arrays import ArrayAdapter
+from collectives.calls import Request
 from collectives.communicator import Communicator
-from collectives.errors import BackendUnavailable, CollectiveError
+from collectives.errors import CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ReduceOp
-from collectives.transport import Transport
 from collectives.work import Work
 
 from ._buffers import count, divide_, fold_bitwise, nbytes, row_bytes, stage
+from .cupy_channel import (  # noqa: F401  (INSTALL_HINT: also importable from here)
+    INSTALL_HINT,
+    CupyNcclChannel,
+    bind_device,
+    check_cuda_array,
+    import_cupy_nccl,
+    nccl_runtime_version,
+)
 from .cupy_handles import (  # noqa: F401  (wait_for and the poll constants: also importable from here)
     _GROUP,
     BUSY_POLL_SECONDS,
@@ -91,9 +105,6 @@ from .cupy_plans import (  # noqa: F401  (the plans: also importable from here)
 
 log = logging.getLogger("collectives")
 
-INSTALL_HINT = ("install CuPy for your CUDA: pip install 'pycollectives[cupy]' (cupy-cuda13x), "
-                "or cupy-cuda12x for CUDA 12")
-
 #: First NCCL with ncclCommSplit (CuPy >= 14 wraps it as NcclCommunicator.commSplit).
 COMM_SPLIT_SINCE = (2, 18, 1)
 #: ``NCCL_SPLIT_NOCOLOR`` of nccl.h: this rank joins no new communicator.
@@ -102,63 +113,12 @@ _NOT_CALLED = object()
 #: First NCCL that allows several ranks on one GPU (with NCCL_MULTI_RANK_GPU_ENABLE=1).
 MULTI_RANK_GPU_SINCE = (2, 30, 0)
 
-def import_cupy_nccl() -> tuple[Any, Any]:
-    """``(cupy, cupy.cuda.nccl)``, or ``BackendUnavailable`` saying why and how to install."""
-    try:
-        import cupy  # noqa: PLC0415
-        from cupy.cuda import nccl  # noqa: PLC0415
-    except ImportError as error:
-        raise BackendUnavailable(f"backend 'cupy' needs CuPy with NCCL ({error}); "
-                                 f"{INSTALL_HINT}") from error
-    if not getattr(nccl, "available", False):
-        raise BackendUnavailable("backend 'cupy': this CuPy was built without NCCL; "
-                                 f"{INSTALL_HINT}")
-    return cupy, nccl
-
-
-def nccl_runtime_version() -> tuple[int, int, int]:
-    """The version of the libnccl CuPy loaded (``ncclGetVersion``)."""
-    _, nccl = import_cupy_nccl()
-    return decode_nccl_version(int(nccl.get_version()))
-
-
-def check_cuda_array(x: Any, adapter: ArrayAdapter, device: int | None) -> None:
-    """``TypeError`` unless ``x`` is CUDA memory; ``ValueError`` unless on ``device``."""
-    if not adapter.is_cuda(x):
-        kind = "numpy.ndarray" if adapter is arrays.NUMPY else "CPU torch.Tensor"
-        raise TypeError(f"backend 'cupy' runs NCCL on CUDA memory only; x is a {kind} in host "
-                        "memory: pass a cupy.ndarray or a CUDA torch.Tensor (cupy.asarray(x), "
-                        "x.cuda()), or use backend 'mpi' or 'torch' for host arrays")
-    index = adapter.device_index(x)
-    if device is not None and index != device:
-        raise ValueError(f"x is on CUDA device {index}, but this communicator's NCCL runs on "
-                         f"device {device} (local_rank % device_count); move x there")
-
 
 # -- the communicator ---------------------------------------------------------------------------
 
-class CupyNcclTransport(Transport):
-    """The transport over a ``cupy.cuda.nccl.NcclCommunicator`` on one CUDA device.
-
-    ``nccl_version`` is the runtime libnccl's (major, minor, patch); ``device`` the CUDA
-    ordinal every array must live on.
-    """
-
-    backend = "cupy"
-    # The default check's word would travel through device memory, and reading it back would
-    # synchronize the stream on every call: here only COLLECTIVES_DEBUG=1 checks.
-    _checks_by_default = False
-
-    def __init__(self, nccl_comm: Any, rank: int, size: int, local_rank: int, device: int) -> None:
-        cupy, nccl = import_cupy_nccl()
-        self._cupy = cupy
-        self._nccl_module = nccl
-        self._comm = nccl_comm
-        self.device = device
-        self.nccl_version = decode_nccl_version(int(nccl.get_version()))
-        self._bfloat16_native = self.nccl_version >= BFLOAT16_SINCE
-        self._libraries: dict[ArrayAdapter, Any] = {}
-        super().__init__(rank, size, local_rank)
+class CupyNcclTransport(CupyNcclChannel):
+    """The transport over a ``cupy.cuda.nccl.NcclCommunicator`` on one CUDA device: the
+    collectives, send/recv and split, over :class:`~.cupy_channel.CupyNcclChannel`."""
 
     @classmethod
     def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> CupyNcclTransport:
@@ -174,105 +134,10 @@ class CupyNcclTransport(Transport):
                  launch.rank, launch.size, device, ".".join(map(str, made.nccl_version)))
         return made
 
-    @property
-    def nccl_comm(self) -> Any:
-        """The underlying ``cupy.cuda.nccl.NcclCommunicator`` (for raw NCCL calls)."""
-        return self._comm
-
-    # -- arrays -----------------------------------------------------------------------------
-
-    def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
-        check_cuda_array(x, adapter, self.device)
-
-    def _library(self, adapter: ArrayAdapter) -> Any:
-        library = self._libraries.get(adapter)
-        if library is None:
-            library = _TorchStreams() if adapter is arrays.TORCH else _CupyStreams()
-            self._libraries[adapter] = library
-        return library
-
-    def _gather_rows(self, lib: Any, adapter: ArrayAdapter, buf: Any, stream: Any, out: Any = None
-                     ) -> Any:
-        """(size, *buf.shape) in buf's dtype (into ``out`` when given), row r from rank r."""
-        if out is None:
-            out = adapter.empty(buf, (self.size, *buf.shape))
-        self._comm.allGather(lib.ptr(buf), lib.ptr(out), nbytes(buf), NCCL_DTYPES["uint8"],
-                             lib.stream_ptr(stream))
-        return out
-
-    # -- completion: handles, deadlines, the open group of sends/recvs ----------------------
-
-    def _done(self, lib: Any, stream: Any, async_op: bool, result: Any, like: Any = None,
-              keep: Any = None) -> Any:
-        """After a call was enqueued on ``stream``: a handle when ``async_op``; else ``result``,
-        once the call completed when there is a timeout (without one, at once)."""
-        if async_op:
-            return _StreamWork(result, lib, lib.record(stream), self, like=like, keep=keep)
-        if self.timeout is not None:
-            self._complete(lib, lib.record(stream))
-        return result
-
-    def _complete(self, lib: Any, event: Any, call: tuple[str, int] | None = None) -> None:
-        """Return once ``event`` has completed; past the timeout abort this communicator's NCCL
-        calls (ncclCommAbort) and raise :class:`CollectiveTimeout`."""
-        assert self.timeout is not None, "only calls with a timeout wait for their event"
-        if wait_for(lambda: lib.query(event), self.timeout, self._check_async_error):
-            return
-        self._abort()
-        raise self.context.timeout_error("its NCCL calls were aborted (ncclCommAbort)", call=call)
-
-    def _check_async_error(self) -> None:
-        """An error NCCL found on its own (a peer's connection lost): abort and raise it."""
-        try:
-            self._comm.check_async_error()
-        except Exception as error:  # noqa: BLE001  (NcclError is cupy's RuntimeError)
-            self._abort()
-            self.context.mark_broken(f"NCCL reported an asynchronous error ({error}); create a new "
-                                     "communicator, or end the job")
-            raise CollectiveError(f"{self.context.call_name()} failed: NCCL reported an asynchronous "
-                                  f"error ({error}); this communicator is now unusable") from error
-
-    def _abort(self) -> None:
-        try:
-            self._flush_group()  # nothing of this thread stays queued for an aborted communicator
-        except CollectiveError:
-            pass
-        try:
-            self._comm.abort()
-        except Exception as error:  # noqa: BLE001  (an NCCL older than 2.4 has no abort)
-            log.warning("collectives: ncclCommAbort failed: %s", error)
-
-    def _grouped_p2p(self, lib: Any, stream: Any, result: Any, issue: Callable[[int], None],
-                     keep: Any, then: Callable[[], None] | None = None,
-                     host: Callable[[], None] | None = None) -> _StreamWork:
-        """An asynchronous send/recv, added to this thread's open NCCL group (opened here when
-        none is). The group is launched as one by the next wait of any of its handles or the
-        next call on any communicator of this backend, so sends and recvs issued in any order
-        before their waits cannot deadlock. ``then`` runs on the stream once launched (a
-        writeback), ``host`` on the host once complete."""
-        works = _open_group(self._nccl_module)
-        work = _StreamWork(result, lib, None, self, like=keep, keep=keep)
-        work._stream, work._then, work._host = stream, then, host
-        works.append(work)
-        try:
-            issue(lib.stream_ptr(stream))
-        except BaseException:
-            works.remove(work)
-            self._flush_group()
-            raise
-        return work
-
-    def _flush_group(self) -> None:
-        """Launch this thread's open group of asynchronous sends/recvs, if there is one. Every
-        NCCL call of this backend does this first: an NCCL group is per thread, and a call
-        made while one is open would only be queued in it."""
-        if getattr(_GROUP, "works", None) is not None:
-            _launch_group(self._nccl_module)
-
     # -- collectives ------------------------------------------------------------------------
 
-    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                    async_op: bool) -> Any:
+    def _all_reduce(self, r: Request) -> Any:
+        x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
         lib = self._library(adapter)
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
@@ -290,11 +155,11 @@ class CupyNcclTransport(Transport):
             writeback()
         return self._done(lib, stream, async_op, x)
 
-    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
-                async_op: bool) -> Any:
+    def _reduce(self, r: Request) -> Any:
+        x, adapter, dtype, op, dst, async_op = r.x, r.adapter, r.dtype, r.op, r.root, r.async_op
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         if plan.nccl_op is None:  # bitwise ops: all_gather and fold, kept on dst
-            return super()._reduce(x, adapter, dtype, op, dst, async_op)
+            return super()._reduce(r)
         lib = self._library(adapter)
         stream = lib.stream(x)
         self._flush_group()
@@ -310,8 +175,8 @@ class CupyNcclTransport(Transport):
                 writeback()
         return self._done(lib, stream, async_op, x)
 
-    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
-                   async_op: bool) -> Any:
+    def _broadcast(self, r: Request) -> Any:
+        x, adapter, dtype, src, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         self._flush_group()
@@ -323,16 +188,16 @@ class CupyNcclTransport(Transport):
             writeback()
         return self._done(lib, stream, async_op, x)
 
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
-                    async_op: bool = False) -> Any:
+    def _all_gather(self, r: Request) -> Any:
+        x, adapter, dtype, out, async_op = r.x, r.adapter, r.dtype, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         self._flush_group()
         buf, _ = stage(x, adapter, dtype, None)
         return self._done(lib, stream, async_op, self._gather_rows(lib, adapter, buf, stream, out))
 
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                        out: Any = None, async_op: bool = False) -> Any:
+    def _reduce_scatter(self, r: Request) -> Any:
+        x, adapter, dtype, op, out, async_op = r.x, r.adapter, r.dtype, r.op, r.out, r.async_op
         lib = self._library(adapter)
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         stream = lib.stream(x)
@@ -376,8 +241,8 @@ class CupyNcclTransport(Transport):
         finally:
             nccl.groupEnd()
 
-    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
-                async_op: bool) -> Any:
+    def _gather(self, r: Request) -> Any:
+        x, adapter, dtype, dst, out, async_op = r.x, r.adapter, r.dtype, r.root, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, _ = stage(x, adapter, dtype, None)
@@ -388,8 +253,8 @@ class CupyNcclTransport(Transport):
                        buf, result)
         return self._done(lib, stream, async_op, result, like=buf, keep=buf)
 
-    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
-                 async_op: bool) -> Any:
+    def _scatter(self, r: Request) -> Any:
+        x, adapter, dtype, src, out, async_op = r.x, r.adapter, r.dtype, r.root, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf = stage(x, adapter, dtype, None)[0] if self.rank == src else None
@@ -398,8 +263,8 @@ class CupyNcclTransport(Transport):
         self._exchange(lib, stream, scatter_plan(self.rank, self.size, src, row_size), buf, result)
         return self._done(lib, stream, async_op, result, keep=buf)
 
-    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
-                    async_op: bool) -> Any:
+    def _all_to_all(self, r: Request) -> Any:
+        x, adapter, dtype, out, async_op = r.x, r.adapter, r.dtype, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, _ = stage(x, adapter, dtype, None)
@@ -408,8 +273,8 @@ class CupyNcclTransport(Transport):
         self._exchange(lib, stream, all_to_all_plan(self.rank, self.size, row_size), buf, result)
         return self._done(lib, stream, async_op, result, keep=buf)
 
-    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
-                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+    def _all_to_all_v(self, r: Request) -> Any:
+        x, adapter, dtype, splits, out, async_op = r.x, r.adapter, r.dtype, r.extra, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, _ = stage(x, adapter, dtype, None)
@@ -419,8 +284,8 @@ class CupyNcclTransport(Transport):
         self._exchange(lib, stream, all_to_all_v_plan(self.rank, splits, row_size), buf, result)
         return self._done(lib, stream, async_op, result, like=buf, keep=buf)
 
-    def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
-                      out: Any, async_op: bool) -> Any:
+    def _all_gather_v(self, r: Request) -> Any:
+        x, adapter, dtype, counts, out, async_op = r.x, r.adapter, r.dtype, r.extra, r.out, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, _ = stage(x, adapter, dtype, None)
@@ -431,8 +296,8 @@ class CupyNcclTransport(Transport):
 
     # -- point-to-point ---------------------------------------------------------------------
 
-    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
-              async_op: bool) -> Work | None:
+    def _send(self, r: Request) -> Work | None:
+        x, adapter, dtype, dst, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
         # NCCL has no tags: calls between two ranks match in the order they are made.
         lib = self._library(adapter)
         stream = lib.stream(x)
@@ -450,8 +315,8 @@ class CupyNcclTransport(Transport):
         self._done(lib, stream, False, None)
         return None
 
-    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
-              async_op: bool) -> Work | None:
+    def _recv(self, r: Request) -> Work | None:
+        x, adapter, dtype, src, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
         lib = self._library(adapter)
         stream = lib.stream(x)
         buf, writeback = stage(x, adapter, dtype, None)
@@ -470,65 +335,6 @@ class CupyNcclTransport(Transport):
         self._done(lib, stream, False, None)
         return None
 
-    # -- small int64 vectors (debug fingerprints, counts, p2p headers) through device memory ---
-
-    def _exchange_small(self, vector: Any) -> Any:
-        import numpy as np  # noqa: PLC0415
-
-        cupy = self._cupy
-        lib = self._library(arrays.CUPY)
-        self._flush_group()
-        with cupy.cuda.Device(self.device):
-            stream = cupy.cuda.get_current_stream()
-            everyone = self._gather_rows(lib, arrays.CUPY, cupy.asarray(np.ascontiguousarray(vector)), stream)
-            if self.timeout is not None:
-                self._complete(lib, lib.record(stream))
-            return everyone.get(stream=stream)
-
-    def _send_small(self, vector: Any, dst: int, tag: int) -> Work:
-        cupy = self._cupy
-        with cupy.cuda.Device(self.device):
-            stream = cupy.cuda.get_current_stream()
-            device = cupy.asarray(vector)
-            return self._grouped_p2p(
-                self._library(arrays.CUPY), stream, None,
-                lambda ptr: self._comm.send(device.data.ptr, device.nbytes, NCCL_DTYPES["uint8"],
-                                            dst, ptr), keep=device)
-
-    def _recv_small(self, vector: Any, src: int, tag: int) -> Work:
-        cupy = self._cupy
-        with cupy.cuda.Device(self.device):
-            stream = cupy.cuda.get_current_stream()
-            device = cupy.empty(vector.shape, dtype=vector.dtype)
-
-            def to_host() -> None:
-                with cupy.cuda.Device(self.device):
-                    vector[...] = device.get(stream=stream)
-
-            return self._grouped_p2p(
-                self._library(arrays.CUPY), stream, vector,
-                lambda ptr: self._comm.recv(device.data.ptr, device.nbytes, NCCL_DTYPES["uint8"],
-                                            src, ptr), keep=device, host=to_host)
-
-    def _scratch_bytes(self, x: Any, adapter: ArrayAdapter, nbytes: int) -> Any:
-        return adapter.empty(x, (nbytes,), "uint8")
-
-    # -- the rest ---------------------------------------------------------------------------
-
-    def _barrier(self) -> None:
-        # A one-element all_reduce, waited for on the host: returns once every rank got there.
-        cupy = self._cupy
-        self._flush_group()
-        with cupy.cuda.Device(self.device):
-            flag = cupy.zeros(1, dtype=cupy.int32)
-            stream = cupy.cuda.get_current_stream()
-            self._comm.allReduce(flag.data.ptr, flag.data.ptr, 1, NCCL_DTYPES["int32"],
-                                 NCCL_OPS["sum"], stream.ptr)
-            if self.timeout is None:
-                stream.synchronize()
-            else:
-                lib = self._library(arrays.CUPY)
-                self._complete(lib, lib.record(stream))
 
     def _split(self, color: int | None, key: int) -> CupyNcclTransport | None:
         self._flush_group()
@@ -570,12 +376,6 @@ class CupyNcclTransport(Transport):
                                   f"{color} ({error})") from error
         return CupyNcclTransport(comm, members.index(self.rank), len(members), self.local_rank,
                                  self.device)
-
-    def _close(self) -> None:
-        try:
-            self._flush_group()
-        finally:
-            self._comm.destroy()
 
 
 class CupyNcclCommunicator(Communicator):
@@ -620,17 +420,3 @@ def _wire_buffer(x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, plan: 
     return keys, lambda: adapter.copy_(x, from_order_keys(keys, adapter, dtype))
 
 
-def bind_device(cupy: Any, local_rank: int) -> int:
-    """Make ``local_rank % device_count`` the current CUDA device (CuPy's, and torch's if loaded)."""
-    try:
-        count = int(cupy.cuda.runtime.getDeviceCount())
-    except Exception as error:  # noqa: BLE001  (CUDARuntimeError: no driver, no device)
-        raise BackendUnavailable(f"backend 'cupy' found no usable CUDA device ({error})") from error
-    if count == 0:
-        raise BackendUnavailable("backend 'cupy' found no CUDA device")
-    device = local_rank % count
-    cupy.cuda.Device(device).use()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.set_device(device)
-    return device

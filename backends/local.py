@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from collectives.arrays import ArrayAdapter
+from collectives.calls import Request
 from collectives.communicator import Communicator
 from collectives.errors import BackendUnavailable
 from collectives.launcher import LaunchInfo
-from collectives.ops import ReduceOp
 from collectives.transport import Transport
 from collectives.work import Work
 
@@ -34,28 +33,26 @@ class LocalTransport(Transport):
             )
         return cls(launch.local_rank)
 
-    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                    async_op: bool) -> Work | None:
-        return Work(x) if async_op else None
+    def _all_reduce(self, r: Request) -> Work | None:
+        return Work(r.x) if r.async_op else None
 
-    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
-                   async_op: bool) -> Work | None:
-        return Work(x) if async_op else None
+    def _broadcast(self, r: Request) -> Work | None:
+        return Work(r.x) if r.async_op else None
 
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
-                    async_op: bool = False) -> Any:
-        out = adapter.empty(x, (1, *x.shape)) if out is None else out
+    def _all_gather(self, r: Request) -> Any:
+        x, adapter = r.x, r.adapter
+        out = adapter.empty(x, (1, *x.shape)) if r.out is None else r.out
         adapter.copy_(out, x)  # broadcasts x over the leading axis of length 1
-        return Work(out) if async_op else out
+        return Work(out) if r.async_op else out
 
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                        out: Any = None, async_op: bool = False) -> Any:
-        out = adapter.empty(x, tuple(x.shape)) if out is None else out
+    def _reduce_scatter(self, r: Request) -> Any:
+        x, adapter = r.x, r.adapter
+        out = adapter.empty(x, tuple(x.shape)) if r.out is None else r.out
         adapter.copy_(out, x)
-        return Work(out) if async_op else out
+        return Work(out) if r.async_op else out
 
     # One rank has no peer: the call path refuses send/recv to this rank before it gets here.
-    def _no_peer(self, *args: Any, **kwargs: Any) -> Work | None:
+    def _no_peer(self, r: Request) -> Work | None:
         raise AssertionError("unreachable: the only rank of a local communicator has no peer")
 
     _send = _recv = _no_peer

@@ -29,7 +29,8 @@ from collectives.errors import CollectiveTimeout, RankFailure
 from collectives.farewell import PeerLeft
 from collectives.launcher import LaunchInfo
 
-from .mpi import MPICommunicator, MPITransport, import_mpi
+from .mpi import MPICommunicator, MPITransport
+from .mpi_channel import import_mpi
 from .mpi_library import library_version
 
 

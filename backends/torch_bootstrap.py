@@ -201,7 +201,7 @@ def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAU
     and hands it to the store, because TCPStore given only a port listens on every interface."""
     import numpy as np  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
-    from collectives.backends.mpi import import_mpi  # noqa: PLC0415
+    from collectives.backends.mpi_channel import import_mpi  # noqa: PLC0415
 
     MPI = import_mpi()
     comm = MPI.COMM_WORLD

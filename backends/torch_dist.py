@@ -22,27 +22,27 @@ Timeouts are torch's own: the communicator's timeout is the process group's (and
 bootstrap store's), and torch's timeout errors become ``CollectiveTimeout``.
 
 How the default process group is made under each launcher, and its security, is
-:mod:`collectives.backends.torch_bootstrap`'s.
+:mod:`collectives.backends.torch_bootstrap`'s; the process group as the transport's channel (its
+rank order, torch's errors, the default check's word, farewells, barriers, release) is
+:mod:`collectives.backends.torch_group`'s :class:`TorchGroup`. This module holds the collectives,
+send/recv and split, and the public :class:`TorchCommunicator`.
+
+Imports: the interface, torch_group and the torch backend's helper modules.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import os
-import re
-import socket
-from collections.abc import Iterator
 from typing import Any
 
-from collectives import arrays, farewell
+from collectives import arrays
 from collectives.arrays import ArrayAdapter
+from collectives.calls import Request
 from collectives.communicator import Communicator
 from collectives.diagnostics import recorder
-from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
-from collectives.transport import Transport
 from collectives.work import Work, deliver
 
 from . import _float_order
@@ -57,64 +57,14 @@ from .torch_bootstrap import (  # noqa: F401  (mpi_shared_tcp_store, store_host:
     store_host,
     torch_timeout,
 )
+from .torch_group import TorchGroup, _group_named
 from .torch_handles import _BatchedP2P, _torch_call, _TorchWork, batches, launch_batch
 
 
-class TorchTransport(Transport):
-    """The transport over a torch.distributed process group (default: the world group)."""
-
-    backend = "torch"
-
-    def __init__(self, group: Any = None, ranks: list[int] | None = None,
-                 local_rank: int | None = None) -> None:
-        """``group``: a torch ProcessGroup (None: the default group). ``ranks``: the
-        group's global ranks in this transport's rank order (None: torch's order)."""
-        import torch  # noqa: PLC0415
-
-        dist = import_torch_distributed()
-        if not dist.is_initialized():
-            raise BackendUnavailable("torch.distributed is not initialized; use "
-                                     "collectives.init('torch') or TorchCommunicator.from_launcher")
-        self._torch = torch
-        self._dist = dist
-        self._group = group
-        group_ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-        # torch orders a group's ranks by global rank; ours may differ (split's key).
-        self._global_ranks = list(group_ranks) if ranks is None else list(ranks)
-        # Position in torch's order for each of our ranks.
-        torch_order = sorted(group_ranks) if ranks is not None else list(group_ranks)
-        self._torch_rank = [torch_order.index(g) for g in self._global_ranks]
-        # Whether our rank order (split's key) differs from torch's order of the group's ranks
-        # (ascending global rank), where torch places rows and blocks: all_gather then puts
-        # the rows in ours, reduce_scatter hands torch x's blocks in its order, and the
-        # collectives whose rows go to or come from given ranks take the emulations.
-        self._reordered = self._torch_rank != list(range(len(self._torch_rank)))
-        # The default check is a CPU all_reduce: a group with no CPU transport (NCCL alone)
-        # checks only with COLLECTIVES_DEBUG=1.
-        self._checks_by_default = str(dist.get_backend(group)).lower() != "nccl"
-        me = self._global_ranks.index(dist.get_rank())
-        if local_rank is None:
-            local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
-        super().__init__(me, len(self._global_ranks), local_rank)
-        # The single-tensor forms (torch >= 2.12 names; the older ones are deprecated there).
-        self._all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        self._reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
-                                       or dist.reduce_scatter_tensor)
-        # The timeout torch enforces on this group (a call's own timeout= may be shorter): the
-        # communicator's when it takes the transport (see attach).
-        self._group_timeout: float | None = None
-        self._farewells_seen = 0  # the count of farewells in the store at the last look
-        self._band = dist.ReduceOp.BAND
-        self._name = "world"  # unique among communicators; split derives its children's
-        self._splits = 0
-        R = dist.ReduceOp
-        self._ops = {ReduceOp.SUM: R.SUM, ReduceOp.AVG: R.SUM, ReduceOp.PROD: R.PRODUCT,
-                     ReduceOp.MIN: R.MIN, ReduceOp.MAX: R.MAX, ReduceOp.BAND: R.BAND,
-                     ReduceOp.BOR: R.BOR, ReduceOp.BXOR: R.BXOR}
-
-    def attach(self, context: Any, timeout: float | None) -> None:
-        super().attach(context, timeout)
-        self._group_timeout = timeout  # the timeout the group was made with (torch enforces it)
+class TorchTransport(TorchGroup):
+    """The transport over a torch.distributed process group (default: the world group): the
+    tensors the collectives take, the collectives, send/recv and split, over
+    :class:`~.torch_group.TorchGroup`."""
 
     @classmethod
     def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> TorchTransport:
@@ -126,39 +76,6 @@ class TorchTransport(Transport):
         if not dist.is_initialized():
             bootstrap_process_group(dist, launch, torch_timeout(config.timeout_seconds(timeout)))
         return cls(local_rank=launch.local_rank)
-
-    def _map_error(self, error: Exception) -> Exception | None:
-        """torch's timeout errors become ``CollectiveTimeout``, its transport failures
-        (a peer's connection closed: it died) ``CollectiveError``; the rest take the
-        default mapping."""
-        if not isinstance(error, RuntimeError):
-            return None
-        text = str(error)
-        first_line = text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
-        lowered = text.lower()
-        # Gloo: "Timed out waiting 5000ms for recv operation to complete"; NCCL's
-        # watchdog: "Watchdog caught collective operation timeout".
-        if "timed out" in lowered or "timeout" in lowered:
-            return self.context.timeout_error(detail="torch: " + first_line)
-        dist_error = getattr(self._dist, "DistError", ())
-        if isinstance(error, dist_error) or any(
-                phrase in lowered for phrase in ("connection closed", "connection reset",
-                                                 "broken pipe", "connection refused")):
-            try:  # a peer that left said so before its connection closed
-                self.context.hear_farewells()
-            except CollectiveError as left:
-                return left
-            except Exception:  # noqa: BLE001 - the store went with that peer
-                pass
-            return CollectiveError(f"{self.context.call_name()} failed in torch.distributed (a peer rank "
-                                   f"may have died): its connection closed, and it left no "
-                                   f"farewell: {first_line}")
-        return None
-
-    @property
-    def process_group(self) -> Any:
-        """The torch ProcessGroup (None means the default group)."""
-        return self._group
 
     # -- tensors ------------------------------------------------------------------------
 
@@ -180,8 +97,8 @@ class TorchTransport(Transport):
         return self._torch.utils.dlpack.from_dlpack(x)
 
     @_torch_call
-    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                    async_op: bool) -> Work | None:
+    def _all_reduce(self, r: Request) -> Work | None:
+        x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
         direct = _DIRECT[dtype].get(op) if adapter is _TORCH else None
         if direct is not None and x.is_contiguous():
             # The common case, kept free of any extra tensor op (each costs microseconds):
@@ -195,7 +112,7 @@ class TorchTransport(Transport):
             return None
         if _negative_strides(x, adapter):  # torch.from_numpy refuses these: reduce a copy
             copy = x.copy()
-            self._all_reduce(copy, adapter, dtype, op, False)
+            self._all_reduce(r._replace(x=copy, async_op=False))
             x[...] = copy
             return Work(x) if async_op else None
         t = self._as_tensor(x, adapter)
@@ -254,15 +171,15 @@ class TorchTransport(Transport):
         staged.copy_(fold_bitwise(self._gather_tensor(staged), op))
 
     @_torch_call
-    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
-                   async_op: bool) -> Work | None:
+    def _broadcast(self, r: Request) -> Work | None:
+        x, adapter, dtype, src, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
         if adapter is _TORCH and dtype not in NARROW_WIRE and x.is_contiguous():
             # dtypes every torch transport moves as they are: no uint8 view to make.
             work = self._dist.broadcast(x, self._global_ranks[src], self._group, async_op)
             return _TorchWork(x, work, None, self) if async_op else None
         if _negative_strides(x, adapter):
             copy = x.copy()
-            self._broadcast(copy, adapter, dtype, src, False)
+            self._broadcast(r._replace(x=copy, async_op=False))
             x[...] = copy
             return Work(x) if async_op else None
         t = self._as_tensor(x, adapter)
@@ -286,8 +203,8 @@ class TorchTransport(Transport):
         self._all_gather_single(flat_bytes(out), flat_bytes(staged), group=self._group)
         return out[self._torch_rank] if self._reordered else out
 
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
-                    async_op: bool = False) -> Any:
+    def _all_gather(self, r: Request) -> Any:
+        x, adapter, dtype, out, async_op = r.x, r.adapter, r.dtype, r.out, r.async_op
         if self._reordered:  # torch's rows, put in our order
             return deliver(adapter, self._all_gather_new(x, adapter, dtype), out, async_op)
         launch_batch()  # (the other paths go through _torch_call, which does too)
@@ -335,21 +252,21 @@ class TorchTransport(Transport):
         finish()
         return value
 
-    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
-                async_op: bool) -> Any:
+    def _gather(self, r: Request) -> Any:
+        x, adapter, dst, out, async_op = r.x, r.adapter, r.root, r.out, r.async_op
         # Empty arrays and a reordered group take the emulation.
         if self._reordered or not math.prod(x.shape):  # (Gloo refuses zero-byte lists)
-            return super()._gather(x, adapter, dtype, dst, out, async_op)
+            return super()._gather(r)
         here = self.rank == dst
         result = (out if out is not None else adapter.empty(x, (self.size, *x.shape))) if here else None
         root = self._global_ranks[dst]
         return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy: self._dist.gather(
             send, list(recv.view(self.size, -1).unbind(0)) if here else None, root, self._group, asy))
 
-    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
-                 async_op: bool) -> Any:
+    def _scatter(self, r: Request) -> Any:
+        x, adapter, src, out, async_op = r.x, r.adapter, r.root, r.out, r.async_op
         if self._reordered or not math.prod(x.shape):  # (Gloo refuses zero-byte lists)
-            return super()._scatter(x, adapter, dtype, src, out, async_op)
+            return super()._scatter(r)
         here = self.rank == src
         result = out if out is not None else adapter.empty(x, tuple(x.shape[1:]))
         root = self._global_ranks[src]
@@ -358,19 +275,19 @@ class TorchTransport(Transport):
                                     recv, list(send.view(self.size, -1).unbind(0)) if here else None,
                                     root, self._group, asy))
 
-    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
-                    async_op: bool) -> Any:
+    def _all_to_all(self, r: Request) -> Any:
+        x, adapter, out, async_op = r.x, r.adapter, r.out, r.async_op
         if self._reordered or not math.prod(x.shape):  # (Gloo refuses zero-byte lists)
-            return super()._all_to_all(x, adapter, dtype, out, async_op)
+            return super()._all_to_all(r)
         result = out if out is not None else adapter.empty(x, tuple(x.shape))
         return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
                                 self._dist.all_to_all_single(recv, send, group=self._group,
                                                              async_op=asy))
 
-    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
-                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
+    def _all_to_all_v(self, r: Request) -> Any:
+        x, adapter, splits, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         if self._reordered:
-            return super()._all_to_all_v(x, adapter, dtype, splits, out, async_op)
+            return super()._all_to_all_v(r)
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
         row = math.prod(x.shape[1:]) * itemsize(x)
@@ -381,11 +298,11 @@ class TorchTransport(Transport):
                                                              async_op=asy))
 
     @_torch_call
-    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
-                async_op: bool) -> Work | None:
+    def _reduce(self, r: Request) -> Work | None:
+        x, adapter, dtype, op, dst, async_op = r.x, r.adapter, r.dtype, r.op, r.root, r.async_op
         direct = _DIRECT[dtype].get(op)
         if direct is None:  # staged dtypes, NaN-ordered MIN/MAX, bitwise on NCCL: emulated
-            return super()._reduce(x, adapter, dtype, op, dst, async_op)
+            return super()._reduce(r)
         t = self._as_tensor(x, adapter)
         here = self.rank == dst
         # Off dst the transport may use its buffer as scratch: it gets a copy (x stays as it was).
@@ -414,8 +331,8 @@ class TorchTransport(Transport):
             return gathered.numpy()
         return _as_cupy(self._torch, gathered)
 
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                        out: Any = None, async_op: bool = False) -> Any:
+    def _reduce_scatter(self, r: Request) -> Any:
+        x, adapter, dtype, op, out, async_op = r.x, r.adapter, r.dtype, r.op, r.out, r.async_op
         return deliver(adapter, self._reduce_scatter_new(x, adapter, dtype, op), out, async_op)
 
     @_torch_call
@@ -461,8 +378,8 @@ class TorchTransport(Transport):
         return _as_cupy(self._torch, out)
 
     @_torch_call
-    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
-              async_op: bool) -> Work | None:
+    def _send(self, r: Request) -> Work | None:
+        x, adapter, dst, tag, async_op = r.x, r.adapter, r.root, r.extra, r.async_op
         t = self._as_tensor(x, adapter)
         staged = flat_bytes(t if t.is_contiguous() else t.contiguous())
         peer = self._global_ranks[dst]
@@ -475,8 +392,8 @@ class TorchTransport(Transport):
         return None
 
     @_torch_call
-    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
-              async_op: bool) -> Work | None:
+    def _recv(self, r: Request) -> Work | None:
+        x, adapter, src, tag, async_op = r.x, r.adapter, r.root, r.extra, r.async_op
         t = self._as_tensor(x, adapter)
         staged = t if t.is_contiguous() else t.contiguous()
         peer = self._global_ranks[src]
@@ -495,77 +412,6 @@ class TorchTransport(Transport):
         finish()
         return None
 
-    def _agree_word(self, word: int) -> int:
-        """One all_reduce (BAND) of one int64 CPU tensor, polled: a peer's farewell is heard
-        while it waits, and a call's own ``timeout=`` (shorter than the group's, which torch
-        enforces) is kept."""
-        flag = self._torch.tensor([word], dtype=self._torch.int64)
-        work = _TorchWork(flag, self._dist.all_reduce(flag, op=self._band, group=self._group,
-                                                      async_op=True), transport=self)
-        self.context.await_work(work, math.inf if self.timeout is None or self.timeout == self._group_timeout
-                    else self.timeout)
-        work.wait()
-        return int(flag[0])
-
-    # -- farewells: keys in torch's store (the default group's) ----------------------------
-
-    def _store(self) -> Any:
-        try:
-            return self._dist.distributed_c10d._get_default_store()
-        except Exception:  # noqa: BLE001 - no default group, or a torch without it
-            return None
-
-    def _tell_peers_left(self, how: int) -> None:
-        store = self._store()
-        if store is not None:  # (host and pid: see farewell.wait_for_departed)
-            store.set(f"collectives/left/{self._name}/{self.rank}",
-                      f"{self.context.call[1]} {how} {socket.gethostname()} {os.getpid()}")
-            store.add(f"collectives/left/{self._name}", 1)
-
-    def _peers_left(self) -> list[tuple[int, int, int]]:
-        store = self._store()
-        if store is None:
-            return []
-        count = store.add(f"collectives/left/{self._name}", 0)
-        if count <= self._farewells_seen:
-            return []
-        self._farewells_seen = count
-        found = []
-        for peer in range(self.size):
-            key = f"collectives/left/{self._name}/{peer}"
-            if peer != self.rank and not self.context.has_left(peer) and store.check([key]):
-                calls, how, host, pid = store.get(key).decode().split()
-                found.append((peer, int(calls), int(how)))
-                farewell.departed.append((host, int(pid)))
-        return found
-
-    def _barrier(self) -> None:
-        # A tiny all_reduce rather than dist.barrier(): it works on every group without
-        # guessing a device, and it completes only when every rank has reached it.
-        launch_batch()
-        flag = self._torch.zeros(1, dtype=self._torch.int32)
-        self._dist.all_reduce(flag, group=self._group)
-
-    def _native_monitored_barrier(self, seconds: float) -> bool:
-        """Gloo's own monitored barrier: a Gloo recv's handle says it completed only once
-        waited for, so the call path's polled one cannot see who arrived."""
-        launch_batch()
-        if self._dist.get_backend(self._group) != "gloo":
-            return False
-        try:
-            self._dist.monitored_barrier(self._group, timeout=torch_timeout(seconds), wait_all_ranks=True)
-        except RuntimeError as error:
-            text = str(error).strip()
-            # "Ranks 1, 2 failed to pass monitoredBarrier in 1000 ms" (global ranks), on rank 0
-            found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", text)
-            if found is None:
-                raise self.context.timeout_error(
-                    detail="rank 0 did not release the barrier: its CollectiveTimeout (or its dump, "
-                           "with COLLECTIVES_TRACE_DIR) names the ranks that never arrived") from error
-            missing = sorted(self._global_ranks.index(int(r)) for r in found.group(1).split(",") if r.strip())
-            raise self.context.timeout_error(
-                detail=f"rank(s) {', '.join(map(str, missing))} never arrived at the barrier") from error
-        return True
 
     def _split(self, color: int | None, key: int) -> TorchTransport | None:
         launch_batch()
@@ -591,13 +437,6 @@ class TorchTransport(Transport):
     def _split_transport(self, group: Any, global_ranks: list[int]) -> TorchTransport:
         """The transport of a split's new group (a fault-tolerant transport's is one too)."""
         return TorchTransport(group, ranks=global_ranks, local_rank=self.local_rank)
-
-    def _close(self) -> None:
-        launch_batch()
-        if self._group is not None and self._dist.is_initialized():
-            if self._group in created_groups:
-                created_groups.remove(self._group)
-            self._dist.destroy_process_group(self._group)
 
 
 class TorchCommunicator(Communicator):
@@ -631,29 +470,6 @@ _DIRECT: dict[str, dict[ReduceOp, ReduceOp]] = {dtype: {op: op for op in allowed
                    if dtype not in NARROW_WIRE and op not in BITWISE
                    and not (dtype.startswith(("float", "bfloat")) and op in _float_order.NAN_ORDERED_OPS)}
            for dtype, allowed in ALLOWED_OPS.items()}
-
-
-@contextlib.contextmanager
-def _group_named(name: str) -> Iterator[None]:
-    """Make torch.distributed's next new_group take ``name`` (see TorchCommunicator._split).
-
-    A patch of torch's private ``_process_group_name`` because torch (2.13) has no public way
-    to name a group: ``new_group`` derives the name from the ranks and from how many groups
-    this process has made (``group_desc`` only describes it), and ``split_group`` likewise."""
-    import torch.distributed.distributed_c10d as c10d  # noqa: PLC0415
-
-    original = getattr(c10d, "_process_group_name", None)
-    if original is None:  # another torch: its own naming
-        yield
-        return
-    def process_group_name(ranks: Any, use_hashed_name: Any) -> Any:
-        return c10d.GroupName(name) if hasattr(c10d, "GroupName") else name
-
-    c10d._process_group_name = process_group_name
-    try:
-        yield
-    finally:
-        c10d._process_group_name = original
 
 
 _clock = recorder.clock

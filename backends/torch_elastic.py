@@ -28,6 +28,7 @@ import time
 from typing import Any
 
 from collectives import arrays, config
+from collectives.calls import ALL_REDUCE, Request
 from collectives.communicator import Communicator
 from collectives.elastic.membership import Membership, Outcome, left_out
 from collectives.errors import BackendUnavailable, CollectiveError, CollectiveMismatch, RankFailure
@@ -200,7 +201,7 @@ class ElasticTorchTransport(TorchTransport):
         import numpy as np  # noqa: PLC0415
 
         seen = np.array([self._membership.joiners_registered()], dtype=np.int64)
-        self._all_reduce(seen, arrays.NUMPY, "int64", ReduceOp.MAX, False)
+        self._all_reduce(Request(ALL_REDUCE, seen, arrays.NUMPY, "int64", ReduceOp.MAX))
         return int(seen[0]) > self._membership.taken(self.generation)
 
     def _admit(self) -> ElasticTorchTransport | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from collectives import arrays
-from collectives.arrays import ArrayAdapter
+from collectives.calls import Request
 from collectives.work import Work
 
 
@@ -191,7 +191,9 @@ def _cupy_stream_as_torch(torch: Any, x: Any) -> Any:
 
 
 def _torch_call(method: Any) -> Any:
-    """Every transport method of the torch backend that takes an array goes through here.
+    """Every transport method of the torch backend that takes an array goes through here: the
+    collectives, which take the call's :class:`~collectives.calls.Request`, and the helpers,
+    which take ``(x, adapter, ...)``.
 
     First this thread's batch of asynchronous CUDA sends/recvs is issued (:func:`launch_batch`),
     except by an asynchronous send/recv, which joins it. Then, for CuPy arrays, ``method``'s
@@ -203,14 +205,20 @@ def _torch_call(method: Any) -> Any:
     joins_batch = method.__name__ in ("_send", "_recv")
 
     @functools.wraps(method)
-    def call(self: Any, x: Any, adapter: ArrayAdapter, *args: Any) -> Any:
-        if not (joins_batch and args[-1]):  # (their last argument is async_op)
+    def call(self: Any, *args: Any) -> Any:
+        first = args[0]
+        if type(first) is Request:
+            x, adapter = first.x, first.adapter
+            if not (joins_batch and first.async_op):
+                launch_batch()
+        else:
+            x, adapter = first, args[1]
             launch_batch()
         if adapter is not arrays.CUPY:
-            return method(self, x, adapter, *args)
+            return method(self, *args)
         torch = self._torch
         with torch.cuda.stream(_cupy_stream_as_torch(torch, x)):
-            result = method(self, x, adapter, *args)
+            result = method(self, *args)
         if isinstance(result, _TorchWork):
             result.stream_at_wait = lambda: _cupy_stream_as_torch(torch, x)
         return result

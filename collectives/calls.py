@@ -8,6 +8,12 @@ ranks compare before it, and which method of the backend does
 the work. Adding a collective is adding a row here and a public method that hands its
 arguments to ``Communicator._run``; the checks, the sequence number, the fingerprint,
 the timeout and the error mapping come with the path, never with the method.
+
+The call path hands the transport one :class:`Request` per call (a record with slots, made
+once per kind of call and refilled per call); the row names the transport's method that takes
+it (:attr:`Call.method`).
+
+Imports: nothing of the package at run time (arrays and ops for annotations only).
 """
 
 from __future__ import annotations
@@ -15,13 +21,12 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .arrays import ArrayAdapter
 
 Shape = tuple[int, ...]
-
-
-def _own_path(*args: Any) -> Any:
-    raise AssertionError("this call has a path of its own; the table does not run it")
 
 
 @dataclass(frozen=True, eq=False, slots=True)
@@ -49,15 +54,70 @@ class Call:
     #: uneven collectives: their rows differ by design): the check before the call compares
     #: only its kind and sequence number.
     counted: bool = False
-    #: Does the work: ``(comm, x, adapter, dtype, op, root, out, async_op, extra)``.
-    #: Calls with a path of their own (barrier, split) keep the default.
-    run: Callable[..., Any] = _own_path
+    #: The name of the :class:`~collectives.transport.Transport` method that does the work,
+    #: given the call's :class:`Request`. Calls with a path of their own (barrier, split): "".
+    method: str = ""
     #: The operation's code in the ranks' fingerprints (collectives.wire): a wire format, so
     #: a new operation takes the next free code and no code ever changes.
     code: int = -1
     #: nccl-tests' bus bandwidth factor is ``bus_steps * (n - 1) / n`` on n ranks (2 for
     #: all_reduce, 1 for the calls that move each rank's block once); 0: a factor of 1.
     bus_steps: int = 0
+
+
+class Request:
+    """One call, as the call path hands it to a transport's method (its row's
+    :attr:`Call.method`), after every check passed.
+
+    A communicator keeps one record per kind of call (row, type and dtype of x, op), made when
+    the kind first passes the checks with what stays the same (the row, the adapter, the dtype,
+    the op); each call refills the rest (x, root, out, async flag, extra) and empties x and
+    out once the method returned: no record to make, so the call path costs no more than
+    positional arguments. A transport reads the record during the call and keeps what it
+    needs, never the record (a handle keeps the arrays). A transport that calls another of its
+    methods makes one with keywords (``Request(ALL_GATHER, x, adapter, dtype)``) or
+    ``request._replace(...)``.
+    """
+
+    __slots__ = ("call", "x", "adapter", "dtype", "op", "root", "out", "async_op", "extra")
+
+    #: The row of the call being run (an emulation's inner call names its own row).
+    call: Call
+    #: The array: reduced or written in place (the rows with ``in_place``), else read.
+    x: Any
+    #: x's :class:`~collectives.arrays.ArrayAdapter`.
+    adapter: ArrayAdapter
+    #: x's dtype name (a key of :data:`collectives.ops.DTYPES`).
+    dtype: str
+    #: The :class:`~collectives.ReduceOp`, allowed on ``dtype`` (the rows that reduce); ``None``
+    #: for the others.
+    op: Any
+    #: The root (``src``/``dst``) or the peer of a send/recv, a valid rank; -1: none.
+    root: int
+    #: Where the result goes (checked shape and dtype), or ``None``: a new array.
+    out: Any
+    #: Return a :class:`~collectives.Work` (a handle) instead of waiting.
+    async_op: bool
+    #: The row's extra argument: the tag (send, recv), every rank's row counts (all_gather_v,
+    #: after the counts exchange), the splits ``splits[i][j]`` (uneven all_to_all, after it).
+    extra: Any
+
+    def __init__(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, op: Any = None,
+                 root: int = -1, out: Any = None, async_op: bool = False, extra: Any = None) -> None:
+        self.call, self.x, self.adapter, self.dtype, self.op = call, x, adapter, dtype, op
+        self.root, self.out, self.async_op, self.extra = root, out, async_op, extra
+
+    def _replace(self, **fields: Any) -> Request:
+        """A new record: this one's fields, ``fields`` changed."""
+        made = Request(self.call, self.x, self.adapter, self.dtype, self.op, self.root, self.out,
+                       self.async_op, self.extra)
+        for name, value in fields.items():
+            setattr(made, name, value)
+        return made
+
+    def __repr__(self) -> str:
+        return (f"Request({self.call.name}, dtype={self.dtype}, op={self.op}, root={self.root}, "
+                f"async_op={self.async_op}, extra={self.extra!r})")
 
 
 # -- shape rules ---------------------------------------------------------------------------
@@ -159,45 +219,35 @@ def same_shape(comm: Any, shape: Shape, extra: Any) -> Shape:
 
 
 # -- the table: one row per collective ------------------------------------------------------
-# Each row's ``run`` maps the call path's arguments to the backend's method:
-# (comm, x, adapter, dtype, reduce_op, root, out, async_op, extra).
+# Each row's ``method`` names the transport's method that takes the call's Request.
 
 ALL_REDUCE = Call(
-    "all_reduce", reduces=True, in_place=True, code=0, bus_steps=2,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._all_reduce(x, a, d, op, asy))
+    "all_reduce", reduces=True, in_place=True, code=0, bus_steps=2, method="_all_reduce")
 BROADCAST = Call(
-    "broadcast", in_place=True, root="src", code=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._broadcast(x, a, d, root, asy))
+    "broadcast", in_place=True, root="src", code=1, method="_broadcast")
 REDUCE = Call(
-    "reduce", reduces=True, in_place=True, root="dst", code=6,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._reduce(x, a, d, op, root, asy))
+    "reduce", reduces=True, in_place=True, root="dst", code=6, method="_reduce")
 ALL_GATHER = Call(
-    "all_gather", out_shape=stacked, code=2, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._all_gather(x, a, d, out, asy))
+    "all_gather", out_shape=stacked, code=2, bus_steps=1, method="_all_gather")
 ALL_GATHER_V = Call(
     "all_gather_v", check=at_least_one_dim("all_gather_v"), counted=True, code=10, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._all_gather_v_counted(x, a, d, out, asy))
+    method="_all_gather_v")
 REDUCE_SCATTER = Call(
     "reduce_scatter", reduces=True, check=rows_divisible, out_shape=block_of_rows, code=3, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._reduce_scatter(x, a, d, op, out, asy))
+    method="_reduce_scatter")
 GATHER = Call(
-    "gather", root="dst", out_shape=stacked, code=7, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._gather(x, a, d, root, out, asy))
+    "gather", root="dst", out_shape=stacked, code=7, bus_steps=1, method="_gather")
 SCATTER = Call(
-    "scatter", root="src", check=rows_equal_size("scatter"), out_shape=one_row, code=8, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._scatter(x, a, d, root, out, asy))
+    "scatter", root="src", check=rows_equal_size("scatter"), out_shape=one_row, code=8, bus_steps=1, method="_scatter")
 ALL_TO_ALL = Call(
-    "all_to_all", check=rows_equal_size("all_to_all"), out_shape=same_shape, code=9, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, extra: c._transport._all_to_all(x, a, d, out, asy))
+    "all_to_all", check=rows_equal_size("all_to_all"), out_shape=same_shape, code=9, bus_steps=1, method="_all_to_all")
 ALL_TO_ALL_V = Call(
     "all_to_all", check=check_splits, counted=True, code=9, bus_steps=1,
-    run=lambda c, x, a, d, op, root, out, asy, splits: c._all_to_all_counted(x, a, d, splits, out, asy))
+    method="_all_to_all_v")
 SEND = Call(
-    "send", root="dst", collective=False, check=peer_and_tag("dst"), code=11,
-    run=lambda c, x, a, d, op, root, out, asy, tag: c._transport._send(x, a, d, root, tag, asy))
+    "send", root="dst", collective=False, check=peer_and_tag("dst"), code=11, method="_send")
 RECV = Call(
-    "recv", in_place=True, root="src", collective=False, check=peer_and_tag("src"), code=12,
-    run=lambda c, x, a, d, op, root, out, asy, tag: c._transport._recv(x, a, d, root, tag, asy))
+    "recv", in_place=True, root="src", collective=False, check=peer_and_tag("src"), code=12, method="_recv")
 BARRIER = Call("barrier", code=4)
 SPLIT = Call("split", code=5)
 

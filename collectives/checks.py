@@ -17,15 +17,16 @@ from typing import Any
 
 from . import arrays
 from .arrays import ArrayAdapter
-from .calls import Call, is_int
+from .calls import Call, Request, is_int
 from .errors import CollectiveError
 from .ops import ReduceOp, check_reduction
 from .transport import Transport
 
 # What a communicator remembers per (row, type(x), x.dtype, op as spelled or None) that
-# passed the checks: (per-array check, fast path, adapter, dtype name, ReduceOp or None).
+# passed the checks: (per-array check, fast path, adapter, dtype name, ReduceOp or None, the
+# kind's request record, the transport's method of the row, bound).
 Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any], bool], ArrayAdapter, str,
-             ReduceOp | None]
+             ReduceOp | None, Request, Callable[[Request], Any]]
 
 # Calls whose out= rows are known only once the counts have travelled (checked then).
 _OUT_SHAPE_AFTER_COUNTS = frozenset({"all_gather_v", "all_to_all"})
@@ -69,7 +70,8 @@ class ArgumentChecks:
         """The full checks of a kind of ``x`` (and ``op``) not seen before by ``call``, and
         what later calls of that kind run (remembered): the per-array check, the backend's
         fast path if it has one (``Transport._fast_path``; in-place collectives only, so its
-        result is ``x``), the adapter, dtype name and ReduceOp."""
+        result is ``x``), the adapter, dtype name and ReduceOp, the kind's request record (see
+        :class:`~collectives.calls.Request`) and the transport's method of the row."""
         adapter, dtype, reduce_op = self.check_kind(x, op, call.reduces, call.in_place)
         fast = self._transport._fast_path(call, adapter, dtype, reduce_op) \
             if call.in_place and call.collective else None
@@ -79,7 +81,8 @@ class ArgumentChecks:
         check: Callable[[Any, bool], Any] = adapter.check_array if fast is None else adapter.host_view
         if self._checks_device:
             check = self.checked_device(check, adapter)
-        plan = (check, fast or _no_fast_path, adapter, dtype, reduce_op)
+        plan = (check, fast or _no_fast_path, adapter, dtype, reduce_op,
+                Request(call, None, adapter, dtype, reduce_op), getattr(self._transport, call.method))
         try:
             self.plans[call, type(x), x.dtype, op] = plan
         except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered

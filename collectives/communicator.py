@@ -479,9 +479,9 @@ class Communicator:
         if async_op is not False and async_op is not True:
             raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
         try:  # a kind of x (type, dtype, and op) that passed the checks before: its plan
-            check, fast, adapter, dtype, reduce_op = self._plans[call, type(x), x.dtype, op]
+            check, fast, adapter, dtype, reduce_op, request, method = self._plans[call, type(x), x.dtype, op]
         except (KeyError, TypeError, AttributeError):  # a new kind: its full checks, its plan
-            check, fast, adapter, dtype, reduce_op = self._plan(call, x, op)
+            check, fast, adapter, dtype, reduce_op, request, method = self._plan(call, x, op)
         # What can differ between two arrays of one kind, checked on every call; the first
         # call of a kind runs the same route as the later ones (the backend's fast path too).
         view = check(x, call.in_place)
@@ -512,8 +512,12 @@ class Communicator:
                 result = x  # the backend's fast path ran it (see _fast_path)
             elif self.debug and not call.collective:
                 result = self._p2p.run(call, x, adapter, dtype, root, async_op, extra)
-            else:
-                result = call.run(self, x, adapter, dtype, reduce_op, root, out, async_op, extra)
+            else:  # the transport's method of the row, given the kind's record refilled (calls.Request)
+                request.x, request.root, request.out, request.async_op, request.extra = x, root, out, async_op, extra
+                if call.counted:  # the uneven rows: the counts exchange puts every rank's in extra
+                    emulations.counted(self, request)
+                result = method(request)
+                request.x = request.out = None  # (the record keeps no array alive)
         except Exception as error:
             self._raise_failed(record, error)
         if record is not None:
@@ -530,10 +534,6 @@ class Communicator:
                     self._handles.keep_p2p(result)
             return result
         return x if call.in_place else result
-
-    # The uneven rows' runs: the counts exchange, then the transport's _all_gather_v / _all_to_all_v.
-    _all_gather_v_counted = emulations.all_gather_v_counted
-    _all_to_all_counted = emulations.all_to_all_counted
 
     def _raise_failed(self, record: list[Any] | None, error: Exception) -> NoReturn:
         """Raise what ``error``, raised inside the call of ``record``, becomes (the record marked

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from .arrays import ArrayAdapter
-from .calls import SEND, Call
+from .calls import RECV, SEND, Call, Request
 from .errors import CollectiveError
 from .transport import Transport
 from .work import AllOf, KeptHandles, Work
@@ -37,7 +37,8 @@ class _CheckedRecv(Work):
         transport = p2p.transport
         self._header_work = transport._recv_small(self._theirs, src, tag)
         self._staging = adapter.empty(x, tuple(x.shape))
-        self._payload = transport._recv(self._staging, adapter, dtype, src, tag, True) or Work(self._staging)
+        self._payload = transport._recv(Request(RECV, self._staging, adapter, dtype, root=src, async_op=True,
+                                                 extra=tag)) or Work(self._staging)
         self._done = False
         self._error: Exception | None = None
         # An error the payload's handle raised while polled (it raises it only once).
@@ -111,7 +112,8 @@ class CheckedPointToPoint:
         header = p2p_header(dtype, tuple(x.shape), tag, _nbytes(x))
         if call is SEND:
             sent = self.transport._send_small(header, peer, tag)
-            payload = self.transport._send(x, adapter, dtype, peer, tag, async_op)
+            payload = self.transport._send(Request(SEND, x, adapter, dtype, root=peer, async_op=async_op,
+                                                    extra=tag))
             if async_op:
                 return AllOf((sent, payload))
             if type(sent) is not Work:  # completes later: kept like a dropped p2p handle
@@ -125,12 +127,12 @@ class CheckedPointToPoint:
         self.transport._recv_small(theirs, peer, tag).wait()
         error = p2p_mismatch(header, theirs, self.comm, peer, tag)
         if error is None:
-            self.transport._recv(x, adapter, dtype, peer, tag, False)
+            self.transport._recv(Request(RECV, x, adapter, dtype, root=peer, extra=tag))
             return None
         # Take the payload anyway, into scratch memory of the size the header says, so
         # that the stream stays in step; x is untouched.
         scratch = self.transport._scratch_bytes(x, adapter, p2p_nbytes(theirs))
-        self.transport._recv(scratch, adapter, "uint8", peer, tag, False)
+        self.transport._recv(Request(RECV, scratch, adapter, "uint8", root=peer, extra=tag))
         raise error
 
 

@@ -8,7 +8,8 @@ backend overrides one where its transport has the call. The uneven collectives f
 every rank's counts (:func:`rows_of_everyone`, run by the call path before the transport's
 method), so a disagreement is the same ``ValueError`` on every rank before any of the data moves.
 
-Imports: the array adapters, :class:`~collectives.work.Work` and the wire headers.
+Imports: the array adapters, the call table (its rows and :class:`~collectives.calls.Request`),
+:class:`~collectives.work.Work` and the wire headers.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .arrays import ArrayAdapter
-from .ops import ReduceOp
+from .calls import ALL_GATHER, ALL_GATHER_V, ALL_REDUCE, BROADCAST, Request
 from .wire import header_rows, header_splits, uneven_header, uneven_mismatch
 from .work import Work
 
@@ -38,84 +39,80 @@ def rows_of_everyone(comm: Any, x: Any, dtype: str, out: Any, splits: Sequence[i
     return everyone
 
 
-def all_gather_v_counted(comm: Any, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
-                         async_op: bool) -> Any:
-    """all_gather_v: the counts exchange, then the transport's ``_all_gather_v``."""
-    counts = header_rows(rows_of_everyone(comm, x, dtype, out, None))
-    return comm._transport._all_gather_v(x, adapter, dtype, counts, out, async_op)
-
-
-def all_to_all_counted(comm: Any, x: Any, adapter: ArrayAdapter, dtype: str,
-                       send_splits: Sequence[int], out: Any, async_op: bool) -> Any:
-    """Uneven all_to_all: the counts exchange, then the transport's ``_all_to_all_v``."""
-    splits = header_splits(rows_of_everyone(comm, x, dtype, out, send_splits), comm.size)
-    return comm._transport._all_to_all_v(x, adapter, dtype, splits, out, async_op)
+def counted(comm: Any, r: Request) -> None:
+    """The uneven rows' counts exchange, run by the call path before the transport's method:
+    ``r.extra`` becomes every rank's row counts (all_gather_v) or the splits ``splits[i][j]``
+    (uneven all_to_all, from each rank's ``send_splits``)."""
+    if r.call is ALL_GATHER_V:
+        r.extra = header_rows(rows_of_everyone(comm, r.x, r.dtype, r.out, None))
+    else:
+        r.extra = header_splits(rows_of_everyone(comm, r.x, r.dtype, r.out, r.extra), comm.size)
 
 
 # -- emulations: correct on any transport, from its other methods -----------------------------
 
 
-def reduce(transport: Any, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
-           async_op: bool) -> Work | None:
+def reduce(transport: Any, r: Request) -> Work | None:
     """Reduce into ``x`` on ``dst``. Emulated: all_reduce of a copy, kept on ``dst``."""
+    x, adapter = r.x, r.adapter
     copy = adapter.empty(x, tuple(x.shape))
     adapter.copy_(copy, x)
-    transport._all_reduce(copy, adapter, dtype, op, False)
-    if transport.rank == dst:
+    transport._all_reduce(Request(ALL_REDUCE, copy, adapter, r.dtype, r.op))
+    if transport.rank == r.root:
         adapter.copy_(x, copy)
-    return Work(x) if async_op else None
+    return Work(x) if r.async_op else None
 
 
-def gather(transport: Any, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
-           async_op: bool) -> Any:
+def gather(transport: Any, r: Request) -> Any:
     """``(size, *x.shape)`` on ``dst``, ``None`` elsewhere. Emulated: all_gather."""
-    gathered = transport._all_gather(x, adapter, dtype, out if transport.rank == dst else None, False)
-    result = gathered if transport.rank == dst else None
-    return Work(result) if async_op else result
+    here = transport.rank == r.root
+    gathered = transport._all_gather(Request(ALL_GATHER, r.x, r.adapter, r.dtype,
+                                             out=r.out if here else None))
+    result = gathered if here else None
+    return Work(result) if r.async_op else result
 
 
-def scatter(transport: Any, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
-             async_op: bool) -> Any:
+def scatter(transport: Any, r: Request) -> Any:
     """Row ``rank`` of ``src``'s ``x``. Emulated: broadcast of a copy (x stays untouched)."""
+    x, adapter = r.x, r.adapter
     copy = adapter.empty(x, tuple(x.shape))
     adapter.copy_(copy, x)
-    transport._broadcast(copy, adapter, dtype, src, False)
-    result = _into(adapter, out, copy[transport.rank])
-    return Work(result) if async_op else result
+    transport._broadcast(Request(BROADCAST, copy, adapter, r.dtype, root=r.root))
+    result = _into(adapter, r.out, copy[transport.rank])
+    return Work(result) if r.async_op else result
 
 
-def all_to_all(transport: Any, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
-                async_op: bool) -> Any:
+def all_to_all(transport: Any, r: Request) -> Any:
     """Row ``j`` of the result is rank ``j``'s row ``rank``. Emulated: all_gather."""
-    gathered = transport._all_gather(x, adapter, dtype, None, False)
-    result = _into(adapter, out, gathered[:, transport.rank])
-    return Work(result) if async_op else result
+    gathered = transport._all_gather(Request(ALL_GATHER, r.x, r.adapter, r.dtype))
+    result = _into(r.adapter, r.out, gathered[:, transport.rank])
+    return Work(result) if r.async_op else result
 
 
-def all_gather_v(transport: Any, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
-                  out: Any, async_op: bool) -> Any:
+def all_gather_v(transport: Any, r: Request) -> Any:
     """``(concatenation, counts)``. Emulated: all_gather of x padded to the most rows."""
+    x, adapter, counts, out = r.x, r.adapter, r.extra, r.out
     most = max(counts)
     padded = adapter.empty(x, (most, *x.shape[1:]))
     if x.shape[0]:
         adapter.copy_(padded[:x.shape[0]], x)
-    gathered = transport._all_gather(padded, adapter, dtype, None, False)
+    gathered = transport._all_gather(Request(ALL_GATHER, padded, adapter, r.dtype))
     result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
     start = 0
     for rank, count in enumerate(counts):
         if count:
             adapter.copy_(result[start:start + count], gathered[rank, :count])
         start += count
-    return Work((result, counts)) if async_op else (result, counts)
+    return Work((result, counts)) if r.async_op else (result, counts)
 
 
-def all_to_all_v(transport: Any, x: Any, adapter: ArrayAdapter, dtype: str,
-                  splits: list[list[int]], out: Any, async_op: bool) -> Any:
+def all_to_all_v(transport: Any, r: Request) -> Any:
     """Uneven all_to_all; ``splits[i][j]`` is how many rows rank ``i`` sends to rank ``j``
     (so this rank sends ``splits[rank]`` and receives ``[s[rank] for s in splits]``).
     Emulated: all_gather_v of x, then each rank keeps the rows addressed to it."""
+    x, adapter, splits, out = r.x, r.adapter, r.extra, r.out
     rows = [sum(row) for row in splits]
-    everyone, _ = transport._all_gather_v(x, adapter, dtype, rows, None, False)
+    everyone, _ = transport._all_gather_v(Request(ALL_GATHER_V, x, adapter, r.dtype, extra=rows))
     received = [row[transport.rank] for row in splits]
     result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
     position = offset = 0
@@ -125,7 +122,7 @@ def all_to_all_v(transport: Any, x: Any, adapter: ArrayAdapter, dtype: str,
             adapter.copy_(result[position:position + count], everyone[start:start + count])
         position += count
         offset += rows[sender]
-    return Work(result) if async_op else result
+    return Work(result) if r.async_op else result
 
 
 def _into(adapter: ArrayAdapter, out: Any, value: Any) -> Any:

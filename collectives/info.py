@@ -94,7 +94,7 @@ def cupy_report() -> dict[str, Any]:
         return {"usable": False, "why": "cupy is not installed (pip install 'pycollectives[cupy]', "
                                         "i.e. cupy-cuda13x; cupy-cuda12x for CUDA 12)"}
     try:
-        from collectives.backends.cupy_nccl import import_cupy_nccl  # noqa: PLC0415
+        from collectives.backends.cupy_channel import import_cupy_nccl  # noqa: PLC0415
         from collectives.backends.cupy_plans import decode_nccl_version  # noqa: PLC0415
 
         cupy, nccl = import_cupy_nccl()

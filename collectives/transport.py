@@ -10,15 +10,17 @@ collectives default to correct emulations, :mod:`collectives.emulations`). Its p
 class (``MPICommunicator``, ...) is a thin :class:`~collectives.Communicator` subclass that
 builds the transport.
 
-The call path calls these methods only with arguments that passed every check: ``x`` is
-an array of a known kind, ``adapter`` is its :class:`~collectives.arrays.ArrayAdapter`,
-``dtype`` its dtype name, ``op`` a :class:`~collectives.ReduceOp` allowed on that dtype,
-roots and peers are valid ranks. What a transport may ask of the communicator that holds
+Each collective takes one :class:`~collectives.calls.Request` (the call's row, the array,
+its adapter and dtype, the op, the root, ``out``, the async flag, the row's extra argument),
+made by the call path only after every check passed: ``x`` is an array of a known kind,
+``adapter`` is its :class:`~collectives.arrays.ArrayAdapter`, ``dtype`` its dtype name,
+``op`` a :class:`~collectives.ReduceOp` allowed on that dtype, roots and peers are valid
+ranks. What a transport may ask of the communicator that holds
 it (the running call, its deadline's error, the peers that left) is its
 :attr:`Transport.context`, a :class:`CallContext`; the communicator keeps
 :attr:`Transport.timeout` up to date. docs/architecture.md has the picture and an example.
 
-Imports: arrays, emulations, ops, work (never the communicator).
+Imports: arrays, calls, emulations, ops, work (never the communicator).
 """
 
 from __future__ import annotations
@@ -30,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 
 from . import arrays, emulations
 from .arrays import ArrayAdapter
+from .calls import ALL_GATHER, ALL_REDUCE, RECV, SEND, Call, Request
 from .ops import ReduceOp
 from .work import Work
 
 if TYPE_CHECKING:
-    from .calls import Call
     from .errors import RankFailure
     from .launcher import LaunchInfo
 
@@ -121,78 +123,80 @@ class Transport(abc.ABC):
         run under that launcher or its transport is missing.
         """
 
-    @abc.abstractmethod
-    def _all_reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                    async_op: bool) -> Work | None:
-        """Reduce in place; return a Work when ``async_op``."""
+    # Each collective takes the call's one Request (collectives.calls.Request): ``r.x`` the
+    # array, ``r.adapter`` its adapter, ``r.dtype`` its dtype name, ``r.op`` the reduce op,
+    # ``r.root`` the root or peer, ``r.out`` the array for the result (or None), ``r.async_op``,
+    # ``r.extra`` the row's extra argument. "A Work when async_op": a handle whose ``wait()``
+    # returns what the blocking call returns.
 
     @abc.abstractmethod
-    def _broadcast(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int,
-                   async_op: bool) -> Work | None:
-        """Broadcast in place; return a Work when ``async_op``."""
+    def _all_reduce(self, r: Request) -> Work | None:
+        """Reduce ``r.x`` (any shape) over the ranks with ``r.op``, in place; a Work when
+        ``r.async_op``."""
 
     @abc.abstractmethod
-    def _all_gather(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any = None,
-                    async_op: bool = False) -> Any:
-        """Return the gathered ``(size, *x.shape)`` array (``out`` when given, its shape
-        checked), or a Work whose ``wait()`` returns it."""
+    def _broadcast(self, r: Request) -> Work | None:
+        """Copy rank ``r.root``'s ``r.x`` into every rank's ``r.x`` (same shape everywhere), in
+        place; a Work when ``r.async_op``."""
 
     @abc.abstractmethod
-    def _reduce_scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
-                        out: Any = None, async_op: bool = False) -> Any:
-        """Return this rank's reduced block (shape already checked), into ``out`` when given,
-        or a Work whose ``wait()`` returns it."""
+    def _all_gather(self, r: Request) -> Any:
+        """Return every rank's ``r.x`` stacked, a new ``(size, *x.shape)`` array (``r.out`` when
+        given, its shape checked); ``r.x`` untouched. A Work when ``r.async_op``."""
 
     @abc.abstractmethod
-    def _send(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, tag: int,
-              async_op: bool) -> Work | None:
-        """Send ``x`` to ``dst`` (another rank); a Work when ``async_op``."""
+    def _reduce_scatter(self, r: Request) -> Any:
+        """Return this rank's block of ``x.shape[0] // size`` rows of ``r.x`` reduced with
+        ``r.op`` over the ranks (``x.shape[0]`` divisible by size, checked), a new array or
+        ``r.out``; ``r.x`` untouched. A Work when ``r.async_op``."""
 
     @abc.abstractmethod
-    def _recv(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, tag: int,
-              async_op: bool) -> Work | None:
-        """Receive into ``x`` from ``src`` (another rank); a Work when ``async_op``."""
+    def _send(self, r: Request) -> Work | None:
+        """Send ``r.x`` to rank ``r.root`` (another rank) with tag ``r.extra``; ``r.x``
+        untouched. A Work when ``r.async_op``."""
+
+    @abc.abstractmethod
+    def _recv(self, r: Request) -> Work | None:
+        """Receive into ``r.x`` (in place, the sender's shape and dtype) from rank ``r.root``
+        with tag ``r.extra``; a Work when ``r.async_op``."""
 
     # -- collectives a transport may lack: correct emulations from the methods above
     # -- (collectives/emulations.py), overridden where the transport has the call -----------
 
-    def _reduce(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp, dst: int,
-                async_op: bool) -> Work | None:
-        """Reduce in place into ``x`` on ``dst`` (the other ranks' ``x`` untouched); a Work
-        when ``async_op``. Default: all_reduce of a copy."""
-        return emulations.reduce(self, x, adapter, dtype, op, dst, async_op)
+    def _reduce(self, r: Request) -> Work | None:
+        """Reduce into ``r.x`` in place on rank ``r.root`` with ``r.op``; the other ranks'
+        ``r.x`` untouched. A Work when ``r.async_op``. Default: all_reduce of a copy."""
+        return emulations.reduce(self, r)
 
-    def _gather(self, x: Any, adapter: ArrayAdapter, dtype: str, dst: int, out: Any,
-                async_op: bool) -> Any:
-        """``(size, *x.shape)`` on ``dst`` (``out`` there when given), ``None`` elsewhere; a
-        Work whose ``wait()`` returns it when ``async_op``. Default: all_gather."""
-        return emulations.gather(self, x, adapter, dtype, dst, out, async_op)
+    def _gather(self, r: Request) -> Any:
+        """``(size, *x.shape)`` on rank ``r.root`` (``r.out`` there when given), ``None``
+        elsewhere; ``r.x`` untouched. A Work when ``r.async_op``. Default: all_gather."""
+        return emulations.gather(self, r)
 
-    def _scatter(self, x: Any, adapter: ArrayAdapter, dtype: str, src: int, out: Any,
-                 async_op: bool) -> Any:
-        """Row ``rank`` of ``src``'s ``(size, *rest)`` ``x``, a new ``rest`` array (or ``out``);
-        ``x`` untouched. Default: broadcast of a copy."""
-        return emulations.scatter(self, x, adapter, dtype, src, out, async_op)
+    def _scatter(self, r: Request) -> Any:
+        """Row ``rank`` of rank ``r.root``'s ``(size, *rest)`` ``r.x``, a new ``rest`` array (or
+        ``r.out``); ``r.x`` untouched. A Work when ``r.async_op``. Default: broadcast of a copy."""
+        return emulations.scatter(self, r)
 
-    def _all_to_all(self, x: Any, adapter: ArrayAdapter, dtype: str, out: Any,
-                    async_op: bool) -> Any:
-        """Row ``j`` of the new ``x.shape`` result (or ``out``) is rank ``j``'s row ``rank``.
-        Default: all_gather."""
-        return emulations.all_to_all(self, x, adapter, dtype, out, async_op)
+    def _all_to_all(self, r: Request) -> Any:
+        """Row ``j`` of the new ``x.shape`` result (or ``r.out``) is rank ``j``'s row ``rank`` of
+        its ``(size, ...)`` ``r.x``; ``r.x`` untouched. A Work when ``r.async_op``. Default:
+        all_gather."""
+        return emulations.all_to_all(self, r)
 
-    def _all_gather_v(self, x: Any, adapter: ArrayAdapter, dtype: str, counts: list[int],
-                      out: Any, async_op: bool) -> Any:
-        """``(concatenation, counts)``: every rank's ``x`` (``counts[r]`` rows from rank ``r``,
-        agreed by the call path's counts exchange) along dimension 0, into ``out`` when
-        given. Default: all_gather of x padded to the most rows."""
-        return emulations.all_gather_v(self, x, adapter, dtype, counts, out, async_op)
+    def _all_gather_v(self, r: Request) -> Any:
+        """``(concatenation, counts)``: every rank's ``r.x`` (``counts[i]`` rows from rank ``i``,
+        ``counts = r.extra``, agreed by the call path's counts exchange) along dimension 0, a new
+        array or ``r.out``; ``r.x`` untouched. A Work when ``r.async_op``. Default: all_gather
+        of x padded to the most rows."""
+        return emulations.all_gather_v(self, r)
 
-    def _all_to_all_v(self, x: Any, adapter: ArrayAdapter, dtype: str,
-                      splits: list[list[int]], out: Any, async_op: bool) -> Any:
-        """Uneven all_to_all; ``splits[i][j]`` is how many rows rank ``i`` sends to rank ``j``
-        (agreed by the counts exchange); the result is what every rank sent here, in rank
-        order. Default: all_gather_v, each rank keeping the rows addressed to it."""
-        return emulations.all_to_all_v(self, x, adapter, dtype, splits, out, async_op)
+    def _all_to_all_v(self, r: Request) -> Any:
+        """Uneven all_to_all; ``splits[i][j]`` (``splits = r.extra``, agreed by the counts
+        exchange) is how many rows rank ``i`` sends to rank ``j``; the result (new, or
+        ``r.out``) is what every rank sent here, in rank order; ``r.x`` untouched. A Work when
+        ``r.async_op``. Default: all_gather_v, each rank keeping the rows addressed to it."""
+        return emulations.all_to_all_v(self, r)
 
     @abc.abstractmethod
     def _barrier(self) -> None:
@@ -230,7 +234,7 @@ class Transport(abc.ABC):
         """For backends: a callable ``(view, root)`` that runs the in-place collective
         ``call`` on ``view``, the C-contiguous numpy array of a host ``x`` of this kind
         (``adapter.host_view``), blocking; it returns ``False`` when it cannot take that
-        array (the row's general ``run`` then does). ``None``: no fast path for this kind.
+        array (the transport's method of the row then does). ``None``: no fast path for this kind.
         Called once per kind, after every check of the call path has passed; the fast path
         runs after the checks, the sequence number and the fingerprint of each call."""
         return None
@@ -240,7 +244,7 @@ class Transport(abc.ABC):
         ``(size, len)`` array: the fingerprints of debug mode and the counts of the uneven
         collectives travel this way. Backends whose transport takes no host memory
         override it (the vector goes through device memory)."""
-        return self._all_gather(vector, arrays.NUMPY, "int64", None, False)
+        return self._all_gather(Request(ALL_GATHER, vector, arrays.NUMPY, "int64"))
 
     #: Whether the default check (``COLLECTIVES_DEBUG`` unset) runs on this transport. A
     #: transport whose :meth:`_agree_word` would synchronize a device stream on every call
@@ -254,7 +258,7 @@ class Transport(abc.ABC):
         import numpy as np  # noqa: PLC0415
 
         vector = np.array([word], dtype=np.int64)
-        self._all_reduce(vector, arrays.NUMPY, "int64", ReduceOp.BAND, False)
+        self._all_reduce(Request(ALL_REDUCE, vector, arrays.NUMPY, "int64", ReduceOp.BAND))
         return int(vector[0])
 
     def _tell_peers_left(self, how: int) -> None:
@@ -274,18 +278,20 @@ class Transport(abc.ABC):
         the transport only has the blocking form (then :meth:`_exchange_small` runs)."""
         if type(self)._exchange_small is not Transport._exchange_small:
             return None  # a transport of its own for small vectors (device memory)
-        work: Work = self._all_gather(vector, arrays.NUMPY, "int64", None, True)
+        work: Work = self._all_gather(Request(ALL_GATHER, vector, arrays.NUMPY, "int64", async_op=True))
         return work
 
     def _send_small(self, vector: Any, dst: int, tag: int) -> Work:
         """Send a small int64 numpy vector to ``dst``, nonblocking (the debug-mode header of a
         send). Backends whose transport takes no host memory override it and
         :meth:`_recv_small`."""
-        return self._send(vector, arrays.NUMPY, "int64", dst, tag, True) or Work(vector)
+        return self._send(Request(SEND, vector, arrays.NUMPY, "int64", root=dst, async_op=True,
+                                  extra=tag)) or Work(vector)
 
     def _recv_small(self, vector: Any, src: int, tag: int) -> Work:
         """Receive into a small int64 numpy vector from ``src``, nonblocking."""
-        return self._recv(vector, arrays.NUMPY, "int64", src, tag, True) or Work(vector)
+        return self._recv(Request(RECV, vector, arrays.NUMPY, "int64", root=src, async_op=True,
+                                  extra=tag)) or Work(vector)
 
     def _scratch_bytes(self, x: Any, adapter: ArrayAdapter, nbytes: int) -> Any:
         """``nbytes`` of uninitialized uint8 memory of x's kind and device (where a debug-mode

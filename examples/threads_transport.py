@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from collectives import Communicator, ReduceOp, Work
+from collectives.calls import Request
 from collectives.errors import BackendUnavailable
 from collectives.transport import Transport
 
@@ -81,35 +82,34 @@ class ThreadsTransport(Transport):
         if not isinstance(x, np.ndarray):
             raise TypeError(f"the threads backend takes numpy arrays; got {type(x).__name__}")
 
-    def _all_reduce(self, x: Any, adapter: Any, dtype: str, op: ReduceOp, async_op: bool) -> Any:
-        result = functools.reduce(UFUNCS[op], self.room.exchange(self.rank, x.copy()))
-        x[...] = result / self.size if op is ReduceOp.AVG else result
-        return Work(x) if async_op else None
+    def _all_reduce(self, r: Request) -> Any:
+        result = functools.reduce(UFUNCS[r.op], self.room.exchange(self.rank, r.x.copy()))
+        r.x[...] = result / self.size if r.op is ReduceOp.AVG else result
+        return Work(r.x) if r.async_op else None
 
-    def _broadcast(self, x: Any, adapter: Any, dtype: str, src: int, async_op: bool) -> Any:
-        x[...] = self.room.exchange(self.rank, x.copy())[src]
-        return Work(x) if async_op else None
+    def _broadcast(self, r: Request) -> Any:
+        r.x[...] = self.room.exchange(self.rank, r.x.copy())[r.root]
+        return Work(r.x) if r.async_op else None
 
-    def _all_gather(self, x: Any, adapter: Any, dtype: str, out: Any = None, async_op: bool = False) -> Any:
-        gathered = np.stack(self.room.exchange(self.rank, x.copy()), out=out)
-        return Work(gathered) if async_op else gathered
+    def _all_gather(self, r: Request) -> Any:
+        gathered = np.stack(self.room.exchange(self.rank, r.x.copy()), out=r.out)
+        return Work(gathered) if r.async_op else gathered
 
-    def _reduce_scatter(self, x: Any, adapter: Any, dtype: str, op: ReduceOp, out: Any = None,
-                        async_op: bool = False) -> Any:
-        whole = np.ascontiguousarray(x).copy()
-        self._all_reduce(whole, adapter, dtype, op, False)
+    def _reduce_scatter(self, r: Request) -> Any:
+        whole = np.ascontiguousarray(r.x).copy()
+        self._all_reduce(r._replace(x=whole, async_op=False))
         block = np.array_split(whole, self.size)[self.rank]
-        result = block.copy() if out is None else out
+        result = block.copy() if r.out is None else r.out
         result[...] = block
-        return Work(result) if async_op else result
+        return Work(result) if r.async_op else result
 
-    def _send(self, x: Any, adapter: Any, dtype: str, dst: int, tag: int, async_op: bool) -> Any:
-        self.room.box(self.rank, dst, tag).put(x.copy())
-        return Work(None) if async_op else None
+    def _send(self, r: Request) -> Any:
+        self.room.box(self.rank, r.root, r.extra).put(r.x.copy())
+        return Work(None) if r.async_op else None
 
-    def _recv(self, x: Any, adapter: Any, dtype: str, src: int, tag: int, async_op: bool) -> Any:
-        work = Receive(x, self.room.box(src, self.rank, tag))
-        return work if async_op else work.wait() and None
+    def _recv(self, r: Request) -> Any:
+        work = Receive(r.x, self.room.box(r.root, self.rank, r.extra))
+        return work if r.async_op else work.wait() and None
 
     def _barrier(self) -> None:
         self.room.exchange(self.rank, None)

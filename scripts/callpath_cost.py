@@ -4,7 +4,9 @@
     mpiexec -n 2 python scripts/callpath_cost.py
 
 Times ``all_reduce`` and ``broadcast`` of 4 bytes (float32) on numpy arrays and CPU torch
-tensors, ours against raw mpi4py on the same buffer (for a tensor: ``t.numpy()`` each call,
+tensors (``--ops`` adds ``all_gather`` and ``reduce_scatter``, whose calls take the general
+route: the transport's method given the call's request, where all_reduce and broadcast take the
+backend's fast path), ours against raw mpi4py on the same buffer (for a tensor: ``t.numpy()`` each call,
 as a raw caller writes it), with the default timeout (nonblocking call polled against a
 deadline) and with ``timeout=0`` (blocking MPI calls); at the default timeout also with the
 flight recorder off (``COLLECTIVES_TRACE_SIZE=0``), on (the default) and on with the call
@@ -36,6 +38,13 @@ def per_call_us(fn, calls: int) -> float:
 
 def raw_call(op: str, x, comm) -> callable:
     IN_PLACE, FLOAT, SUM = MPI.IN_PLACE, MPI.FLOAT, MPI.SUM
+    if op == "all_gather":
+        out = np.empty((comm.size, *x.shape), np.float32)
+        return lambda: comm.Allgather([x if isinstance(x, np.ndarray) else x.numpy(), FLOAT], [out, FLOAT])
+    if op == "reduce_scatter":
+        out = np.empty(x.shape[0] // comm.size, np.float32)
+        return lambda: comm.Reduce_scatter_block([x if isinstance(x, np.ndarray) else x.numpy(), FLOAT],
+                                                 [out, FLOAT], SUM)
     if isinstance(x, np.ndarray):
         if op == "all_reduce":
             return lambda: comm.Allreduce(IN_PLACE, [x, FLOAT], SUM)
@@ -45,11 +54,19 @@ def raw_call(op: str, x, comm) -> callable:
     return lambda: comm.Bcast([x.numpy(), FLOAT], 0)
 
 
+def ours_call(op: str, x, comm) -> callable:
+    if op == "broadcast":
+        return lambda: comm.broadcast(x, 0)
+    return lambda: getattr(comm, op)(x)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20000, help="calls per round")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--ops", default="all_reduce,broadcast",
+                        help="comma-separated, of all_reduce, broadcast, all_gather, reduce_scatter")
     args = parser.parse_args()
     world = MPI.COMM_WORLD
     rows = []
@@ -66,10 +83,10 @@ def main() -> None:
         os.environ.update(saved)
     raw_comm = world.Dup()
     for kind in ("numpy", "torch"):
-        for op in ("all_reduce", "broadcast"):
-            x = np.ones(1, np.float32) if kind == "numpy" else torch.ones(1)
-            fns = {variant: (lambda c=comm, x=x: c.all_reduce(x)) if op == "all_reduce" else
-                   (lambda c=comm, x=x: c.broadcast(x, 0)) for variant, comm in comms.items()}
+        for op in args.ops.split(","):
+            rows_of_x = world.size if op == "reduce_scatter" else 1  # (one float per rank then)
+            x = np.ones(rows_of_x, np.float32) if kind == "numpy" else torch.ones(rows_of_x)
+            fns = {variant: ours_call(op, x, comm) for variant, comm in comms.items()}
             fns["raw"] = raw_call(op, x, raw_comm)
             best = {name: float("inf") for name in fns}
             for _ in range(args.rounds):  # interleaved: every variant in every round

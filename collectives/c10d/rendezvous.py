@@ -60,7 +60,8 @@ def rendezvous_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     if launch.size == 1:
         kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
     elif launch.is_mpi_launcher:
-        from collectives.backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
+        from collectives.backends.mpi import install_abort_on_uncaught_exception  # noqa: PLC0415
+        from collectives.backends.mpi_channel import import_mpi  # noqa: PLC0415
 
         install_abort_on_uncaught_exception(import_mpi())
         kwargs.update(store=mpi_shared_store(launch, timeout), rank=launch.rank, world_size=launch.size)
@@ -119,7 +120,8 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
     if name == "mpi" and size > 1 and elastic is None:
         # init_process_group wraps sys.excepthook (to prefix tracebacks with the rank): ours goes
         # around it again, so that an uncaught exception on one rank ends the job (MPI_Abort).
-        from collectives.backends.mpi import import_mpi, install_abort_on_uncaught_exception  # noqa: PLC0415
+        from collectives.backends.mpi import install_abort_on_uncaught_exception  # noqa: PLC0415
+        from collectives.backends.mpi_channel import import_mpi  # noqa: PLC0415
 
         install_abort_on_uncaught_exception(import_mpi())
     return pg
@@ -192,8 +194,9 @@ def _cupy_communicator(store: Any, rank: int, size: int) -> Communicator:
     """An NCCL communicator over the group's ranks, its id made by the group's rank 0 and
     handed to the others through torch's store (CUDA device: ``LOCAL_RANK`` % devices, or
     the one ``torch.cuda.set_device`` chose)."""
+    from collectives.backends.cupy_channel import import_cupy_nccl  # noqa: PLC0415
     from collectives.backends.cupy_id import comm_id_argument, id_to_bytes  # noqa: PLC0415
-    from collectives.backends.cupy_nccl import CupyNcclCommunicator, import_cupy_nccl  # noqa: PLC0415
+    from collectives.backends.cupy_nccl import CupyNcclCommunicator  # noqa: PLC0415
 
     cupy, nccl = import_cupy_nccl()
     launch = detect_launcher()

@@ -103,7 +103,8 @@ def _renew(comm: Communicator) -> Communicator:
     elif comm.backend == "torch":
         import torch.distributed as dist  # noqa: PLC0415
 
-        from collectives.backends.torch_dist import TorchCommunicator, _group_named  # noqa: PLC0415
+        from collectives.backends.torch_dist import TorchCommunicator  # noqa: PLC0415
+        from collectives.backends.torch_group import _group_named  # noqa: PLC0415
 
         _renewals.append(len(_renewals))
         name = f"collectives/pool-renewal/{len(_renewals)}"  # the same on every rank

@@ -340,3 +340,24 @@ def test_the_first_call_of_a_kind_runs_the_same_route_as_the_later_ones(world):
     for x, y in world.run(first_call_job, [()] * n):
         np.testing.assert_array_equal(x, sum(np.arange(4) + r for r in range(n)))
         np.testing.assert_array_equal(y, np.zeros(3))
+
+
+def test_the_request_record_keeps_no_array_alive_and_async_handles_keep_their_own():
+    """A communicator refills one request record per kind of call (collectives.calls.Request):
+    once a call returned, the record holds neither x nor out, so a dropped array is freed; and a
+    handle of an earlier asynchronous call of the same kind still returns its own result."""
+    import gc
+    import weakref
+
+    comm = LocalCommunicator()
+    x, out = np.arange(4.0), np.empty((1, 4))
+    refs = [weakref.ref(x), weakref.ref(out)]
+    comm.all_gather(x, out=out)
+    del x, out
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None]
+    first = comm.all_gather(np.arange(4.0), async_op=True)
+    second = comm.all_gather(np.arange(4.0) + 10, async_op=True)
+    assert np.array_equal(first.wait(), [np.arange(4.0)])
+    assert np.array_equal(second.wait(), [np.arange(4.0) + 10])
+    comm.close()

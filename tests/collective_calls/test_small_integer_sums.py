@@ -89,15 +89,15 @@ def float16_job(comm, native):
     """float16 SUM, AVG, PROD, MIN of all_reduce, reduce_scatter and reduce on a split of the world
     whose transport reduces float16 natively or (``native=False``, as where the library refuses
     MPIX_C_FLOAT16) through float32; ``native`` as the transport decided it is returned too."""
-    from collectives.backends import mpi as mpi_backend
+    from collectives.backends import mpi_channel
 
-    probe = mpi_backend.float16_datatype
+    probe = mpi_channel.float16_datatype
     if not native:  # the library's answer on Debian's Open MPI 4.1.6
-        mpi_backend.float16_datatype = lambda MPI: MPI.DATATYPE_NULL
+        mpi_channel.float16_datatype = lambda MPI: MPI.DATATYPE_NULL
     try:
         child = comm.split(0)
     finally:
-        mpi_backend.float16_datatype = probe
+        mpi_channel.float16_datatype = probe
     out = {"native": child._transport._float16_native}
     for op in ("sum", "avg", "prod", "min"):
         x = np.linspace(0.5, 2.0, 5 * comm.size, dtype=np.float16) + np.float16(comm.rank)

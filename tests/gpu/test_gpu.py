@@ -717,13 +717,14 @@ def cupy_self_job(comm, library, n):
     send and recv to itself, the recv waited first (one NCCL group, else a deadlock at this
     size), and the small-vector hooks of debug mode on device memory."""
     from collectives import arrays
+    from collectives.calls import RECV, SEND, Request
 
     x = _to_device(library, torch.full((n,), 7.0))
     y = _to_device(library, torch.zeros(n))
     adapter = arrays.adapter_for(x)
     dtype = adapter.dtype_name(x)
-    got = comm._transport._recv(y, adapter, dtype, 0, 0, True)
-    sent = comm._transport._send(x, adapter, dtype, 0, 0, True)
+    got = comm._transport._recv(Request(RECV, y, adapter, dtype, root=0, async_op=True, extra=0))
+    sent = comm._transport._send(Request(SEND, x, adapter, dtype, root=0, async_op=True, extra=0))
     assert not got.is_completed()  # queued in the open group until a wait
     got.wait()
     sent.wait()

@@ -31,6 +31,7 @@ from collectives.backends.local import LocalCommunicator
 from collectives.backends.torch_dist import TorchTransport
 
 from collectives import arrays, syncbn
+from collectives.calls import ALL_REDUCE, REDUCE, REDUCE_SCATTER, Request
 from collectives.ops import ReduceOp
 
 #: What CuPy 14.2 puts in __cuda_array_interface__ for its bfloat16 (ml_dtypes') arrays: the
@@ -163,12 +164,13 @@ def test_torch_handle_of_a_cupy_array_orders_cupys_stream_current_at_wait(monkey
     registry = StreamRegistry(monkeypatch)
     wrap = getattr(torch_handles, "_torch_call", None) or torch_handles._on_cupy_stream
 
-    def _all_reduce(self, x, adapter, dtype, op, async_op):
+    def _all_reduce(self, r):
         registry.log.append(("called on", registry.torch_current))
-        return torch_handles._TorchWork(x, RecordingWork(registry))
+        return torch_handles._TorchWork(r.x, RecordingWork(registry))
 
     call = wrap(_all_reduce)
-    work = call(types.SimpleNamespace(_torch=torch), registry.array, arrays.CUPY, "float32", ReduceOp.SUM, True)
+    work = call(types.SimpleNamespace(_torch=torch),
+                Request(ALL_REDUCE, registry.array, arrays.CUPY, "float32", ReduceOp.SUM, async_op=True))
     registry.cupy_current = 22  # the caller moves to another stream, then waits there
     work.wait()
     assert registry.log == [("called on", "cupy stream 11"), "cupy stream 22"]
@@ -259,17 +261,18 @@ def handoff_probe_job(comm, case):
     try:
         x = torch.tensor([3.0, float("nan"), -1.0, 2.0])
         if case == "all_reduce_min":
-            comm._transport._all_reduce(x, arrays.TORCH, "float32", ReduceOp.MIN, False)
+            comm._transport._all_reduce(Request(ALL_REDUCE, x, arrays.TORCH, "float32", ReduceOp.MIN))
             result = x
         elif case == "reduce_scatter_max":
-            result = comm._transport._reduce_scatter(x, arrays.TORCH, "float32", ReduceOp.MAX)
+            result = comm._transport._reduce_scatter(Request(REDUCE_SCATTER, x, arrays.TORCH, "float32", ReduceOp.MAX))
         elif case == "reduce_min_async":
-            comm._transport._reduce(x, arrays.TORCH, "float32", ReduceOp.MIN, 0, True).wait()
+            comm._transport._reduce(Request(REDUCE, x, arrays.TORCH, "float32", ReduceOp.MIN, 0,
+                                                 async_op=True)).wait()
             result = x
         else:  # bfloat16 MAX, staged through a contiguous copy (a strided input)
             wide = torch.stack([x, x], dim=-1).to(torch.bfloat16)
             result = wide[:, 0]
-            comm._transport._all_reduce(result, arrays.TORCH, "bfloat16", ReduceOp.MAX, False)
+            comm._transport._all_reduce(Request(ALL_REDUCE, result, arrays.TORCH, "bfloat16", ReduceOp.MAX))
     finally:
         for owner, name, value in originals:
             if owner is arrays.TORCH:

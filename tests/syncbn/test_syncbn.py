@@ -53,29 +53,29 @@ class CountingTransport(Transport):
     def from_launcher(cls, launch, *, timeout=None):  # pragma: no cover - never launched
         raise NotImplementedError
 
-    def _all_reduce(self, x, adapter, dtype, op, async_op):
+    def _all_reduce(self, r):
         self.calls.append("all_reduce")
-        return self.inner._all_reduce(x, adapter, dtype, op, async_op)
+        return self.inner._all_reduce(r)
 
-    def _broadcast(self, x, adapter, dtype, src, async_op):
+    def _broadcast(self, r):
         self.calls.append("broadcast")
-        return self.inner._broadcast(x, adapter, dtype, src, async_op)
+        return self.inner._broadcast(r)
 
-    def _all_gather(self, x, adapter, dtype, out=None, async_op=False):
+    def _all_gather(self, r):
         self.calls.append("all_gather")
-        return self.inner._all_gather(x, adapter, dtype, out, async_op)
+        return self.inner._all_gather(r)
 
-    def _reduce_scatter(self, x, adapter, dtype, op, out=None, async_op=False):
+    def _reduce_scatter(self, r):
         self.calls.append("reduce_scatter")
-        return self.inner._reduce_scatter(x, adapter, dtype, op, out, async_op)
+        return self.inner._reduce_scatter(r)
 
-    def _send(self, x, adapter, dtype, dst, tag, async_op):
+    def _send(self, r):
         self.calls.append("send")
-        return self.inner._send(x, adapter, dtype, dst, tag, async_op)
+        return self.inner._send(r)
 
-    def _recv(self, x, adapter, dtype, src, tag, async_op):
+    def _recv(self, r):
         self.calls.append("recv")
-        return self.inner._recv(x, adapter, dtype, src, tag, async_op)
+        return self.inner._recv(r)
 
     def _barrier(self):
         self.calls.append("barrier")

@@ -108,6 +108,31 @@ def test_no_import_cycle_but_the_known_ones():
     assert not new, f"import cycles: {new}"
 
 
+def test_every_module_is_small_and_says_what_it_holds():
+    """A module of the library is at most 600 lines (past that it wants splitting along a seam)
+    and opens with a docstring that says what it holds."""
+    for name, path in modules().items():
+        text = path.read_text()
+        assert len(text.splitlines()) <= 600, f"{name}: {len(text.splitlines())} lines"
+        assert ast.get_docstring(ast.parse(text)), f"{name} has no module docstring"
+
+
+def test_each_backends_channel_is_below_its_collectives():
+    """The MPI, torch and cupy backends each split into a channel (the communicator, its
+    buffers, completion, farewells) and the module of its collectives above it: the channel
+    never imports the collectives' module, and the collectives' transport derives from it."""
+    edges = graph()
+    for channel, above in (("mpi_channel", "mpi"), ("torch_group", "torch_dist"),
+                           ("cupy_channel", "cupy_nccl")):
+        assert f"collectives.backends.{above}" not in edges[f"collectives.backends.{channel}"], channel
+        assert f"collectives.backends.{channel}" in edges[f"collectives.backends.{above}"], above
+    from collectives.backends import cupy_channel, cupy_nccl, mpi, mpi_channel, torch_dist, torch_group
+
+    assert issubclass(mpi.MPITransport, mpi_channel.MPIChannel)
+    assert issubclass(torch_dist.TorchTransport, torch_group.TorchGroup)
+    assert issubclass(cupy_nccl.CupyNcclTransport, cupy_channel.CupyNcclChannel)
+
+
 def test_the_diagnostics_old_module_names_are_the_moved_modules():
     """``collectives.recorder``, ``trace``, ``process_hooks`` and ``_exits`` moved into
     ``collectives.diagnostics``; code that imported the old names gets the same module objects

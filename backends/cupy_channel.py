@@ -1,0 +1,263 @@
+"""One NCCL communicator through CuPy as the cupy backend's channel: what every collective of
+:class:`collectives.backends.cupy_nccl.CupyNcclTransport` goes through.
+
+:class:`CupyNcclChannel` holds the ``cupy.cuda.nccl.NcclCommunicator`` and its device, checks
+that arrays live there, picks the stream library of an array's kind (CuPy's or torch's), ends
+each call (a handle, or a wait for its CUDA event under the deadline, with NCCL's asynchronous
+error query and ``ncclCommAbort`` past it), keeps this thread's open NCCL group of
+asynchronous sends/recvs, moves the small int64 vectors of debug mode and of the counts
+exchange through device memory, and makes the barrier and the release. Also here: importing
+CuPy's NCCL, the runtime NCCL version, the device binding and the array check. The
+collectives, send/recv and split are the subclass's, in backends/cupy_nccl.py.
+
+Imports: the interface (arrays, config, errors, launcher, transport, work) and the cupy
+backend's helper modules (cupy_handles, cupy_id, cupy_plans); never backends/cupy_nccl.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from collectives import arrays
+from collectives.arrays import ArrayAdapter
+from collectives.errors import BackendUnavailable, CollectiveError
+from collectives.transport import Transport
+from collectives.work import Work
+
+from ._buffers import nbytes
+from .cupy_handles import _GROUP, _CupyStreams, _launch_group, _open_group, _StreamWork, _TorchStreams, wait_for
+from .cupy_plans import BFLOAT16_SINCE, NCCL_DTYPES, NCCL_OPS, decode_nccl_version
+
+log = logging.getLogger("collectives")
+
+INSTALL_HINT = ("install CuPy for your CUDA: pip install 'pycollectives[cupy]' (cupy-cuda13x), "
+                "or cupy-cuda12x for CUDA 12")
+
+
+def import_cupy_nccl() -> tuple[Any, Any]:
+    """``(cupy, cupy.cuda.nccl)``, or ``BackendUnavailable`` saying why and how to install."""
+    try:
+        import cupy  # noqa: PLC0415
+        from cupy.cuda import nccl  # noqa: PLC0415
+    except ImportError as error:
+        raise BackendUnavailable(f"backend 'cupy' needs CuPy with NCCL ({error}); "
+                                 f"{INSTALL_HINT}") from error
+    if not getattr(nccl, "available", False):
+        raise BackendUnavailable("backend 'cupy': this CuPy was built without NCCL; "
+                                 f"{INSTALL_HINT}")
+    return cupy, nccl
+
+
+def nccl_runtime_version() -> tuple[int, int, int]:
+    """The version of the libnccl CuPy loaded (``ncclGetVersion``)."""
+    _, nccl = import_cupy_nccl()
+    return decode_nccl_version(int(nccl.get_version()))
+
+
+def check_cuda_array(x: Any, adapter: ArrayAdapter, device: int | None) -> None:
+    """``TypeError`` unless ``x`` is CUDA memory; ``ValueError`` unless on ``device``."""
+    if not adapter.is_cuda(x):
+        kind = "numpy.ndarray" if adapter is arrays.NUMPY else "CPU torch.Tensor"
+        raise TypeError(f"backend 'cupy' runs NCCL on CUDA memory only; x is a {kind} in host "
+                        "memory: pass a cupy.ndarray or a CUDA torch.Tensor (cupy.asarray(x), "
+                        "x.cuda()), or use backend 'mpi' or 'torch' for host arrays")
+    index = adapter.device_index(x)
+    if device is not None and index != device:
+        raise ValueError(f"x is on CUDA device {index}, but this communicator's NCCL runs on "
+                         f"device {device} (local_rank % device_count); move x there")
+
+
+class CupyNcclChannel(Transport):
+    """A ``cupy.cuda.nccl.NcclCommunicator`` on one CUDA device as a transport's channel.
+
+    ``nccl_version`` is the runtime libnccl's (major, minor, patch); ``device`` the CUDA
+    ordinal every array must live on.
+    """
+
+    backend = "cupy"
+    # The default check's word would travel through device memory, and reading it back would
+    # synchronize the stream on every call: here only COLLECTIVES_DEBUG=1 checks.
+    _checks_by_default = False
+
+    def __init__(self, nccl_comm: Any, rank: int, size: int, local_rank: int, device: int) -> None:
+        cupy, nccl = import_cupy_nccl()
+        self._cupy = cupy
+        self._nccl_module = nccl
+        self._comm = nccl_comm
+        self.device = device
+        self.nccl_version = decode_nccl_version(int(nccl.get_version()))
+        self._bfloat16_native = self.nccl_version >= BFLOAT16_SINCE
+        self._libraries: dict[ArrayAdapter, Any] = {}
+        super().__init__(rank, size, local_rank)
+
+    @property
+    def nccl_comm(self) -> Any:
+        """The underlying ``cupy.cuda.nccl.NcclCommunicator`` (for raw NCCL calls)."""
+        return self._comm
+
+    def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
+        check_cuda_array(x, adapter, self.device)
+
+    def _library(self, adapter: ArrayAdapter) -> Any:
+        library = self._libraries.get(adapter)
+        if library is None:
+            library = _TorchStreams() if adapter is arrays.TORCH else _CupyStreams()
+            self._libraries[adapter] = library
+        return library
+
+    def _gather_rows(self, lib: Any, adapter: ArrayAdapter, buf: Any, stream: Any, out: Any = None
+                     ) -> Any:
+        """(size, *buf.shape) in buf's dtype (into ``out`` when given), row r from rank r."""
+        if out is None:
+            out = adapter.empty(buf, (self.size, *buf.shape))
+        self._comm.allGather(lib.ptr(buf), lib.ptr(out), nbytes(buf), NCCL_DTYPES["uint8"],
+                             lib.stream_ptr(stream))
+        return out
+
+    def _done(self, lib: Any, stream: Any, async_op: bool, result: Any, like: Any = None,
+              keep: Any = None) -> Any:
+        """After a call was enqueued on ``stream``: a handle when ``async_op``; else ``result``,
+        once the call completed when there is a timeout (without one, at once)."""
+        if async_op:
+            return _StreamWork(result, lib, lib.record(stream), self, like=like, keep=keep)
+        if self.timeout is not None:
+            self._complete(lib, lib.record(stream))
+        return result
+
+    def _complete(self, lib: Any, event: Any, call: tuple[str, int] | None = None) -> None:
+        """Return once ``event`` has completed; past the timeout abort this communicator's NCCL
+        calls (ncclCommAbort) and raise :class:`CollectiveTimeout`."""
+        assert self.timeout is not None, "only calls with a timeout wait for their event"
+        if wait_for(lambda: lib.query(event), self.timeout, self._check_async_error):
+            return
+        self._abort()
+        raise self.context.timeout_error("its NCCL calls were aborted (ncclCommAbort)", call=call)
+
+    def _check_async_error(self) -> None:
+        """An error NCCL found on its own (a peer's connection lost): abort and raise it."""
+        try:
+            self._comm.check_async_error()
+        except Exception as error:  # noqa: BLE001  (NcclError is cupy's RuntimeError)
+            self._abort()
+            self.context.mark_broken(f"NCCL reported an asynchronous error ({error}); create a new "
+                                     "communicator, or end the job")
+            raise CollectiveError(f"{self.context.call_name()} failed: NCCL reported an asynchronous "
+                                  f"error ({error}); this communicator is now unusable") from error
+
+    def _abort(self) -> None:
+        try:
+            self._flush_group()  # nothing of this thread stays queued for an aborted communicator
+        except CollectiveError:
+            pass
+        try:
+            self._comm.abort()
+        except Exception as error:  # noqa: BLE001  (an NCCL older than 2.4 has no abort)
+            log.warning("collectives: ncclCommAbort failed: %s", error)
+
+    def _grouped_p2p(self, lib: Any, stream: Any, result: Any, issue: Callable[[int], None],
+                     keep: Any, then: Callable[[], None] | None = None,
+                     host: Callable[[], None] | None = None) -> _StreamWork:
+        """An asynchronous send/recv, added to this thread's open NCCL group (opened here when
+        none is). The group is launched as one by the next wait of any of its handles or the
+        next call on any communicator of this backend, so sends and recvs issued in any order
+        before their waits cannot deadlock. ``then`` runs on the stream once launched (a
+        writeback), ``host`` on the host once complete."""
+        works = _open_group(self._nccl_module)
+        work = _StreamWork(result, lib, None, self, like=keep, keep=keep)
+        work._stream, work._then, work._host = stream, then, host
+        works.append(work)
+        try:
+            issue(lib.stream_ptr(stream))
+        except BaseException:
+            works.remove(work)
+            self._flush_group()
+            raise
+        return work
+
+    def _flush_group(self) -> None:
+        """Launch this thread's open group of asynchronous sends/recvs, if there is one. Every
+        NCCL call of this backend does this first: an NCCL group is per thread, and a call
+        made while one is open would only be queued in it."""
+        if getattr(_GROUP, "works", None) is not None:
+            _launch_group(self._nccl_module)
+
+    def _exchange_small(self, vector: Any) -> Any:
+        import numpy as np  # noqa: PLC0415
+
+        cupy = self._cupy
+        lib = self._library(arrays.CUPY)
+        self._flush_group()
+        with cupy.cuda.Device(self.device):
+            stream = cupy.cuda.get_current_stream()
+            everyone = self._gather_rows(lib, arrays.CUPY, cupy.asarray(np.ascontiguousarray(vector)), stream)
+            if self.timeout is not None:
+                self._complete(lib, lib.record(stream))
+            return everyone.get(stream=stream)
+
+    def _send_small(self, vector: Any, dst: int, tag: int) -> Work:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device):
+            stream = cupy.cuda.get_current_stream()
+            device = cupy.asarray(vector)
+            return self._grouped_p2p(
+                self._library(arrays.CUPY), stream, None,
+                lambda ptr: self._comm.send(device.data.ptr, device.nbytes, NCCL_DTYPES["uint8"],
+                                            dst, ptr), keep=device)
+
+    def _recv_small(self, vector: Any, src: int, tag: int) -> Work:
+        cupy = self._cupy
+        with cupy.cuda.Device(self.device):
+            stream = cupy.cuda.get_current_stream()
+            device = cupy.empty(vector.shape, dtype=vector.dtype)
+
+            def to_host() -> None:
+                with cupy.cuda.Device(self.device):
+                    vector[...] = device.get(stream=stream)
+
+            return self._grouped_p2p(
+                self._library(arrays.CUPY), stream, vector,
+                lambda ptr: self._comm.recv(device.data.ptr, device.nbytes, NCCL_DTYPES["uint8"],
+                                            src, ptr), keep=device, host=to_host)
+
+    def _scratch_bytes(self, x: Any, adapter: ArrayAdapter, nbytes: int) -> Any:
+        return adapter.empty(x, (nbytes,), "uint8")
+
+    def _barrier(self) -> None:
+        # A one-element all_reduce, waited for on the host: returns once every rank got there.
+        cupy = self._cupy
+        self._flush_group()
+        with cupy.cuda.Device(self.device):
+            flag = cupy.zeros(1, dtype=cupy.int32)
+            stream = cupy.cuda.get_current_stream()
+            self._comm.allReduce(flag.data.ptr, flag.data.ptr, 1, NCCL_DTYPES["int32"],
+                                 NCCL_OPS["sum"], stream.ptr)
+            if self.timeout is None:
+                stream.synchronize()
+            else:
+                lib = self._library(arrays.CUPY)
+                self._complete(lib, lib.record(stream))
+
+    def _close(self) -> None:
+        try:
+            self._flush_group()
+        finally:
+            self._comm.destroy()
+
+
+def bind_device(cupy: Any, local_rank: int) -> int:
+    """Make ``local_rank % device_count`` the current CUDA device (CuPy's, and torch's if loaded)."""
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as error:  # noqa: BLE001  (CUDARuntimeError: no driver, no device)
+        raise BackendUnavailable(f"backend 'cupy' found no usable CUDA device ({error})") from error
+    if count == 0:
+        raise BackendUnavailable("backend 'cupy' found no CUDA device")
+    device = local_rank % count
+    cupy.cuda.Device(device).use()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.set_device(device)
+    return device

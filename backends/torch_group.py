@@ -1,0 +1,221 @@
+"""The torch backend's process group as a channel: what every collective of
+:class:`collectives.backends.torch_dist.TorchTransport` relies on.
+
+:class:`TorchGroup` holds the torch.distributed process group, the map between this
+transport's rank order (a split's key) and torch's, and torch's reduce ops; it maps torch's
+errors (its timeouts, a peer's closed connection), carries the default check's word, the
+farewells (keys in torch's store), the barrier, Gloo's monitored barrier and the group's
+release. The collectives, the tensors they take and the split are the subclass's, in
+backends/torch_dist.py.
+
+Imports: the interface (errors, farewell, launcher, ops, transport) and the torch backend's
+helper modules (torch_bootstrap, torch_handles); never backends/torch_dist.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+from collectives import farewell
+from collectives.errors import BackendUnavailable, CollectiveError
+from collectives.ops import ReduceOp
+from collectives.transport import Transport
+
+from .torch_bootstrap import created_groups, import_torch_distributed, torch_timeout
+from .torch_handles import _TorchWork, launch_batch
+
+
+class TorchGroup(Transport):
+    """A torch.distributed process group (default: the world group) as a transport's channel."""
+
+    backend = "torch"
+
+    def __init__(self, group: Any = None, ranks: list[int] | None = None,
+                 local_rank: int | None = None) -> None:
+        """``group``: a torch ProcessGroup (None: the default group). ``ranks``: the
+        group's global ranks in this transport's rank order (None: torch's order)."""
+        import torch  # noqa: PLC0415
+
+        dist = import_torch_distributed()
+        if not dist.is_initialized():
+            raise BackendUnavailable("torch.distributed is not initialized; use "
+                                     "collectives.init('torch') or TorchCommunicator.from_launcher")
+        self._torch = torch
+        self._dist = dist
+        self._group = group
+        group_ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+        # torch orders a group's ranks by global rank; ours may differ (split's key).
+        self._global_ranks = list(group_ranks) if ranks is None else list(ranks)
+        # Position in torch's order for each of our ranks.
+        torch_order = sorted(group_ranks) if ranks is not None else list(group_ranks)
+        self._torch_rank = [torch_order.index(g) for g in self._global_ranks]
+        # Whether our rank order (split's key) differs from torch's order of the group's ranks
+        # (ascending global rank), where torch places rows and blocks: all_gather then puts
+        # the rows in ours, reduce_scatter hands torch x's blocks in its order, and the
+        # collectives whose rows go to or come from given ranks take the emulations.
+        self._reordered = self._torch_rank != list(range(len(self._torch_rank)))
+        # The default check is a CPU all_reduce: a group with no CPU transport (NCCL alone)
+        # checks only with COLLECTIVES_DEBUG=1.
+        self._checks_by_default = str(dist.get_backend(group)).lower() != "nccl"
+        me = self._global_ranks.index(dist.get_rank())
+        if local_rank is None:
+            local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
+        super().__init__(me, len(self._global_ranks), local_rank)
+        # The single-tensor forms (torch >= 2.12 names; the older ones are deprecated there).
+        self._all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._reduce_scatter_single = (getattr(dist, "reduce_scatter_single", None)
+                                       or dist.reduce_scatter_tensor)
+        # The timeout torch enforces on this group (a call's own timeout= may be shorter): the
+        # communicator's when it takes the transport (see attach).
+        self._group_timeout: float | None = None
+        self._farewells_seen = 0  # the count of farewells in the store at the last look
+        self._band = dist.ReduceOp.BAND
+        self._name = "world"  # unique among communicators; split derives its children's
+        self._splits = 0
+        R = dist.ReduceOp
+        self._ops = {ReduceOp.SUM: R.SUM, ReduceOp.AVG: R.SUM, ReduceOp.PROD: R.PRODUCT,
+                     ReduceOp.MIN: R.MIN, ReduceOp.MAX: R.MAX, ReduceOp.BAND: R.BAND,
+                     ReduceOp.BOR: R.BOR, ReduceOp.BXOR: R.BXOR}
+
+    def attach(self, context: Any, timeout: float | None) -> None:
+        super().attach(context, timeout)
+        self._group_timeout = timeout  # the timeout the group was made with (torch enforces it)
+
+    def _map_error(self, error: Exception) -> Exception | None:
+        """torch's timeout errors become ``CollectiveTimeout``, its transport failures
+        (a peer's connection closed: it died) ``CollectiveError``; the rest take the
+        default mapping."""
+        if not isinstance(error, RuntimeError):
+            return None
+        text = str(error)
+        first_line = text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
+        lowered = text.lower()
+        # Gloo: "Timed out waiting 5000ms for recv operation to complete"; NCCL's
+        # watchdog: "Watchdog caught collective operation timeout".
+        if "timed out" in lowered or "timeout" in lowered:
+            return self.context.timeout_error(detail="torch: " + first_line)
+        dist_error = getattr(self._dist, "DistError", ())
+        if isinstance(error, dist_error) or any(
+                phrase in lowered for phrase in ("connection closed", "connection reset",
+                                                 "broken pipe", "connection refused")):
+            try:  # a peer that left said so before its connection closed
+                self.context.hear_farewells()
+            except CollectiveError as left:
+                return left
+            except Exception:  # noqa: BLE001 - the store went with that peer
+                pass
+            return CollectiveError(f"{self.context.call_name()} failed in torch.distributed (a peer rank "
+                                   f"may have died): its connection closed, and it left no "
+                                   f"farewell: {first_line}")
+        return None
+
+    @property
+    def process_group(self) -> Any:
+        """The torch ProcessGroup (None means the default group)."""
+        return self._group
+
+    def _agree_word(self, word: int) -> int:
+        """One all_reduce (BAND) of one int64 CPU tensor, polled: a peer's farewell is heard
+        while it waits, and a call's own ``timeout=`` (shorter than the group's, which torch
+        enforces) is kept."""
+        flag = self._torch.tensor([word], dtype=self._torch.int64)
+        work = _TorchWork(flag, self._dist.all_reduce(flag, op=self._band, group=self._group,
+                                                      async_op=True), transport=self)
+        self.context.await_work(work, math.inf if self.timeout is None or self.timeout == self._group_timeout
+                    else self.timeout)
+        work.wait()
+        return int(flag[0])
+
+    def _store(self) -> Any:
+        try:
+            return self._dist.distributed_c10d._get_default_store()
+        except Exception:  # noqa: BLE001 - no default group, or a torch without it
+            return None
+
+    def _tell_peers_left(self, how: int) -> None:
+        store = self._store()
+        if store is not None:  # (host and pid: see farewell.wait_for_departed)
+            store.set(f"collectives/left/{self._name}/{self.rank}",
+                      f"{self.context.call[1]} {how} {socket.gethostname()} {os.getpid()}")
+            store.add(f"collectives/left/{self._name}", 1)
+
+    def _peers_left(self) -> list[tuple[int, int, int]]:
+        store = self._store()
+        if store is None:
+            return []
+        count = store.add(f"collectives/left/{self._name}", 0)
+        if count <= self._farewells_seen:
+            return []
+        self._farewells_seen = count
+        found = []
+        for peer in range(self.size):
+            key = f"collectives/left/{self._name}/{peer}"
+            if peer != self.rank and not self.context.has_left(peer) and store.check([key]):
+                calls, how, host, pid = store.get(key).decode().split()
+                found.append((peer, int(calls), int(how)))
+                farewell.departed.append((host, int(pid)))
+        return found
+
+    def _barrier(self) -> None:
+        # A tiny all_reduce rather than dist.barrier(): it works on every group without
+        # guessing a device, and it completes only when every rank has reached it.
+        launch_batch()
+        flag = self._torch.zeros(1, dtype=self._torch.int32)
+        self._dist.all_reduce(flag, group=self._group)
+
+    def _native_monitored_barrier(self, seconds: float) -> bool:
+        """Gloo's own monitored barrier: a Gloo recv's handle says it completed only once
+        waited for, so the call path's polled one cannot see who arrived."""
+        launch_batch()
+        if self._dist.get_backend(self._group) != "gloo":
+            return False
+        try:
+            self._dist.monitored_barrier(self._group, timeout=torch_timeout(seconds), wait_all_ranks=True)
+        except RuntimeError as error:
+            text = str(error).strip()
+            # "Ranks 1, 2 failed to pass monitoredBarrier in 1000 ms" (global ranks), on rank 0
+            found = re.search(r"Ranks? ([\d, ]+) failed to pass monitoredBarrier", text)
+            if found is None:
+                raise self.context.timeout_error(
+                    detail="rank 0 did not release the barrier: its CollectiveTimeout (or its dump, "
+                           "with COLLECTIVES_TRACE_DIR) names the ranks that never arrived") from error
+            missing = sorted(self._global_ranks.index(int(r)) for r in found.group(1).split(",") if r.strip())
+            raise self.context.timeout_error(
+                detail=f"rank(s) {', '.join(map(str, missing))} never arrived at the barrier") from error
+        return True
+
+    def _close(self) -> None:
+        launch_batch()
+        if self._group is not None and self._dist.is_initialized():
+            if self._group in created_groups:
+                created_groups.remove(self._group)
+            self._dist.destroy_process_group(self._group)
+
+
+@contextlib.contextmanager
+def _group_named(name: str) -> Iterator[None]:
+    """Make torch.distributed's next new_group take ``name`` (see TorchCommunicator._split).
+
+    A patch of torch's private ``_process_group_name`` because torch (2.13) has no public way
+    to name a group: ``new_group`` derives the name from the ranks and from how many groups
+    this process has made (``group_desc`` only describes it), and ``split_group`` likewise."""
+    import torch.distributed.distributed_c10d as c10d  # noqa: PLC0415
+
+    original = getattr(c10d, "_process_group_name", None)
+    if original is None:  # another torch: its own naming
+        yield
+        return
+    def process_group_name(ranks: Any, use_hashed_name: Any) -> Any:
+        return c10d.GroupName(name) if hasattr(c10d, "GroupName") else name
+
+    c10d._process_group_name = process_group_name
+    try:
+        yield
+    finally:
+        c10d._process_group_name = original
