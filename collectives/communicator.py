@@ -497,9 +497,8 @@ class Communicator:
             self._seq += 1
         self._operation = call.name
         ring = self._ring
-        if ring is not None:  # the flight recorder (collectives/recorder.py); a call with an
-            # end time and no error has completed (one STORE less on every call)
-            # (the fast path's numpy view has x's shape as a plain tuple: a torch.Size costs more)
+        if ring is not None:  # the flight recorder (collectives/recorder.py): a call with an end time
+            # and no error has completed; the fast path's view's shape is a plain tuple (cheaper)
             record = [self._seq, call, dtype, (x if view is None else view).shape, root, STARTED,
                       _clock(), 0.0, None, None, reduce_op]
             ring.append(record)
@@ -512,8 +511,9 @@ class Communicator:
                 result = x  # the backend's fast path ran it (see _fast_path)
             elif self.debug and not call.collective:
                 result = self._p2p.run(call, x, adapter, dtype, root, async_op, extra)
-            else:  # the transport's method of the row, given the kind's record refilled (calls.Request)
-                request.x, request.root, request.out, request.async_op, request.extra = x, root, out, async_op, extra
+            else:  # the row's transport method; its calls.Request refilled in a 3 and a 2 (no tuple built)
+                request.x, request.root, request.out = x, root, out
+                request.async_op, request.extra = async_op, extra
                 if call.counted:  # the uneven rows: the counts exchange puts every rank's in extra
                     emulations.counted(self, request)
                 result = method(request)
