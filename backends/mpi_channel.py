@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 import zlib
 from collections.abc import Callable
@@ -25,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives import arrays
+from collectives import arrays, farewell
 from collectives.arrays import ArrayAdapter
 from collectives.calls import FAREWELL_TAG
 from collectives.errors import BackendUnavailable, CollectiveError
@@ -263,14 +264,16 @@ class MPIChannel(Transport):
 
     def _tell_peers_left(self, how: int) -> None:
         """A small message to every peer on this communicator (tag FAREWELL_TAG): [this
-        communicator's name hash, calls, how]. Eager: the sends complete without the peers; ones
+        communicator's name hash, calls, how, pid, host] (the last two: see
+        farewell.wait_for_departed). Eager: the sends complete without the peers; ones
         that did not within a moment are left to MPI. A peer that closes the communicator too
         never receives it, and MPI may give the freed communicator's context to a new one: the
         name (unique in the split tree) tells such a farewell from one meant for the new one."""
         MPI = self._MPI
         if MPI.Is_finalized() or self._comm == MPI.COMM_NULL:
             return
-        word = self._farewell_word = np.array([self._name_hash, self.context.call[1], how], dtype=np.int64)
+        word = self._farewell_word = np.array(
+            [self._name_hash, self.context.call[1], how, os.getpid(), farewell.host_word()], dtype=np.int64)
         requests = [self._comm.Isend([word, MPI.INT64_T], peer, FAREWELL_TAG)
                     for peer in range(self.size) if peer != self.rank]
         if not wait_until(lambda: MPI.Request.Testall(requests), 0.2, self._poll):
@@ -281,10 +284,11 @@ class MPIChannel(Transport):
     def _peers_left(self) -> list[tuple[int, int, int]]:
         MPI, status, found = self._MPI, self._MPI.Status(), []
         while self._comm.Iprobe(MPI.ANY_SOURCE, FAREWELL_TAG, status):
-            word, peer = np.zeros(3, dtype=np.int64), status.Get_source()
+            word, peer = np.zeros(5, dtype=np.int64), status.Get_source()
             self._comm.Recv([word, MPI.INT64_T], peer, FAREWELL_TAG)
             if int(word[0]) == self._name_hash:  # (else a farewell to a freed communicator)
                 found.append((peer, int(word[1]), int(word[2])))
+                farewell.note_departed(int(word[2]), int(word[4]), int(word[3]))
         return found
 
     @property

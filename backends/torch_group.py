@@ -159,7 +159,7 @@ class TorchGroup(Transport):
             if peer != self.rank and not self.context.has_left(peer) and store.check([key]):
                 calls, how, host, pid = store.get(key).decode().split()
                 found.append((peer, int(calls), int(how)))
-                farewell.departed.append((host, int(pid)))
+                farewell.note_departed(int(how), host, int(pid))
         return found
 
     def _barrier(self) -> None:

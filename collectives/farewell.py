@@ -21,8 +21,8 @@ its own farewell. Imports: calls, errors, diagnostics (the transport protocol fo
 from __future__ import annotations
 
 import socket
-import time
 import weakref
+import zlib
 from typing import TYPE_CHECKING, Any
 
 from .calls import FAREWELL_TAG  # noqa: F401  (also importable from here)
@@ -43,7 +43,7 @@ LISTEN_SECONDS = 0.005
 _installed: dict[str, Any] = {}
 #: The farewells that made a call of this process raise: (rank, calls, how) (see heard()).
 raised: list[tuple[int, int, int]] = []
-#: (host, pid) of the peers whose farewell said where they run (see wait_for_departed).
+#: (host, pid) of the peers that finished and said where they run (see wait_for_departed).
 departed: list[tuple[str, int]] = []
 
 
@@ -91,16 +91,26 @@ def heard() -> bool:
 
 def wait_for_departed(seconds: float) -> None:
     """Where a call of this process raised because a peer left: wait up to ``seconds`` for the
-    peers that said farewell from this host to end, so that a launcher that ends the other
-    workers when one fails (torchrun) does not kill a rank that finished while it exits."""
-    if not raised:
-        return
-    here = socket.gethostname()
-    pids = [pid for host, pid in departed if host == here]
-    deadline = time.monotonic() + seconds
-    while pids and time.monotonic() < deadline:
-        pids = [pid for pid in pids if _exits.process_alive(pid)]
-        time.sleep(0.01)
+    peers that finished and said so from this host to end, so that a launcher that ends the
+    other ranks when one fails (torchrun; mpiexec when a rank exits with a non-zero code) does
+    not kill a rank that finished while it exits. Peers on other hosts cannot be watched."""
+    if raised:
+        here = socket.gethostname()
+        _exits.wait_ended([pid for host, pid in departed if host == here], seconds)
+
+
+def host_word() -> int:
+    """This host's name as a number that fits a word of a farewell message."""
+    return zlib.crc32(socket.gethostname().encode()) & 0x7FFFFFFF
+
+
+def note_departed(how: int, host: str | int, pid: int) -> None:
+    """A peer that finished (``how`` FINISHED) runs as ``pid`` on ``host`` (a name, or its
+    :func:`host_word`): :func:`wait_for_departed` waits for it."""
+    if how == FINISHED and pid > 0:
+        if host == host_word():
+            host = socket.gethostname()
+        departed.append((str(host), pid))
 
 
 _HOW = {FINISHED: "finished (closed this communicator, or ended normally)",

@@ -142,3 +142,40 @@ def process_alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:  # no /proc (macOS): kill(0) said it exists
         return True
+
+
+def wait_ended(pids: list[int], seconds: float) -> list[int]:
+    """Wait up to ``seconds`` for the processes ``pids`` (of this host) to end; the ones still
+    running then. Where Linux gives a process file descriptor (``os.pidfd_open``), the wait is
+    on its readiness (it becomes readable when the process ends); elsewhere, a look at each
+    every 10 ms."""
+    import select  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + seconds
+    pidfds: dict[int, int] = {}
+    polled: list[int] = []
+    for pid in pids:
+        try:
+            pidfds[os.pidfd_open(pid)] = pid  # type: ignore[attr-defined,unused-ignore]
+        except ProcessLookupError:
+            pass  # ended already
+        except (AttributeError, OSError):
+            polled.append(pid)
+    try:
+        while True:
+            polled = [pid for pid in polled if process_alive(pid)]
+            if pidfds:
+                left = max(0.0, deadline - time.monotonic())
+                ready, _, _ = select.select(list(pidfds), [], [], min(left, 0.01) if polled else left)
+                for fd in ready:
+                    os.close(fd)
+                    del pidfds[fd]
+            remaining = list(pidfds.values()) + polled
+            if not remaining or time.monotonic() >= deadline:
+                return remaining
+            if not pidfds:
+                time.sleep(0.01)
+    finally:
+        for fd in pidfds:
+            os.close(fd)

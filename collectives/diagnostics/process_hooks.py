@@ -180,14 +180,20 @@ def _abort(what: str, code: int) -> None:
 
 
 def _finalize_or_abort(MPI: Any, code: int) -> None:
-    """Say farewell (failing), MPI_Finalize, and exit with ``code``; MPI_Abort if MPI_Finalize
-    has not returned within FINALIZE_GRACE seconds."""
+    """Say farewell (failing), MPI_Finalize, wait for the peers of this host that finished to
+    end, and exit with ``code``; MPI_Abort if MPI_Finalize has not returned within
+    FINALIZE_GRACE seconds."""
+    started = time.monotonic()
     watchdog = threading.Timer(FINALIZE_GRACE, lambda: MPI.COMM_WORLD.Abort(code))
     watchdog.daemon = True
     watchdog.start()
     try:
         farewell.say_farewell(farewell.FAILED)
         MPI.Finalize()
+        watchdog.cancel()
+        # The ranks that finished leave MPI_Finalize with this one, and still have their
+        # interpreter to end: mpiexec kills them if this rank's non-zero exit comes first.
+        farewell.wait_for_departed(max(0.0, FINALIZE_GRACE - (time.monotonic() - started)))
     finally:
         _release_output()
         os._exit(code)

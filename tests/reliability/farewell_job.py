@@ -9,11 +9,24 @@ other ranks make MORE: their call FEWER + 1 must raise at once, naming rank 0. E
 what happened into ``DIR/rank-<R>.txt`` too (the launcher may cut a failing rank's output).
 """
 
+import atexit
 import os
 import sys
 import time
 
 FEWER, MORE = 3, 5
+ENDED_NORMALLY: list[bool] = []
+
+
+def slow_exit() -> None:
+    """With FAREWELL_SLOW_EXIT=S, a rank that finished takes S seconds more to end after
+    MPI_Finalize (registered before mpi4py is imported, this handler runs after its finalizer),
+    as a big interpreter's ending may."""
+    if ENDED_NORMALLY and os.environ.get("FAREWELL_SLOW_EXIT"):
+        time.sleep(float(os.environ["FAREWELL_SLOW_EXIT"]))
+
+
+atexit.register(slow_exit)
 
 
 def main(backend: str, directory: str) -> None:
@@ -55,6 +68,7 @@ def main(backend: str, directory: str) -> None:
     with open(os.path.join(directory, f"rank-{rank}.txt"), "w") as file:
         file.write(line + "\n")
     print(line, flush=True)
+    ENDED_NORMALLY.append(True)
 
 
 if __name__ == "__main__":

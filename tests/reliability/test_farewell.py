@@ -26,15 +26,22 @@ FEWER = 3  # farewell_job.FEWER: the calls rank 0 makes before it ends
 JOBS = [("mpiexec", "mpi"), ("torchrun", "torch"), ("mpiexec", "torch"), ("mpiexec", "c10d")]
 
 
+# Rank 0's interpreter takes 1 s more to end (an atexit handler), on one job per launcher: the
+# failing ranks must not exit (non-zero, so the launcher ends the rest) before it has.
+SLOW = [("mpiexec", "mpi", "1.0"), ("torchrun", "torch", "1.0")]
+
+
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("launcher,backend", JOBS, ids=["-".join(j) for j in JOBS])
+@pytest.mark.parametrize("launcher,backend,slow_exit", [(*job, "") for job in JOBS] + SLOW,
+                         ids=["-".join(j) for j in JOBS] + [f"{j[0]}-{j[1]}-slow-exit" for j in SLOW])
 def test_ranks_left_without_a_partner_raise_at_once_and_the_rank_that_finished_ends_cleanly(
-        launcher, backend, tmp_path):
+        launcher, backend, slow_exit, tmp_path):
     """The question the library was started from: rank 0 makes 3 all_reduces and ends normally,
     ranks 1 and 2 make 5. Their 4th raises at once (not after COLLECTIVES_TIMEOUT=600) naming
-    rank 0 and its 3 calls; rank 0 ends with exit code 0."""
+    rank 0 and its 3 calls; rank 0 ends with exit code 0, even when its ending is slow."""
     job = LaunchedJob(launcher, 3, JOB, [backend, str(tmp_path)],
-                      {"COLLECTIVES_TIMEOUT": "600", "COLLECTIVES_BACKEND": "mpi" if backend == "c10d" else backend},
+                      {"COLLECTIVES_TIMEOUT": "600", "COLLECTIVES_BACKEND": "mpi" if backend == "c10d" else backend,
+                       "FAREWELL_SLOW_EXIT": slow_exit},
                       "COLLECTIVES_FAREWELL_TEST")
     started = time.monotonic()
     code = job.wait_exit(60)
@@ -96,3 +103,28 @@ def test_a_peer_that_closed_the_communicator_is_named_by_the_next_call(backend):
     assert after.startswith("CollectiveError") and "is unusable" in after, after
     assert world == [2.0]
     print(f"TIMING closed split -> next call raised [{backend}]: {waited:.3f} s")
+
+
+@pytest.mark.timeout(30)
+def test_wait_ended_returns_when_the_process_ends_and_names_the_ones_still_running():
+    """What a failing rank waits on before it exits (collectives.diagnostics._exits.wait_ended):
+    a process that runs on is named after the time given; one that ends is waited for until it
+    does, not for the whole time."""
+    import subprocess
+    import sys
+    import threading
+
+    from collectives.diagnostics._exits import wait_ended
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert wait_ended([child.pid], 0.05) == [child.pid]
+        threading.Timer(0.2, child.stdin.close).start()  # it ends once its input closes
+        started = time.monotonic()
+        assert wait_ended([child.pid], 20.0) == []
+        assert time.monotonic() - started < 10.0  # (it did not wait out the 20 s)
+        assert child.wait(5) == 0
+        assert wait_ended([child.pid], 1.0) == []  # ended and reaped
+    finally:
+        child.kill()
+        child.wait()
