@@ -226,6 +226,16 @@ class MPITransport(MPIChannel):
                 if op is _AVG:
                     out /= self.size
                 return out
+        elif adapter is _TORCH and not async_op and x.is_cpu and x.is_contiguous():
+            spec = self._native[dtype].get(op)  # (CPU tensors by address: see _address)
+            if spec is not None and x.numel() // self.size <= MAX_COUNT:
+                if out is None:
+                    out = adapter.empty(x, (x.shape[0] // self.size, *x.shape[1:]))
+                self._call(self._comm.Reduce_scatter_block, self._comm.Ireduce_scatter_block,
+                           [_address(self._MPI, x), spec[0]], [_address(self._MPI, out), spec[0]], spec[1])
+                if op is _AVG:
+                    out /= self.size
+                return out
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         rows = x.shape[0] // self.size
         if out is None:
@@ -266,6 +276,16 @@ class MPITransport(MPIChannel):
             # mpi4py makes it, with no staging to plan.
             comm = self._comm
             self._call(getattr(comm, name), getattr(comm, _nonblocking(name)), *arguments(x, result))
+            return value
+        if adapter is _TORCH and (x is None or (x.is_cpu and x.is_contiguous() and x.nbytes <= MAX_COUNT)) \
+                and (result is None or (result.is_cpu and result.nbytes <= MAX_COUNT)):
+            # CPU tensors the same way: their memory by address (see _address).
+            call = arguments(None if x is None else _address(self._MPI, x),
+                             None if result is None else _address(self._MPI, result))
+            if async_op:
+                return self._collective(name, [call], value, True, None, (x, result))
+            comm = self._comm
+            self._call(getattr(comm, name), getattr(comm, _nonblocking(name)), *call)
             return value
         if (x is not None and nbytes(x) > MAX_COUNT) or (result is not None and nbytes(result) > MAX_COUNT):
             raise ValueError(f"{self.context.call[0]} of more than 2**31-1 bytes per message is not "
@@ -336,15 +356,22 @@ class MPITransport(MPIChannel):
 
     def _send(self, r: Request) -> Work | None:
         x, adapter, dst, tag, async_op = r.x, r.adapter, r.root, r.extra, r.async_op
-        buf, _ = self._buffer(x, adapter, None)  # (a staging copy lives as long as the request)
-        work: Work | None = self._collective("Send", [([flat_bytes(buf), self._byte], dst, tag)], None,
+        if adapter is _TORCH and x.is_cpu and x.is_contiguous():
+            buf, data = x, _address(self._MPI, x)
+        else:
+            buf, _ = self._buffer(x, adapter, None)  # (a staging copy lives as long as the request)
+            data = flat_bytes(buf)
+        work: Work | None = self._collective("Send", [([data, self._byte], dst, tag)], None,
                                              async_op, None, buf)
         return work
 
     def _recv(self, r: Request) -> Work | None:
         x, adapter, dtype, src, tag, async_op = r.x, r.adapter, r.dtype, r.root, r.extra, r.async_op
-        buf, writeback = self._buffer(x, adapter, None)
-        data = flat_bytes(buf)
+        if adapter is _TORCH and x.is_cpu and x.is_contiguous():
+            buf, writeback, data = x, None, _address(self._MPI, x)
+        else:
+            buf, writeback = self._buffer(x, adapter, None)
+            data = flat_bytes(buf)
         status = self._MPI.Status()
         spec = [data, self._byte]
         if self._device_memory:
@@ -353,10 +380,10 @@ class MPITransport(MPIChannel):
 
         def finish() -> None:
             # MPI refuses a longer message (MPI_ERR_TRUNCATE) but takes a shorter one.
-            got = status.Get_count(self._byte)
-            if got != count(data):
+            got, holds = status.Get_count(self._byte), len(data)
+            if got != holds:
                 raise ValueError(f"recv from rank {src} (tag {tag}) got {got} bytes, but x "
-                                 f"holds {count(data)} (shape {tuple(x.shape)}, {dtype}): the "
+                                 f"holds {holds} (shape {tuple(x.shape)}, {dtype}): the "
                                  "sender's array has another shape or dtype")
             if writeback is not None:
                 writeback()
@@ -412,6 +439,13 @@ class MPICommunicator(Communicator):
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.
 _AVG = ReduceOp.AVG
 _NUMPY = arrays.NUMPY
+_TORCH = arrays.TORCH
+
+
+def _address(MPI: Any, t: Any) -> Any:
+    """A contiguous CPU tensor's memory as an mpi4py buffer, by address: what a tensor's numpy
+    view gives MPI, at a tenth of its cost (~0.1 us; ``t.detach().numpy()`` takes ~1 us)."""
+    return MPI.buffer.fromaddress(t.data_ptr(), t.nbytes)
 
 
 def _chunks(buf: Any) -> list[Any]:
