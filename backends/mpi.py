@@ -42,6 +42,7 @@ in a collective forever, so ``collectives.init()`` under an MPI launcher install
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -49,7 +50,17 @@ import numpy as np
 
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
-from collectives.calls import ALL_REDUCE, BROADCAST, Request
+from collectives.calls import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    BROADCAST,
+    GATHER,
+    NOT_TAKEN,
+    REDUCE_SCATTER,
+    SCATTER,
+    Request,
+)
 from collectives.communicator import Communicator
 from collectives.diagnostics import _exits, process_hooks
 from collectives.errors import BackendUnavailable
@@ -131,39 +142,85 @@ class MPITransport(MPIChannel):
     # -- collectives --------------------------------------------------------------------
 
     def _fast_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
-                   op: ReduceOp | None) -> Callable[[Any, Any], bool] | None:
-        """all_reduce (of a dtype x op MPI reduces as it is) and broadcast of a contiguous host
-        array in as few steps as raw mpi4py takes: its memory (a CPU tensor's numpy view, as a
-        raw caller passes it) is the buffer, bound with the MPI datatype and op once per kind."""
-        comm, in_place, size, most, one_call = self._comm, self._in_place, self.size, MAX_COUNT, self._call
+                   op: ReduceOp | None) -> Callable[[Any, Any, Any], Any] | None:
+        """The collectives of even shapes on a contiguous host array in as few steps as raw
+        mpi4py takes: its memory (a CPU tensor's numpy view, as a raw caller passes it) is the
+        buffer, bound with the MPI datatype and op once per kind; a new result is allocated
+        as a raw caller would (a tensor for a tensor, given to MPI by address). A reduction
+        only where MPI reduces the dtype x op as it is."""
+        comm, in_place, size, most, one_call, byte = \
+            self._comm, self._in_place, self.size, MAX_COUNT, self._call, self._byte
+        spec = self._native[dtype].get(op) if op is not None else None
+        if call.reduces and spec is None:
+            return None
+        mpi_type, mpi_op = spec if spec is not None else (None, None)
+        avg = op is _AVG
+        new = _new_numpy if adapter is _NUMPY else _new_tensor(self._MPI, adapter, dtype)
         if call is ALL_REDUCE:
-            spec = self._native[dtype].get(op) if op is not None else None
-            if spec is None:
-                return None
-            mpi_type, mpi_op = spec
-            avg = op is _AVG
             reduce, start_reduce = comm.Allreduce, comm.Iallreduce
 
-            def all_reduce(buf: Any, root: Any) -> bool:
+            def all_reduce(buf: Any, root: Any, out: Any) -> Any:
                 if buf.size > most:
-                    return False
+                    return NOT_TAKEN
                 one_call(reduce, start_reduce, in_place, [buf, mpi_type], mpi_op)
                 if avg:
                     buf /= size
-                return True
+                return buf
             return all_reduce
         if call is BROADCAST:
-            byte = self._byte
             bcast, start_bcast = comm.Bcast, comm.Ibcast
 
-            def broadcast(buf: Any, root: Any) -> bool:
+            def broadcast(buf: Any, root: Any, out: Any) -> Any:
                 if buf.nbytes > most:  # MPI counts the bytes: no uint8 view
-                    return False
+                    return NOT_TAKEN
                 one_call(bcast, start_bcast, [buf, byte], root)
-                return True
+                return buf
             return broadcast
-        return None
+        if call is REDUCE_SCATTER:
+            scatter_block, start_scatter_block = comm.Reduce_scatter_block, comm.Ireduce_scatter_block
 
+            def reduce_scatter(buf: Any, root: Any, out: Any) -> Any:
+                if buf.size // size > most:
+                    return NOT_TAKEN
+                result, recv = new(buf, (buf.shape[0] // size, *buf.shape[1:]), out)
+                one_call(scatter_block, start_scatter_block, [buf, mpi_type], [recv, mpi_type], mpi_op)
+                if avg:
+                    result /= size
+                return result
+            return reduce_scatter
+        name = _MOVES.get(call)
+        if name is None:
+            return None
+        run, start, rank = getattr(comm, name), getattr(comm, _nonblocking(name)), self.rank
+        if call is ALL_GATHER or call is ALL_TO_ALL:
+            stacked = call is ALL_GATHER
+
+            def exchange(buf: Any, root: Any, out: Any) -> Any:
+                if buf.nbytes > most:
+                    return NOT_TAKEN
+                result, recv = new(buf, (size, *buf.shape) if stacked else buf.shape, out)
+                one_call(run, start, [buf, byte], [recv, byte])
+                return result
+            return exchange
+        if call is GATHER:
+            def gather(buf: Any, root: Any, out: Any) -> Any:
+                if buf.nbytes > most:
+                    return NOT_TAKEN
+                if root != rank:
+                    one_call(run, start, [buf, byte], None, root)
+                    return None
+                result, recv = new(buf, (size, *buf.shape), out)
+                one_call(run, start, [buf, byte], [recv, byte], root)
+                return result
+            return gather
+
+        def scatter(buf: Any, root: Any, out: Any) -> Any:
+            if buf.nbytes > most:
+                return NOT_TAKEN
+            result, recv = new(buf, buf.shape[1:], out)  # (only the root's buf is read)
+            one_call(run, start, [buf, byte] if root == rank else None, [recv, byte], root)
+            return result
+        return scatter
 
     def _all_reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
@@ -183,12 +240,6 @@ class MPITransport(MPIChannel):
 
     def _all_gather(self, r: Request) -> Any:
         x, adapter, out, async_op = r.x, r.adapter, r.out, r.async_op
-        if adapter is _NUMPY and not async_op and x.flags.c_contiguous and x.nbytes <= MAX_COUNT:
-            # The common case in as few steps as raw mpi4py takes (out= is written directly).
-            if out is None:
-                out = np.empty((self.size, *x.shape), dtype=x.dtype)
-            self._call(self._comm.Allgather, self._comm.Iallgather, [x, self._byte], [out, self._byte])
-            return out
         if out is None:
             out = adapter.empty(x, (self.size, *x.shape))
         byte = self._byte
@@ -216,26 +267,6 @@ class MPITransport(MPIChannel):
 
     def _reduce_scatter(self, r: Request) -> Any:
         x, adapter, dtype, op, out, async_op = r.x, r.adapter, r.dtype, r.op, r.out, r.async_op
-        if adapter is _NUMPY and not async_op:
-            spec = self._native[dtype].get(op)
-            if spec is not None and x.flags.c_contiguous and x.size // self.size <= MAX_COUNT:
-                if out is None:
-                    out = np.empty((x.shape[0] // self.size, *x.shape[1:]), dtype=x.dtype)
-                self._call(self._comm.Reduce_scatter_block, self._comm.Ireduce_scatter_block,
-                           [x, spec[0]], [out, spec[0]], spec[1])
-                if op is _AVG:
-                    out /= self.size
-                return out
-        elif adapter is _TORCH and not async_op and x.is_cpu and x.is_contiguous():
-            spec = self._native[dtype].get(op)  # (CPU tensors by address: see _address)
-            if spec is not None and x.numel() // self.size <= MAX_COUNT:
-                if out is None:
-                    out = adapter.empty(x, (x.shape[0] // self.size, *x.shape[1:]))
-                self._call(self._comm.Reduce_scatter_block, self._comm.Ireduce_scatter_block,
-                           [_address(self._MPI, x), spec[0]], [_address(self._MPI, out), spec[0]], spec[1])
-                if op is _AVG:
-                    out /= self.size
-                return out
         wire, mpi_type, mpi_op = self._reduce_spec(dtype, op)
         rows = x.shape[0] // self.size
         if out is None:
@@ -440,6 +471,30 @@ class MPICommunicator(Communicator):
 _AVG = ReduceOp.AVG
 _NUMPY = arrays.NUMPY
 _TORCH = arrays.TORCH
+
+
+#: The byte-moving collectives of even shapes with a fast path, and MPI's name of each.
+_MOVES = {ALL_GATHER: "Allgather", GATHER: "Gather", SCATTER: "Scatter", ALL_TO_ALL: "Alltoall"}
+
+
+def _new_numpy(buf: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
+    """A fast path's result for a numpy ``buf`` (``out=`` where given), and its buffer."""
+    if out is None:
+        out = np.empty(shape, dtype=buf.dtype)
+    return out, out
+
+
+def _new_tensor(MPI: Any, adapter: ArrayAdapter, dtype: str) -> Callable[[Any, tuple[int, ...], Any], tuple[Any, Any]]:
+    """A fast path's results for the numpy view of a CPU tensor of ``dtype``: a tensor (or the
+    caller's ``out=``), and its memory by address (see _address)."""
+    torch = sys.modules["torch"]
+    empty, torch_dtype = torch.empty, getattr(torch, dtype)
+
+    def new(buf: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
+        if out is None:
+            out = empty(shape, dtype=torch_dtype)
+        return out, _address(MPI, out)
+    return new
 
 
 def _address(MPI: Any, t: Any) -> Any:

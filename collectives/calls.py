@@ -65,6 +65,19 @@ class Call:
     bus_steps: int = 0
 
 
+class _NotTaken:
+    """What a transport's fast path returns for an array it cannot take (see
+    :meth:`collectives.transport.Transport._fast_path`): the row's method runs the call."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_TAKEN"
+
+
+NOT_TAKEN: Any = _NotTaken()
+
+
 class Request:
     """One call, as the call path hands it to a transport's method (its row's
     :attr:`Call.method`), after every check passed.

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import arrays
 from .arrays import ArrayAdapter
-from .calls import Call, Request, is_int
+from .calls import NOT_TAKEN, Call, Request, is_int
 from .errors import CollectiveError
 from .ops import ReduceOp, check_reduction
 from .transport import Transport
@@ -25,7 +25,7 @@ from .transport import Transport
 # What a communicator remembers per (row, type(x), x.dtype, op as spelled or None) that
 # passed the checks: (per-array check, fast path, adapter, dtype name, ReduceOp or None, the
 # kind's request record, the transport's method of the row, bound).
-Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any], bool], ArrayAdapter, str,
+Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any, Any], Any], ArrayAdapter, str,
              ReduceOp | None, Request, Callable[[Request], Any]]
 
 # Calls whose out= rows are known only once the counts have travelled (checked then).
@@ -69,12 +69,12 @@ class ArgumentChecks:
     def plan(self, call: Call, x: Any, op: Any) -> Plan:
         """The full checks of a kind of ``x`` (and ``op``) not seen before by ``call``, and
         what later calls of that kind run (remembered): the per-array check, the backend's
-        fast path if it has one (``Transport._fast_path``; in-place collectives only, so its
-        result is ``x``), the adapter, dtype name and ReduceOp, the kind's request record (see
+        fast path if it has one (``Transport._fast_path``; collectives of even shapes only: the
+        uneven ones exchange their counts first), the adapter, dtype name and ReduceOp, the kind's request record (see
         :class:`~collectives.calls.Request`) and the transport's method of the row."""
         adapter, dtype, reduce_op = self.check_kind(x, op, call.reduces, call.in_place)
         fast = self._transport._fast_path(call, adapter, dtype, reduce_op) \
-            if call.in_place and call.collective else None
+            if call.collective and not call.counted else None
         # The per-array check: with a fast path, the one that also returns x's host view
         # (without, check_array's None means the fast path, never taken, is never called);
         # then the backend's device check, where it has one.
@@ -163,8 +163,8 @@ def check_split(color: Any, key: Any) -> None:
         raise ValueError(f"key must be between -2**31 and 2**31 - 1; got {key}")
 
 
-def _no_fast_path(view: Any, root: Any) -> bool:
-    return False
+def _no_fast_path(view: Any, root: Any, out: Any) -> Any:
+    return NOT_TAKEN
 
 
 _NUMPY = arrays.NUMPY

@@ -35,6 +35,7 @@ from .calls import (
     BARRIER,
     BROADCAST,
     GATHER,
+    NOT_TAKEN,
     RECV,
     REDUCE,
     REDUCE_SCATTER,
@@ -507,8 +508,8 @@ class Communicator:
         try:
             if self._checking and call.collective:
                 self._check_call(call, reduce_op, root, dtype, x.shape)
-            if view is not None and not async_op and fast(view, root):
-                result = x  # the backend's fast path ran it (see _fast_path)
+            if view is not None and not async_op and (result := fast(view, root, out)) is not NOT_TAKEN:
+                pass  # the backend's fast path ran it (see Transport._fast_path)
             elif self.debug and not call.collective:
                 result = self._p2p.run(call, x, adapter, dtype, root, async_op, extra)
             else:  # the row's transport method; its calls.Request refilled in a 3 and a 2 (no tuple built)
@@ -594,7 +595,6 @@ class Communicator:
             raise self._fault.rank_failure(None) or CollectiveError(self._broken)
         if self._owner != _thread_id() and not in_backward_pass():
             raise wrong_thread(self)
-
 
 __all__ = ["Communicator", "Work", "CollectiveError", "deliver"]
 # Also importable from here, where they used to live: MAX_PENDING, the rows (ALL_REDUCE, ...).

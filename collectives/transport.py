@@ -230,13 +230,17 @@ class Transport(abc.ABC):
         """``TypeError``/``ValueError`` if this backend cannot take ``x`` (device, kind)."""
 
     def _fast_path(self, call: Call, adapter: ArrayAdapter, dtype: str,
-                   reduce_op: ReduceOp | None) -> Callable[[Any, Any], bool] | None:
-        """For backends: a callable ``(view, root)`` that runs the in-place collective
-        ``call`` on ``view``, the C-contiguous numpy array of a host ``x`` of this kind
-        (``adapter.host_view``), blocking; it returns ``False`` when it cannot take that
-        array (the transport's method of the row then does). ``None``: no fast path for this kind.
-        Called once per kind, after every check of the call path has passed; the fast path
-        runs after the checks, the sequence number and the fingerprint of each call."""
+                   reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any], Any] | None:
+        """For backends: a callable ``(view, root, out)`` that runs the collective ``call``
+        (one of even shapes: not the uneven rows) on ``view``, the C-contiguous numpy array of
+        a host ``x`` of this kind (``adapter.host_view``), blocking, and returns the call's
+        result (an in-place call's is ignored: ``x`` is returned), or
+        :data:`collectives.calls.NOT_TAKEN` when it cannot take that array (the transport's
+        method of the row then does). ``out`` is the caller's ``out=`` (checked), else
+        ``None``; a new result is of ``x``'s kind (a torch tensor for a tensor's view).
+        ``None``: no fast path for this kind. Called once per kind, after every check of the
+        call path has passed; the fast path runs after the checks, the sequence number and the
+        fingerprint of each call."""
         return None
 
     def _exchange_small(self, vector: Any) -> Any:
