@@ -57,8 +57,11 @@ from collectives.calls import (
     BROADCAST,
     GATHER,
     NOT_TAKEN,
+    RECV,
+    REDUCE,
     REDUCE_SCATTER,
     SCATTER,
+    SEND,
     Request,
 )
 from collectives.communicator import Communicator
@@ -142,8 +145,8 @@ class MPITransport(MPIChannel):
     # -- collectives --------------------------------------------------------------------
 
     def _fast_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
-                   op: ReduceOp | None) -> Callable[[Any, Any, Any], Any] | None:
-        """The collectives of even shapes on a contiguous host array in as few steps as raw
+                   op: ReduceOp | None) -> Callable[[Any, Any, Any, Any], Any] | None:
+        """The collectives of even shapes, send and recv on a contiguous host array in as few steps as raw
         mpi4py takes: its memory (a CPU tensor's numpy view, as a raw caller passes it) is the
         buffer, bound with the MPI datatype and op once per kind; a new result is allocated
         as a raw caller would (a tensor for a tensor, given to MPI by address). A reduction
@@ -159,7 +162,7 @@ class MPITransport(MPIChannel):
         if call is ALL_REDUCE:
             reduce, start_reduce = comm.Allreduce, comm.Iallreduce
 
-            def all_reduce(buf: Any, root: Any, out: Any) -> Any:
+            def all_reduce(buf: Any, root: Any, out: Any, extra: Any) -> Any:
                 if buf.size > most:
                     return NOT_TAKEN
                 one_call(reduce, start_reduce, in_place, [buf, mpi_type], mpi_op)
@@ -170,16 +173,55 @@ class MPITransport(MPIChannel):
         if call is BROADCAST:
             bcast, start_bcast = comm.Bcast, comm.Ibcast
 
-            def broadcast(buf: Any, root: Any, out: Any) -> Any:
+            def broadcast(buf: Any, root: Any, out: Any, extra: Any) -> Any:
                 if buf.nbytes > most:  # MPI counts the bytes: no uint8 view
                     return NOT_TAKEN
                 one_call(bcast, start_bcast, [buf, byte], root)
                 return buf
             return broadcast
+        rank = self.rank
+        if call is REDUCE:
+            reduce_to, start_reduce_to = comm.Reduce, comm.Ireduce
+
+            def reduce(buf: Any, root: Any, out: Any, extra: Any) -> Any:
+                if buf.size > most:
+                    return NOT_TAKEN
+                if root == rank:
+                    one_call(reduce_to, start_reduce_to, in_place, [buf, mpi_type], mpi_op, root)
+                    if avg:
+                        buf /= size
+                else:  # (MPI leaves the other ranks' x as it is)
+                    one_call(reduce_to, start_reduce_to, [buf, mpi_type], None, mpi_op, root)
+                return buf
+            return reduce
+        if call is SEND:
+            send_to, start_send = comm.Send, comm.Isend
+
+            def send(buf: Any, dst: Any, out: Any, tag: Any) -> Any:
+                if buf.nbytes > most:
+                    return NOT_TAKEN
+                one_call(send_to, start_send, [buf, byte], dst, tag)
+                return None
+            return send
+        if call is RECV:
+            start_recv, status = comm.Irecv, self._MPI.Status()
+            complete, context = self._complete_request, self.context
+
+            def recv(buf: Any, src: Any, out: Any, tag: Any) -> Any:
+                if buf.nbytes > most:
+                    return NOT_TAKEN
+                request = start_recv([buf, byte], src, tag)
+                if not request.Test(status):
+                    complete(request, context.call, status)
+                got = status.Get_count(byte)
+                if got != buf.nbytes:
+                    raise _short_message(src, tag, got, buf.nbytes, buf.shape, dtype)
+                return buf
+            return recv
         if call is REDUCE_SCATTER:
             scatter_block, start_scatter_block = comm.Reduce_scatter_block, comm.Ireduce_scatter_block
 
-            def reduce_scatter(buf: Any, root: Any, out: Any) -> Any:
+            def reduce_scatter(buf: Any, root: Any, out: Any, extra: Any) -> Any:
                 if buf.size // size > most:
                     return NOT_TAKEN
                 result, recv = new(buf, (buf.shape[0] // size, *buf.shape[1:]), out)
@@ -191,11 +233,11 @@ class MPITransport(MPIChannel):
         name = _MOVES.get(call)
         if name is None:
             return None
-        run, start, rank = getattr(comm, name), getattr(comm, _nonblocking(name)), self.rank
+        run, start = getattr(comm, name), getattr(comm, _nonblocking(name))
         if call is ALL_GATHER or call is ALL_TO_ALL:
             stacked = call is ALL_GATHER
 
-            def exchange(buf: Any, root: Any, out: Any) -> Any:
+            def exchange(buf: Any, root: Any, out: Any, extra: Any) -> Any:
                 if buf.nbytes > most:
                     return NOT_TAKEN
                 result, recv = new(buf, (size, *buf.shape) if stacked else buf.shape, out)
@@ -203,7 +245,7 @@ class MPITransport(MPIChannel):
                 return result
             return exchange
         if call is GATHER:
-            def gather(buf: Any, root: Any, out: Any) -> Any:
+            def gather(buf: Any, root: Any, out: Any, extra: Any) -> Any:
                 if buf.nbytes > most:
                     return NOT_TAKEN
                 if root != rank:
@@ -214,7 +256,7 @@ class MPITransport(MPIChannel):
                 return result
             return gather
 
-        def scatter(buf: Any, root: Any, out: Any) -> Any:
+        def scatter(buf: Any, root: Any, out: Any, extra: Any) -> Any:
             if buf.nbytes > most:
                 return NOT_TAKEN
             result, recv = new(buf, buf.shape[1:], out)  # (only the root's buf is read)
@@ -413,9 +455,7 @@ class MPITransport(MPIChannel):
             # MPI refuses a longer message (MPI_ERR_TRUNCATE) but takes a shorter one.
             got, holds = status.Get_count(self._byte), len(data)
             if got != holds:
-                raise ValueError(f"recv from rank {src} (tag {tag}) got {got} bytes, but x "
-                                 f"holds {holds} (shape {tuple(x.shape)}, {dtype}): the "
-                                 "sender's array has another shape or dtype")
+                raise _short_message(src, tag, got, holds, x.shape, dtype)
             if writeback is not None:
                 writeback()
 
@@ -475,6 +515,12 @@ _TORCH = arrays.TORCH
 
 #: The byte-moving collectives of even shapes with a fast path, and MPI's name of each.
 _MOVES = {ALL_GATHER: "Allgather", GATHER: "Gather", SCATTER: "Scatter", ALL_TO_ALL: "Alltoall"}
+
+
+def _short_message(src: int, tag: int, got: int, holds: int, shape: Any, dtype: str) -> ValueError:
+    """A recv's error for a message shorter than x (MPI refuses a longer one: MPI_ERR_TRUNCATE)."""
+    return ValueError(f"recv from rank {src} (tag {tag}) got {got} bytes, but x holds {holds} (shape "
+                      f"{tuple(shape)}, {dtype}): the sender's array has another shape or dtype")
 
 
 def _new_numpy(buf: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:

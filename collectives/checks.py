@@ -25,7 +25,7 @@ from .transport import Transport
 # What a communicator remembers per (row, type(x), x.dtype, op as spelled or None) that
 # passed the checks: (per-array check, fast path, adapter, dtype name, ReduceOp or None, the
 # kind's request record, the transport's method of the row, bound).
-Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any, Any], Any], ArrayAdapter, str,
+Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any, Any, Any], Any], ArrayAdapter, str,
              ReduceOp | None, Request, Callable[[Request], Any]]
 
 # Calls whose out= rows are known only once the counts have travelled (checked then).
@@ -37,7 +37,7 @@ class ArgumentChecks:
     """The checks of the call path for one communicator: of ``size`` ranks, over ``transport``
     (its device check, its fast paths). ``size`` is also what the rows' shape rules read."""
 
-    __slots__ = ("_transport", "size", "plans", "_checks_device")
+    __slots__ = ("_transport", "size", "plans", "_checks_device", "debug")
 
     def __init__(self, transport: Transport, size: int) -> None:
         self._transport = transport
@@ -46,6 +46,8 @@ class ArgumentChecks:
         self.plans: dict[tuple[Any, ...], Plan] = {}
         # Whether the backend checks devices (else the per-array check skips _check_device).
         self._checks_device = type(transport)._check_device is not Transport._check_device
+        #: Debug mode (set by the communicator): send and recv take no fast path (headers go first).
+        self.debug = False
 
     # The checks run on every call. _run first looks the kind of x (its type and dtype,
     # and op) up among the kinds that passed before on this communicator, for this row of
@@ -69,12 +71,13 @@ class ArgumentChecks:
     def plan(self, call: Call, x: Any, op: Any) -> Plan:
         """The full checks of a kind of ``x`` (and ``op``) not seen before by ``call``, and
         what later calls of that kind run (remembered): the per-array check, the backend's
-        fast path if it has one (``Transport._fast_path``; collectives of even shapes only: the
-        uneven ones exchange their counts first), the adapter, dtype name and ReduceOp, the kind's request record (see
-        :class:`~collectives.calls.Request`) and the transport's method of the row."""
+        fast path if it has one (``Transport._fast_path``; not for the uneven collectives, which
+        exchange their counts first, nor for send/recv in debug mode), the adapter, dtype name
+        and ReduceOp, the kind's request record (see :class:`~collectives.calls.Request`) and
+        the transport's method of the row."""
         adapter, dtype, reduce_op = self.check_kind(x, op, call.reduces, call.in_place)
         fast = self._transport._fast_path(call, adapter, dtype, reduce_op) \
-            if call.collective and not call.counted else None
+            if not call.counted and (call.collective or not self.debug) else None
         # The per-array check: with a fast path, the one that also returns x's host view
         # (without, check_array's None means the fast path, never taken, is never called);
         # then the backend's device check, where it has one.
@@ -163,7 +166,7 @@ def check_split(color: Any, key: Any) -> None:
         raise ValueError(f"key must be between -2**31 and 2**31 - 1; got {key}")
 
 
-def _no_fast_path(view: Any, root: Any, out: Any) -> Any:
+def _no_fast_path(view: Any, root: Any, out: Any, extra: Any) -> Any:
     return NOT_TAKEN
 
 

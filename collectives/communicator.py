@@ -121,7 +121,7 @@ class Communicator:
         self._pending, self._reap, self._keep = handles.pending, handles.reap, handles.keep
         self._plans, self._plan, self._check_call = checks.plans, checks.plan, call_check.check
         # Debug mode (COLLECTIVES_DEBUG=1): full fingerprints, and headers ahead of send/recv.
-        self.debug: bool = call_check.level == config.CHECKS_FULL
+        self.debug = checks.debug = call_check.level == config.CHECKS_FULL
         self._checking = call_check.first_checked  # (turned off after it at COLLECTIVES_DEBUG=0)
         if size > 1:
             process_hooks.install_farewell()
@@ -508,7 +508,7 @@ class Communicator:
         try:
             if self._checking and call.collective:
                 self._check_call(call, reduce_op, root, dtype, x.shape)
-            if view is not None and not async_op and (result := fast(view, root, out)) is not NOT_TAKEN:
+            if view is not None and not async_op and (result := fast(view, root, out, extra)) is not NOT_TAKEN:
                 pass  # the backend's fast path ran it (see Transport._fast_path)
             elif self.debug and not call.collective:
                 result = self._p2p.run(call, x, adapter, dtype, root, async_op, extra)

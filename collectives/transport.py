@@ -230,14 +230,15 @@ class Transport(abc.ABC):
         """``TypeError``/``ValueError`` if this backend cannot take ``x`` (device, kind)."""
 
     def _fast_path(self, call: Call, adapter: ArrayAdapter, dtype: str,
-                   reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any], Any] | None:
-        """For backends: a callable ``(view, root, out)`` that runs the collective ``call``
-        (one of even shapes: not the uneven rows) on ``view``, the C-contiguous numpy array of
-        a host ``x`` of this kind (``adapter.host_view``), blocking, and returns the call's
-        result (an in-place call's is ignored: ``x`` is returned), or
-        :data:`collectives.calls.NOT_TAKEN` when it cannot take that array (the transport's
-        method of the row then does). ``out`` is the caller's ``out=`` (checked), else
-        ``None``; a new result is of ``x``'s kind (a torch tensor for a tensor's view).
+                   reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any], Any] | None:
+        """For backends: a callable ``(view, root, out, extra)`` that runs the call ``call``
+        (a collective of even shapes, send or recv: not the uneven rows) on ``view``, the
+        C-contiguous numpy array of a host ``x`` of this kind (``adapter.host_view``),
+        blocking, and returns the call's result (an in-place call's is ignored: ``x`` is
+        returned), or :data:`collectives.calls.NOT_TAKEN` when it cannot take that array (the
+        transport's method of the row then does). ``root`` is the root or peer, ``out`` the
+        caller's ``out=`` (checked) or ``None``, ``extra`` the row's extra argument (send and
+        recv: the tag); a new result is of ``x``'s kind (a tensor for a tensor's view).
         ``None``: no fast path for this kind. Called once per kind, after every check of the
         call path has passed; the fast path runs after the checks, the sequence number and the
         fingerprint of each call."""

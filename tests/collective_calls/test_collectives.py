@@ -618,3 +618,39 @@ def test_debug_mode_send_recv_delivers_in_every_wait_order(debug_world, mode):
     for r in range(2):
         for dtype, got in results[r].items():
             assert got.tobytes() == _bytes_of(values[1 - r][dtype], dtype), (r, dtype)
+
+
+def short_message_job(comm, kind):
+    """Rank 0 sends 3 float32; rank 1 receives them into 4 (blocking, then through a handle).
+    Returns rank 1's (error type, message) of each, and whether its arrays stayed as they were
+    past the 12 bytes received."""
+    sub = comm.split(0)
+    outcomes = []
+    for async_op in (False, True):
+        if sub.rank == 0:
+            sub.send(as_array(np.arange(3, dtype=np.float32), "float32", kind), 1, tag=5)
+        else:
+            box = as_array(np.full(4, -1, np.float32), "float32", kind)
+            try:
+                work = sub.recv(box, 0, tag=5, async_op=async_op)
+                if async_op:
+                    work.wait()
+                outcomes.append(("no error", "", False))
+            except Exception as error:  # noqa: BLE001  (which one is what the test checks)
+                outcomes.append((type(error).__name__, str(error), float(to_numpy(box)[3]) == -1.0))
+    sub.close()
+    return outcomes
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True, ids=world_id)
+def test_recv_of_a_shorter_message_raises_naming_both_sizes(world, kind):
+    """Outside debug mode MPI takes a shorter message than x holds: the recv says so (the fast
+    path of a blocking recv and the handle of an async one alike) instead of returning x
+    partly filled as if it were whole."""
+    outcomes = world.run(short_message_job, [(kind,)] * 2, timeout=60)[1]
+    for name, message, rest_untouched in outcomes:
+        assert name == "ValueError", (name, message)
+        assert "recv from rank 0 (tag 5) got 12 bytes, but x holds 16 (shape (4,), float32)" in message, message
+        assert rest_untouched
