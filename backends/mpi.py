@@ -86,7 +86,7 @@ from .mpi_buffers import (  # noqa: F401  (cupyx_empty_pinned: also importable f
     host_view,
     mpi_cuda_aware,
 )
-from .mpi_channel import MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
+from .mpi_channel import STAGED_BYTES, MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
 from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
     BUSY_POLL_SECONDS,
     FAST_POLLS,
@@ -159,27 +159,46 @@ class MPITransport(MPIChannel):
         mpi_type, mpi_op = spec if spec is not None else (None, None)
         avg = op is _AVG
         new = _new_numpy if adapter is _NUMPY else _new_tensor(self._MPI, adapter, dtype)
+        table, stage, start_staged, rank = self._staged(), self._stage, self._start, self.rank
         if call is ALL_REDUCE:
-            reduce, start_reduce = comm.Allreduce, comm.Iallreduce
+            reduce, start_reduce, reduce_init = comm.Allreduce, comm.Iallreduce, comm.Allreduce_init
 
             def all_reduce(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if buf.size > most:
+                if table is not None and buf.nbytes <= STAGED_BYTES:  # (see MPIChannel._staged)
+                    request, staged = table.get(buf.shape) or stage(
+                        table, buf.shape, buf.shape, buf.dtype,
+                        lambda array: reduce_init(in_place, [array, mpi_type], mpi_op))
+                    staged[...] = buf
+                    start_staged(request)
+                    buf[...] = staged
+                elif buf.size > most:
                     return NOT_TAKEN
-                one_call(reduce, start_reduce, in_place, [buf, mpi_type], mpi_op)
+                else:
+                    one_call(reduce, start_reduce, in_place, [buf, mpi_type], mpi_op)
                 if avg:
                     buf /= size
                 return buf
             return all_reduce
         if call is BROADCAST:
-            bcast, start_bcast = comm.Bcast, comm.Ibcast
+            bcast, start_bcast, bcast_init = comm.Bcast, comm.Ibcast, comm.Bcast_init
 
             def broadcast(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if buf.nbytes > most:  # MPI counts the bytes: no uint8 view
+                if table is not None and buf.nbytes <= STAGED_BYTES:
+                    key = (buf.shape, root)
+                    request, staged = table.get(key) or stage(
+                        table, key, buf.shape, buf.dtype, lambda array: bcast_init([array, byte], root))
+                    if root == rank:
+                        staged[...] = buf
+                        start_staged(request)
+                    else:
+                        start_staged(request)
+                        buf[...] = staged
+                elif buf.nbytes > most:  # MPI counts the bytes: no uint8 view
                     return NOT_TAKEN
-                one_call(bcast, start_bcast, [buf, byte], root)
+                else:
+                    one_call(bcast, start_bcast, [buf, byte], root)
                 return buf
             return broadcast
-        rank = self.rank
         if call is REDUCE:
             reduce_to, start_reduce_to = comm.Reduce, comm.Ireduce
 

@@ -117,6 +117,9 @@ class MPIChannel(Transport):
             self._word_request: Any = self._comm.Allreduce_init(*self._word_args)
         except (NotImplementedError, AttributeError, MPI.Exception):  # MPI < 4
             self._word_request = None
+        # The fast paths' persistent requests of small calls (see _staged): one table per fast
+        # path, {shape (and root): (request, its staging array)}.
+        self._staged_tables: list[dict[Any, tuple[Any, Any]]] = []
 
     @property
     def mpi_comm(self) -> Any:
@@ -298,15 +301,63 @@ class MPIChannel(Transport):
     def _barrier(self) -> None:
         self._collective("Barrier", [()], None, False)
 
+    def _staged(self) -> dict[Any, tuple[Any, Any]] | None:
+        """A new table of persistent requests for one fast path, or ``None`` where the library
+        has no persistent collectives (MPI < 4; ULFM, whose persistent collectives do not
+        report a dead peer as one).
+
+        A small call (up to :data:`STAGED_BYTES`) of a fast path's kind goes through a
+        persistent request of its own shape (``MPI_Allreduce_init``, ... on a staging array
+        kept for it): the data is copied in, the request started and completed, the result
+        copied out. At 2 ranks on one node ``MPI_Start`` + completion takes 0.65 us where
+        ``MPI_Iallreduce`` + ``MPI_Test`` takes 1.6 and ``MPI_Allreduce`` 1.95; the two copies
+        cost ~0.2. Every rank makes the request at the same call (its first call of that kind
+        and shape): the call check has compared kind, dtype, op, root and shape by then, and
+        each rank's table holds the same shapes, made and dropped (the oldest, past
+        :data:`STAGED_SHAPES`) in the same order."""
+        if self._word_request is None:
+            return None
+        table: dict[Any, tuple[Any, Any]] = {}
+        self._staged_tables.append(table)
+        return table
+
+    def _stage(self, table: dict[Any, tuple[Any, Any]], key: Any, shape: tuple[int, ...], dtype: Any,
+               make: Callable[[Any], Any]) -> tuple[Any, Any]:
+        """The (request, staging array) of ``key`` in ``table``: made now (``make(array)``,
+        collective), the oldest of the table freed first when it is full."""
+        if len(table) >= STAGED_SHAPES:
+            request, _ = table.pop(next(iter(table)))
+            request.Free()
+        stage = np.empty(shape, dtype=dtype)
+        entry = table[key] = (make(stage), stage)
+        return entry
+
+    def _start(self, request: Any) -> None:
+        """Start the persistent ``request`` and complete it (under the deadline, as _call)."""
+        request.Start()
+        if self.timeout is None:
+            request.Wait()
+        elif not request.Test():
+            self._wait(request)
+
     def _close(self) -> None:
         MPI = self._MPI
         if not MPI.Is_finalized() and self._comm != MPI.COMM_NULL:
-            if self._word_request is not None and not self.context.broken:  # (an active one stays)
-                self._word_request.Free()
+            if not self.context.broken:  # (an active one stays: MPI may still use it)
+                if self._word_request is not None:
+                    self._word_request.Free()
+                for table in self._staged_tables:
+                    for request, _ in table.values():
+                        request.Free()
+            self._staged_tables.clear()
             self._comm.Free()
 
 
 _AVG = ReduceOp.AVG
+#: Calls of at most this many bytes go through a staged persistent request (see _staged).
+STAGED_BYTES = 4096
+#: Shapes (and roots) per fast path that keep a persistent request at most.
+STAGED_SHAPES = 16
 
 
 def _nothing() -> None:

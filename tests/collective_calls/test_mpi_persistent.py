@@ -207,3 +207,52 @@ def test_mpich_never_prints_freeing_inactive_persistent_request(tmp_path, how):
     assert done.stdout.count("[8.0, 8.0]") == 2  # plain, made and started, started: 1 -> 8
     warned = "freeing inactive persistent request" in done.stderr
     assert warned == (how == "left-on-world"), done.stderr
+
+
+# -- the fast paths' staged persistent requests (backends/mpi_channel.py, MPIChannel._staged) --
+
+def staged_job(comm):
+    """Small all_reduces and broadcasts of more shapes than a table keeps (so the oldest are
+    freed and made again), every root, on the world and on a split; each result against numpy."""
+    from collectives.backends.mpi_channel import STAGED_SHAPES
+
+    sub = comm.split(comm.rank % 2)
+    wrong = []
+    for rnd in range(3):
+        for n in range(1, STAGED_SHAPES + 5):
+            for c in (comm, sub):
+                x = np.arange(n, dtype=np.float32) + c.rank + rnd
+                expected = sum(np.arange(n, dtype=np.float32) + r + rnd for r in range(c.size))
+                got = c.all_reduce(x)
+                if got is not x or not np.array_equal(x, expected):
+                    wrong.append(("all_reduce", n, x.tolist()))
+                for root in range(c.size):
+                    y = np.full((n, 2), c.rank * 10 + rnd, dtype=np.int64)
+                    c.broadcast(y, root)
+                    if not (y == root * 10 + rnd).all():
+                        wrong.append(("broadcast", n, root, y.tolist()))
+    # an AVG and a large call (not staged) between staged ones
+    z = np.full(3, float(comm.rank), dtype=np.float64)
+    comm.all_reduce(z, op="avg")
+    big = np.ones(4096, dtype=np.float64)
+    comm.all_reduce(big)
+    kept = [len(table) for table in comm._transport._staged_tables]
+    from mpi4py import MPI
+
+    requests = [request for table in sub._transport._staged_tables for request, _ in table.values()]
+    sub.close()  # frees them (MPICH warns of requests left when it frees a communicator at exit)
+    freed = bool(requests) and all(request == MPI.REQUEST_NULL for request in requests)
+    return wrong, z.tolist(), float(big[0]), kept, freed
+
+
+@pytest.mark.parametrize("world", [("mpi", 3)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
+def test_small_calls_through_staged_persistent_requests_are_exact(world):
+    from collectives.backends.mpi_channel import STAGED_SHAPES
+
+    results = world.run(staged_job, timeout=120)
+    for rank, (wrong, z, big, kept, freed) in enumerate(results):
+        assert wrong == [], (rank, wrong[:3])
+        assert z == [1.0, 1.0, 1.0] and big == 3.0
+        # the fast paths kept requests (the library has persistent collectives), at most a table's worth each
+        assert kept and max(kept) == STAGED_SHAPES and all(0 <= k <= STAGED_SHAPES for k in kept), kept
+        assert freed  # close() freed the split's requests
