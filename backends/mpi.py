@@ -164,7 +164,7 @@ class MPITransport(MPIChannel):
             reduce, start_reduce, reduce_init = comm.Allreduce, comm.Iallreduce, comm.Allreduce_init
 
             def all_reduce(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if table is not None and buf.nbytes <= STAGED_BYTES:  # (see MPIChannel._staged)
+                if table is not None and 0 < buf.nbytes <= STAGED_BYTES:  # (see MPIChannel._staged)
                     request, staged = table.get(buf.shape) or stage(
                         table, buf.shape, buf.shape, buf.dtype,
                         lambda array: reduce_init(in_place, [array, mpi_type], mpi_op))
@@ -183,7 +183,7 @@ class MPITransport(MPIChannel):
             bcast, start_bcast, bcast_init = comm.Bcast, comm.Ibcast, comm.Bcast_init
 
             def broadcast(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if table is not None and buf.nbytes <= STAGED_BYTES:
+                if table is not None and 0 < buf.nbytes <= STAGED_BYTES:
                     key = (buf.shape, root)
                     request, staged = table.get(key) or stage(
                         table, key, buf.shape, buf.dtype, lambda array: bcast_init([array, byte], root))
@@ -557,7 +557,7 @@ def _new_tensor(MPI: Any, adapter: ArrayAdapter, dtype: str) -> Callable[[Any, t
 
     def new(buf: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
         if out is None:
-            out = empty(shape, dtype=torch_dtype)
+            out = empty(shape, dtype=torch_dtype, device="cpu")  # (whatever torch's default device)
         return out, _address(MPI, out)
     return new
 

@@ -654,3 +654,29 @@ def test_recv_of_a_shorter_message_raises_naming_both_sizes(world, kind):
         assert name == "ValueError", (name, message)
         assert "recv from rank 0 (tag 5) got 12 bytes, but x holds 16 (shape (4,), float32)" in message, message
         assert rest_untouched
+
+
+def default_device_job(comm):
+    """CPU tensors while torch's default device is another ("meta" here; "cuda" in a GPU
+    program): every new result stays on the CPU, beside x."""
+    import torch
+
+    torch.set_default_device("meta")
+    try:
+        x = torch.arange(4, dtype=torch.float32, device="cpu") + comm.rank
+        got = {"all_gather": comm.all_gather(x), "reduce_scatter": comm.reduce_scatter(
+            torch.ones(2 * comm.size, device="cpu")), "all_to_all": comm.all_to_all(
+            torch.arange(comm.size * 2, dtype=torch.float32, device="cpu").reshape(comm.size, 2))}
+    finally:
+        torch.set_default_device("cpu")
+    return {name: (str(t.device), t.tolist()) for name, t in got.items()}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True, ids=world_id)
+def test_new_results_of_cpu_tensors_stay_on_the_cpu_whatever_the_default_device(world):
+    results = world.run(default_device_job, timeout=60)
+    for rank, got in enumerate(results):
+        assert got["all_gather"] == ("cpu", [[0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]])
+        assert got["reduce_scatter"] == ("cpu", [2.0, 2.0])
+        assert got["all_to_all"] == ("cpu", [[2.0 * rank, 2.0 * rank + 1]] * 2), (rank, got)
