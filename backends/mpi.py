@@ -48,22 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from collectives import arrays
+from collectives import arrays, calls
 from collectives.arrays import ArrayAdapter
-from collectives.calls import (
-    ALL_GATHER,
-    ALL_REDUCE,
-    ALL_TO_ALL,
-    BROADCAST,
-    GATHER,
-    NOT_TAKEN,
-    RECV,
-    REDUCE,
-    REDUCE_SCATTER,
-    SCATTER,
-    SEND,
-    Request,
-)
+from collectives.calls import NOT_TAKEN, Request
 from collectives.communicator import Communicator
 from collectives.diagnostics import _exits, process_hooks
 from collectives.errors import BackendUnavailable
@@ -151,6 +138,8 @@ class MPITransport(MPIChannel):
         buffer, bound with the MPI datatype and op once per kind; a new result is allocated
         as a raw caller would (a tensor for a tensor, given to MPI by address). A reduction
         only where MPI reduces the dtype x op as it is."""
+        if not call.collective:
+            return self._fast_point_to_point(call, dtype)
         comm, in_place, size, most, one_call, byte = \
             self._comm, self._in_place, self.size, MAX_COUNT, self._call, self._byte
         spec = self._native[dtype].get(op) if op is not None else None
@@ -160,7 +149,7 @@ class MPITransport(MPIChannel):
         avg = op is _AVG
         new = _new_numpy if adapter is _NUMPY else _new_tensor(self._MPI, adapter, dtype)
         table, stage, start_staged, rank = self._staged(), self._stage, self._start, self.rank
-        if call is ALL_REDUCE:
+        if call is calls.ALL_REDUCE:
             reduce, start_reduce, reduce_init = comm.Allreduce, comm.Iallreduce, comm.Allreduce_init
 
             def all_reduce(buf: Any, root: Any, out: Any, extra: Any) -> Any:
@@ -179,7 +168,7 @@ class MPITransport(MPIChannel):
                     buf /= size
                 return buf
             return all_reduce
-        if call is BROADCAST:
+        if call is calls.BROADCAST:
             bcast, start_bcast, bcast_init = comm.Bcast, comm.Ibcast, comm.Bcast_init
 
             def broadcast(buf: Any, root: Any, out: Any, extra: Any) -> Any:
@@ -199,7 +188,7 @@ class MPITransport(MPIChannel):
                     one_call(bcast, start_bcast, [buf, byte], root)
                 return buf
             return broadcast
-        if call is REDUCE:
+        if call is calls.REDUCE:
             reduce_to, start_reduce_to = comm.Reduce, comm.Ireduce
 
             def reduce(buf: Any, root: Any, out: Any, extra: Any) -> Any:
@@ -213,31 +202,7 @@ class MPITransport(MPIChannel):
                     one_call(reduce_to, start_reduce_to, [buf, mpi_type], None, mpi_op, root)
                 return buf
             return reduce
-        if call is SEND:
-            send_to, start_send = comm.Send, comm.Isend
-
-            def send(buf: Any, dst: Any, out: Any, tag: Any) -> Any:
-                if buf.nbytes > most:
-                    return NOT_TAKEN
-                one_call(send_to, start_send, [buf, byte], dst, tag)
-                return None
-            return send
-        if call is RECV:
-            start_recv, status = comm.Irecv, self._MPI.Status()
-            complete, context = self._complete_request, self.context
-
-            def recv(buf: Any, src: Any, out: Any, tag: Any) -> Any:
-                if buf.nbytes > most:
-                    return NOT_TAKEN
-                request = start_recv([buf, byte], src, tag)
-                if not request.Test(status):
-                    complete(request, context.call, status)
-                got = status.Get_count(byte)
-                if got != buf.nbytes:
-                    raise _short_message(src, tag, got, buf.nbytes, buf.shape, dtype)
-                return buf
-            return recv
-        if call is REDUCE_SCATTER:
+        if call is calls.REDUCE_SCATTER:
             scatter_block, start_scatter_block = comm.Reduce_scatter_block, comm.Ireduce_scatter_block
 
             def reduce_scatter(buf: Any, root: Any, out: Any, extra: Any) -> Any:
@@ -253,8 +218,8 @@ class MPITransport(MPIChannel):
         if name is None:
             return None
         run, start = getattr(comm, name), getattr(comm, _nonblocking(name))
-        if call is ALL_GATHER or call is ALL_TO_ALL:
-            stacked = call is ALL_GATHER
+        if call is calls.ALL_GATHER or call is calls.ALL_TO_ALL:
+            stacked = call is calls.ALL_GATHER
 
             def exchange(buf: Any, root: Any, out: Any, extra: Any) -> Any:
                 if buf.nbytes > most:
@@ -263,7 +228,7 @@ class MPITransport(MPIChannel):
                 one_call(run, start, [buf, byte], [recv, byte])
                 return result
             return exchange
-        if call is GATHER:
+        if call is calls.GATHER:
             def gather(buf: Any, root: Any, out: Any, extra: Any) -> Any:
                 if buf.nbytes > most:
                     return NOT_TAKEN
@@ -282,6 +247,34 @@ class MPITransport(MPIChannel):
             one_call(run, start, [buf, byte] if root == rank else None, [recv, byte], root)
             return result
         return scatter
+
+    def _fast_point_to_point(self, call: Any, dtype: str) -> Callable[[Any, Any, Any, Any], Any]:
+        """send's and recv's fast paths (see _fast_path): the blocking call on x's memory;
+        a recv whose message is shorter than x raises (MPI refuses a longer one)."""
+        comm, most, byte = self._comm, MAX_COUNT, self._byte
+        if call is calls.SEND:
+            send_to, start_send, one_call = comm.Send, comm.Isend, self._call
+
+            def send(buf: Any, dst: Any, out: Any, tag: Any) -> Any:
+                if buf.nbytes <= most:
+                    one_call(send_to, start_send, [buf, byte], dst, tag)
+                    return None
+                return NOT_TAKEN
+            return send
+        start_recv, status = comm.Irecv, self._MPI.Status()
+        complete, context = self._complete_request, self.context
+
+        def recv(buf: Any, src: Any, out: Any, tag: Any) -> Any:
+            if buf.nbytes > most:
+                return NOT_TAKEN
+            request = start_recv([buf, byte], src, tag)
+            if not request.Test(status):
+                complete(request, context.call, status)
+            got = status.Get_count(byte)
+            if got != buf.nbytes:
+                raise _short_message(src, tag, got, buf.nbytes, buf.shape, dtype)
+            return buf
+        return recv
 
     def _all_reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
@@ -533,7 +526,7 @@ _TORCH = arrays.TORCH
 
 
 #: The byte-moving collectives of even shapes with a fast path, and MPI's name of each.
-_MOVES = {ALL_GATHER: "Allgather", GATHER: "Gather", SCATTER: "Scatter", ALL_TO_ALL: "Alltoall"}
+_MOVES = {calls.ALL_GATHER: "Allgather", calls.GATHER: "Gather", calls.SCATTER: "Scatter", calls.ALL_TO_ALL: "Alltoall"}
 
 
 def _short_message(src: int, tag: int, got: int, holds: int, shape: Any, dtype: str) -> ValueError:

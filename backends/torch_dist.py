@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from typing import Any
 
 from collectives import arrays
@@ -191,6 +192,11 @@ class TorchTransport(TorchGroup):
             if staged is not t:
                 t.copy_(staged)
 
+        return self._finished(x, work, finish, async_op)
+
+    def _finished(self, x: Any, work: Any, finish: Callable[[], None], async_op: bool) -> Work | None:
+        """A call's end: with ``async_op`` a handle that runs ``finish`` once torch's ``work``
+        completes, else ``finish()`` now (the call blocked) and ``None``."""
         if async_op:
             return _TorchWork(x, work, finish, self)
         finish()
@@ -317,10 +323,7 @@ class TorchTransport(TorchGroup):
             if staged is not t:
                 t.copy_(staged)
 
-        if async_op:
-            return _TorchWork(x, work, finish, self)
-        finish()
-        return None
+        return self._finished(x, work, finish, async_op)
 
     @_torch_call
     def _all_gather_new(self, x: Any, adapter: ArrayAdapter, dtype: str) -> Any:
