@@ -101,6 +101,16 @@ class CupyNcclChannel(Transport):
     def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
         check_cuda_array(x, adapter, self.device)
 
+    def _enter(self, x: Any, adapter: ArrayAdapter, flush: bool = True) -> tuple[Any, Any]:
+        """The array library of ``adapter`` and the stream of ``x`` that a call runs on; the
+        grouped point-to-point calls pending are launched first (``flush``), unless the call
+        is one of them."""
+        lib = self._library(adapter)
+        stream = lib.stream(x)
+        if flush:
+            self._flush_group()
+        return lib, stream
+
     def _library(self, adapter: ArrayAdapter) -> Any:
         library = self._libraries.get(adapter)
         if library is None:
@@ -118,9 +128,12 @@ class CupyNcclChannel(Transport):
         return out
 
     def _done(self, lib: Any, stream: Any, async_op: bool, result: Any, like: Any = None,
-              keep: Any = None) -> Any:
-        """After a call was enqueued on ``stream``: a handle when ``async_op``; else ``result``,
+              keep: Any = None, writeback: Callable[[], None] | None = None) -> Any:
+        """After a call was enqueued on ``stream`` (and ``writeback``, the copy of a staged
+        result back into x, enqueued after it): a handle when ``async_op``; else ``result``,
         once the call completed when there is a timeout (without one, at once)."""
+        if writeback is not None:
+            writeback()
         if async_op:
             return _StreamWork(result, lib, lib.record(stream), self, like=like, keep=keep)
         if self.timeout is not None:

@@ -138,10 +138,8 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _all_reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
-        lib = self._library(adapter)
         plan = reduce_plan(dtype, op, self._bfloat16_native)
-        stream = lib.stream(x)
-        self._flush_group()
+        lib, stream = self._enter(x, adapter)
         buf, writeback = _wire_buffer(x, adapter, dtype, op, plan)
         if plan.nccl_op is None:
             adapter.copy_(buf, fold_bitwise(self._gather_rows(lib, adapter, buf, stream), ReduceOp(plan.fold)))
@@ -151,18 +149,14 @@ class CupyNcclTransport(CupyNcclChannel):
                                  NCCL_OPS[plan.nccl_op], lib.stream_ptr(stream))
         if plan.divide:
             divide_(buf, self.size)
-        if writeback is not None:
-            writeback()
-        return self._done(lib, stream, async_op, x)
+        return self._done(lib, stream, async_op, x, writeback=writeback)
 
     def _reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, dst, async_op = r.x, r.adapter, r.dtype, r.op, r.root, r.async_op
         plan = reduce_plan(dtype, op, self._bfloat16_native)
         if plan.nccl_op is None:  # bitwise ops: all_gather and fold, kept on dst
             return super()._reduce(r)
-        lib = self._library(adapter)
-        stream = lib.stream(x)
-        self._flush_group()
+        lib, stream = self._enter(x, adapter)
         buf, writeback = _wire_buffer(x, adapter, dtype, op, plan)
         ptr = lib.ptr(buf)
         # In place: NCCL writes recvbuff on dst only, so x stays as it was on the other ranks.
@@ -177,31 +171,23 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _broadcast(self, r: Request) -> Any:
         x, adapter, dtype, src, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
-        lib = self._library(adapter)
-        stream = lib.stream(x)
-        self._flush_group()
+        lib, stream = self._enter(x, adapter)
         buf, writeback = stage(x, adapter, dtype, None)
         ptr = lib.ptr(buf)
         self._comm.broadcast(ptr, ptr, nbytes(buf), NCCL_DTYPES["uint8"], src,
                              lib.stream_ptr(stream))
-        if writeback is not None:
-            writeback()
-        return self._done(lib, stream, async_op, x)
+        return self._done(lib, stream, async_op, x, writeback=writeback)
 
     def _all_gather(self, r: Request) -> Any:
         x, adapter, dtype, out, async_op = r.x, r.adapter, r.dtype, r.out, r.async_op
-        lib = self._library(adapter)
-        stream = lib.stream(x)
-        self._flush_group()
+        lib, stream = self._enter(x, adapter)
         buf, _ = stage(x, adapter, dtype, None)
         return self._done(lib, stream, async_op, self._gather_rows(lib, adapter, buf, stream, out))
 
     def _reduce_scatter(self, r: Request) -> Any:
         x, adapter, dtype, op, out, async_op = r.x, r.adapter, r.dtype, r.op, r.out, r.async_op
-        lib = self._library(adapter)
         plan = reduce_plan(dtype, op, self._bfloat16_native)
-        stream = lib.stream(x)
-        self._flush_group()
+        lib, stream = self._enter(x, adapter)
         buf, _ = _wire_buffer(x, adapter, dtype, op, plan)  # only read: x stays as it is
         rows = int(x.shape[0]) // self.size
         shape = (rows, *tuple(x.shape)[1:])
@@ -243,8 +229,7 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _gather(self, r: Request) -> Any:
         x, adapter, dtype, dst, out, async_op = r.x, r.adapter, r.dtype, r.root, r.out, r.async_op
-        lib = self._library(adapter)
-        stream = lib.stream(x)
+        lib, stream = self._enter(x, adapter, flush=False)
         buf, _ = stage(x, adapter, dtype, None)
         result = None
         if self.rank == dst:
@@ -255,8 +240,7 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _scatter(self, r: Request) -> Any:
         x, adapter, dtype, src, out, async_op = r.x, r.adapter, r.dtype, r.root, r.out, r.async_op
-        lib = self._library(adapter)
-        stream = lib.stream(x)
+        lib, stream = self._enter(x, adapter, flush=False)
         buf = stage(x, adapter, dtype, None)[0] if self.rank == src else None
         result = out if out is not None else adapter.empty(x, tuple(x.shape)[1:])
         row_size = row_bytes(x)
@@ -265,8 +249,7 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _all_to_all(self, r: Request) -> Any:
         x, adapter, dtype, out, async_op = r.x, r.adapter, r.dtype, r.out, r.async_op
-        lib = self._library(adapter)
-        stream = lib.stream(x)
+        lib, stream = self._enter(x, adapter, flush=False)
         buf, _ = stage(x, adapter, dtype, None)
         result = out if out is not None else adapter.empty(buf, tuple(buf.shape))
         row_size = row_bytes(x)
@@ -275,8 +258,7 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _all_to_all_v(self, r: Request) -> Any:
         x, adapter, dtype, splits, out, async_op = r.x, r.adapter, r.dtype, r.extra, r.out, r.async_op
-        lib = self._library(adapter)
-        stream = lib.stream(x)
+        lib, stream = self._enter(x, adapter, flush=False)
         buf, _ = stage(x, adapter, dtype, None)
         rows = sum(row[self.rank] for row in splits)
         result = out if out is not None else adapter.empty(buf, (rows, *tuple(x.shape)[1:]))
@@ -286,8 +268,7 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _all_gather_v(self, r: Request) -> Any:
         x, adapter, dtype, counts, out, async_op = r.x, r.adapter, r.dtype, r.extra, r.out, r.async_op
-        lib = self._library(adapter)
-        stream = lib.stream(x)
+        lib, stream = self._enter(x, adapter, flush=False)
         buf, _ = stage(x, adapter, dtype, None)
         result = out if out is not None else adapter.empty(buf, (sum(counts), *tuple(x.shape)[1:]))
         row_size = row_bytes(x)
@@ -297,44 +278,31 @@ class CupyNcclTransport(CupyNcclChannel):
     # -- point-to-point ---------------------------------------------------------------------
 
     def _send(self, r: Request) -> Work | None:
-        x, adapter, dtype, dst, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
-        # NCCL has no tags: calls between two ranks match in the order they are made.
-        lib = self._library(adapter)
-        stream = lib.stream(x)
-        buf, _ = stage(x, adapter, dtype, None)
-        length = nbytes(buf)
-
-        def issue(stream_ptr: int) -> None:
-            if length:  # the receiver knows the size too: both leave a zero-byte call out
-                self._comm.send(lib.ptr(buf), length, NCCL_DTYPES["uint8"], dst, stream_ptr)
-
-        if async_op:
-            return self._grouped_p2p(lib, stream, x, issue, keep=buf)
-        self._flush_group()
-        issue(lib.stream_ptr(stream))
-        self._done(lib, stream, False, None)
-        return None
+        return self._point_to_point(r, receive=False)
 
     def _recv(self, r: Request) -> Work | None:
-        x, adapter, dtype, src, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
-        lib = self._library(adapter)
-        stream = lib.stream(x)
+        return self._point_to_point(r, receive=True)
+
+    def _point_to_point(self, r: Request, receive: bool) -> Work | None:
+        """send or recv of x with the peer ``r.root``. NCCL has no tags: calls between two
+        ranks match in the order they are made."""
+        x, adapter, dtype, peer, async_op = r.x, r.adapter, r.dtype, r.root, r.async_op
+        lib, stream = self._enter(x, adapter, flush=False)
         buf, writeback = stage(x, adapter, dtype, None)
-        length = nbytes(buf)
+        if not receive:
+            writeback = None  # (a send only reads its staging copy)
+        length, move = nbytes(buf), self._comm.recv if receive else self._comm.send
 
         def issue(stream_ptr: int) -> None:
-            if length:
-                self._comm.recv(lib.ptr(buf), length, NCCL_DTYPES["uint8"], src, stream_ptr)
+            if length:  # the peer knows the size too: both leave a zero-byte call out
+                move(lib.ptr(buf), length, NCCL_DTYPES["uint8"], peer, stream_ptr)
 
         if async_op:
             return self._grouped_p2p(lib, stream, x, issue, keep=buf, then=writeback)
         self._flush_group()
         issue(lib.stream_ptr(stream))
-        if writeback is not None:
-            writeback()
-        self._done(lib, stream, False, None)
+        self._done(lib, stream, False, None, writeback=writeback)
         return None
-
 
     def _split(self, color: int | None, key: int) -> CupyNcclTransport | None:
         self._flush_group()

@@ -356,28 +356,20 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     @_operation("gather")
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts: Any = None) -> CollectivesWork:
-        root = _opt(opts, "rootRank", 0)
-        self._check_rooted("gather", arguments.gather, output_tensors, input_tensors, root)
-        x = input_tensors[0]
-
-        def run(comm: Communicator) -> Any:
-            agree(comm, "gather", x, None)
-            gathered = comm.gather(x, root)
+        def run(comm: Communicator, root: int) -> Any:
+            gathered = comm.gather(input_tensors[0], root)
             if gathered is not None:
                 for row, t in zip(gathered, output_tensors[0]):
                     t.copy_(row)
             return _gloo_value(output_tensors)
-        return self._submit([x, *_flat(output_tensors)], run, "gather")
+        return self._rooted("gather", arguments.gather, output_tensors, input_tensors, opts, run,
+                            lambda: [input_tensors[0], *_flat(output_tensors)])
 
     @_operation("scatter")
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                 opts: Any = None) -> CollectivesWork:
-        root = _opt(opts, "rootRank", 0)
-        self._check_rooted("scatter", arguments.scatter, output_tensors, input_tensors, root)
-        output = output_tensors[0]
-
-        def run(comm: Communicator) -> Any:
-            agree(comm, "scatter", output, None)
+        def run(comm: Communicator, root: int) -> Any:
+            output = output_tensors[0]
             if comm.rank == root:
                 rows = torch.stack(input_tensors[0])
             else:  # only the root's rows are read; the others pass the shape
@@ -387,21 +379,40 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             if out is None:
                 output.copy_(result)
             return output_tensors
-        return self._submit([*output_tensors, *_flat(input_tensors)], run, "scatter")
+        return self._rooted("scatter", arguments.scatter, output_tensors, input_tensors, opts, run,
+                            lambda: [*output_tensors, *_flat(input_tensors)])
+
+    def _rooted(self, operation: str, check: Any, outputs: Any, inputs: Any, opts: Any,
+                body: Callable[[Communicator, int], Any], tensors: Callable[[], list[torch.Tensor]]
+                ) -> CollectivesWork:
+        """gather's and scatter's frame: the root from ``opts``, the arguments checked (see
+        :meth:`_check_rooted`), then ``body(comm, root)`` once the ranks have agreed on the
+        call (:mod:`collectives.c10d.agreement`); ``tensors()``: every tensor of the call."""
+        root = _opt(opts, "rootRank", 0)
+        self._check_rooted(operation, check, outputs, inputs, root)
+        single = (inputs if operation == "gather" else outputs)[0]  # the tensor every rank passes
+
+        def run(comm: Communicator) -> Any:
+            agree(comm, operation, single, None)
+            return body(comm, root)
+        return self._submit(tensors(), run, operation)
 
     @_operation("send")
     def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> CollectivesWork:  # noqa: N803
-        def run(comm: Communicator) -> Any:
-            return Started(AllOf(comm.send(t, dstRank, tag=tag, async_op=True) for t in tensors),
-                           tensors, f"send to rank {dstRank} (tag {tag})")
-        return self._submit(tensors, run, f"send to rank {dstRank} (tag {tag})")
+        return self._point_to_point(tensors, dstRank, tag, "send", f"send to rank {dstRank} (tag {tag})")
 
     @_operation("recv")
     def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> CollectivesWork:  # noqa: N803
+        return self._point_to_point(tensors, srcRank, tag, "recv", f"recv from rank {srcRank} (tag {tag})")
+
+    def _point_to_point(self, tensors: list[torch.Tensor], peer: int, tag: int, method: str,
+                        name: str) -> CollectivesWork:
+        """send or recv (``method``) of each tensor with ``peer``, started together: the work
+        completes once all have."""
         def run(comm: Communicator) -> Any:
-            return Started(AllOf(comm.recv(t, srcRank, tag=tag, async_op=True) for t in tensors),
-                           tensors, f"recv from rank {srcRank} (tag {tag})")
-        return self._submit(tensors, run, f"recv from rank {srcRank} (tag {tag})")
+            move = getattr(comm, method)
+            return Started(AllOf(move(t, peer, tag=tag, async_op=True) for t in tensors), tensors, name)
+        return self._submit(tensors, run, name)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> CollectivesWork:
         raise ValueError("the 'collectives' backend has no recv from any source; name the src rank")
