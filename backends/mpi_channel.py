@@ -315,7 +315,7 @@ class MPIChannel(Transport):
         and shape): the call check has compared kind, dtype, op, root and shape by then, and
         each rank's table holds the same shapes, made and dropped (the oldest, past
         :data:`STAGED_SHAPES`) in the same order."""
-        if self._word_request is None:
+        if self._word_request is None or self.size == 1:  # (one rank: nothing to wait for)
             return None
         table: dict[Any, tuple[Any, Any]] = {}
         self._staged_tables.append(table)
@@ -333,11 +333,10 @@ class MPIChannel(Transport):
         return entry
 
     def _start(self, request: Any) -> None:
-        """Start the persistent ``request`` and complete it (under the deadline, as _call)."""
+        """Start the persistent ``request`` and complete it by polling, under the deadline if
+        there is one (MPICH's MPI_Wait on a persistent request took 0.8 us more at 2 ranks)."""
         request.Start()
-        if self.timeout is None:
-            request.Wait()
-        elif not request.Test():
+        if not request.Test():
             self._wait(request)
 
     def _close(self) -> None:
