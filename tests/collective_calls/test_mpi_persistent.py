@@ -237,12 +237,17 @@ def staged_job(comm):
     big = np.ones(4096, dtype=np.float64)
     comm.all_reduce(big)
     kept = [len(table) for table in comm._transport._staged_tables]
+    alone = comm.split(comm.rank)  # one rank: nothing to wait for, no request
+    alone.all_reduce(np.ones(3))
+    kept_alone = len(alone._transport._staged_tables)
+    alone.close()
     from mpi4py import MPI
 
     requests = [request for table in sub._transport._staged_tables for request, _ in table.values()]
     sub.close()  # frees them (MPICH warns of requests left when it frees a communicator at exit)
-    freed = bool(requests) and all(request == MPI.REQUEST_NULL for request in requests)
-    return wrong, z.tolist(), float(big[0]), kept, freed
+    # (a split of one rank keeps none: it has nobody to wait for)
+    freed = (bool(requests) or sub.size == 1) and all(request == MPI.REQUEST_NULL for request in requests)
+    return wrong, z.tolist(), float(big[0]), kept, freed, kept_alone
 
 
 @pytest.mark.parametrize("world", [("mpi", 3)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
@@ -250,9 +255,10 @@ def test_small_calls_through_staged_persistent_requests_are_exact(world):
     from collectives.backends.mpi_channel import STAGED_SHAPES
 
     results = world.run(staged_job, timeout=120)
-    for rank, (wrong, z, big, kept, freed) in enumerate(results):
+    for rank, (wrong, z, big, kept, freed, kept_alone) in enumerate(results):
         assert wrong == [], (rank, wrong[:3])
         assert z == [1.0, 1.0, 1.0] and big == 3.0
         # the fast paths kept requests (the library has persistent collectives), at most a table's worth each
         assert kept and max(kept) == STAGED_SHAPES and all(0 <= k <= STAGED_SHAPES for k in kept), kept
         assert freed  # close() freed the split's requests
+        assert kept_alone == 0
