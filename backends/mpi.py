@@ -148,12 +148,14 @@ class MPITransport(MPIChannel):
         mpi_type, mpi_op = spec if spec is not None else (None, None)
         avg = op is _AVG
         new = _new_numpy if adapter is _NUMPY else _new_tensor(self._MPI, adapter, dtype)
-        table, stage, start_staged, rank = self._staged(), self._stage, self._start, self.rank
+        # Small calls under a timeout through staged persistent requests (see MPIChannel._staged);
+        # without a timeout the blocking call, as COLLECTIVES_TIMEOUT=0 promises.
+        table, stage, start_staged, rank, channel = self._staged(), self._stage, self._start, self.rank, self
         if call is calls.ALL_REDUCE:
             reduce, start_reduce, reduce_init = comm.Allreduce, comm.Iallreduce, comm.Allreduce_init
 
             def all_reduce(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if table is not None and 0 < buf.nbytes <= STAGED_BYTES:  # (see MPIChannel._staged)
+                if table is not None and 0 < buf.nbytes <= STAGED_BYTES and channel.timeout is not None:
                     request, staged = table.get(buf.shape) or stage(
                         table, buf.shape, buf.shape, buf.dtype,
                         lambda array: reduce_init(in_place, [array, mpi_type], mpi_op))
@@ -172,7 +174,7 @@ class MPITransport(MPIChannel):
             bcast, start_bcast, bcast_init = comm.Bcast, comm.Ibcast, comm.Bcast_init
 
             def broadcast(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if table is not None and 0 < buf.nbytes <= STAGED_BYTES:
+                if table is not None and 0 < buf.nbytes <= STAGED_BYTES and channel.timeout is not None:
                     key = (buf.shape, root)
                     request, staged = table.get(key) or stage(
                         table, key, buf.shape, buf.dtype, lambda array: bcast_init([array, byte], root))

@@ -120,6 +120,7 @@ class MPIChannel(Transport):
         # The fast paths' persistent requests of small calls (see _staged): one table per fast
         # path, {shape (and root): (request, its staging array)}.
         self._staged_tables: list[dict[Any, tuple[Any, Any]]] = []
+        self._unheard: set[int] = set()  # once closed: the peers whose farewell has not arrived
 
     @property
     def mpi_comm(self) -> Any:
@@ -306,7 +307,7 @@ class MPIChannel(Transport):
         has no persistent collectives (MPI < 4; ULFM, whose persistent collectives do not
         report a dead peer as one).
 
-        A small call (up to :data:`STAGED_BYTES`) of a fast path's kind goes through a
+        A small call (up to :data:`STAGED_BYTES`, under a timeout) of a fast path's kind goes through a
         persistent request of its own shape (``MPI_Allreduce_init``, ... on a staging array
         kept for it): the data is copied in, the request started and completed, the result
         copied out. At 2 ranks on one node ``MPI_Start`` + completion takes 0.65 us where
@@ -333,8 +334,8 @@ class MPIChannel(Transport):
         return entry
 
     def _start(self, request: Any) -> None:
-        """Start the persistent ``request`` and complete it by polling, under the deadline if
-        there is one (MPICH's MPI_Wait on a persistent request took 0.8 us more at 2 ranks)."""
+        """Start the persistent ``request`` and complete it by polling under the deadline
+        (the fast paths take this route only under a timeout)."""
         request.Start()
         if not request.Test():
             self._wait(request)
@@ -349,10 +350,32 @@ class MPIChannel(Transport):
                     for request, _ in table.values():
                         request.Free()
             self._staged_tables.clear()
-            self._comm.Free()
+            self._unheard = {peer for peer in range(self.size)
+                             if peer != self.rank and not self.context.has_left(peer)}
+            _UNFREED[:] = [channel for channel in _UNFREED if not channel._free_once_heard()]
+            if not self._free_once_heard():
+                _UNFREED.append(self)
+
+    def _free_once_heard(self) -> bool:
+        """Free the MPI communicator of this closed channel if every peer's farewell has arrived
+        (taken now), and say whether it did. A farewell left unreceived on a freed communicator
+        can be matched on the next one MPI gives the same context id: with Open MPI 5 that
+        communicator's first collective then never completes. A channel whose peers have not
+        all said farewell yet waits in ``_UNFREED`` (looked at again whenever a channel
+        closes); one whose peers never do (they end without it) is left to MPI_Finalize."""
+        if self._MPI.Is_finalized():
+            return True
+        for peer, _, _ in self._peers_left():
+            self._unheard.discard(peer)
+        if self._unheard:
+            return False
+        self._comm.Free()
+        return True
 
 
 _AVG = ReduceOp.AVG
+#: Closed channels whose communicator waits for a peer's farewell before it is freed.
+_UNFREED: list[MPIChannel] = []
 #: Calls of at most this many bytes go through a staged persistent request (see _staged).
 STAGED_BYTES = 4096
 #: Shapes (and roots) per fast path that keep a persistent request at most.

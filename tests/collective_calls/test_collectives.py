@@ -680,3 +680,33 @@ def test_new_results_of_cpu_tensors_stay_on_the_cpu_whatever_the_default_device(
         assert got["all_gather"] == ("cpu", [[0.0, 1.0, 2.0, 3.0], [1.0, 2.0, 3.0, 4.0]])
         assert got["reduce_scatter"] == ("cpu", [2.0, 2.0])
         assert got["all_to_all"] == ("cpu", [[2.0 * rank, 2.0 * rank + 1]] * 2), (rank, got)
+
+
+def split_close_split_job(comm):
+    """Splits made and closed in turn: the first closed unused on every rank, the next ones
+    used and closed at each rank's own moment (rank 0 at once, the others after one more call
+    on the parent): every split's collectives complete."""
+    comm.split(0).close()
+    sums = []
+    for round_ in range(4):
+        sub = comm.split(0)
+        sums.append(float(sub.all_reduce(np.full(3, float(round_)))[0]))
+        sub.broadcast(np.zeros(2), 0)
+        if comm.rank == 0:
+            sub.close()
+            comm.all_reduce(np.ones(1))
+        else:
+            comm.all_reduce(np.ones(1))
+            sub.close()
+    return sums
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [("mpi", 2), ("mpi", 3)], indirect=True, ids=world_id)
+def test_a_closed_split_leaves_nothing_for_the_next_one(world):
+    """A closed communicator's farewells, left unreceived on a freed MPI communicator, were
+    matched on the next one MPI gave the same context id: on Open MPI 5 its first collective
+    never completed. Each split's collectives here complete, with the right sums."""
+    results = world.run(split_close_split_job, timeout=60)
+    for sums in results:
+        assert sums == [float(r * world.size) for r in range(4)], sums
