@@ -151,45 +151,51 @@ class MPITransport(MPIChannel):
         # Small calls under a timeout through staged persistent requests (see MPIChannel._staged);
         # without a timeout the blocking call, as COLLECTIVES_TIMEOUT=0 promises.
         table, stage, start_staged, rank, channel = self._staged(), self._stage, self._start, self.rank, self
+        def staged_or(plain: Callable[[Any, Any, Any, Any], Any], make: Callable[[Any, Any], Any],
+                      rooted: bool) -> Callable[[Any, Any, Any, Any], Any]:
+            """``plain``, or for a small call under a timeout its staged persistent request
+            (``make(array, root)``; see MPIChannel._staged): x copied in (on the root, if
+            ``rooted``), the request run, the result copied out (off the root, if ``rooted``)."""
+            if table is None:
+                return plain
+
+            def staged(buf: Any, root: Any, out: Any, extra: Any) -> Any:
+                if not 0 < buf.nbytes <= STAGED_BYTES or channel.timeout is None:
+                    return plain(buf, root, out, extra)
+                key = (buf.shape, root) if rooted else buf.shape
+                request, array = table.get(key) or stage(
+                    table, key, buf.shape, buf.dtype, lambda new_array: make(new_array, root))
+                if not rooted or root == rank:
+                    array[...] = buf
+                start_staged(request)
+                if not rooted or root != rank:
+                    buf[...] = array
+                if avg:
+                    buf /= size
+                return buf
+            return staged
+
         if call is calls.ALL_REDUCE:
             reduce, start_reduce, reduce_init = comm.Allreduce, comm.Iallreduce, comm.Allreduce_init
 
             def all_reduce(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if table is not None and 0 < buf.nbytes <= STAGED_BYTES and channel.timeout is not None:
-                    request, staged = table.get(buf.shape) or stage(
-                        table, buf.shape, buf.shape, buf.dtype,
-                        lambda array: reduce_init(in_place, [array, mpi_type], mpi_op))
-                    staged[...] = buf
-                    start_staged(request)
-                    buf[...] = staged
-                elif buf.size > most:
+                if buf.size > most:
                     return NOT_TAKEN
-                else:
-                    one_call(reduce, start_reduce, in_place, [buf, mpi_type], mpi_op)
+                one_call(reduce, start_reduce, in_place, [buf, mpi_type], mpi_op)
                 if avg:
                     buf /= size
                 return buf
-            return all_reduce
+            return staged_or(all_reduce, lambda array, root: reduce_init(in_place, [array, mpi_type], mpi_op),
+                             rooted=False)
         if call is calls.BROADCAST:
             bcast, start_bcast, bcast_init = comm.Bcast, comm.Ibcast, comm.Bcast_init
 
             def broadcast(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if table is not None and 0 < buf.nbytes <= STAGED_BYTES and channel.timeout is not None:
-                    key = (buf.shape, root)
-                    request, staged = table.get(key) or stage(
-                        table, key, buf.shape, buf.dtype, lambda array: bcast_init([array, byte], root))
-                    if root == rank:
-                        staged[...] = buf
-                        start_staged(request)
-                    else:
-                        start_staged(request)
-                        buf[...] = staged
-                elif buf.nbytes > most:  # MPI counts the bytes: no uint8 view
+                if buf.nbytes > most:  # MPI counts the bytes: no uint8 view
                     return NOT_TAKEN
-                else:
-                    one_call(bcast, start_bcast, [buf, byte], root)
+                one_call(bcast, start_bcast, [buf, byte], root)
                 return buf
-            return broadcast
+            return staged_or(broadcast, lambda array, root: bcast_init([array, byte], root), rooted=True)
         if call is calls.REDUCE:
             reduce_to, start_reduce_to = comm.Reduce, comm.Ireduce
 
