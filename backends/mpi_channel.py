@@ -358,15 +358,21 @@ class MPIChannel(Transport):
 
     def _free_once_heard(self) -> bool:
         """Free the MPI communicator of this closed channel if every peer's farewell has arrived
-        (taken now), and say whether it did. A farewell left unreceived on a freed communicator
-        can be matched on the next one MPI gives the same context id: with Open MPI 5 that
-        communicator's first collective then never completes. A channel whose peers have not
-        all said farewell yet waits in ``_UNFREED`` (looked at again whenever a channel
-        closes); one whose peers never do (they end without it) is left to MPI_Finalize."""
-        if self._MPI.Is_finalized():
+        (taken now); whether the channel is done (freed, or given up: below). A farewell left
+        unreceived on a freed communicator can be matched on the next one MPI gives the same
+        context id: with Open MPI 5 that communicator's first collective then never completes.
+        A channel whose peers have not all said farewell yet waits in ``_UNFREED`` (looked at
+        again whenever a channel closes); one whose peers never do (they end without it) is
+        left to MPI_Finalize, as is one where looking fails (a peer lost: nothing more
+        arrives); both count as done."""
+        MPI = self._MPI
+        if MPI.Is_finalized():
             return True
-        for peer, _, _ in self._peers_left():
-            self._unheard.discard(peer)
+        try:
+            for peer, _, _ in self._peers_left():
+                self._unheard.discard(peer)
+        except MPI.Exception:
+            return True
         if self._unheard:
             return False
         self._comm.Free()
