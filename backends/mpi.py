@@ -72,6 +72,7 @@ from .mpi_buffers import (  # noqa: F401  (cupyx_empty_pinned: also importable f
     hand_over,
     host_view,
     mpi_cuda_aware,
+    tensor_address,
 )
 from .mpi_channel import STAGED_BYTES, MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
 from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
@@ -147,10 +148,11 @@ class MPITransport(MPIChannel):
             return None
         mpi_type, mpi_op = spec if spec is not None else (None, None)
         avg = op is _AVG
-        new = _new_numpy if adapter is _NUMPY else _new_tensor(self._MPI, adapter, dtype)
+        new = _new_numpy if adapter is _NUMPY else _new_tensor(self._MPI, dtype)
         # Small calls under a timeout through staged persistent requests (see MPIChannel._staged);
         # without a timeout the blocking call, as COLLECTIVES_TIMEOUT=0 promises.
-        table, stage, start_staged, rank, channel = self._staged(), self._stage, self._start, self.rank, self
+        table, stage, start_staged, rank = self._staged(), self._stage, self._start, self.rank
+
         def staged_or(plain: Callable[[Any, Any, Any, Any], Any], make: Callable[[Any, Any], Any],
                       rooted: bool) -> Callable[[Any, Any, Any, Any], Any]:
             """``plain``, or for a small call under a timeout its staged persistent request
@@ -160,7 +162,7 @@ class MPITransport(MPIChannel):
                 return plain
 
             def staged(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if not 0 < buf.nbytes <= STAGED_BYTES or channel.timeout is None:
+                if not 0 < buf.nbytes <= STAGED_BYTES or self.timeout is None:
                     return plain(buf, root, out, extra)
                 key = (buf.shape, root) if rooted else buf.shape
                 request, array = table.get(key) or stage(
@@ -370,23 +372,12 @@ class MPITransport(MPIChannel):
             comm = self._comm
             self._call(getattr(comm, name), getattr(comm, _nonblocking(name)), *arguments(x, result))
             return value
-        if adapter is _TORCH and (x is None or (x.is_cpu and x.is_contiguous() and x.nbytes <= MAX_COUNT)) \
-                and (result is None or (result.is_cpu and result.nbytes <= MAX_COUNT)):
-            # CPU tensors the same way: their memory by address (see _address).
-            call = arguments(None if x is None else _address(self._MPI, x),
-                             None if result is None else _address(self._MPI, result))
-            if async_op:
-                return self._collective(name, [call], value, True, None, (x, result))
-            comm = self._comm
-            self._call(getattr(comm, name), getattr(comm, _nonblocking(name)), *call)
-            return value
         if (x is not None and nbytes(x) > MAX_COUNT) or (result is not None and nbytes(result) > MAX_COUNT):
             raise ValueError(f"{self.context.call[0]} of more than 2**31-1 bytes per message is not "
                              "supported by the MPI backend; split the array")
-        send = None if x is None else self._buffer(x, adapter, None)[0]
-        recv, writeback = (None, None) if result is None else self._buffer(result, adapter, None)
-        call = arguments(None if send is None else flat_bytes(send), None if recv is None else flat_bytes(recv))
-        return self._collective(name, [call], value, async_op, writeback, (send, recv))
+        kept, send, _ = (None, None, None) if x is None else self._bytes(x, adapter)
+        kept_result, recv, writeback = (None, None, None) if result is None else self._bytes(result, adapter)
+        return self._collective(name, [arguments(send, recv)], value, async_op, writeback, (kept, kept_result))
 
     def _gather(self, r: Request) -> Any:
         x, adapter, dst, out, async_op = r.x, r.adapter, r.root, r.out, r.async_op
@@ -449,22 +440,14 @@ class MPITransport(MPIChannel):
 
     def _send(self, r: Request) -> Work | None:
         x, adapter, dst, tag, async_op = r.x, r.adapter, r.root, r.extra, r.async_op
-        if adapter is _TORCH and x.is_cpu and x.is_contiguous():
-            buf, data = x, _address(self._MPI, x)
-        else:
-            buf, _ = self._buffer(x, adapter, None)  # (a staging copy lives as long as the request)
-            data = flat_bytes(buf)
+        buf, data, _ = self._bytes(x, adapter)  # (buf, a staging copy, lives as long as the request)
         work: Work | None = self._collective("Send", [([data, self._byte], dst, tag)], None,
                                              async_op, None, buf)
         return work
 
     def _recv(self, r: Request) -> Work | None:
         x, adapter, dtype, src, tag, async_op = r.x, r.adapter, r.dtype, r.root, r.extra, r.async_op
-        if adapter is _TORCH and x.is_cpu and x.is_contiguous():
-            buf, writeback, data = x, None, _address(self._MPI, x)
-        else:
-            buf, writeback = self._buffer(x, adapter, None)
-            data = flat_bytes(buf)
+        buf, data, writeback = self._bytes(x, adapter)
         status = self._MPI.Status()
         spec = [data, self._byte]
         if self._device_memory:
@@ -530,7 +513,6 @@ class MPICommunicator(Communicator):
 # Bound once: on Python 3.11 every ``ReduceOp.X`` attribute read costs ~0.15 us.
 _AVG = ReduceOp.AVG
 _NUMPY = arrays.NUMPY
-_TORCH = arrays.TORCH
 
 
 #: The byte-moving collectives of even shapes with a fast path, and MPI's name of each.
@@ -550,23 +532,18 @@ def _new_numpy(buf: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
     return out, out
 
 
-def _new_tensor(MPI: Any, adapter: ArrayAdapter, dtype: str) -> Callable[[Any, tuple[int, ...], Any], tuple[Any, Any]]:
+def _new_tensor(MPI: Any, dtype: str) -> Callable[[Any, tuple[int, ...], Any], tuple[Any, Any]]:
     """A fast path's results for the numpy view of a CPU tensor of ``dtype``: a tensor (or the
-    caller's ``out=``), and its memory by address (see _address)."""
+    caller's ``out=``), and its memory by address (see tensor_address)."""
     torch = sys.modules["torch"]
     empty, torch_dtype = torch.empty, getattr(torch, dtype)
 
     def new(buf: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
         if out is None:
             out = empty(shape, dtype=torch_dtype, device="cpu")  # (whatever torch's default device)
-        return out, _address(MPI, out)
+        return out, tensor_address(MPI, out)
     return new
 
-
-def _address(MPI: Any, t: Any) -> Any:
-    """A contiguous CPU tensor's memory as an mpi4py buffer, by address: what a tensor's numpy
-    view gives MPI, at a tenth of its cost (~0.1 us; ``t.detach().numpy()`` takes ~1 us)."""
-    return MPI.buffer.fromaddress(t.data_ptr(), t.nbytes)
 
 
 def _chunks(buf: Any) -> list[Any]:

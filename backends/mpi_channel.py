@@ -35,8 +35,8 @@ from collectives.polling import wait_until
 from collectives.transport import Transport
 
 from . import _float_order
-from ._buffers import INT_OF_WIDTH, divide_, itemsize, stage
-from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware
+from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
+from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
 from .mpi_library import float16_datatype, library_version, saturates_small_integer_sums, wrapping_wire
 from .mpi_requests import FAST_POLLS, POLL, _Request, poll_policy
 
@@ -158,6 +158,15 @@ class MPIChannel(Transport):
             buf = host_view(buf)
         return buf, writeback
 
+    def _bytes(self, x: Any, adapter: ArrayAdapter) -> tuple[Any, Any, Callable[[], None] | None]:
+        """``x``'s memory as flat bytes MPI can read and write: (what keeps it alive while MPI
+        uses it, the bytes, the copy back into ``x`` or ``None``). A contiguous CPU tensor by
+        address (:func:`~.mpi_buffers.tensor_address`), else through :meth:`_buffer`."""
+        if adapter is arrays.TORCH and x.is_cpu and x.is_contiguous():
+            return x, tensor_address(self._MPI, x), None
+        buf, writeback = self._buffer(x, adapter, None)
+        return buf, flat_bytes(buf), writeback
+
     def _wait(self, request: Any, call: tuple[str, int] | None = None, status: Any = None) -> None:
         """Complete ``request`` within ``timeout`` (none: no deadline), looking for farewells
         while it waits: else :class:`CollectiveTimeout`, or ``PeerLeft`` when a peer left
@@ -271,8 +280,8 @@ class MPIChannel(Transport):
         communicator's name hash, calls, how, pid, host] (the last two: see
         farewell.wait_for_departed). Eager: the sends complete without the peers; ones
         that did not within a moment are left to MPI. A peer that closes the communicator too
-        never receives it, and MPI may give the freed communicator's context to a new one: the
-        name (unique in the split tree) tells such a farewell from one meant for the new one."""
+        takes it before it frees the communicator (see :meth:`_free_once_heard`); the name
+        (unique in the split tree) still guards against a farewell meant for another one."""
         MPI = self._MPI
         if MPI.Is_finalized() or self._comm == MPI.COMM_NULL:
             return
@@ -290,7 +299,7 @@ class MPIChannel(Transport):
         while self._comm.Iprobe(MPI.ANY_SOURCE, FAREWELL_TAG, status):
             word, peer = np.zeros(5, dtype=np.int64), status.Get_source()
             self._comm.Recv([word, MPI.INT64_T], peer, FAREWELL_TAG)
-            if int(word[0]) == self._name_hash:  # (else a farewell to a freed communicator)
+            if int(word[0]) == self._name_hash:  # (the guard: see _tell_peers_left)
                 found.append((peer, int(word[1]), int(word[2])))
                 farewell.note_departed(int(word[2]), int(word[4]), int(word[3]))
         return found
@@ -307,8 +316,8 @@ class MPIChannel(Transport):
         has no persistent collectives (MPI < 4; ULFM, whose persistent collectives do not
         report a dead peer as one).
 
-        A small call (up to :data:`STAGED_BYTES`, under a timeout) of a fast path's kind goes through a
-        persistent request of its own shape (``MPI_Allreduce_init``, ... on a staging array
+        A small call (up to :data:`STAGED_BYTES`, under a timeout) of a fast path's kind goes
+        through a persistent request of its own shape (``MPI_Allreduce_init``, ... on a staging array
         kept for it): the data is copied in, the request started and completed, the result
         copied out. At 2 ranks on one node ``MPI_Start`` + completion takes 0.65 us where
         ``MPI_Iallreduce`` + ``MPI_Test`` takes 1.6 and ``MPI_Allreduce`` 1.95; the two copies
