@@ -97,8 +97,6 @@ def _destroy_created_groups() -> None:
 def bootstrap_process_group(dist: Any, launch: LaunchInfo,
                              timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> None:
     """Initialize torch's default group for a process started as ``launch`` says."""
-    import torch  # noqa: PLC0415
-
     global _created_default
     _created_default = True
     if launch.size > 1 and launch.local_size == launch.size and "GLOO_SOCKET_IFNAME" not in os.environ \
@@ -107,10 +105,7 @@ def bootstrap_process_group(dist: Any, launch: LaunchInfo,
         # Gloo's interface from this variable only: see the module's docstring.)
         os.environ["GLOO_SOCKET_IFNAME"] = "lo"
 
-    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-    if torch.cuda.is_available():
-        # Bind the GPU before any communicator exists (NCCL picks it up from here).
-        torch.cuda.set_device(launch.local_rank % torch.cuda.device_count())
+    backend = device_backend(launch.local_rank)
     if launch.launcher == "torchrun":
         _choose_gloo_interface(launch, os.environ.get("MASTER_ADDR"))
         dist.init_process_group(backend, init_method="env://", timeout=timeout)
@@ -126,6 +121,18 @@ def bootstrap_process_group(dist: Any, launch: LaunchInfo,
     _choose_gloo_interface(launch, store.host)
     dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.size,
                             timeout=timeout)
+
+
+def device_backend(local_rank: int) -> str:
+    """The backend of a process group of this process: Gloo for CPU tensors and NCCL for CUDA
+    tensors where this torch has CUDA (its GPU ``local_rank`` % devices bound first: NCCL takes
+    it from there, before any communicator exists), else Gloo alone."""
+    import torch  # noqa: PLC0415
+
+    if not torch.cuda.is_available():
+        return "gloo"
+    torch.cuda.set_device(local_rank % torch.cuda.device_count())
+    return "cpu:gloo,cuda:nccl"
 
 
 def _has_interface(name: str) -> bool:

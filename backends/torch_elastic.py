@@ -36,7 +36,7 @@ from collectives.farewell import PeerLeft
 from collectives.launcher import LaunchInfo
 from collectives.ops import ReduceOp
 
-from .torch_bootstrap import created_groups, import_torch_distributed, torch_timeout
+from .torch_bootstrap import created_groups, device_backend, import_torch_distributed, torch_timeout
 from .torch_dist import TorchTransport
 
 #: Seconds a settlement waits for a member that neither answers nor died (a hung rank is left
@@ -101,9 +101,12 @@ class ElasticTorchTransport(TorchTransport):
         if membership.me not in members:
             raise left_out(membership.me, generation)
         store = dist.PrefixStore(f"collectives/elastic/gen/{generation}/", membership.store)
+        backend = device_backend(int(os.environ.get("LOCAL_RANK", 0)))
+        if "nccl" in backend:
+            _nccl_keeps_the_process()
         # The members reach this point seconds apart (a replacement imports torch first): the
         # group is made under a long timeout, then takes the communicator's for its calls.
-        dist.init_process_group("gloo", store=store, rank=members.index(membership.me),
+        dist.init_process_group(backend, store=store, rank=members.index(membership.me),
                                 world_size=len(members), timeout=torch_timeout(MAX_WINDOW + (seconds or 0)))
         dist.distributed_c10d._set_pg_timeout(torch_timeout(seconds), None)
         _destroy_at_exit()
@@ -185,8 +188,11 @@ class ElasticTorchTransport(TorchTransport):
         dist = self._dist
         if dist.is_initialized():
             # The failed generation's calls may still be running in Gloo until their timeout: the
-            # group is kept alive (else destroying it waits for them) and released at exit.
+            # group is kept alive (else destroying it waits for them) and released at exit. Its
+            # NCCL kernels may wait on a dead peer for ever: every group's communicators are
+            # aborted first (that ends them), then destroyed.
             _retired.append(dist.group.WORLD)
+            _abort_every_group(dist)
             dist.destroy_process_group()
         return self._make(membership, self.generation + 1, self.timeout)
 
@@ -299,6 +305,42 @@ class ElasticSplitTransport(TorchTransport):
             super()._close()  # (else its generation's shrink destroyed it already)
         elif self._group in created_groups:
             created_groups.remove(self._group)
+
+
+#: ``TORCH_NCCL_ASYNC_ERROR_HANDLING``: what torch's NCCL watchdog does with a call that failed
+#: or timed out. 2 aborts the group's communicators and hands the error to the call (the process
+#: goes on: the failure is settled and the generation shrinks); 0 leaves it to the transport.
+#: 1 and 3 end the process, which would turn every survivor of a failure into a casualty.
+NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+NCCL_MODES_THAT_KEEP_THE_PROCESS = ("0", "2")
+
+
+def _nccl_keeps_the_process() -> None:
+    """Set torch's NCCL error handling to abort-and-raise (2) before the group is made, or refuse
+    a setting that would end the process at a peer's failure."""
+    mode = os.environ.get(NCCL_ERROR_HANDLING, "").strip()
+    if not mode:
+        os.environ[NCCL_ERROR_HANDLING] = "2"
+    elif mode not in NCCL_MODES_THAT_KEEP_THE_PROCESS:
+        raise BackendUnavailable(
+            f"init(fault_tolerant=True) on CUDA (NCCL): {NCCL_ERROR_HANDLING}={mode} makes torch end the "
+            f"process when a peer fails, so no rank could survive; allowed: "
+            f"{' or '.join(NCCL_MODES_THAT_KEEP_THE_PROCESS)}, or unset (collectives sets 2)")
+
+
+def _abort_every_group(dist: Any) -> None:
+    """Abort the communicators of every process group of the generation (an NCCL call in flight
+    then ends instead of waiting for a dead peer; Gloo's abort ends nothing that runs; a
+    "collectives" group's abort stops its worker). torch has no abort for some backends on
+    some devices: those are left to ``destroy_process_group``."""
+    import torch  # noqa: PLC0415
+
+    device = torch.device("cuda")
+    for group in list(dist.distributed_c10d._world.pg_map):
+        try:
+            group._get_backend(device).abort()
+        except (RuntimeError, AttributeError, NotImplementedError):
+            pass
 
 
 #: The groups of past generations (see ``ElasticTorchTransport._next``).

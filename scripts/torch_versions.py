@@ -13,7 +13,8 @@ machine's pip may cap torch (a constraints file): each venv's pip commands get a
 test pin, runs in ``.venv``.
 
 The tests: tests/torch_distributed (torch.distributed over the "collectives" backend, DDP,
-FSDP2, torch's own suite slice), tests/syncbn, and the torch rows of tests/collective_calls;
+FSDP2, torch's own suite slice), tests/syncbn, the torch rows of tests/collective_calls, and
+tests/elastic (fault tolerance reaches into torch.distributed's tables of groups);
 a FutureWarning or DeprecationWarning (torch deprecating something we call) is an error.
 """
 
@@ -32,7 +33,7 @@ from environments import BASE, ROOT, counts, log, overlay_venv, report, with_sel
 WHEELS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "collectives-wheels"
 #: The release `make test` pins (pyproject.toml's [test] extra): its venv is .venv.
 PINNED = "2.13.0"
-TESTS = ["tests/torch_distributed", "tests/syncbn", "tests/collective_calls"]
+TESTS = ["tests/torch_distributed", "tests/syncbn", "tests/collective_calls", "tests/elastic"]
 #: In tests/collective_calls, the torch rows: torch worlds and torch arrays.
 SELECT = "not collective_calls or torch"
 #: Every FutureWarning and DeprecationWarning is an error, in the test process and in the ranks

@@ -48,6 +48,7 @@ class Agent:
                                    wait_for_workers=False)
         self.address = f"{host}:{self.store.port}"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.slots: dict[str, int] = {}  # member -> its LOCAL_RANK
         self.exits: dict[str, int] = {}
         self.ever_members: set[str] = set()
         self.latest: list[str] = [str(i) for i in range(size)]
@@ -68,13 +69,17 @@ class Agent:
     def _get(self, key: str) -> str:
         return bytes(self.store.get(PREFIX + key)).decode()
 
-    def start(self, member: str) -> None:
+    def start(self, member: str, slot: int | None = None) -> None:
+        """Start rank ``member`` on local slot ``slot`` (its ``LOCAL_RANK``, which picks its GPU):
+        a first rank's is its id, a replacement's the slot of the rank it replaces."""
+        slot = int(member) if slot is None else slot
+        self.slots[member] = slot
         env = dict(os.environ)
         env.setdefault(config.BACKEND, "torch")
         env[config.FAULT_TOLERANT] = "1"
         env[config.ELASTIC_STORE] = self.address
         env[config.ELASTIC_ID] = member
-        env["LOCAL_RANK"] = member
+        env["LOCAL_RANK"] = str(slot)
         proc = subprocess.Popen(self.command, env=env, preexec_fn=_die_with_parent)  # noqa: PLW1509
         self.procs[member] = proc
         threading.Thread(target=self._wait, args=(member, proc), daemon=True).start()
@@ -104,7 +109,7 @@ class Agent:
         elif (self.replace and not self.finished and self.restarts < self.max_restarts
               and member in self.ever_members):
             self.restarts += 1
-            self.start(str(self.size + self.restarts - 1))  # ids go on: n, n + 1, ...
+            self.start(str(self.size + self.restarts - 1), self.slots[member])  # ids go on: n, n + 1, ...
         running = [m for m in self.latest if m not in self.exits]
         if not running:  # the training is over (or lost): replacements never admitted end
             self._end([m for m in self.procs if m not in self.exits], signal.SIGTERM)

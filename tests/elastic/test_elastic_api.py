@@ -85,3 +85,22 @@ def test_run_checks_its_arguments_and_returns_what_train_returns() -> None:
     with LocalCommunicator() as comm:
         assert elastic.run(lambda comm, state: comm.size, state, comm) == 1
     assert [(g.generation, g.size, g.step) for g in state.history] == [(0, 1, 0)]
+
+
+def test_cuda_fault_tolerance_sets_nccl_error_handling_or_refuses_what_ends_the_process(monkeypatch) -> None:
+    """torch's NCCL watchdog must not end a survivor: unset becomes 2 (abort and raise), 0 and 2
+    stay, 1 and 3 (which end the process) are refused before any group is made."""
+    from collectives.backends import torch_elastic
+
+    name = torch_elastic.NCCL_ERROR_HANDLING
+    monkeypatch.delenv(name, raising=False)
+    torch_elastic._nccl_keeps_the_process()
+    assert os.environ[name] == "2"
+    for kept in ("0", "2"):
+        monkeypatch.setenv(name, kept)
+        torch_elastic._nccl_keeps_the_process()
+        assert os.environ[name] == kept
+    for ending in ("1", "3"):
+        monkeypatch.setenv(name, ending)
+        with pytest.raises(collectives.BackendUnavailable, match=rf"{name}={ending} .*allowed: 0 or 2"):
+            torch_elastic._nccl_keeps_the_process()

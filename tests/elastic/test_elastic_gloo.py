@@ -91,10 +91,10 @@ def test_replacements_join_after_an_exception_and_a_hang_and_hold_the_same_weigh
     assert {"4", "5"} <= set(results)  # the two replacements, with the weights of the rest
 
 
-def run_torch_job(job: str, out: Path, faults: str) -> list[dict]:
-    """``job`` (a job of torch modules, beside linear_job.py) under collectives-elastic, 4 ranks."""
-    command = [sys.executable, "-m", "collectives.elastic.launcher", "-n", "4", "--timeout", "10",
-               sys.executable, str(Path(job).resolve()), str(out), "--faults", faults]
+def run_torch_job(job: str, out: Path, faults: str, *args: str, ranks: int = 4) -> list[dict]:
+    """``job`` (a job of torch modules, beside linear_job.py) under collectives-elastic."""
+    command = [sys.executable, "-m", "collectives.elastic.launcher", "-n", str(ranks), "--timeout", "10",
+               sys.executable, str(Path(job).resolve()), str(out), "--faults", faults, *args]
     env = {k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT,
                           stdin=subprocess.DEVNULL, cwd=str(Path(job).resolve().parent))
@@ -129,6 +129,26 @@ def test_torch_ddp_on_the_collectives_backend_trains_across_a_shrink(tmp_path: P
     for result in results:
         assert result["sizes"] == sizes
         assert result["params"] == results[0]["params"]  # every rank holds the same bits
+        for got, want in zip(result["params"], expected):
+            torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-10, atol=1e-12)
+
+
+def test_torch_ddp_goes_on_across_a_shrink_that_no_failure_forced(tmp_path: Path) -> None:
+    """The route a generation ends by, without a failure (the CPU twin of the GPU check's NCCL
+    run, tests/gpu/test_gpu.py): every group of generation 0 aborted and destroyed, its
+    "collectives" group's threads ended, generation 1's groups made, DDP wrapped again, and the
+    parameters those of a plain-torch replay."""
+    import ddp_job
+    import torch
+
+    results = run_torch_job(ddp_job.__file__, tmp_path, "", "--shrink-at", "3", ranks=2)
+    assert sorted(r["rank"] for r in results) == [0, 1]
+    expected = ddp_job.reference([2] * ddp_job.STEPS)
+    for result in results:
+        assert result["generation"] == 1 and result["sizes"] == [2] * ddp_job.STEPS
+        assert result["backend"] == "gloo" and result["param_device"] == "cpu"
+        # Generation 1's group alone has threads: generation 0's ended with it.
+        assert result["workers_after_shrink"] == [result["workers"]] and len(result["workers"]) == 1
         for got, want in zip(result["params"], expected):
             torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-10, atol=1e-12)
 

@@ -15,6 +15,8 @@ world size 1, and at 2 ranks where NCCL >= 2.30 allows several ranks per GPU; mp
   (fingerprints and p2p headers through device memory).
 - the cupy backend with one rank on each of two hosts of the multi-host test bed (root only;
   the NCCL id through MPI under mpiexec, through torchrun's agent store under torchrun).
+- a fault-tolerant DDP job on CUDA under collectives-elastic (NCCL per generation): one rank
+  across a shrink no failure forced, and two ranks where one is SIGKILLed (NCCL >= 2.30 or 2 GPUs).
 """
 
 import dataclasses
@@ -988,6 +990,52 @@ def test_c10d_ddp_with_torch_syncbatchnorm_on_cuda_equals_one_process(world_id, 
                 np.testing.assert_allclose(out["got"][name], want, rtol=0, atol=1e-10, err_msg=name)
 
 
+# -- a fault-tolerant job on CUDA (collectives-elastic, torch backend: NCCL per generation) ------
+
+ELASTIC_WORLDS = [
+    # (id, ranks, the job's arguments): one rank shrinks though none failed (every group of the
+    # generation aborted, NCCL's included, and made again); two lose rank 1 to SIGKILL at step 3.
+    ("elastic-torch-nccl-1", 1, ["--shrink-at", "3"]),
+    ("elastic-torch-nccl-2", 2, ["--faults", "1:kill@3"]),
+]
+
+
+@pytest.mark.parametrize("world_id, ranks, job_args", ELASTIC_WORLDS, ids=[w[0] for w in ELASTIC_WORLDS])
+def test_elastic_ddp_on_cuda_goes_on_across_a_shrink(world_id, ranks, job_args, tmp_path, monkeypatch):
+    """DDP over collectives.c10d.process_group() on CUDA under collectives-elastic: each
+    generation's group runs NCCL, a shrink aborts the last one's communicators and makes new
+    ones, and the survivors end with the parameters of a plain-torch replay on the CPU."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    reason = skip_reason("torch", ranks, "torchrun", MULTI_RANK if ranks > 1 else {})
+    if reason:
+        pytest.skip(reason)
+    jobs = Path(__file__).resolve().parent.parent / "elastic"
+    monkeypatch.syspath_prepend(str(jobs))
+    import ddp_job
+
+    env = {k: v for k, v in without_launcher_variables(os.environ).items() if not k.startswith("COLLECTIVES_")}
+    env.update(MULTI_RANK if ranks > torch.cuda.device_count() else {})
+    command = [sys.executable, "-m", "collectives.elastic.launcher", "-n", str(ranks), "--timeout", "20",
+               sys.executable, str(jobs / "ddp_job.py"), str(tmp_path), "--device", "cuda", *job_args]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT,
+                          stdin=subprocess.DEVNULL, cwd=str(jobs))
+    assert done.returncode == 0, f"exit {done.returncode}: " + done.stdout[-3000:] + done.stderr[-3000:]
+    results = [json.loads(path.read_text()) for path in tmp_path.glob("*.json")]
+    assert len(results) == 1, [r["rank"] for r in results]
+    sizes = [ranks] * 3 + [1] * (ddp_job.STEPS - 3)
+    expected = ddp_job.reference(sizes)
+    for result in results:
+        assert result["generation"] == 1 and result["sizes"] == sizes
+        assert "nccl" in result["backend"] and result["param_device"].startswith("cuda"), result["backend"]
+        assert result["workers"] and len(result["workers"]) == 1
+        for got, want in zip(result["params"], expected):
+            torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-10, atol=1e-12)
+
+
 # -- every pool the GPU tests start, and whether a machine can run it (checked on CPU) --------------
 
 def every_world():
@@ -996,7 +1044,8 @@ def every_world():
             + [("cupy-timeout-1", "cupy", 1, "torchrun", {}), ("cupy-timeout-2", "cupy", 2, "torchrun", MULTI_RANK),
                ("cupy-2-hosts-mpiexec", "cupy", 2, "mpiexec", MULTI_RANK),
                ("cupy-2-hosts-torchrun", "cupy", 2, "torchrun", MULTI_RANK)]
-            + [(f"smoke-{w[0]}", *w[1:]) for w in SMOKE_WORLDS])
+            + [(f"smoke-{w[0]}", *w[1:]) for w in SMOKE_WORLDS]
+            + [(w[0], "torch", w[1], "torchrun", MULTI_RANK if w[1] > 1 else {}) for w in ELASTIC_WORLDS])
 
 
 def world_skip_reasons(machine):
