@@ -92,6 +92,7 @@ def main() -> None:
     elastic.run(train, state, min_size=1)
     comm = collectives.init(fault_tolerant=True)
     result = {"member": me, "rank": comm.rank, "size": comm.size, "generation": comm.generation,
+              "local_rank": os.environ.get("LOCAL_RANK"),
               "w": state.w.tolist(), "sizes": state.sizes,
               "history": [[h.generation, h.size, h.step, list(h.failed)] for h in state.history],
               # agree(): the AND over the ranks, the same everywhere

@@ -89,6 +89,8 @@ def test_replacements_join_after_an_exception_and_a_hang_and_hold_the_same_weigh
     sizes = check_final(results, 4)
     assert sizes[:3] == [4, 4, 4] and sizes[3] == 3 and sizes[8] == 3 and sizes[10:] == [4, 4]
     assert {"4", "5"} <= set(results)  # the two replacements, with the weights of the rest
+    # Each replacement runs on the local slot (LOCAL_RANK: its GPU) of the member it replaces.
+    assert {m: results[m]["local_rank"] for m in sorted(results)} == {"0": "0", "3": "3", "4": "2", "5": "1"}
 
 
 def run_torch_job(job: str, out: Path, faults: str, *args: str, ranks: int = 4) -> list[dict]:
