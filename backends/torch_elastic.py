@@ -108,7 +108,9 @@ class ElasticTorchTransport(TorchTransport):
         # group is made under a long timeout, then takes the communicator's for its calls.
         dist.init_process_group(backend, store=store, rank=members.index(membership.me),
                                 world_size=len(members), timeout=torch_timeout(MAX_WINDOW + (seconds or 0)))
-        dist.distributed_c10d._set_pg_timeout(torch_timeout(seconds), None)
+        # torch >= 2.15 names it set_timeout (and deprecates the old name).
+        set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+        set_timeout(torch_timeout(seconds), None)
         _destroy_at_exit()
         return cls(membership, generation, members)
 
