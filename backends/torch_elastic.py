@@ -1,10 +1,13 @@
-"""The torch backend, fault-tolerant (Gloo): a communicator that survives the death of a peer.
+"""The torch backend, fault-tolerant (Gloo; NCCL for CUDA tensors): a communicator that
+survives the death of a peer.
 
 Made by ``collectives.init(fault_tolerant=True)`` in a job started by ``collectives-elastic``:
 the membership lives in the store the launcher serves (:mod:`collectives.elastic.membership`),
-never in a rank. Generation ``g`` is torch's default process group (Gloo) of that
-generation's members, made on a ``PrefixStore`` of its own (``.../gen/<g>/``), so Gloo's keys
-of two generations never meet.
+never in a rank. Generation ``g`` is torch's default process group of that generation's
+members (Gloo, or ``cpu:gloo,cuda:nccl`` where torch has CUDA), made on a ``PrefixStore`` of
+its own (``.../gen/<g>/``), so the keys of two generations never meet. A generation ends by
+aborting the communicators of every group of it (an NCCL kernel waiting on a dead peer
+returns), then destroying them.
 
 A call that fails in the transport (a peer's connection closed or reset: it died; torch's
 timeout: a peer hangs) settles with the other survivors which members are gone, and raises
@@ -49,7 +52,7 @@ REVOKE_LOOK = 0.02
 
 
 class ElasticTorchTransport(TorchTransport):
-    """A fault-tolerant transport over torch's Gloo (see the module's text)."""
+    """A fault-tolerant transport over torch's Gloo and NCCL (see the module's text)."""
 
     def __init__(self, membership: Membership, generation: int, members: list[str]) -> None:
         super().__init__(None, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
@@ -95,7 +98,7 @@ class ElasticTorchTransport(TorchTransport):
     @classmethod
     def _make(cls, membership: Membership, generation: int,
               seconds: float | None) -> ElasticTorchTransport:
-        """Generation ``generation``'s default group (Gloo), and its transport."""
+        """Generation ``generation``'s default group, and its transport."""
         dist = import_torch_distributed()
         members = membership.members(generation)
         if membership.me not in members:
