@@ -83,6 +83,17 @@ class _Request(Work):
         if finish is not None:
             finish()
 
+    def _cancel(self) -> None:
+        """Cancel the requests not complete (a posted receive no message came for) and complete
+        them, so that MPI frees their communicator once it is freed."""
+        if self._finish is None or self._MPI.Is_finalized():
+            return
+        for request in self._requests:
+            if request != self._MPI.REQUEST_NULL and not request.Test():
+                request.Cancel()
+                request.Wait()
+        self._finish = self._buffers = None
+
     def is_completed(self) -> bool:
         if self._finish is None:
             return True

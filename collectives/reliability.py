@@ -22,7 +22,7 @@ from typing import Any
 
 from . import config
 from .calls import BARRIER_TAG, Call
-from .context import CommunicatorContext, poll_until
+from .context import CommunicatorContext
 from .diagnostics import recorder
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .ops import ReduceOp
@@ -30,7 +30,6 @@ from .transport import Transport
 from .wire import call_hash
 from .work import KeptHandles, Work
 
-_clock = recorder.clock
 #: Kinds of call whose hash a communicator keeps (a program with more forgets and hashes again).
 MAX_CALL_HASHES = 4096
 
@@ -60,7 +59,7 @@ class CallCheck:
         self._hashes: dict[tuple[Any, ...], int] = {}
 
     def check(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
-              shape: tuple[int, ...]) -> None:
+              shape: tuple[int, ...], waiting: Callable[[], None] | None = None) -> None:
         """Before the running collective ``call`` moves any data: every rank makes the same
         call, else :class:`CollectiveMismatch` on every rank, nothing sent.
 
@@ -71,11 +70,14 @@ class CallCheck:
         difference. In debug mode (``COLLECTIVES_DEBUG=1``), and on the first collective of
         every communicator (which also compares the ranks' checks levels), the full
         fingerprints always travel. Every rank makes the same exchanges as long as every rank
-        makes the same calls: the ranks all see the same result, so all raise or none."""
+        makes the same calls: the ranks all see the same result, so all raise or none.
+        ``waiting()`` (the monitored barrier's) is run once this rank waits for its peers."""
         seq: int = self._comm._seq
         if call.counted:  # dtype and shape: the call's counts exchange compares them
             dtype, shape = None, ()
         if self.level != config.CHECKS_DEFAULT or seq == 1:
+            if waiting is not None:
+                waiting()
             self.compare_fingerprints(reduce_op, root, dtype, shape)
             if self.level == config.CHECKS_OFF:
                 self._context.stop_checking()
@@ -86,7 +88,7 @@ class CallCheck:
             h = self._hash_call(call, reduce_op, root, dtype, shape)
         # check_word(h, seq) and words_agree, written out: this runs on every call
         h = (h ^ seq) & 0x7FFFFFFF
-        reduced = self._transport._agree_word((h << 32) | (h ^ 0xFFFFFFFF))
+        reduced = self._transport._agree_word((h << 32) | (h ^ 0xFFFFFFFF), waiting)
         if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
             self.compare_fingerprints(reduce_op, root, dtype, shape)
             raise CollectiveMismatch(  # (hash words differ only where fingerprints do)
@@ -127,70 +129,92 @@ class CallCheck:
 
 
 class MonitoredBarrier:
-    """The barrier under a timeout on rank ``rank`` of ``size``, over ``transport``: before
-    the barrier itself, one word from every rank to rank 0 (the barrier's sequence number), so
-    that rank 0's timeout can name the ranks that never arrived. A rank's send of its word is
-    kept in ``handles`` until it completes."""
+    """The barrier under a timeout on rank ``rank`` of ``size``, over ``transport``, whose
+    timeout on rank 0 names the ranks that never arrived.
 
-    __slots__ = ("_transport", "_rank", "_size", "_handles", "_words")
+    The barrier itself is the call's agreement (the check word's all_reduce: no rank completes
+    it before every rank entered it). A rank that finds it not complete at once (its peers are
+    not all there yet) sends rank 0 one word, this barrier's sequence number, and waits on
+    (kept in ``handles`` until sent); a barrier that every rank enters together costs nothing
+    more. Rank 0 keeps a receive posted for every peer's words, and at a timeout the peers whose
+    word of this barrier has not come are the ones that never arrived. Words of barriers that
+    completed are taken now and then (every :data:`TAKE_EVERY` barriers, one peer at a time),
+    so that they do not pile up at rank 0; older barriers' words are skipped."""
+
+    __slots__ = ("_transport", "_rank", "_size", "_handles", "_words", "_heard", "_seq", "_native", "_waiting")
 
     def __init__(self, transport: Transport, rank: int, size: int, handles: KeptHandles) -> None:
         self._transport, self._rank, self._size, self._handles = transport, rank, size, handles
-        # Rank 0's posted receives of the barrier's words not taken yet: peer -> (handle, word).
+        # Rank 0's posted receives of the peers' words: peer -> (handle, word).
         self._words: dict[int, tuple[Work, Any]] = {}
+        # Rank 0: the latest barrier each peer's word came from (0: none yet).
+        self._heard = [0] * size
+        self._seq = 0  # the running barrier's number (its word)
+        # Whether to ask the transport for its own (most have none: no call per barrier then).
+        self._native = type(transport)._native_monitored_barrier is not Transport._native_monitored_barrier
+        self._waiting = self._send_word if rank else None  # (bound once)
 
-    def run(self, seconds: float, seq: int, synchronize: Callable[[], None]) -> None:
-        """Barrier number ``seq``: ``synchronize()`` (the barrier itself, under the deadline of
-        ``seconds``), with the words. The words travel while the barrier runs: a barrier that
-        completes costs one small message more per rank, not a round trip. A word that rank 0
-        did not take (a mismatch ended the barrier, or rank 0 was in another call) is taken by
-        its next barrier, which skips words of older barriers."""
-        import numpy as np  # noqa: PLC0415
-
-        if self._transport._native_monitored_barrier(seconds):
+    def run(self, seconds: float, seq: int, synchronize: Callable[[Callable[[], None] | None], None]) -> None:
+        """Barrier number ``seq``: ``synchronize(waiting)`` (the barrier itself, under the
+        deadline of ``seconds``; ``waiting()`` is run once this rank waits for its peers, or
+        first where the transport cannot tell), with the words."""
+        if self._native and self._transport._native_monitored_barrier(seconds):
             return
+        self._seq = seq
         if self._rank != 0:
-            word = np.full(1, seq, np.int64)
-            self._handles.keep_p2p(self._transport._send_small(word, 0, BARRIER_TAG))  # (kept till sent)
             try:
-                synchronize()
+                synchronize(self._waiting)
             except CollectiveTimeout as error:
                 raise CollectiveTimeout(
                     f"{error} (rank 0 did not release the barrier: its CollectiveTimeout, or its "
                     "dump with COLLECTIVES_TRACE_DIR, names the ranks that never arrived)") from error
             return
-        words = self._words
-        for peer in range(1, self._size):
-            if peer not in words:
-                vector = np.zeros(1, np.int64)
-                words[peer] = (self._transport._recv_small(vector, peer, BARRIER_TAG), vector)
+        if not self._words:  # the first barrier: a receive for every peer's words, kept posted
+            for peer in range(1, self._size):
+                self._post(peer)
         try:
-            synchronize()
+            synchronize(None)
         except CollectiveTimeout as error:
-            missing = [peer for peer in range(1, self._size) if not self._take_word(peer, seq, _clock())]
+            missing = [peer for peer in range(1, self._size) if self._take_words(peer) < seq]
             if not missing:
                 raise
             raise CollectiveTimeout(
                 f"{error} (rank(s) {', '.join(map(str, missing))} never arrived at the barrier)"
             ) from error
-        # Every word of this barrier was sent before its rank entered the check that completed.
-        deadline = _clock() + seconds
-        for peer in range(1, self._size):
-            self._take_word(peer, seq, deadline)
+        if not seq % TAKE_EVERY:  # the words of barriers that completed: one peer's, in turn
+            self._take_words(seq // TAKE_EVERY % (self._size - 1) + 1)
 
-    def _take_word(self, peer: int, seq: int, deadline: float) -> bool:
-        """Whether ``peer``'s word of barrier ``seq`` reached rank 0 by ``deadline`` (taken
-        then; words of older barriers are skipped)."""
+    def close(self) -> None:
+        """Give up rank 0's posted receives (the communicator closes)."""
+        for work, _ in self._words.values():
+            work._cancel()
+        self._words.clear()
+
+    def _send_word(self) -> None:
+        """A peer's word to rank 0: it entered the running barrier and waits."""
         import numpy as np  # noqa: PLC0415
 
-        words = self._words
+        word = np.full(1, self._seq, np.int64)
+        self._handles.keep_p2p(self._transport._send_small(word, 0, BARRIER_TAG))  # (kept till sent)
+
+    def _post(self, peer: int) -> None:
+        import numpy as np  # noqa: PLC0415
+
+        vector = np.zeros(1, np.int64)
+        self._words[peer] = (self._transport._recv_small(vector, peer, BARRIER_TAG), vector)
+
+    def _take_words(self, peer: int) -> int:
+        """Take the words ``peer`` sent that have come (one test each); the latest barrier it
+        sent a word of."""
+        heard = self._heard
         while True:
-            work, vector = words[peer]
-            if not poll_until(work.is_completed, deadline):
-                return False
+            work, vector = self._words[peer]
+            if not work.is_completed():
+                return heard[peer]
             work.wait()
-            if int(vector[0]) >= seq:
-                del words[peer]
-                return True
-            vector = np.zeros(1, np.int64)  # an older barrier's: the next word is this one's
-            words[peer] = (self._transport._recv_small(vector, peer, BARRIER_TAG), vector)
+            heard[peer] = max(heard[peer], int(vector[0]))
+            self._post(peer)
+
+
+#: Rank 0 takes the words of barriers that completed every this many barriers (see MonitoredBarrier).
+TAKE_EVERY = 8

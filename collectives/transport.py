@@ -256,11 +256,16 @@ class Transport(abc.ABC):
     #: sets it False: there only ``COLLECTIVES_DEBUG=1`` checks.
     _checks_by_default: bool = True
 
-    def _agree_word(self, word: int) -> int:
+    def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
         """The bitwise AND (BAND) over every rank of one non-negative int64 ``word`` each: the
         default check's one small collective (:func:`collectives.wire.check_word`). Backends
-        override it with the cheapest call their transport has for it."""
+        override it with the cheapest call their transport has for it. ``waiting()`` (the
+        monitored barrier's word to rank 0) runs once, when the peers' words have not all come
+        at once; a transport that cannot tell runs it first."""
         import numpy as np  # noqa: PLC0415
+
+        if waiting is not None:
+            waiting()
 
         vector = np.array([word], dtype=np.int64)
         self._all_reduce(Request(ALL_REDUCE, vector, arrays.NUMPY, "int64", ReduceOp.BAND))

@@ -156,6 +156,35 @@ def test_mismatched_calls_raise_on_every_rank(checked_world, case):
     _timing(f"mismatch {case} [{checked_world.backend}]", max(r[1] for r in results))
 
 
+def barrier_mismatch_job(comm):
+    """A barrier that the last rank meets with an all_reduce (after one barrier that matches)."""
+    sub = comm.split(0)
+    sub.all_reduce(np.ones(1))  # (the first call of a communicator always compares in full)
+    sub.barrier()
+    try:
+        sub.barrier() if sub.rank != sub.size - 1 else sub.all_reduce(np.ones(3))
+        outcome = ("no error", "")
+    except CollectiveMismatch as error:
+        outcome = ("CollectiveMismatch", str(error))
+    ok = sub.all_reduce(np.ones(1)).tolist() == [float(sub.size)]  # still in step
+    sub.close()
+    return outcome, ok
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_barrier_met_by_another_call_is_a_mismatch_on_every_rank(size):
+    """MPI's barrier under a timeout is the call's check word (an agreement is a barrier): a rank
+    in another call is a mismatch on every rank, not a hang."""
+    from collectives.testing import get_pool
+
+    results = get_pool("mpi", size).run(barrier_mismatch_job, timeout=20)
+    for rank, ((kind, message), ok) in enumerate(results):
+        assert kind == "CollectiveMismatch", f"rank {rank}: {kind} {message}"
+        assert "operation differs: barrier on rank" in message and f"all_reduce on rank {size - 1}" in message, message
+        assert ok
+
+
 def skipped_call_job(comm):
     """Rank 0 makes a second all_reduce that rank 1 skips; then rank 1 returns."""
     sub = comm.split(0)
