@@ -110,8 +110,11 @@ class MPIChannel(Transport):
         self._byte = MPI.BYTE
         # The default check's word (see _agree_word): one int64, reduced in place, through a
         # persistent MPI_Allreduce_init where the library has them (collective: every rank
-        # makes it here).
-        self._word = np.zeros(1, dtype=np.int64)
+        # makes it here). On up to COUNTS_RANKS ranks a row of size + 1 int64 per rank follows
+        # it, which carries the uneven collectives' counts (see _agree_counts).
+        ranks = self._comm.Get_size()
+        self._counts_with_check = 1 < ranks <= COUNTS_RANKS
+        self._word = np.full(1 + ranks * (ranks + 1) if self._counts_with_check else 1, -1, dtype=np.int64)
         self._word_args = (MPI.IN_PLACE, [self._word, MPI.INT64_T], MPI.BAND)
         try:
             self._word_request: Any = self._comm.Allreduce_init(*self._word_args)
@@ -281,6 +284,16 @@ class MPIChannel(Transport):
         self._wait(request)
         return int(self._word[0])
 
+    def _agree_counts(self, word: int, row: list[int]) -> tuple[int, list[list[int]]]:
+        """:meth:`_agree_word` with this rank's ``row`` in its place of the rows that follow the
+        word (every other place all ones, so that the BAND is every rank's row)."""
+        vector, width = self._word, self.size + 1
+        vector[:] = -1
+        start = 1 + self.rank * width
+        vector[start:start + len(row)] = row
+        word = self._agree_word(word)
+        return word, vector[1:].reshape(self.size, width).tolist()
+
     def _tell_peers_left(self, how: int) -> None:
         """A small message to every peer on this communicator (tag FAREWELL_TAG): [this
         communicator's name hash, calls, how, pid, host] (the last two: see
@@ -401,6 +414,9 @@ _UNFREED: list[MPIChannel] = []
 STAGED_BYTES = 4096
 #: Shapes (and roots) per fast path that keep a persistent request at most.
 STAGED_SHAPES = 16
+#: Communicators of at most this many ranks carry the uneven collectives' counts in the check's
+#: all_reduce (size * (size + 1) int64 more in every call's: 48 bytes at 2 ranks, 160 at 4).
+COUNTS_RANKS = 4
 #: Tests of the agreement after the fast polls before a waiting rank runs ``waiting`` (the
 #: monitored barrier's word to rank 0): at 2 ranks on one node a barrier loop's ranks are
 #: within these (~10 us) of each other all but rarely, and then send no word.

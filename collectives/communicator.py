@@ -220,7 +220,7 @@ class Communicator:
         along dimension 0, and the list of each rank's ``x.shape[0]``. The other
         dimensions and the dtype must be the same on every rank, else ``ValueError``
         on every rank. ``out=`` (shape ``(sum(counts), *x.shape[1:])``) receives the
-        concatenation. The counts travel first, in one small all_gather.
+        concatenation. The counts travel first, in one small collective (MPI: the check's).
         """
         return self._run(ALL_GATHER_V, x, None, -1, out, async_op, None, timeout)
 
@@ -261,7 +261,7 @@ class Communicator:
         Uneven form: ``send_splits`` is a list of ``size`` ints that sum to
         ``x.shape[0]``; rows ``[sum(send_splits[:j]), sum(send_splits[:j+1]))`` go to
         rank ``j``; the result is the concatenation, in rank order, of what every rank
-        sent here. The counts travel first, in one small all_gather (every rank learns
+        sent here. The counts travel first, in one small collective (every rank learns
         every rank's splits, so a wrong ``out`` or a shape mismatch is an error on every
         rank).
         """

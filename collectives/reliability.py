@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import config
-from .calls import BARRIER_TAG, Call
+from .calls import ALL_GATHER_V, BARRIER_TAG, Call, Request
 from .context import CommunicatorContext
 from .diagnostics import recorder
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
@@ -38,7 +38,7 @@ class CallCheck:
     communicator of ``size`` ranks over ``transport``; ``context`` is the communicator's side
     (the running call, its exchange, what errors become)."""
 
-    __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "_hashes")
+    __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "_hashes", "_carries")
 
     def __init__(self, transport: Transport, context: CommunicatorContext, size: int) -> None:
         self._transport, self._context = transport, context
@@ -57,6 +57,8 @@ class CallCheck:
         self.first_checked = size > 1 and (level != config.CHECKS_OFF or transport._checks_by_default)
         # The hashes of the kinds of call seen (see check).
         self._hashes: dict[tuple[Any, ...], int] = {}
+        # Whether an uneven call's counts travel in its check's round (see check_counts).
+        self._carries = transport._counts_with_check and level == config.CHECKS_DEFAULT
 
     def check(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
               shape: tuple[int, ...], waiting: Callable[[], None] | None = None) -> None:
@@ -65,7 +67,8 @@ class CallCheck:
 
         By default one small all_reduce (the transport's ``_agree_word``) of a word that hashes
         the call's kind, reduce op, root, dtype, shape and sequence number (an uneven
-        collective's dtype and shape are compared by its own counts exchange, which follows);
+        collective's dtype and shape are compared by its own counts exchange, which follows,
+        or, where the transport carries counts with the word, by :meth:`check_counts`);
         the full fingerprints travel only when the words disagree, to name the ranks and the
         difference. In debug mode (``COLLECTIVES_DEBUG=1``), and on the first collective of
         every communicator (which also compares the ranks' checks levels), the full
@@ -74,6 +77,8 @@ class CallCheck:
         ``waiting()`` (the monitored barrier's) is run once this rank waits for its peers."""
         seq: int = self._comm._seq
         if call.counted:  # dtype and shape: the call's counts exchange compares them
+            if self._carries and seq != 1:
+                return  # its counts travel in its check's round (check_counts)
             dtype, shape = None, ()
         if self.level != config.CHECKS_DEFAULT or seq == 1:
             if waiting is not None:
@@ -94,6 +99,46 @@ class CallCheck:
             raise CollectiveMismatch(  # (hash words differ only where fingerprints do)
                 f"{self._context.call_name()}: the ranks' check words differ, but their "
                 "fingerprints agree; is COLLECTIVES_DEBUG set the same on every rank?")
+
+    def check_counts(self, r: Request) -> bool:
+        """An uneven call's check and counts exchange in one small collective, where the
+        transport carries counts with the check word (``_agree_counts``, the default check):
+        ``r.extra`` becomes every rank's row counts (all_gather_v) or the splits ``splits[i][j]``
+        (all_to_all). The word hashes the call's kind, dtype, ``x.shape[1:]`` and sequence
+        number; a rank in another call is :class:`CollectiveMismatch` on every rank. False where
+        the call path's own counts exchange runs instead: the first call, debug mode, or ranks
+        whose dtypes, trailing shapes or ``out`` rows disagree (its error on every rank says how)."""
+        seq: int = self._comm._seq
+        if not self._carries or seq == 1:
+            return False
+        call, x = r.call, r.x
+        rest = tuple(x.shape[1:])
+        try:
+            h = self._hashes[call, r.dtype, None, -1, rest]
+        except KeyError:
+            h = self._hash_call(call, None, -1, r.dtype, rest)
+        h = (h ^ seq) & 0x7FFFFFFF
+        gathered = call is ALL_GATHER_V
+        row = [int(x.shape[0])] if gathered else [int(n) for n in r.extra]
+        row.append(-1 if r.out is None else int(r.out.shape[0]))
+        reduced, rows = self._transport._agree_counts((h << 32) | (h ^ 0xFFFFFFFF), row)
+        if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
+            self.compare_fingerprints(None, -1, None, ())  # another call: the mismatch
+            return False  # the same call, another dtype or x.shape[1:]: the exchange says which
+        if gathered:
+            counts = [row[0] for row in rows]
+            total = sum(counts)
+            if any(row[1] != -1 and row[1] != total for row in rows):
+                return False  # an out of the wrong rows
+            r.extra = counts
+            return True
+        size = len(rows)
+        splits = [row[:size] for row in rows]
+        if any(row[size] != -1 and row[size] != sum(sent[rank] for sent in splits)
+               for rank, row in enumerate(rows)):
+            return False
+        r.extra = splits
+        return True
 
     def _hash_call(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
                    shape: tuple[int, ...]) -> int:

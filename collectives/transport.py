@@ -271,6 +271,17 @@ class Transport(abc.ABC):
         self._all_reduce(Request(ALL_REDUCE, vector, arrays.NUMPY, "int64", ReduceOp.BAND))
         return int(vector[0])
 
+    #: Whether :meth:`_agree_counts` carries an uneven collective's counts with the check word.
+    _counts_with_check: bool = False
+
+    def _agree_counts(self, word: int, row: list[int]) -> tuple[int, list[list[int]]]:
+        """:meth:`_agree_word`'s result, and every rank's ``row`` (at most ``size + 1`` ints) in
+        rank order, from the same one small collective, where ``_counts_with_check`` (the
+        default check of an uneven collective: its counts travel in the check's round). Every
+        call's check word must then travel in the same collective, so that a rank in another
+        call meets it."""
+        raise NotImplementedError(f"{type(self).__name__} carries no counts with its check word")
+
     def _tell_peers_left(self, how: int) -> None:
         """Leave a farewell with every peer: this rank made ``self.context.call[1]`` collectives on this
         communicator and is done with it (``how``: :data:`collectives.farewell.FINISHED` or

@@ -109,6 +109,16 @@ def _case_skipped_call(comm, x):
     return lambda: comm.broadcast(x, 0)
 
 
+def _case_uneven_operation(comm, x):
+    # An uneven call's counts travel in its check's round on MPI: a rank in another call meets it there.
+    return (lambda: comm.all_gather_v(x)) if comm.rank == 0 else (lambda: comm.all_reduce(x))
+
+
+def _case_uneven_kinds(comm, x):
+    y = np.ones((2, 3))
+    return (lambda: comm.all_to_all(y, [1, 1])) if comm.rank == 0 else (lambda: comm.all_gather_v(y))
+
+
 MISMATCHES = {  # case -> (this rank's calls, the field reported, rank 0's and rank 1's value)
     "operation": (_case_operation, "operation", "all_reduce", "broadcast"),
     "reduce_op": (_case_reduce_op, "reduce op", "SUM", "MAX"),
@@ -119,6 +129,8 @@ MISMATCHES = {  # case -> (this rank's calls, the field reported, rank 0's and r
     "sequence_number": (_case_sequence_number, "sequence number", "#2", "#3"),
     "extra_call": (_case_extra_call, "operation", "broadcast", "all_reduce"),
     "skipped_call": (_case_skipped_call, "operation", "all_reduce", "broadcast"),
+    "uneven_operation": (_case_uneven_operation, "operation", "all_gather_v", "all_reduce"),
+    "uneven_kinds": (_case_uneven_kinds, "operation", "all_to_all", "all_gather_v"),
 }
 
 
