@@ -195,14 +195,17 @@ class MPIChannel(Transport):
 
     def _call(self, blocking: Any, nonblocking: Any, *args: Any) -> None:
         """One MPI call, blocking: the blocking call when there is no timeout, else the
-        nonblocking one completed against the deadline (a small one is complete at its
-        first test: no _wait frame then)."""
+        nonblocking one completed against the deadline (a small one is complete within its
+        first FAST_POLLS tests: no _wait frame then)."""
         if self.timeout is None:
             blocking(*args)
         else:
             request = nonblocking(*args)
-            if not request.Test():
-                self._wait(request)
+            test = request.Test
+            for _ in range(FAST_POLLS):
+                if test():
+                    return
+            self._wait(request)
 
     def _order_keys(self, buf: Any, wire: str, op: ReduceOp) -> Any:
         """For MIN/MAX of floats: ``buf``'s memory as integer order keys (encoded in place),
@@ -288,11 +291,13 @@ class MPIChannel(Transport):
         """:meth:`_agree_word` with this rank's ``row`` in its place of the rows that follow the
         word (every other place all ones, so that the BAND is every rank's row)."""
         vector, width = self._word, self.size + 1
-        vector[:] = -1
+        vector.fill(-1)
         start = 1 + self.rank * width
-        vector[start:start + len(row)] = row
+        for i, n in enumerate(row):  # (item by item: a slice of a list costs twice as much)
+            vector[start + i] = n
         word = self._agree_word(word)
-        return word, vector[1:].reshape(self.size, width).tolist()
+        flat = vector.tolist()
+        return word, [flat[i:i + width] for i in range(1, len(flat), width)]
 
     def _tell_peers_left(self, how: int) -> None:
         """A small message to every peer on this communicator (tag FAREWELL_TAG): [this
