@@ -86,12 +86,16 @@ class _Request(Work):
     def _cancel(self) -> None:
         """Cancel the requests not complete (a posted receive no message came for) and complete
         them, so that MPI frees their communicator once it is freed."""
-        if self._finish is None or self._MPI.Is_finalized():
+        MPI = self._MPI
+        if self._finish is None or MPI.Is_finalized():
             return
-        for request in self._requests:
-            if request != self._MPI.REQUEST_NULL and not request.Test():
-                request.Cancel()
-                request.Wait()
+        try:
+            for request in self._requests:
+                if request != MPI.REQUEST_NULL and not request.Test():
+                    request.Cancel()
+                    request.Wait()
+        except MPI.Exception:  # (a communicator a lost peer broke: the request stays MPI's)
+            return
         self._finish = self._buffers = None
 
     def is_completed(self) -> bool:

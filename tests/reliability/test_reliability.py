@@ -197,6 +197,31 @@ def test_a_barrier_met_by_another_call_is_a_mismatch_on_every_rank(size):
         assert ok
 
 
+def barrier_close_job(comm):
+    """Barriers that the last rank comes to late (the others wait, and send rank 0 their words),
+    then close: rank 0's receives of the words, posted at its first barrier, are given up."""
+    sub = comm.split(0)
+    sub.all_reduce(np.ones(1))
+    for _ in range(3):
+        if sub.rank == sub.size - 1:
+            time.sleep(0.02)
+        sub.barrier()
+    posted = [work for work, _ in sub._monitored._words.values()]  # (white-box)
+    sub.close()
+    return len(posted), all(work.is_completed() for work in posted)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_closed_communicator_gives_up_its_barrier_receives(size):
+    """A receive left posted would keep the freed MPI communicator (and its context id) alive."""
+    from collectives.testing import get_pool
+
+    results = get_pool("mpi", size).run(barrier_close_job, timeout=30)
+    assert results[0] == (size - 1, True), results
+    assert all(result == (0, True) for result in results[1:]), results
+
+
 def skipped_call_job(comm):
     """Rank 0 makes a second all_reduce that rank 1 skips; then rank 1 returns."""
     sub = comm.split(0)
