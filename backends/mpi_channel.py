@@ -64,6 +64,7 @@ class MPIChannel(Transport):
     COMM_WORLD), its tables, buffers and calls."""
 
     backend = "mpi"
+    _says_waiting = True  # (_agree_word: after its polls)
 
     def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
         """``comm``: the mpi4py communicator to duplicate (default COMM_WORLD)."""

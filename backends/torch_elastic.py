@@ -143,7 +143,7 @@ class ElasticTorchTransport(TorchTransport):
         work = self._dist.all_reduce(flag, op=self._band, group=self._group, async_op=True)
         look = time.monotonic() + REVOKE_LOOK
         pause = 0.0
-        if waiting is not None and not work.is_completed():
+        if waiting is not None:  # (first: see Transport._says_waiting)
             waiting()
         while not work.is_completed():
             if time.monotonic() >= look:

@@ -116,7 +116,7 @@ class Communicator:
         transport.attach(context, config.timeout_seconds(timeout))
         self._call_check = call_check = CallCheck(transport, context, size)
         self._p2p = CheckedPointToPoint(transport, handles, self)
-        self._monitored = MonitoredBarrier(transport, rank, size, handles)
+        self._monitored = MonitoredBarrier(transport, rank, size, handles, call_check)
         # The call path's shortcuts into its parts (one attribute read each).
         self._pending, self._reap, self._keep = handles.pending, handles.reap, handles.keep
         self._plans, self._plan, self._check_call = checks.plans, checks.plan, call_check.check

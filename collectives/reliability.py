@@ -22,13 +22,15 @@ from typing import Any
 
 from . import config
 from .calls import ALL_GATHER_V, BARRIER_TAG, Call, Request
-from .context import CommunicatorContext
+from .context import CommunicatorContext, poll_until
 from .diagnostics import recorder
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .ops import ReduceOp
 from .transport import Transport
 from .wire import call_hash
 from .work import KeptHandles, Work
+
+_clock = recorder.clock
 
 #: Kinds of call whose hash a communicator keeps (a program with more forgets and hashes again).
 MAX_CALL_HASHES = 4096
@@ -141,6 +143,13 @@ class CallCheck:
         r.extra = splits
         return True
 
+    def words_when_waiting(self, seq: int) -> bool:
+        """Whether barrier number ``seq`` is the default check's agreement on a transport that
+        runs its ``waiting`` only once a rank waits (``_agree_word``): then only the ranks that
+        waited send rank 0 a word (see :class:`MonitoredBarrier`); else every rank sends one first."""
+        return (self._comm._checking and self.level == config.CHECKS_DEFAULT and seq != 1
+                and self._transport._says_waiting)
+
     def _hash_call(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
                    shape: tuple[int, ...]) -> int:
         """:func:`collectives.wire.call_hash` of a kind of call, remembered."""
@@ -185,12 +194,18 @@ class MonitoredBarrier:
     more. Rank 0 keeps a receive posted for every peer's words, and at a timeout the peers whose
     word of this barrier has not come are the ones that never arrived. Words of barriers that
     completed are taken now and then (every :data:`TAKE_EVERY` barriers, one peer at a time),
-    so that they do not pile up at rank 0; older barriers' words are skipped."""
+    so that they do not pile up at rank 0; older barriers' words are skipped. Where the barrier
+    is not that agreement (debug mode, checks off, the first call, a transport that cannot tell
+    when a rank waits: ``call_check.words_when_waiting``) every rank sends its word first, and
+    rank 0 takes every peer's word of each barrier after it."""
 
-    __slots__ = ("_transport", "_rank", "_size", "_handles", "_words", "_heard", "_seq", "_native", "_waiting")
+    __slots__ = ("_transport", "_rank", "_size", "_handles", "_words", "_heard", "_seq", "_native", "_waiting",
+                 "_lazy")
 
-    def __init__(self, transport: Transport, rank: int, size: int, handles: KeptHandles) -> None:
+    def __init__(self, transport: Transport, rank: int, size: int, handles: KeptHandles,
+                 call_check: CallCheck) -> None:
         self._transport, self._rank, self._size, self._handles = transport, rank, size, handles
+        self._lazy = call_check.words_when_waiting
         # Rank 0's posted receives of the peers' words: peer -> (handle, word).
         self._words: dict[int, tuple[Work, Any]] = {}
         # Rank 0: the latest barrier each peer's word came from (0: none yet).
@@ -227,7 +242,11 @@ class MonitoredBarrier:
             raise CollectiveTimeout(
                 f"{error} (rank(s) {', '.join(map(str, missing))} never arrived at the barrier)"
             ) from error
-        if not seq % TAKE_EVERY:  # the words of barriers that completed: one peer's, in turn
+        if not self._lazy(seq):  # every peer sent its word first: take them (as they come)
+            deadline = _clock() + seconds
+            for peer in range(1, self._size):
+                self._take_words(peer, seq, deadline)
+        elif not seq % TAKE_EVERY:  # the words of barriers that completed: one peer's, in turn
             self._take_words(seq // TAKE_EVERY % (self._size - 1) + 1)
 
     def close(self) -> None:
@@ -249,13 +268,13 @@ class MonitoredBarrier:
         vector = np.zeros(1, np.int64)
         self._words[peer] = (self._transport._recv_small(vector, peer, BARRIER_TAG), vector)
 
-    def _take_words(self, peer: int) -> int:
-        """Take the words ``peer`` sent that have come (one test each); the latest barrier it
-        sent a word of."""
+    def _take_words(self, peer: int, seq: int = 0, deadline: float = 0.0) -> int:
+        """Take the words ``peer`` sent that have come (one test each), and until ``deadline``
+        the ones up to barrier ``seq``'s; the latest barrier it sent a word of."""
         heard = self._heard
         while True:
             work, vector = self._words[peer]
-            if not work.is_completed():
+            if not work.is_completed() and (heard[peer] >= seq or not poll_until(work.is_completed, deadline)):
                 return heard[peer]
             work.wait()
             heard[peer] = max(heard[peer], int(vector[0]))

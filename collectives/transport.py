@@ -256,6 +256,9 @@ class Transport(abc.ABC):
     #: sets it False: there only ``COLLECTIVES_DEBUG=1`` checks.
     _checks_by_default: bool = True
 
+    #: Whether :meth:`_agree_word` runs its ``waiting`` only once this rank waits (else first).
+    _says_waiting: bool = False
+
     def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
         """The bitwise AND (BAND) over every rank of one non-negative int64 ``word`` each: the
         default check's one small collective (:func:`collectives.wire.check_word`). Backends
