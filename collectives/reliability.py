@@ -143,13 +143,6 @@ class CallCheck:
         r.extra = splits
         return True
 
-    def words_when_waiting(self, seq: int) -> bool:
-        """Whether barrier number ``seq`` is the default check's agreement on a transport that
-        runs its ``waiting`` only once a rank waits (``_agree_word``): then only the ranks that
-        waited send rank 0 a word (see :class:`MonitoredBarrier`); else every rank sends one first."""
-        return (self._comm._checking and self.level == config.CHECKS_DEFAULT and seq != 1
-                and self._transport._says_waiting)
-
     def _hash_call(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
                    shape: tuple[int, ...]) -> int:
         """:func:`collectives.wire.call_hash` of a kind of call, remembered."""
@@ -195,9 +188,9 @@ class MonitoredBarrier:
     word of this barrier has not come are the ones that never arrived. Words of barriers that
     completed are taken now and then (every :data:`TAKE_EVERY` barriers, one peer at a time),
     so that they do not pile up at rank 0; older barriers' words are skipped. Where the barrier
-    is not that agreement (debug mode, checks off, the first call, a transport that cannot tell
-    when a rank waits: ``call_check.words_when_waiting``) every rank sends its word first, and
-    rank 0 takes every peer's word of each barrier after it."""
+    is not that agreement (debug mode, checks off, the first call: ``call_check``'s level) or the
+    transport cannot tell when a rank waits (``_says_waiting``), every rank sends its word first,
+    and rank 0 takes every peer's word of each barrier after it."""
 
     __slots__ = ("_transport", "_rank", "_size", "_handles", "_words", "_heard", "_seq", "_native", "_waiting",
                  "_lazy")
@@ -205,7 +198,9 @@ class MonitoredBarrier:
     def __init__(self, transport: Transport, rank: int, size: int, handles: KeptHandles,
                  call_check: CallCheck) -> None:
         self._transport, self._rank, self._size, self._handles = transport, rank, size, handles
-        self._lazy = call_check.words_when_waiting
+        # Whether a barrier (but a communicator's first call) is the agreement, and its words
+        # come only from the ranks that wait (the default check: ``_checking`` stays on).
+        self._lazy = call_check.level == config.CHECKS_DEFAULT and transport._says_waiting
         # Rank 0's posted receives of the peers' words: peer -> (handle, word).
         self._words: dict[int, tuple[Work, Any]] = {}
         # Rank 0: the latest barrier each peer's word came from (0: none yet).
@@ -230,19 +225,21 @@ class MonitoredBarrier:
                     f"{error} (rank 0 did not release the barrier: its CollectiveTimeout, or its "
                     "dump with COLLECTIVES_TRACE_DIR, names the ranks that never arrived)") from error
             return
-        if not self._words:  # the first barrier: a receive for every peer's words, kept posted
+        words = self._words
+        if len(words) < self._size - 1:  # a receive for every peer's words (a taken one: again)
             for peer in range(1, self._size):
-                self._post(peer)
+                if peer not in words:
+                    self._post(peer)
         try:
             synchronize(None)
         except CollectiveTimeout as error:
-            missing = [peer for peer in range(1, self._size) if self._take_words(peer) < seq]
+            missing = [peer for peer in range(1, self._size) if self._take_words(peer, seq) < seq]
             if not missing:
                 raise
             raise CollectiveTimeout(
                 f"{error} (rank(s) {', '.join(map(str, missing))} never arrived at the barrier)"
             ) from error
-        if not self._lazy(seq):  # every peer sent its word first: take them (as they come)
+        if not self._lazy or seq == 1:  # every peer sent its word first: take them (as they come)
             deadline = _clock() + seconds
             for peer in range(1, self._size):
                 self._take_words(peer, seq, deadline)
@@ -262,23 +259,27 @@ class MonitoredBarrier:
         word = np.full(1, self._seq, np.int64)
         self._handles.keep_p2p(self._transport._send_small(word, 0, BARRIER_TAG))  # (kept till sent)
 
-    def _post(self, peer: int) -> None:
+    def _post(self, peer: int) -> tuple[Work, Any]:
         import numpy as np  # noqa: PLC0415
 
         vector = np.zeros(1, np.int64)
-        self._words[peer] = (self._transport._recv_small(vector, peer, BARRIER_TAG), vector)
+        entry = self._words[peer] = (self._transport._recv_small(vector, peer, BARRIER_TAG), vector)
+        return entry
 
     def _take_words(self, peer: int, seq: int = 0, deadline: float = 0.0) -> int:
-        """Take the words ``peer`` sent that have come (one test each), and until ``deadline``
-        the ones up to barrier ``seq``'s; the latest barrier it sent a word of."""
-        heard = self._heard
+        """Take the words ``peer`` sent that have come (one test each), or until ``deadline``
+        barrier ``seq``'s (then its receive is posted again at the next barrier, not now); the
+        latest barrier it sent a word of."""
+        heard, words = self._heard, self._words
         while True:
-            work, vector = self._words[peer]
+            work, vector = words.get(peer) or self._post(peer)
             if not work.is_completed() and (heard[peer] >= seq or not poll_until(work.is_completed, deadline)):
                 return heard[peer]
             work.wait()
             heard[peer] = max(heard[peer], int(vector[0]))
-            self._post(peer)
+            del words[peer]
+            if seq and heard[peer] >= seq:
+                return heard[peer]
 
 
 #: Rank 0 takes the words of barriers that completed every this many barriers (see MonitoredBarrier).
