@@ -64,6 +64,7 @@ class MPIChannel(Transport):
     COMM_WORLD), its tables, buffers and calls."""
 
     backend = "mpi"
+    _says_waiting = True  # (_agree_word: after its polls)
 
     def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
         """``comm``: the mpi4py communicator to duplicate (default COMM_WORLD)."""
@@ -110,8 +111,11 @@ class MPIChannel(Transport):
         self._byte = MPI.BYTE
         # The default check's word (see _agree_word): one int64, reduced in place, through a
         # persistent MPI_Allreduce_init where the library has them (collective: every rank
-        # makes it here).
-        self._word = np.zeros(1, dtype=np.int64)
+        # makes it here). On up to COUNTS_RANKS ranks a row of size + 1 int64 per rank follows
+        # it, which carries the uneven collectives' counts (see _agree_counts).
+        ranks = self._comm.Get_size()
+        self._counts_with_check = 1 < ranks <= COUNTS_RANKS
+        self._word = np.full(1 + ranks * (ranks + 1) if self._counts_with_check else 1, -1, dtype=np.int64)
         self._word_args = (MPI.IN_PLACE, [self._word, MPI.INT64_T], MPI.BAND)
         try:
             self._word_request: Any = self._comm.Allreduce_init(*self._word_args)
@@ -192,14 +196,17 @@ class MPIChannel(Transport):
 
     def _call(self, blocking: Any, nonblocking: Any, *args: Any) -> None:
         """One MPI call, blocking: the blocking call when there is no timeout, else the
-        nonblocking one completed against the deadline (a small one is complete at its
-        first test: no _wait frame then)."""
+        nonblocking one completed against the deadline (a small one is complete within its
+        first FAST_POLLS tests: no _wait frame then)."""
         if self.timeout is None:
             blocking(*args)
         else:
             request = nonblocking(*args)
-            if not request.Test():
-                self._wait(request)
+            test = request.Test
+            for _ in range(FAST_POLLS):
+                if test():
+                    return
+            self._wait(request)
 
     def _order_keys(self, buf: Any, wire: str, op: ReduceOp) -> Any:
         """For MIN/MAX of floats: ``buf``'s memory as integer order keys (encoded in place),
@@ -257,11 +264,13 @@ class MPIChannel(Transport):
                 writeback()
         return finish
 
-    def _agree_word(self, word: int) -> int:
-        """One MPI_Allreduce (BAND) of one int64, completed by polling, also without a timeout (a
+    def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
+        """One MPI_Allreduce (BAND) of one int64 (and the rows of :meth:`_agree_counts` behind it,
+        all ones in every other call: up to COUNTS_RANKS ranks), completed by polling, also without a timeout (a
         peer's farewell is heard while it waits). Persistent (MPI_Allreduce_init, started per
         call) where the library has it: at 2 ranks on one node 1.95 us a call, where
-        MPI_Iallreduce took 2.47 and MPI_Allreduce 2.94 (and a 2-element reduction 3.3)."""
+        MPI_Iallreduce took 2.47 and MPI_Allreduce 2.94 (and a 2-element reduction 3.3).
+        ``waiting()`` runs when the fast polls did not see it complete."""
         self._word[0] = word
         request = self._word_request
         if request is not None:
@@ -272,8 +281,25 @@ class MPIChannel(Transport):
         for _ in range(FAST_POLLS):  # the peers' words land within microseconds: no frame more
             if test():
                 return int(self._word[0])
+        if waiting is not None:
+            for _ in range(WAITING_POLLS):  # a peer a few microseconds behind: no word for it
+                if test():
+                    return int(self._word[0])
+            waiting()
         self._wait(request)
         return int(self._word[0])
+
+    def _agree_counts(self, word: int, row: list[int]) -> tuple[int, list[list[int]]]:
+        """:meth:`_agree_word` with this rank's ``row`` in its place of the rows that follow the
+        word (every other place all ones, so that the BAND is every rank's row)."""
+        vector, width = self._word, self.size + 1
+        vector.fill(-1)
+        start = 1 + self.rank * width
+        for i, n in enumerate(row):  # (item by item: a slice of a list costs twice as much)
+            vector[start + i] = n
+        word = self._agree_word(word)
+        flat = vector.tolist()
+        return word, [flat[i:i + width] for i in range(1, len(flat), width)]
 
     def _tell_peers_left(self, how: int) -> None:
         """A small message to every peer on this communicator (tag FAREWELL_TAG): [this
@@ -395,6 +421,13 @@ _UNFREED: list[MPIChannel] = []
 STAGED_BYTES = 4096
 #: Shapes (and roots) per fast path that keep a persistent request at most.
 STAGED_SHAPES = 16
+#: Communicators of at most this many ranks carry the uneven collectives' counts in the check's
+#: all_reduce (size * (size + 1) int64 more in every call's: 48 bytes at 2 ranks, 160 at 4).
+COUNTS_RANKS = 4
+#: Tests of the agreement after the fast polls before a waiting rank runs ``waiting`` (the
+#: monitored barrier's word to rank 0): at 2 ranks on one node a barrier loop's ranks are
+#: within these (~10 us) of each other all but rarely, and then send no word.
+WAITING_POLLS = 128
 
 
 def _nothing() -> None:

@@ -83,6 +83,21 @@ class _Request(Work):
         if finish is not None:
             finish()
 
+    def _cancel(self) -> None:
+        """Cancel the requests not complete (a posted receive no message came for) and complete
+        them, so that MPI frees their communicator once it is freed."""
+        MPI = self._MPI
+        if self._finish is None or MPI.Is_finalized():
+            return
+        try:
+            for request in self._requests:
+                if request != MPI.REQUEST_NULL and not request.Test():
+                    request.Cancel()
+                    request.Wait()
+        except MPI.Exception:  # (a communicator a lost peer broke: the request stays MPI's)
+            return
+        self._finish = self._buffers = None
+
     def is_completed(self) -> bool:
         if self._finish is None:
             return True

@@ -28,6 +28,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from collectives import arrays, config
@@ -141,7 +142,7 @@ class ElasticTorchTransport(TorchTransport):
             failed, self.generation)
         return self._failure
 
-    def _agree_word(self, word: int) -> int:
+    def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
         """The default check's all_reduce, polled (``is_completed`` and short sleeps) rather than
         waited for: Gloo's wait with a timeout does not return before the call's own timeout,
         and a survivor waiting here must see the revocation (:meth:`_peers_left`) at once."""
@@ -150,6 +151,8 @@ class ElasticTorchTransport(TorchTransport):
         work = self._dist.all_reduce(flag, op=self._band, group=self._group, async_op=True)
         look = time.monotonic() + REVOKE_LOOK
         pause = 0.0
+        if waiting is not None:  # (first: see Transport._says_waiting)
+            waiting()
         while not work.is_completed():
             if time.monotonic() >= look:
                 try:

@@ -19,7 +19,7 @@ import math
 import os
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from collectives import farewell
@@ -120,10 +120,12 @@ class TorchGroup(Transport):
         """The torch ProcessGroup (None means the default group)."""
         return self._group
 
-    def _agree_word(self, word: int) -> int:
+    def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
         """One all_reduce (BAND) of one int64 CPU tensor, polled: a peer's farewell is heard
         while it waits, and a call's own ``timeout=`` (shorter than the group's, which torch
-        enforces) is kept."""
+        enforces) is kept. ``waiting()`` runs first."""
+        if waiting is not None:
+            waiting()
         flag = self._torch.tensor([word], dtype=self._torch.int64)
         work = _TorchWork(flag, self._dist.all_reduce(flag, op=self._band, group=self._group,
                                                       async_op=True), transport=self)

@@ -52,7 +52,8 @@ class Call:
     out_shape: Callable[[Any, Shape, Any], Shape] | None = None
     #: The ranks' dtypes and shapes are compared by a counts exchange of the call's own (the
     #: uneven collectives: their rows differ by design): the check before the call compares
-    #: only its kind and sequence number.
+    #: only its kind and sequence number (or, where the transport carries the counts in the
+    #: check's round, also dtype and ``x.shape[1:]``: ``CallCheck.check_counts``).
     counted: bool = False
     #: The name of the :class:`~collectives.transport.Transport` method that does the work,
     #: given the call's :class:`Request`. Calls with a path of their own (barrier, split): "".

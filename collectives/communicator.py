@@ -116,7 +116,7 @@ class Communicator:
         transport.attach(context, config.timeout_seconds(timeout))
         self._call_check = call_check = CallCheck(transport, context, size)
         self._p2p = CheckedPointToPoint(transport, handles, self)
-        self._monitored = MonitoredBarrier(transport, rank, size, handles)
+        self._monitored = MonitoredBarrier(transport, rank, size, handles, call_check)
         # The call path's shortcuts into its parts (one attribute read each).
         self._pending, self._reap, self._keep = handles.pending, handles.reap, handles.keep
         self._plans, self._plan, self._check_call = checks.plans, checks.plan, call_check.check
@@ -197,8 +197,7 @@ class Communicator:
         return self._run(BROADCAST, x, None, src, None, async_op, None, timeout)
 
     def reduce(self, x: Any, op: ReduceOp | str = "sum", dst: int = 0, *,
-               async_op: bool = False,
-               timeout: Any = None) -> Any:
+               async_op: bool = False, timeout: Any = None) -> Any:
         """Reduce ``x`` elementwise over all ranks into ``x`` on rank ``dst``, in place.
 
         On the other ranks ``x`` is left untouched. ``op`` as for :meth:`all_reduce`.
@@ -221,13 +220,12 @@ class Communicator:
         along dimension 0, and the list of each rank's ``x.shape[0]``. The other
         dimensions and the dtype must be the same on every rank, else ``ValueError``
         on every rank. ``out=`` (shape ``(sum(counts), *x.shape[1:])``) receives the
-        concatenation. The counts travel first, in one small all_gather.
+        concatenation. The counts travel first, in one small collective (MPI: the check's).
         """
         return self._run(ALL_GATHER_V, x, None, -1, out, async_op, None, timeout)
 
     def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None,
-                       async_op: bool = False,
-                       timeout: Any = None) -> Any:
+                       async_op: bool = False, timeout: Any = None) -> Any:
         """Reduce ``x`` over all ranks and return this rank's block of rows.
 
         ``x.shape[0]`` must be divisible by ``size`` (else ``ValueError``); the
@@ -255,8 +253,7 @@ class Communicator:
         return self._run(SCATTER, x, None, src, out, async_op, None, timeout)
 
     def all_to_all(self, x: Any, send_splits: Sequence[int] | None = None, *, out: Any = None,
-                   async_op: bool = False,
-                   timeout: Any = None) -> Any:
+                   async_op: bool = False, timeout: Any = None) -> Any:
         """Every rank sends a block of rows to every rank.
 
         Equal form (``send_splits=None``): ``x`` has shape ``(size, *rest)``; row ``j``
@@ -264,7 +261,7 @@ class Communicator:
         Uneven form: ``send_splits`` is a list of ``size`` ints that sum to
         ``x.shape[0]``; rows ``[sum(send_splits[:j]), sum(send_splits[:j+1]))`` go to
         rank ``j``; the result is the concatenation, in rank order, of what every rank
-        sent here. The counts travel first, in one small all_gather (every rank learns
+        sent here. The counts travel first, in one small collective (every rank learns
         every rank's splits, so a wrong ``out`` or a shape mismatch is an error on every
         rank).
         """
@@ -311,25 +308,25 @@ class Communicator:
     def barrier(self, *, timeout: Any = None) -> None:
         """Block until every rank of this communicator has called ``barrier``.
 
-        Under a timeout (the communicator's, or ``timeout=`` for this call) the
-        :class:`CollectiveTimeout` on rank 0 names the ranks that never arrived: before the
-        transport's barrier every rank sends rank 0 a word (tag 32767,
+        Under a timeout (the communicator's, or ``timeout=`` for this call) the :class:`CollectiveTimeout`
+        on rank 0 names the ranks that never arrived: a rank that waits sends rank 0 a word (tag 32767,
         ``collectives.calls.BARRIER_TAG``, which send/recv refuse). Without a timeout: the transport's barrier.
         """
         self._check_open()
-        kept = self.timeout
+        transport = self._transport  # (its timeout: the communicator's, without the property)
+        kept = seconds = transport.timeout
         if timeout is not None:  # this call's (a timeout's message names it)
-            self.timeout = config.timeout_seconds(timeout or 0)
+            transport.timeout = seconds = config.timeout_seconds(timeout or 0)
         record = self._begin(BARRIER)
         try:
-            if self.timeout is None or self.size == 1:
+            if seconds is None or self.size == 1:
                 self._synchronize()
             else:
-                self._monitored.run(self.timeout, self._seq, self._synchronize)
+                self._monitored.run(seconds, self._seq, self._synchronize)
         except Exception as error:
             self._raise_failed(record, error)
         finally:
-            self.timeout = kept
+            transport.timeout = kept
         self._completed(record)
 
     def split(self, color: int | None, key: int | None = None) -> Communicator | None:
@@ -369,6 +366,7 @@ class Communicator:
                 self._say_farewell(farewell.FINISHED)
                 self._closed, self._gate = True, None
                 _LIVE.discard(self)
+                self._monitored.close()  # (before the transport's: it gives up its posted receives)
                 self._transport._close()
 
     def bind_thread(self) -> None:
@@ -564,12 +562,14 @@ class Communicator:
         for hook in list(self._hooks):
             hook(described)
 
-    def _synchronize(self) -> None:
-        """The barrier itself: with checks on, the check before the call (no rank completes its
-        all_reduce before every rank has entered it; it also tells a barrier from another call)."""
+    def _synchronize(self, waiting: Callable[[], None] | None = None) -> None:
+        """The barrier itself: with checks on, the check (no rank completes its all_reduce before every
+        rank entered it; it tells a barrier from another call). ``waiting``: see MonitoredBarrier.run."""
         if self._checking:
-            self._check_call(BARRIER, None, -1, None, ())
+            self._check_call(BARRIER, None, -1, None, (), waiting)
         else:
+            if waiting is not None:
+                waiting()
             self._transport._barrier()
 
     def _say_farewell(self, how: int) -> None:

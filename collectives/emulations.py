@@ -42,7 +42,10 @@ def rows_of_everyone(comm: Any, x: Any, dtype: str, out: Any, splits: Sequence[i
 def counted(comm: Any, r: Request) -> None:
     """The uneven rows' counts exchange, run by the call path before the transport's method:
     ``r.extra`` becomes every rank's row counts (all_gather_v) or the splits ``splits[i][j]``
-    (uneven all_to_all, from each rank's ``send_splits``)."""
+    (uneven all_to_all, from each rank's ``send_splits``). Where the transport carries them in
+    the check's round (``CallCheck.check_counts``) that round was the exchange."""
+    if comm._checking and comm._call_check.check_counts(r):
+        return
     if r.call is ALL_GATHER_V:
         r.extra = header_rows(rows_of_everyone(comm, r.x, r.dtype, r.out, None))
     else:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import config
-from .calls import BARRIER_TAG, Call
+from .calls import ALL_GATHER_V, BARRIER_TAG, Call, Request
 from .context import CommunicatorContext, poll_until
 from .diagnostics import recorder
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
@@ -31,6 +31,7 @@ from .wire import call_hash
 from .work import KeptHandles, Work
 
 _clock = recorder.clock
+
 #: Kinds of call whose hash a communicator keeps (a program with more forgets and hashes again).
 MAX_CALL_HASHES = 4096
 
@@ -39,7 +40,7 @@ class CallCheck:
     communicator of ``size`` ranks over ``transport``; ``context`` is the communicator's side
     (the running call, its exchange, what errors become)."""
 
-    __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "_hashes")
+    __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "_hashes", "_carries")
 
     def __init__(self, transport: Transport, context: CommunicatorContext, size: int) -> None:
         self._transport, self._context = transport, context
@@ -58,24 +59,32 @@ class CallCheck:
         self.first_checked = size > 1 and (level != config.CHECKS_OFF or transport._checks_by_default)
         # The hashes of the kinds of call seen (see check).
         self._hashes: dict[tuple[Any, ...], int] = {}
+        # Whether an uneven call's counts travel in its check's round (see check_counts).
+        self._carries = transport._counts_with_check and level == config.CHECKS_DEFAULT
 
     def check(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
-              shape: tuple[int, ...]) -> None:
+              shape: tuple[int, ...], waiting: Callable[[], None] | None = None) -> None:
         """Before the running collective ``call`` moves any data: every rank makes the same
         call, else :class:`CollectiveMismatch` on every rank, nothing sent.
 
         By default one small all_reduce (the transport's ``_agree_word``) of a word that hashes
         the call's kind, reduce op, root, dtype, shape and sequence number (an uneven
-        collective's dtype and shape are compared by its own counts exchange, which follows);
+        collective's dtype and shape are compared by its own counts exchange, which follows,
+        or, where the transport carries counts with the word, by :meth:`check_counts`);
         the full fingerprints travel only when the words disagree, to name the ranks and the
         difference. In debug mode (``COLLECTIVES_DEBUG=1``), and on the first collective of
         every communicator (which also compares the ranks' checks levels), the full
         fingerprints always travel. Every rank makes the same exchanges as long as every rank
-        makes the same calls: the ranks all see the same result, so all raise or none."""
+        makes the same calls: the ranks all see the same result, so all raise or none.
+        ``waiting()`` (the monitored barrier's) is run once this rank waits for its peers."""
         seq: int = self._comm._seq
         if call.counted:  # dtype and shape: the call's counts exchange compares them
+            if self._carries and seq != 1:
+                return  # its counts travel in its check's round (check_counts)
             dtype, shape = None, ()
         if self.level != config.CHECKS_DEFAULT or seq == 1:
+            if waiting is not None:
+                waiting()
             self.compare_fingerprints(reduce_op, root, dtype, shape)
             if self.level == config.CHECKS_OFF:
                 self._context.stop_checking()
@@ -86,12 +95,53 @@ class CallCheck:
             h = self._hash_call(call, reduce_op, root, dtype, shape)
         # check_word(h, seq) and words_agree, written out: this runs on every call
         h = (h ^ seq) & 0x7FFFFFFF
-        reduced = self._transport._agree_word((h << 32) | (h ^ 0xFFFFFFFF))
+        reduced = self._transport._agree_word((h << 32) | (h ^ 0xFFFFFFFF), waiting)
         if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
             self.compare_fingerprints(reduce_op, root, dtype, shape)
             raise CollectiveMismatch(  # (hash words differ only where fingerprints do)
                 f"{self._context.call_name()}: the ranks' check words differ, but their "
                 "fingerprints agree; is COLLECTIVES_DEBUG set the same on every rank?")
+
+    def check_counts(self, r: Request) -> bool:
+        """An uneven call's check and counts exchange in one small collective, where the
+        transport carries counts with the check word (``_agree_counts``, the default check):
+        ``r.extra`` becomes every rank's row counts (all_gather_v) or the splits ``splits[i][j]``
+        (all_to_all). The word hashes the call's kind, dtype, ``x.shape[1:]`` and sequence
+        number; a rank in another call is :class:`CollectiveMismatch` on every rank. False where
+        the call path's own counts exchange runs instead: the first call, debug mode, or ranks
+        whose dtypes, trailing shapes or ``out`` rows disagree (its error on every rank says how)."""
+        seq: int = self._comm._seq
+        if not self._carries or seq == 1:
+            return False
+        call, x = r.call, r.x
+        rest = x.shape[1:]  # (a tuple; a tensor's torch.Size is one too)
+        try:
+            h = self._hashes[call, r.dtype, None, -1, rest]
+        except KeyError:
+            h = self._hash_call(call, None, -1, r.dtype, rest)
+        h = (h ^ seq) & 0x7FFFFFFF
+        gathered = call is ALL_GATHER_V
+        row = [int(x.shape[0])] if gathered else [int(n) for n in r.extra]
+        row.append(-1 if r.out is None else int(r.out.shape[0]))
+        reduced, rows = self._transport._agree_counts((h << 32) | (h ^ 0xFFFFFFFF), row)
+        if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
+            self.compare_fingerprints(None, -1, None, ())  # another call: the mismatch
+            return False  # the same call, another dtype or x.shape[1:]: the exchange says which
+        if gathered:
+            counts = [row[0] for row in rows]
+            total = sum(counts)
+            for row in rows:
+                if row[1] != -1 and row[1] != total:
+                    return False  # an out of the wrong rows
+            r.extra = counts
+            return True
+        size = len(rows)
+        splits = [row[:size] for row in rows]
+        if any(row[size] != -1 and row[size] != sum(sent[rank] for sent in splits)
+               for rank, row in enumerate(rows)):
+            return False
+        r.extra = splits
+        return True
 
     def _hash_call(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
                    shape: tuple[int, ...]) -> int:
@@ -127,70 +177,110 @@ class CallCheck:
 
 
 class MonitoredBarrier:
-    """The barrier under a timeout on rank ``rank`` of ``size``, over ``transport``: before
-    the barrier itself, one word from every rank to rank 0 (the barrier's sequence number), so
-    that rank 0's timeout can name the ranks that never arrived. A rank's send of its word is
-    kept in ``handles`` until it completes."""
+    """The barrier under a timeout on rank ``rank`` of ``size``, over ``transport``, whose
+    timeout on rank 0 names the ranks that never arrived.
 
-    __slots__ = ("_transport", "_rank", "_size", "_handles", "_words")
+    The barrier itself is the call's agreement (the check word's all_reduce: no rank completes
+    it before every rank entered it). A rank that finds it not complete at once (its peers are
+    not all there yet) sends rank 0 one word, this barrier's sequence number, and waits on
+    (kept in ``handles`` until sent); a barrier that every rank enters together costs nothing
+    more. Rank 0 keeps a receive posted for every peer's words, and at a timeout the peers whose
+    word of this barrier has not come are the ones that never arrived. Words of barriers that
+    completed are taken now and then (every :data:`TAKE_EVERY` barriers, one peer at a time),
+    so that they do not pile up at rank 0; older barriers' words are skipped. Where the barrier
+    is not that agreement (debug mode, checks off, the first call: ``call_check``'s level) or the
+    transport cannot tell when a rank waits (``_says_waiting``), every rank sends its word first,
+    and rank 0 takes every peer's word of each barrier after it."""
 
-    def __init__(self, transport: Transport, rank: int, size: int, handles: KeptHandles) -> None:
+    __slots__ = ("_transport", "_rank", "_size", "_handles", "_words", "_heard", "_seq", "_native", "_waiting",
+                 "_lazy")
+
+    def __init__(self, transport: Transport, rank: int, size: int, handles: KeptHandles,
+                 call_check: CallCheck) -> None:
         self._transport, self._rank, self._size, self._handles = transport, rank, size, handles
-        # Rank 0's posted receives of the barrier's words not taken yet: peer -> (handle, word).
+        # Whether a barrier (but a communicator's first call) is the agreement, and its words
+        # come only from the ranks that wait (the default check: ``_checking`` stays on).
+        self._lazy = call_check.level == config.CHECKS_DEFAULT and transport._says_waiting
+        # Rank 0's posted receives of the peers' words: peer -> (handle, word).
         self._words: dict[int, tuple[Work, Any]] = {}
+        # Rank 0: the latest barrier each peer's word came from (0: none yet).
+        self._heard = [0] * size
+        self._seq = 0  # the running barrier's number (its word)
+        # Whether to ask the transport for its own (most have none: no call per barrier then).
+        self._native = type(transport)._native_monitored_barrier is not Transport._native_monitored_barrier
+        self._waiting = self._send_word if rank else None  # (bound once)
 
-    def run(self, seconds: float, seq: int, synchronize: Callable[[], None]) -> None:
-        """Barrier number ``seq``: ``synchronize()`` (the barrier itself, under the deadline of
-        ``seconds``), with the words. The words travel while the barrier runs: a barrier that
-        completes costs one small message more per rank, not a round trip. A word that rank 0
-        did not take (a mismatch ended the barrier, or rank 0 was in another call) is taken by
-        its next barrier, which skips words of older barriers."""
-        import numpy as np  # noqa: PLC0415
-
-        if self._transport._native_monitored_barrier(seconds):
+    def run(self, seconds: float, seq: int, synchronize: Callable[[Callable[[], None] | None], None]) -> None:
+        """Barrier number ``seq``: ``synchronize(waiting)`` (the barrier itself, under the
+        deadline of ``seconds``; ``waiting()`` is run once this rank waits for its peers, or
+        first where the transport cannot tell), with the words."""
+        if self._native and self._transport._native_monitored_barrier(seconds):
             return
+        self._seq = seq
         if self._rank != 0:
-            word = np.full(1, seq, np.int64)
-            self._handles.keep_p2p(self._transport._send_small(word, 0, BARRIER_TAG))  # (kept till sent)
             try:
-                synchronize()
+                synchronize(self._waiting)
             except CollectiveTimeout as error:
                 raise CollectiveTimeout(
                     f"{error} (rank 0 did not release the barrier: its CollectiveTimeout, or its "
                     "dump with COLLECTIVES_TRACE_DIR, names the ranks that never arrived)") from error
             return
         words = self._words
-        for peer in range(1, self._size):
-            if peer not in words:
-                vector = np.zeros(1, np.int64)
-                words[peer] = (self._transport._recv_small(vector, peer, BARRIER_TAG), vector)
+        if len(words) < self._size - 1:  # a receive for every peer's words (a taken one: again)
+            for peer in range(1, self._size):
+                if peer not in words:
+                    self._post(peer)
         try:
-            synchronize()
+            synchronize(None)
         except CollectiveTimeout as error:
-            missing = [peer for peer in range(1, self._size) if not self._take_word(peer, seq, _clock())]
+            missing = [peer for peer in range(1, self._size) if self._take_words(peer, seq) < seq]
             if not missing:
                 raise
             raise CollectiveTimeout(
                 f"{error} (rank(s) {', '.join(map(str, missing))} never arrived at the barrier)"
             ) from error
-        # Every word of this barrier was sent before its rank entered the check that completed.
-        deadline = _clock() + seconds
-        for peer in range(1, self._size):
-            self._take_word(peer, seq, deadline)
+        if not self._lazy or seq == 1:  # every peer sent its word first: take them (as they come)
+            deadline = _clock() + seconds
+            for peer in range(1, self._size):
+                self._take_words(peer, seq, deadline)
+        elif not seq % TAKE_EVERY:  # the words of barriers that completed: one peer's, in turn
+            self._take_words(seq // TAKE_EVERY % (self._size - 1) + 1)
 
-    def _take_word(self, peer: int, seq: int, deadline: float) -> bool:
-        """Whether ``peer``'s word of barrier ``seq`` reached rank 0 by ``deadline`` (taken
-        then; words of older barriers are skipped)."""
+    def close(self) -> None:
+        """Give up rank 0's posted receives (the communicator closes)."""
+        for work, _ in self._words.values():
+            work._cancel()
+        self._words.clear()
+
+    def _send_word(self) -> None:
+        """A peer's word to rank 0: it entered the running barrier and waits."""
         import numpy as np  # noqa: PLC0415
 
-        words = self._words
+        word = np.full(1, self._seq, np.int64)
+        self._handles.keep_p2p(self._transport._send_small(word, 0, BARRIER_TAG))  # (kept till sent)
+
+    def _post(self, peer: int) -> tuple[Work, Any]:
+        import numpy as np  # noqa: PLC0415
+
+        vector = np.zeros(1, np.int64)
+        entry = self._words[peer] = (self._transport._recv_small(vector, peer, BARRIER_TAG), vector)
+        return entry
+
+    def _take_words(self, peer: int, seq: int = 0, deadline: float = 0.0) -> int:
+        """Take the words ``peer`` sent that have come (one test each), or until ``deadline``
+        barrier ``seq``'s (then its receive is posted again at the next barrier, not now); the
+        latest barrier it sent a word of."""
+        heard, words = self._heard, self._words
         while True:
-            work, vector = words[peer]
-            if not poll_until(work.is_completed, deadline):
-                return False
+            work, vector = words.get(peer) or self._post(peer)
+            if not work.is_completed() and (heard[peer] >= seq or not poll_until(work.is_completed, deadline)):
+                return heard[peer]
             work.wait()
-            if int(vector[0]) >= seq:
-                del words[peer]
-                return True
-            vector = np.zeros(1, np.int64)  # an older barrier's: the next word is this one's
-            words[peer] = (self._transport._recv_small(vector, peer, BARRIER_TAG), vector)
+            heard[peer] = max(heard[peer], int(vector[0]))
+            del words[peer]
+            if seq and heard[peer] >= seq:
+                return heard[peer]
+
+
+#: Rank 0 takes the words of barriers that completed every this many barriers (see MonitoredBarrier).
+TAKE_EVERY = 8

@@ -256,15 +256,34 @@ class Transport(abc.ABC):
     #: sets it False: there only ``COLLECTIVES_DEBUG=1`` checks.
     _checks_by_default: bool = True
 
-    def _agree_word(self, word: int) -> int:
+    #: Whether :meth:`_agree_word` runs its ``waiting`` only once this rank waits (else first).
+    _says_waiting: bool = False
+
+    def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
         """The bitwise AND (BAND) over every rank of one non-negative int64 ``word`` each: the
         default check's one small collective (:func:`collectives.wire.check_word`). Backends
-        override it with the cheapest call their transport has for it."""
+        override it with the cheapest call their transport has for it. ``waiting()`` (the
+        monitored barrier's word to rank 0) runs once, when the peers' words have not all come
+        at once; a transport that cannot tell runs it first."""
         import numpy as np  # noqa: PLC0415
+
+        if waiting is not None:
+            waiting()
 
         vector = np.array([word], dtype=np.int64)
         self._all_reduce(Request(ALL_REDUCE, vector, arrays.NUMPY, "int64", ReduceOp.BAND))
         return int(vector[0])
+
+    #: Whether :meth:`_agree_counts` carries an uneven collective's counts with the check word.
+    _counts_with_check: bool = False
+
+    def _agree_counts(self, word: int, row: list[int]) -> tuple[int, list[list[int]]]:
+        """:meth:`_agree_word`'s result, and every rank's ``row`` (at most ``size + 1`` ints) in
+        rank order, from the same one small collective, where ``_counts_with_check`` (the
+        default check of an uneven collective: its counts travel in the check's round). Every
+        call's check word must then travel in the same collective, so that a rank in another
+        call meets it."""
+        raise NotImplementedError(f"{type(self).__name__} carries no counts with its check word")
 
     def _tell_peers_left(self, how: int) -> None:
         """Leave a farewell with every peer: this rank made ``self.context.call[1]`` collectives on this

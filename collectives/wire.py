@@ -3,7 +3,8 @@
 - Fingerprints of calls (:func:`fingerprint`, :func:`check_word`): what the ranks compare
   before each collective, described below.
 - The uneven collectives' counts header (:func:`uneven_header`): every all_gather_v and
-  all_to_all with splits exchanges one, in every mode, to agree on the row counts.
+  all_to_all with splits exchanges one to agree on the row counts (where the transport carries
+  the counts in the default check's round, only when that round finds the ranks disagree).
 - The point-to-point header of debug mode (:func:`p2p_header`): what a send announces.
 
 May import: numpy and collectives' calls, errors and ops (no transport, no call path).

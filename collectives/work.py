@@ -49,6 +49,11 @@ class Work:
         timeout overrides it."""
         return self.is_completed() or wait_until(self.is_completed, seconds, _POLL)
 
+    def _cancel(self) -> None:
+        """Give up a posted receive that no message may ever complete (a closing communicator's
+        monitored barrier: see :class:`collectives.reliability.MonitoredBarrier`). Default:
+        nothing (the receive stays posted)."""
+
 
 class AllOf(Work):
     """Several handles as one: ``wait()`` waits for each in turn and returns ``None`` (a

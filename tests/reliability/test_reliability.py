@@ -109,6 +109,16 @@ def _case_skipped_call(comm, x):
     return lambda: comm.broadcast(x, 0)
 
 
+def _case_uneven_operation(comm, x):
+    # An uneven call's counts travel in its check's round on MPI: a rank in another call meets it there.
+    return (lambda: comm.all_gather_v(x)) if comm.rank == 0 else (lambda: comm.all_reduce(x))
+
+
+def _case_uneven_kinds(comm, x):
+    y = np.ones((2, 3))
+    return (lambda: comm.all_to_all(y, [1, 1])) if comm.rank == 0 else (lambda: comm.all_gather_v(y))
+
+
 MISMATCHES = {  # case -> (this rank's calls, the field reported, rank 0's and rank 1's value)
     "operation": (_case_operation, "operation", "all_reduce", "broadcast"),
     "reduce_op": (_case_reduce_op, "reduce op", "SUM", "MAX"),
@@ -119,6 +129,8 @@ MISMATCHES = {  # case -> (this rank's calls, the field reported, rank 0's and r
     "sequence_number": (_case_sequence_number, "sequence number", "#2", "#3"),
     "extra_call": (_case_extra_call, "operation", "broadcast", "all_reduce"),
     "skipped_call": (_case_skipped_call, "operation", "all_reduce", "broadcast"),
+    "uneven_operation": (_case_uneven_operation, "operation", "all_gather_v", "all_reduce"),
+    "uneven_kinds": (_case_uneven_kinds, "operation", "all_to_all", "all_gather_v"),
 }
 
 
@@ -154,6 +166,60 @@ def test_mismatched_calls_raise_on_every_rank(checked_world, case):
             assert not others, message
         assert ok in (True, None)
     _timing(f"mismatch {case} [{checked_world.backend}]", max(r[1] for r in results))
+
+
+def barrier_mismatch_job(comm):
+    """A barrier that the last rank meets with an all_reduce (after one barrier that matches)."""
+    sub = comm.split(0)
+    sub.all_reduce(np.ones(1))  # (the first call of a communicator always compares in full)
+    sub.barrier()
+    try:
+        sub.barrier() if sub.rank != sub.size - 1 else sub.all_reduce(np.ones(3))
+        outcome = ("no error", "")
+    except CollectiveMismatch as error:
+        outcome = ("CollectiveMismatch", str(error))
+    ok = sub.all_reduce(np.ones(1)).tolist() == [float(sub.size)]  # still in step
+    sub.close()
+    return outcome, ok
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_barrier_met_by_another_call_is_a_mismatch_on_every_rank(size):
+    """MPI's barrier under a timeout is the call's check word (an agreement is a barrier): a rank
+    in another call is a mismatch on every rank, not a hang."""
+    from collectives.testing import get_pool
+
+    results = get_pool("mpi", size).run(barrier_mismatch_job, timeout=20)
+    for rank, ((kind, message), ok) in enumerate(results):
+        assert kind == "CollectiveMismatch", f"rank {rank}: {kind} {message}"
+        assert "operation differs: barrier on rank" in message and f"all_reduce on rank {size - 1}" in message, message
+        assert ok
+
+
+def barrier_close_job(comm):
+    """Barriers that the last rank comes to late (the others wait, and send rank 0 their words),
+    then close: rank 0's receives of the words, posted at its first barrier, are given up."""
+    sub = comm.split(0)
+    sub.all_reduce(np.ones(1))
+    for _ in range(3):
+        if sub.rank == sub.size - 1:
+            time.sleep(0.02)
+        sub.barrier()
+    posted = [work for work, _ in sub._monitored._words.values()]  # (white-box)
+    sub.close()
+    return len(posted), all(work.is_completed() for work in posted)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_closed_communicator_gives_up_its_barrier_receives(size):
+    """A receive left posted would keep the freed MPI communicator (and its context id) alive."""
+    from collectives.testing import get_pool
+
+    results = get_pool("mpi", size).run(barrier_close_job, timeout=30)
+    assert results[0] == (size - 1, True), results
+    assert all(result == (0, True) for result in results[1:]), results
 
 
 def skipped_call_job(comm):

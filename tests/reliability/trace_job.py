@@ -18,6 +18,7 @@ prints ``READY rank R pid P``, then by MODE:
 - ``barrier`` / ``call-timeout``: the others call ``barrier(timeout=1)`` / ``all_reduce(x,
   timeout=1)`` (COLLECTIVES_TIMEOUT stays long), the last rank never does; each prints
   ``RAISED rank R after S s: <error>`` (also into ``DIR/raised-<R>.txt``) and lets it end the job.
+- ``barrier-late``: as ``barrier``, after three barriers that rank 0 comes to 0.1 s late.
 - ``async-hang``: as ``hang``, but call CALLS is ``all_reduce(x, async_op=True)`` and the others
   wait in the handle's ``wait()``.
 - ``c10d-timeout`` / ``c10d-crash`` (mpiexec): torch.distributed over the "collectives" backend
@@ -94,6 +95,12 @@ def main(mode: str) -> None:
     print(f"READY rank {comm.rank} pid {os.getpid()}", flush=True)
     if mode == "profile":  # COLLECTIVES_PROFILE=1: the table comes at exit
         return
+    if mode == "barrier-late":  # rank 0 comes late to three barriers: the others wait, and say so
+        for _ in range(3):
+            if comm.rank == 0:
+                time.sleep(0.1)
+            comm.barrier()
+        mode = "barrier"
     if mode in ("barrier", "call-timeout") and comm.rank != last:
         start = time.monotonic()
         try:
