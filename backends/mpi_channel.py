@@ -28,7 +28,7 @@ import numpy as np
 
 from collectives import arrays, farewell
 from collectives.arrays import ArrayAdapter
-from collectives.calls import FAREWELL_TAG
+from collectives.calls import BARRIER_TAG, FAREWELL_TAG
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.polling import wait_until
@@ -410,6 +410,12 @@ class MPIChannel(Transport):
             return True
         if self._unheard:
             return False
+        # The monitored barrier's words that rank 0 had not taken (it takes them now and then:
+        # see collectives.reliability.MonitoredBarrier) came before their senders' farewells:
+        # taken too, so that none is matched on the next communicator with this context id.
+        status, word = MPI.Status(), np.zeros(1, dtype=np.int64)
+        while self._comm.Iprobe(MPI.ANY_SOURCE, BARRIER_TAG, status):
+            self._comm.Recv([word, MPI.INT64_T], status.Get_source(), BARRIER_TAG)
         self._comm.Free()
         return True
 

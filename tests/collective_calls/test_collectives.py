@@ -682,6 +682,26 @@ def test_new_results_of_cpu_tensors_stay_on_the_cpu_whatever_the_default_device(
         assert got["all_to_all"] == ("cpu", [[2.0 * rank, 2.0 * rank + 1]] * 2), (rank, got)
 
 
+def split_barriers_close_split_job(comm):
+    """Splits whose barriers the other ranks wait in (rank 0 comes late to each: its peers then
+    send it the monitored barrier's words, which it takes only now and then), closed; the next
+    split's collectives complete."""
+    import time
+
+    sums = []
+    for round_ in range(3):
+        sub = comm.split(0)
+        for _ in range(12):
+            if comm.rank == 0:  # late: the others wait in the barrier
+                end = time.perf_counter() + 0.002
+                while time.perf_counter() < end:
+                    pass
+            sub.barrier()
+        sums.append(float(sub.all_reduce(np.full(3, float(round_)))[0]))
+        sub.close()
+    return sums
+
+
 def split_close_split_job(comm):
     """Splits made and closed in turn: the first closed unused on every rank, the next ones
     used and closed at each rank's own moment (rank 0 at once, the others after one more call
@@ -710,3 +730,14 @@ def test_a_closed_split_leaves_nothing_for_the_next_one(world):
     results = world.run(split_close_split_job, timeout=60)
     for sums in results:
         assert sums == [float(r * world.size) for r in range(4)], sums
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [("mpi", 2), ("mpi", 3)], indirect=True, ids=world_id)
+def test_a_closed_split_with_waited_barriers_leaves_nothing_for_the_next_one(world):
+    """The monitored barrier's words that rank 0 had not taken when a split closed, left on the
+    freed MPI communicator, would be matched on the next one with the same context id (as the
+    farewells were): each split's collectives complete, with the right sums."""
+    results = world.run(split_barriers_close_split_job, timeout=60)
+    for sums in results:
+        assert sums == [float(r * world.size) for r in range(3)], sums
