@@ -44,22 +44,22 @@ class ArrayAdapter:
     #: Whether ``check_memory`` checks anything (the call path skips it when not).
     checks_memory = False
 
-    def check_memory(self, x: Any) -> None:
+    def check_memory(self, x: Any, name: str = "x") -> None:
         """``TypeError``/``ValueError`` unless a transport can address ``x``'s memory.
 
         Part of ``dtype_name``; called on its own for kinds of arrays already seen,
         since two arrays of one type and dtype may live on different devices."""
 
-    def check_writable(self, x: Any) -> None:
+    def check_writable(self, x: Any, name: str = "x") -> None:
         """``ValueError`` unless ``x`` may be overwritten in place."""
 
-    def check_array(self, x: Any, in_place: bool) -> None:
+    def check_array(self, x: Any, in_place: bool, name: str = "x") -> None:
         """The checks of one array of a kind that passed before (its memory, and for an
-        in-place call that it may be overwritten), in that order."""
+        in-place call that it may be overwritten), in that order; errors call it ``name``."""
         if self.checks_memory:
-            self.check_memory(x)
+            self.check_memory(x, name)
         if in_place:
-            self.check_writable(x)
+            self.check_writable(x, name)
 
     def host_view(self, x: Any, in_place: bool) -> Any:
         """:meth:`check_array`, returning ``x``'s memory as a C-contiguous numpy array when
@@ -122,15 +122,15 @@ class NumpyAdapter(ArrayAdapter):
     def cast(self, x: Any, dtype: str | None) -> Any:
         return x.astype(x.dtype if dtype is None else self.dtype_of(dtype), order="C", copy=True)
 
-    def check_writable(self, x: Any) -> None:
+    def check_writable(self, x: Any, name: str = "x") -> None:
         if not x.flags.writeable:
             raise ValueError(
-                "x is a read-only numpy array; in-place collectives (all_reduce, broadcast) "
-                "need a writable array: pass x.copy()"
+                f"{name} is a read-only numpy array; in-place collectives (all_reduce, broadcast) "
+                f"need a writable array: pass {name}.copy()"
             )
         if _overlapping(x.shape, x.strides):
-            raise ValueError(_OVERLAPPING.format(kind="numpy array", strides=x.strides,
-                                                 copy="x.copy()"))
+            raise ValueError(_OVERLAPPING.format(name=name, kind="numpy array", strides=x.strides,
+                                                 copy=f"{name}.copy()"))
 
     def host_view(self, x: Any, in_place: bool) -> Any:
         # One flags read: a C-contiguous array has no zero stride on a dimension longer than
@@ -154,11 +154,11 @@ class CupyAdapter(NumpyAdapter):
     def device_index(self, x: Any) -> int | None:
         return int(x.device.id)
 
-    def check_writable(self, x: Any) -> None:
+    def check_writable(self, x: Any, name: str = "x") -> None:
         # CuPy arrays have no read-only flag; zero strides as for numpy.
         if _overlapping(x.shape, x.strides):
-            raise ValueError(_OVERLAPPING.format(kind="cupy array", strides=x.strides,
-                                                 copy="x.copy()"))
+            raise ValueError(_OVERLAPPING.format(name=name, kind="cupy array", strides=x.strides,
+                                                 copy=f"{name}.copy()"))
 
     host_view = ArrayAdapter.host_view  # device memory: never a host view
 
@@ -188,22 +188,22 @@ class TorchAdapter(ArrayAdapter):
         self.check_memory(x)
         return name
 
-    def check_memory(self, x: Any) -> None:
+    def check_memory(self, x: Any, name: str = "x") -> None:
         # Memory a transport can address: CPU or CUDA, dense. (meta, mps, xpu... and
         # sparse layouts would fail halfway inside a backend otherwise.)
         if not (x.is_cpu or x.is_cuda):
-            raise ValueError(f"x is a torch tensor on device {x.device}; collectives take "
-                             "CPU or CUDA tensors: move it with x.to('cpu') or x.to('cuda')")
+            raise ValueError(f"{name} is a torch tensor on device {x.device}; collectives take "
+                             f"CPU or CUDA tensors: move it with {name}.to('cpu') or {name}.to('cuda')")
         if x.layout != sys.modules["torch"].strided:
-            raise TypeError(f"x is a torch tensor with layout {x.layout}; collectives take "
-                            "dense (torch.strided) tensors: pass x.to_dense()")
+            raise TypeError(f"{name} is a torch tensor with layout {x.layout}; collectives take "
+                            f"dense (torch.strided) tensors: pass {name}.to_dense()")
         if x.is_nested:  # layout torch.strided too: the check above misses it
-            raise TypeError("x is a nested torch tensor; collectives take dense tensors of one "
-                            "shape: pass x.to_padded_tensor(0), or each component separately")
+            raise TypeError(f"{name} is a nested torch tensor; collectives take dense tensors of one "
+                            f"shape: pass {name}.to_padded_tensor(0), or each component separately")
         if x.is_neg():  # transports read the raw memory: the lazy negation would be lost
-            raise ValueError("x is a torch tensor with its negative bit set (a lazy view such as "
-                             "x._neg_view() or torch.conj of a real view); pass "
-                             "x.resolve_neg() and use the tensor it returns")
+            raise ValueError(f"{name} is a torch tensor with its negative bit set (a lazy view such as "
+                             f"{name}._neg_view() or torch.conj of a real view); pass "
+                             f"{name}.resolve_neg() and use the tensor it returns")
 
     def is_cuda(self, x: Any) -> bool:
         return bool(x.is_cuda)
@@ -211,15 +211,15 @@ class TorchAdapter(ArrayAdapter):
     def device_index(self, x: Any) -> int | None:
         return x.device.index if x.is_cuda else None
 
-    def check_writable(self, x: Any) -> None:
+    def check_writable(self, x: Any, name: str = "x") -> None:
         if x.requires_grad:
             raise ValueError(
-                "x requires grad; in-place collectives (all_reduce, broadcast) would break "
-                "autograd: pass x.detach() (it shares memory) or a tensor that does not require grad"
+                f"{name} requires grad; in-place collectives (all_reduce, broadcast) would break "
+                f"autograd: pass {name}.detach() (it shares memory) or a tensor that does not require grad"
             )
         if _overlapping(x.shape, x.stride()):
-            raise ValueError(_OVERLAPPING.format(kind="torch tensor", strides=tuple(x.stride()),
-                                                 copy="x.clone()"))
+            raise ValueError(_OVERLAPPING.format(name=name, kind="torch tensor", strides=tuple(x.stride()),
+                                                 copy=f"{name}.clone()"))
 
     def host_view(self, x: Any, in_place: bool) -> Any:
         # x.numpy() refuses every tensor that check_memory or check_writable refuses (non-CPU,
@@ -254,7 +254,7 @@ class TorchAdapter(ArrayAdapter):
 
 
 # In-place results need one memory location per element; read-only inputs may overlap.
-_OVERLAPPING = ("x is a {kind} with a zero stride (strides {strides}: several elements share "
+_OVERLAPPING = ("{name} is a {kind} with a zero stride (strides {strides}: several elements share "
                 "one memory location, e.g. from expand/broadcast_to/as_strided); in-place "
                 "collectives (all_reduce, broadcast, reduce, recv) cannot write a result into "
                 "it: pass {copy}")

@@ -105,13 +105,22 @@ class ArgumentChecks:
                    root: Any) -> None:
         """``out=`` must be an array of x's kind, dtype and device, contiguous and writable,
         of the result's shape (``ValueError``/``TypeError`` naming expected and got)."""
-        if adapter is _NUMPY and type(out) is type(x) and call.out_shape is not None:
-            # A numpy out= that passes, in a few reads (any fault: the checks below name it;
-            # a C-contiguous array has no zero stride on a dimension longer than 1).
-            flags = out.flags
-            if out.dtype == x.dtype and flags.c_contiguous and flags.writeable and \
-                    out.shape == call.out_shape(self, x.shape, extra):
-                return
+        if type(out) is type(x) and call.out_shape is not None:
+            # An out= that passes, in a few reads (any fault: the checks below name it; a
+            # contiguous array has no zero stride on a dimension longer than 1).
+            if adapter is _NUMPY:
+                flags = out.flags
+                if out.dtype == x.dtype and flags.c_contiguous and flags.writeable and \
+                        out.shape == call.out_shape(self, x.shape, extra):
+                    return
+            elif adapter is _TORCH:
+                try:  # (x's layout is strided; a nested tensor's shape raises: the checks below)
+                    if out.dtype == x.dtype and out.device == x.device and out.layout == x.layout and \
+                            not out.requires_grad and not out.is_neg() and out.is_contiguous() and \
+                            out.shape == call.out_shape(self, tuple(x.shape), extra):
+                        return
+                except RuntimeError:
+                    pass
         if call.out_shape is None and call.name not in _OUT_SHAPE_AFTER_COUNTS:
             raise TypeError(f"{call.name} takes no out= argument")
         try:
@@ -121,6 +130,7 @@ class ArgumentChecks:
                             f"{arrays.type_name(type(out))}") from None
         if out_adapter is not adapter:
             raise TypeError(f"out must be a {adapter.name} array like x; got a {out_adapter.name} array")
+        adapter.check_array(out, True, "out")  # its memory (layout, device kind, negative bit), writable
         if out.dtype != x.dtype:
             raise ValueError(f"out has dtype {out.dtype}; expected x's dtype {x.dtype}")
         if adapter.device_index(out) != adapter.device_index(x) or \
@@ -137,7 +147,6 @@ class ArgumentChecks:
                              f"{tuple(x.shape)} needs out.shape=(total rows, *x.shape[1:])")
         if not adapter.is_contiguous(out):
             raise ValueError("out must be contiguous (C order)")
-        adapter.check_writable(out)
 
     def check_rank(self, rank: Any, name: str) -> None:
         """``rank`` (the argument ``name``) is a rank of this communicator."""
@@ -171,6 +180,7 @@ def _no_fast_path(view: Any, root: Any, out: Any, extra: Any) -> Any:
 
 
 _NUMPY = arrays.NUMPY
+_TORCH = arrays.TORCH
 
 
 def in_backward_pass() -> bool:

@@ -220,6 +220,45 @@ def test_torch_host_view_refuses_what_the_checks_refuse(case):
         TORCH.host_view(x, True)
 
 
+def _refused_outs():
+    """out= tensors an all_gather of a float32 (2,) tensor into (1, 2) must refuse, with the
+    error's words: each names out."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "nested tensors are a prototype"
+        nested = torch.nested.nested_tensor([torch.ones(2)])
+    return [
+        (torch.zeros(1, 2)._neg_view(), ValueError, "out is a torch tensor with its negative bit"),
+        (torch.zeros(1, 2, requires_grad=True), ValueError, "out requires grad"),
+        (torch.zeros(1, 2, device="meta"), ValueError, "out is a torch tensor on device meta"),
+        (torch.zeros(1, 2).to_sparse(), TypeError, "out is a torch tensor with layout"),
+        (torch.zeros(1, 2).to_mkldnn(), TypeError, "out is a torch tensor with layout"),
+        (nested, TypeError, "out is a nested torch tensor"),
+        (torch.zeros(1).expand(1, 2), ValueError, "out is a torch tensor with a zero stride"),
+        (torch.zeros(2, 2)[:, :1].t(), ValueError, "out must be contiguous"),
+        (torch.zeros(1, 2, dtype=torch.float64), ValueError, "out has dtype"),
+        (torch.zeros(2, 2), ValueError, "out has shape"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_refused_outs())))
+def test_a_torch_out_is_refused_by_name_on_a_kind_seen_before(case):
+    """out= of a tensor kind that passed before (the call path's quick out= check runs first):
+    each fault is refused, naming out, with x and out untouched. A negative-bit view (out reads
+    minus what is written) was taken, and the result read negated."""
+    comm = LocalCommunicator()
+    x = torch.ones(2)
+    comm.all_gather(x, out=torch.zeros(1, 2))  # the kind, seen
+    out, error, words = _refused_outs()[case]
+    before = out.to_dense() if out.layout == torch.sparse_coo else None
+    with pytest.raises(error, match=words):
+        comm.all_gather(x, out=out)
+    assert x.tolist() == [1.0, 1.0]
+    if before is not None:
+        assert torch.equal(out.to_dense(), before)
+
+
 def test_host_views_of_plain_arrays_are_their_memory():
     from collectives.arrays import CUPY, NUMPY, TORCH, ArrayAdapter
 
