@@ -6,8 +6,8 @@ A row returns the arrays it passes (to check they are untouched) and its calls, 
 SLIPPED_PAST are bad input that used to slip past the checks: before the checks these ran
 the collective and then failed (torch's RuntimeError on a zero-stride write-back,
 OverflowError after split's barrier, internal errors on nested tensors), returned a wrong
-result (negative bit: -1 instead of -2), or moved the sequence number (masked arrays to
-async broadcast on mpi).
+result (negative bit: -1 instead of -2; an out= of negative bit: the result read negated),
+or moved the sequence number (masked arrays to async broadcast on mpi).
 """
 
 from __future__ import annotations
@@ -191,6 +191,19 @@ def _row_negative_bit(comm):
     ]
 
 
+def _row_out_memory(comm):
+    import torch
+
+    x = torch.ones(2)
+    comm.all_gather(x, out=torch.zeros(comm.size, 2))  # the kind seen: its quick out= check runs first
+    negative = torch.zeros(comm.size, 2)._neg_view()
+    sparse = torch.zeros(comm.size, 2).to_sparse()
+    return [x], [
+        (lambda: comm.all_gather(x, out=negative), ValueError, "out is a torch tensor with its negative bit set"),
+        (lambda: comm.all_gather(x, out=sparse), TypeError, "out is a torch tensor with layout"),
+    ]
+
+
 def _row_ndarray_subclass(comm):
     masked = np.ma.masked_array(np.arange(3.0), mask=[0, 1, 0])
     matrix = np.asmatrix(np.ones((2, 2)))
@@ -215,6 +228,7 @@ SLIPPED_PAST = {
     "split_color_key_range": _row_split_range,
     "nested_tensor": _row_nested,
     "negative_bit": _row_negative_bit,
+    "out_negative_bit_or_sparse": _row_out_memory,
     "ndarray_subclass": _row_ndarray_subclass,
     "async_op_not_bool": _row_async_op,
 }
