@@ -240,7 +240,7 @@ class TorchAdapter(ArrayAdapter):
 
     def empty(self, like: Any, shape: tuple[int, ...], dtype: str | None = None) -> Any:
         torch = sys.modules["torch"]
-        return torch.empty(shape, dtype=like.dtype if dtype is None else getattr(torch, dtype),
+        return torch.empty(size=shape, dtype=like.dtype if dtype is None else getattr(torch, dtype),
                            device=like.device)
 
     def copy_(self, dst: Any, src: Any) -> None:
