@@ -64,7 +64,7 @@ class MPIChannel(Transport):
     COMM_WORLD), its tables, buffers and calls."""
 
     backend = "mpi"
-    _says_waiting = True  # (_agree_word: after its polls)
+    _says_waiting = True  # (_agree_word, _barrier_waiting: after their polls)
 
     def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
         """``comm``: the mpi4py communicator to duplicate (default COMM_WORLD)."""
@@ -336,6 +336,17 @@ class MPIChannel(Transport):
 
     def _barrier(self) -> None:
         self._collective("Barrier", [()], None, False)
+
+    def _barrier_waiting(self, waiting: Callable[[], None]) -> None:
+        """MPI_Ibarrier polled as :meth:`_agree_word` polls (the monitored barrier has a timeout),
+        ``waiting()`` once the fast polls did not see it complete."""
+        request = self._comm.Ibarrier()
+        test = request.Test
+        for _ in range(FAST_POLLS + WAITING_POLLS):
+            if test():
+                return
+        waiting()
+        self._wait(request)
 
     def _staged(self) -> dict[Any, tuple[Any, Any]] | None:
         """A new table of persistent requests for one fast path, or ``None`` where the library

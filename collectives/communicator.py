@@ -568,9 +568,7 @@ class Communicator:
         if self._checking:
             self._check_call(BARRIER, None, -1, None, (), waiting)
         else:
-            if waiting is not None:
-                waiting()
-            self._transport._barrier()
+            self._transport._barrier() if waiting is None else self._transport._barrier_waiting(waiting)
 
     def _say_farewell(self, how: int) -> None:
         """Tell the peers this rank leaves (``close()``, exit), unless closed or unusable already."""

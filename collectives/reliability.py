@@ -181,16 +181,17 @@ class MonitoredBarrier:
     timeout on rank 0 names the ranks that never arrived.
 
     The barrier itself is the call's agreement (the check word's all_reduce: no rank completes
-    it before every rank entered it). A rank that finds it not complete at once (its peers are
-    not all there yet) sends rank 0 one word, this barrier's sequence number, and waits on
-    (kept in ``handles`` until sent); a barrier that every rank enters together costs nothing
-    more. Rank 0 keeps a receive posted for every peer's words, and at a timeout the peers whose
-    word of this barrier has not come are the ones that never arrived. Words of barriers that
-    completed are taken now and then (every :data:`TAKE_EVERY` barriers, one peer at a time),
-    so that they do not pile up at rank 0; older barriers' words are skipped. Where the barrier
-    is not that agreement (debug mode, checks off, the first call: ``call_check``'s level) or the
-    transport cannot tell when a rank waits (``_says_waiting``), every rank sends its word first,
-    and rank 0 takes every peer's word of each barrier after it."""
+    it before every rank entered it), or with checks off the transport's barrier. A rank that
+    finds it not complete at once (its peers are not all there yet) sends rank 0 one word, this
+    barrier's sequence number, and waits on (kept in ``handles`` until sent); a barrier that
+    every rank enters together costs nothing more. Rank 0 keeps a receive posted for every
+    peer's words, and at a timeout the peers whose word of this barrier has not come are the
+    ones that never arrived. Words of barriers that completed are taken now and then (every
+    :data:`TAKE_EVERY` barriers, one peer at a time), so that they do not pile up at rank 0;
+    older barriers' words are skipped. Where the barrier compares the ranks' fingerprints (debug
+    mode, a communicator's first call) or the transport cannot tell when a rank waits
+    (``_says_waiting``), every rank sends its word first, and rank 0 takes every peer's word of
+    each barrier after it."""
 
     __slots__ = ("_transport", "_rank", "_size", "_handles", "_words", "_heard", "_seq", "_native", "_waiting",
                  "_lazy")
@@ -198,9 +199,10 @@ class MonitoredBarrier:
     def __init__(self, transport: Transport, rank: int, size: int, handles: KeptHandles,
                  call_check: CallCheck) -> None:
         self._transport, self._rank, self._size, self._handles = transport, rank, size, handles
-        # Whether a barrier (but a communicator's first call) is the agreement, and its words
-        # come only from the ranks that wait (the default check: ``_checking`` stays on).
-        self._lazy = call_check.level == config.CHECKS_DEFAULT and transport._says_waiting
+        # Whether a barrier's words (but on a communicator's first call, which compares the
+        # fingerprints) come only from the ranks that wait: the default check's agreement, or
+        # with checks off (``_checking`` off after the first call) the transport's barrier.
+        self._lazy = call_check.level != config.CHECKS_FULL and transport._says_waiting
         # Rank 0's posted receives of the peers' words: peer -> (handle, word).
         self._words: dict[int, tuple[Work, Any]] = {}
         # Rank 0: the latest barrier each peer's word came from (0: none yet).

@@ -256,8 +256,15 @@ class Transport(abc.ABC):
     #: sets it False: there only ``COLLECTIVES_DEBUG=1`` checks.
     _checks_by_default: bool = True
 
-    #: Whether :meth:`_agree_word` runs its ``waiting`` only once this rank waits (else first).
+    #: Whether :meth:`_agree_word` and :meth:`_barrier_waiting` run their ``waiting`` only once
+    #: this rank waits (else first).
     _says_waiting: bool = False
+
+    def _barrier_waiting(self, waiting: Callable[[], None]) -> None:
+        """:meth:`_barrier`, running ``waiting()`` (the monitored barrier's word to rank 0) once
+        this rank waits for its peers; a transport that cannot tell runs it first."""
+        waiting()
+        self._barrier()
 
     def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
         """The bitwise AND (BAND) over every rank of one non-negative int64 ``word`` each: the
