@@ -151,7 +151,7 @@ class MPITransport(MPIChannel):
         new = _new_numpy if adapter is _NUMPY else _new_tensor(self._MPI, dtype)
         # Small calls under a timeout through staged persistent requests (see MPIChannel._staged);
         # without a timeout the blocking call, as COLLECTIVES_TIMEOUT=0 promises.
-        table, stage, start_staged, rank = self._staged(), self._stage, self._start, self.rank
+        table, stage, start_staged, rank = self._staged((call, dtype, op)), self._stage, self._start, self.rank
 
         def staged_or(plain: Callable[[Any, Any, Any, Any], Any], make: Callable[[Any, Any], Any],
                       rooted: bool) -> Callable[[Any, Any, Any, Any], Any]:

@@ -121,9 +121,9 @@ class MPIChannel(Transport):
             self._word_request: Any = self._comm.Allreduce_init(*self._word_args)
         except (NotImplementedError, AttributeError, MPI.Exception):  # MPI < 4
             self._word_request = None
-        # The fast paths' persistent requests of small calls (see _staged): one table per fast
-        # path, {shape (and root): (request, its staging array)}.
-        self._staged_tables: list[dict[Any, tuple[Any, Any]]] = []
+        # The fast paths' persistent requests of small calls (see _staged): one table per kind
+        # of call (row, dtype, op), {shape (and root): (request, its staging array)}.
+        self._staged_tables: dict[Any, dict[Any, tuple[Any, Any]]] = {}
         self._unheard: set[int] = set()  # once closed: the peers whose farewell has not arrived
 
     @property
@@ -348,10 +348,11 @@ class MPIChannel(Transport):
         waiting()
         self._wait(request)
 
-    def _staged(self) -> dict[Any, tuple[Any, Any]] | None:
-        """A new table of persistent requests for one fast path, or ``None`` where the library
-        has no persistent collectives (MPI < 4; ULFM, whose persistent collectives do not
-        report a dead peer as one).
+    def _staged(self, kind: Any) -> dict[Any, tuple[Any, Any]] | None:
+        """The table of persistent requests of one kind of call (row, dtype, op: what the call
+        check compares, whatever the array type), or ``None`` where the library has no
+        persistent collectives (MPI < 4; ULFM, whose persistent collectives do not report a
+        dead peer as one).
 
         A small call (up to :data:`STAGED_BYTES`, under a timeout) of a fast path's kind goes
         through a persistent request of its own shape (``MPI_Allreduce_init``, ... on a staging array
@@ -361,12 +362,11 @@ class MPIChannel(Transport):
         cost ~0.2. Every rank makes the request at the same call (its first call of that kind
         and shape): the call check has compared kind, dtype, op, root and shape by then, and
         each rank's table holds the same shapes, made and dropped (the oldest, past
-        :data:`STAGED_SHAPES`) in the same order."""
+        :data:`STAGED_SHAPES`) in the same order, also where the ranks pass arrays of different
+        types (numpy on one, torch on another: one table per kind of call, not per fast path)."""
         if self._word_request is None or self.size == 1:  # (one rank: nothing to wait for)
             return None
-        table: dict[Any, tuple[Any, Any]] = {}
-        self._staged_tables.append(table)
-        return table
+        return self._staged_tables.setdefault(kind, {})
 
     def _stage(self, table: dict[Any, tuple[Any, Any]], key: Any, shape: tuple[int, ...], dtype: Any,
                make: Callable[[Any], Any]) -> tuple[Any, Any]:
@@ -392,7 +392,7 @@ class MPIChannel(Transport):
             if not self.context.broken:  # (an active one stays: MPI may still use it)
                 if self._word_request is not None:
                     self._word_request.Free()
-                for table in self._staged_tables:
+                for table in self._staged_tables.values():
                     for request, _ in table.values():
                         request.Free()
             self._staged_tables.clear()

@@ -211,6 +211,31 @@ def test_mpich_never_prints_freeing_inactive_persistent_request(tmp_path, how):
 
 # -- the fast paths' staged persistent requests (backends/mpi_channel.py, MPIChannel._staged) --
 
+def staged_mixed_types(comm, sub):
+    """Small all_reduces and broadcasts through their staged requests where the ranks pass
+    arrays of different types: rank 0 numpy then torch, the others torch throughout (one
+    table per kind of call, whatever the array type, so the ranks make the same requests at
+    the same calls). Each result against numpy; the mismatches found."""
+    import torch
+
+    wrong = []
+    for rnd in range(2):
+        for kind in ("numpy", "torch"):
+            for n in (1, 3, 7):
+                for c in (comm, sub):
+                    wrap = torch.from_numpy if kind == "torch" or c.rank else (lambda a: a)
+                    x = wrap(np.arange(n, dtype=np.float32) + c.rank + rnd)
+                    expected = sum(np.arange(n, dtype=np.float32) + r + rnd for r in range(c.size))
+                    if not np.array_equal(np.asarray(c.all_reduce(x)), expected):
+                        wrong.append(("all_reduce", kind, n, np.asarray(x).tolist()))
+                    for root in range(c.size):
+                        y = wrap(np.full(n, c.rank * 10 + rnd, dtype=np.float32))
+                        c.broadcast(y, root)
+                        if not (np.asarray(y) == root * 10 + rnd).all():
+                            wrong.append(("broadcast", kind, n, root, np.asarray(y).tolist()))
+    return wrong
+
+
 def staged_job(comm):
     """Small all_reduces and broadcasts of more shapes than a table keeps (so the oldest are
     freed and made again), every root, on the world and on a split; each result against numpy."""
@@ -231,19 +256,20 @@ def staged_job(comm):
                     c.broadcast(y, root)
                     if not (y == root * 10 + rnd).all():
                         wrong.append(("broadcast", n, root, y.tolist()))
+    wrong += staged_mixed_types(comm, sub)
     # an AVG and a large call (not staged) between staged ones
     z = np.full(3, float(comm.rank), dtype=np.float64)
     comm.all_reduce(z, op="avg")
     big = np.ones(4096, dtype=np.float64)
     comm.all_reduce(big)
-    kept = [len(table) for table in comm._transport._staged_tables]
+    kept = [len(table) for table in comm._transport._staged_tables.values()]
     alone = comm.split(comm.rank)  # one rank: nothing to wait for, no request
     alone.all_reduce(np.ones(3))
     kept_alone = len(alone._transport._staged_tables)
     alone.close()
     from mpi4py import MPI
 
-    requests = [request for table in sub._transport._staged_tables for request, _ in table.values()]
+    requests = [entry[0] for table in sub._transport._staged_tables.values() for entry in table.values()]
     sub.close()  # frees them (MPICH warns of requests left when it frees a communicator at exit)
     # (a split of one rank keeps none: it has nobody to wait for)
     freed = (bool(requests) or sub.size == 1) and all(request == MPI.REQUEST_NULL for request in requests)
