@@ -281,13 +281,20 @@ class MPIChannel(Transport):
         for _ in range(FAST_POLLS):  # the peers' words land within microseconds: no frame more
             if test():
                 return int(self._word[0])
+        self._wait_saying(request, waiting)
+        return int(self._word[0])
+
+    def _wait_saying(self, request: Any, waiting: Callable[[], None] | None) -> None:
+        """:meth:`_wait` for ``request`` once the fast polls did not see it complete; with
+        ``waiting`` (the monitored barrier's word to rank 0), WAITING_POLLS more tests first (a
+        peer a few microseconds behind: no word for it), then ``waiting()``."""
         if waiting is not None:
-            for _ in range(WAITING_POLLS):  # a peer a few microseconds behind: no word for it
+            test = request.Test
+            for _ in range(WAITING_POLLS):
                 if test():
-                    return int(self._word[0])
+                    return
             waiting()
         self._wait(request)
-        return int(self._word[0])
 
     def _agree_counts(self, word: int, row: list[int]) -> tuple[int, list[list[int]]]:
         """:meth:`_agree_word` with this rank's ``row`` in its place of the rows that follow the
@@ -339,14 +346,13 @@ class MPIChannel(Transport):
 
     def _barrier_waiting(self, waiting: Callable[[], None]) -> None:
         """MPI_Ibarrier polled as :meth:`_agree_word` polls (the monitored barrier has a timeout),
-        ``waiting()`` once the fast polls did not see it complete."""
+        ``waiting()`` once this rank waits."""
         request = self._comm.Ibarrier()
         test = request.Test
-        for _ in range(FAST_POLLS + WAITING_POLLS):
+        for _ in range(FAST_POLLS):
             if test():
                 return
-        waiting()
-        self._wait(request)
+        self._wait_saying(request, waiting)
 
     def _staged(self, kind: Any) -> dict[Any, tuple[Any, Any]] | None:
         """The table of persistent requests of one kind of call (row, dtype, op: what the call

@@ -567,8 +567,10 @@ class Communicator:
         rank entered it; it tells a barrier from another call). ``waiting``: see MonitoredBarrier.run."""
         if self._checking:
             self._check_call(BARRIER, None, -1, None, (), waiting)
+        elif waiting is None:
+            self._transport._barrier()
         else:
-            self._transport._barrier() if waiting is None else self._transport._barrier_waiting(waiting)
+            self._transport._barrier_waiting(waiting)
 
     def _say_farewell(self, how: int) -> None:
         """Tell the peers this rank leaves (``close()``, exit), unless closed or unusable already."""
