@@ -74,6 +74,7 @@ from .mpi_buffers import (  # noqa: F401  (cupyx_empty_pinned: also importable f
     mpi_cuda_aware,
     tensor_address,
 )
+from .mpi_carried import carried_all_gather_v, carried_all_to_all_v
 from .mpi_channel import STAGED_BYTES, MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
 from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
     BUSY_POLL_SECONDS,
@@ -162,7 +163,7 @@ class MPITransport(MPIChannel):
                 return plain
 
             def staged(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if not 0 < buf.nbytes <= STAGED_BYTES or self.timeout is None:
+                if not 0 < buf.nbytes <= STAGED_BYTES or self.timeout is None or not self._everyone_fast:
                     return plain(buf, root, out, extra)
                 key = (buf.shape, root) if rooted else buf.shape
                 request, array = table.get(key) or stage(
@@ -403,6 +404,8 @@ class MPITransport(MPIChannel):
                                 lambda send, recv: ([send, byte], [recv, byte]))
 
     def _all_gather_v(self, r: Request) -> Any:
+        if r.carried is not None:  # x travelled with the counts (backends/mpi_carried.py)
+            return carried_all_gather_v(r)
         x, adapter, counts, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
         row = row_bytes(x)
@@ -412,6 +415,8 @@ class MPITransport(MPIChannel):
                                 lambda send, recv: ([send, byte], [recv, sizes, byte]))
 
     def _all_to_all_v(self, r: Request) -> Any:
+        if r.carried is not None:
+            return carried_all_to_all_v(r, self.rank)
         x, adapter, splits, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))

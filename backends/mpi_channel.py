@@ -10,7 +10,7 @@ check's word and the farewells. The collectives themselves, the fast path and th
 the subclass's, in backends/mpi.py.
 
 Imports: the interface (arrays, calls, errors, ops, polling, transport, work) and the MPI
-backend's helper modules (_buffers, _float_order, mpi_buffers, mpi_library, mpi_requests);
+backend's helper modules (_buffers, _float_order, mpi_buffers, mpi_carried, mpi_library, mpi_requests);
 never backends/mpi.py.
 """
 
@@ -37,6 +37,7 @@ from collectives.transport import Transport
 from . import _float_order
 from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
 from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
+from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS, carried_path
 from .mpi_library import float16_datatype, library_version, saturates_small_integer_sums, wrapping_wire
 from .mpi_requests import FAST_POLLS, POLL, _Request, poll_policy
 
@@ -64,6 +65,7 @@ class MPIChannel(Transport):
     COMM_WORLD), its tables, buffers and calls."""
 
     backend = "mpi"
+    _marks_fast_path = True  # (see _round: every rank on the fast path, for _staged)
     _says_waiting = True  # (_agree_word, _barrier_waiting: after their polls)
 
     def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
@@ -109,22 +111,40 @@ class MPIChannel(Transport):
                         for dtype, allowed in ALLOWED_OPS.items()}
         self._in_place = MPI.IN_PLACE
         self._byte = MPI.BYTE
-        # The default check's word (see _agree_word): one int64, reduced in place, through a
-        # persistent MPI_Allreduce_init where the library has them (collective: every rank
-        # makes it here). On up to COUNTS_RANKS ranks a row of size + 1 int64 per rank follows
-        # it, which carries the uneven collectives' counts (see _agree_counts).
+        # The default check's round (see _round). On up to COUNTS_RANKS ranks an MPI_Allgather of
+        # one block per rank: the check word, a row of size + 1 int64 (the uneven collectives'
+        # counts, see _agree_counts) and CARRY_BYTES of payload (a small call's x, see
+        # backends/mpi_carried.py); on more ranks an MPI_Allreduce (BAND) of the word alone. Persistent
+        # (MPI_Allgather_init, MPI_Allreduce_init: collective, every rank makes it here) where the
+        # library has them.
         ranks = self._comm.Get_size()
         self._counts_with_check = 1 < ranks <= COUNTS_RANKS
-        self._word = np.full(1 + ranks * (ranks + 1) if self._counts_with_check else 1, -1, dtype=np.int64)
-        self._word_args = (MPI.IN_PLACE, [self._word, MPI.INT64_T], MPI.BAND)
+        if self._counts_with_check:
+            self._block = np.full(2 + ranks + CARRY_BYTES // 8, -1, dtype=np.int64)
+            self._blocks = np.full((ranks, self._block.size), -1, dtype=np.int64)
+            self._words: Any = self._blocks[:, 0]  # (a view: every rank's word)
+            self._word_args: tuple[Any, ...] = ([self._block, MPI.INT64_T], [self._blocks, MPI.INT64_T])
+            self._start_round, make_round = self._comm.Iallgather, self._comm.Allgather_init
+        else:
+            self._block = np.full(1, -1, dtype=np.int64)
+            self._words = None
+            self._word_args = (MPI.IN_PLACE, [self._block, MPI.INT64_T], MPI.BAND)
+            self._start_round, make_round = self._comm.Iallreduce, self._comm.Allreduce_init
+        self._carry_bytes = CARRY_BYTES if self._counts_with_check else 0
+        # Every rank's payload (the bytes after the word and the row), and this rank's.
+        self._payloads = self._blocks.view(np.uint8)[:, (2 + ranks) * 8:] if self._counts_with_check else None
+        self._payload = self._block.view(np.uint8)[(2 + ranks) * 8:]
         try:
-            self._word_request: Any = self._comm.Allreduce_init(*self._word_args)
+            self._word_request: Any = make_round(*self._word_args)
         except (NotImplementedError, AttributeError, MPI.Exception):  # MPI < 4
             self._word_request = None
         # The fast paths' persistent requests of small calls (see _staged): one table per kind
         # of call (row, dtype, op), {shape (and root): (request, its staging array)}.
         self._staged_tables: dict[Any, dict[Any, tuple[Any, Any]]] = {}
         self._unheard: set[int] = set()  # once closed: the peers whose farewell has not arrived
+        # Whether every rank runs the running call on its fast path, as its check's round said
+        # (wire.FAST_BIT; False without one): only then a staged persistent request (see _staged).
+        self._everyone_fast = False
 
     @property
     def mpi_comm(self) -> Any:
@@ -265,24 +285,39 @@ class MPIChannel(Transport):
         return finish
 
     def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
-        """One MPI_Allreduce (BAND) of one int64 (and the rows of :meth:`_agree_counts` behind it,
-        all ones in every other call: up to COUNTS_RANKS ranks), completed by polling, also without a timeout (a
-        peer's farewell is heard while it waits). Persistent (MPI_Allreduce_init, started per
-        call) where the library has it: at 2 ranks on one node 1.95 us a call, where
-        MPI_Iallreduce took 2.47 and MPI_Allreduce 2.94 (and a 2-element reduction 3.3).
-        ``waiting()`` runs when the fast polls did not see it complete."""
-        self._word[0] = word
+        """The BAND of every rank's ``word``, from one :meth:`_round` (see there)."""
+        return self._round(word, waiting) & WORD_BITS
+
+    def _round(self, word: int, waiting: Callable[[], None] | None = None) -> int:
+        """The default check's one small collective, completed by polling, also without a timeout
+        (a peer's farewell is heard while it waits): the bitwise AND of every rank's ``word``
+        (an int64; bit 63 set: this rank's x travels in its block, see backends/mpi_carried.py).
+        Up to COUNTS_RANKS ranks, an MPI_Allgather of every rank's block (the word, the uneven
+        collectives' counts, a small call's x): at 2 ranks on one node 0.73 us a call with a
+        block of 56 bytes, 0.82 with the 1080 of CARRY_BYTES (MPI_Start and tests, in a loop).
+        More ranks: an MPI_Allreduce (BAND) of the word. ``waiting()`` runs when the fast polls
+        did not see it complete. Sets ``_everyone_fast`` (bit 63 of every rank's word)."""
+        self._block[0] = word
         request = self._word_request
         if request is not None:
             request.Start()
         else:
-            request = self._comm.Iallreduce(*self._word_args)
+            request = self._start_round(*self._word_args)
         test = request.Test
         for _ in range(FAST_POLLS):  # the peers' words land within microseconds: no frame more
             if test():
-                return int(self._word[0])
-        self._wait_saying(request, waiting)
-        return int(self._word[0])
+                break
+        else:
+            self._wait_saying(request, waiting)
+        words = self._words
+        if words is None:
+            reduced = int(self._block[0])
+        else:
+            reduced = -1
+            for each in words.tolist():  # (a 2-4 item loop costs less than numpy's reduce)
+                reduced &= each
+        self._everyone_fast = reduced < 0
+        return reduced
 
     def _wait_saying(self, request: Any, waiting: Callable[[], None] | None) -> None:
         """:meth:`_wait` for ``request`` once the fast polls did not see it complete; with
@@ -296,17 +331,22 @@ class MPIChannel(Transport):
             waiting()
         self._wait(request)
 
-    def _agree_counts(self, word: int, row: list[int]) -> tuple[int, list[list[int]]]:
-        """:meth:`_agree_word` with this rank's ``row`` in its place of the rows that follow the
-        word (every other place all ones, so that the BAND is every rank's row)."""
-        vector, width = self._word, self.size + 1
-        vector.fill(-1)
-        start = 1 + self.rank * width
+    def _carried_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
+                      reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:
+        return carried_path(self, call, dtype, reduce_op, adapter is not arrays.NUMPY)
+
+    def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
+        """:meth:`_agree_word` with this rank's ``row`` (and ``view``, x's bytes, if given) in its
+        block: every rank's row in rank order, and every rank's x where every rank carried it."""
+        block = self._block
         for i, n in enumerate(row):  # (item by item: a slice of a list costs twice as much)
-            vector[start + i] = n
-        word = self._agree_word(word)
-        flat = vector.tolist()
-        return word, [flat[i:i + width] for i in range(1, len(flat), width)]
+            block[1 + i] = n
+        if view is not None:
+            self._payload[:view.nbytes] = view.reshape(-1).view(np.uint8)
+            word |= CARRIED
+        reduced = self._round(word)
+        rows = self._blocks[:, 1:1 + len(row)].tolist()
+        return reduced & WORD_BITS, rows, self._payloads if view is not None and reduced < 0 else None
 
     def _tell_peers_left(self, how: int) -> None:
         """A small message to every peer on this communicator (tag FAREWELL_TAG): [this
@@ -365,8 +405,12 @@ class MPIChannel(Transport):
         kept for it): the data is copied in, the request started and completed, the result
         copied out. At 2 ranks on one node ``MPI_Start`` + completion takes 0.65 us where
         ``MPI_Iallreduce`` + ``MPI_Test`` takes 1.6 and ``MPI_Allreduce`` 1.95; the two copies
-        cost ~0.2. Every rank makes the request at the same call (its first call of that kind
-        and shape): the call check has compared kind, dtype, op, root and shape by then, and
+        cost ~0.2. Only where the call's check round said every rank runs it on its fast path
+        (wire.FAST_BIT: an asynchronous or non-contiguous x on one rank and a fast one on another
+        would meet a persistent request with a nonblocking call, which MPI does not match; with
+        the check off or in debug mode, never). Every rank makes the request at the same call
+        (its first call of that kind and shape): the call check has compared kind, dtype, op,
+        root and shape by then, and
         each rank's table holds the same shapes, made and dropped (the oldest, past
         :data:`STAGED_SHAPES`) in the same order, also where the ranks pass arrays of different
         types (numpy on one, torch on another: one table per kind of call, not per fast path)."""
@@ -444,9 +488,10 @@ _UNFREED: list[MPIChannel] = []
 STAGED_BYTES = 4096
 #: Shapes (and roots) per fast path that keep a persistent request at most.
 STAGED_SHAPES = 16
-#: Communicators of at most this many ranks carry the uneven collectives' counts in the check's
-#: all_reduce (size * (size + 1) int64 more in every call's: 48 bytes at 2 ranks, 160 at 4).
+#: Communicators of at most this many ranks gather every rank's block in the check's round (see
+#: MPIChannel._round): the uneven collectives' counts and a small call's x travel in it.
 COUNTS_RANKS = 4
+
 #: Tests of the agreement after the fast polls before a waiting rank runs ``waiting`` (the
 #: monitored barrier's word to rank 0): at 2 ranks on one node a barrier loop's ranks are
 #: within these (~10 us) of each other all but rarely, and then send no word.

@@ -93,7 +93,7 @@ class Request:
     ``request._replace(...)``.
     """
 
-    __slots__ = ("call", "x", "adapter", "dtype", "op", "root", "out", "async_op", "extra")
+    __slots__ = ("call", "x", "adapter", "dtype", "op", "root", "out", "async_op", "extra", "carried")
 
     #: The row of the call being run (an emulation's inner call names its own row).
     call: Call
@@ -115,16 +115,21 @@ class Request:
     #: The row's extra argument: the tag (send, recv), every rank's row counts (all_gather_v,
     #: after the counts exchange), the splits ``splits[i][j]`` (uneven all_to_all, after it).
     extra: Any
+    #: Every rank's x (its bytes, one row per rank), where an uneven call's x travelled with its
+    #: counts in the check's round (``Transport._agree_counts``): the method makes the result
+    #: from it, no data collective; else ``None``.
+    carried: Any
 
     def __init__(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, op: Any = None,
-                 root: int = -1, out: Any = None, async_op: bool = False, extra: Any = None) -> None:
+                 root: int = -1, out: Any = None, async_op: bool = False, extra: Any = None,
+                 carried: Any = None) -> None:
         self.call, self.x, self.adapter, self.dtype, self.op = call, x, adapter, dtype, op
-        self.root, self.out, self.async_op, self.extra = root, out, async_op, extra
+        self.root, self.out, self.async_op, self.extra, self.carried = root, out, async_op, extra, carried
 
     def _replace(self, **fields: Any) -> Request:
         """A new record: this one's fields, ``fields`` changed."""
         made = Request(self.call, self.x, self.adapter, self.dtype, self.op, self.root, self.out,
-                       self.async_op, self.extra)
+                       self.async_op, self.extra, self.carried)
         for name, value in fields.items():
             setattr(made, name, value)
         return made

@@ -23,9 +23,10 @@ from .ops import ReduceOp, check_reduction
 from .transport import Transport
 
 # What a communicator remembers per (row, type(x), x.dtype, op as spelled or None) that
-# passed the checks: (per-array check, fast path, adapter, dtype name, ReduceOp or None, the
-# kind's request record, the transport's method of the row, bound).
-Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any, Any, Any], Any], ArrayAdapter, str,
+# passed the checks: (per-array check, fast path, carried path or None, adapter, dtype name,
+# ReduceOp or None, the kind's request record, the transport's method of the row, bound).
+Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any, Any, Any], Any],
+             Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None, ArrayAdapter, str,
              ReduceOp | None, Request, Callable[[Request], Any]]
 
 # Calls whose out= rows are known only once the counts have travelled (checked then).
@@ -72,7 +73,8 @@ class ArgumentChecks:
         """The full checks of a kind of ``x`` (and ``op``) not seen before by ``call``, and
         what later calls of that kind run (remembered): the per-array check, the backend's
         fast path if it has one (``Transport._fast_path``; not for the uneven collectives, which
-        exchange their counts first, nor for send/recv in debug mode), the adapter, dtype name
+        exchange their counts first, nor for send/recv in debug mode), with it the carried path
+        of a collective if the transport has one (``Transport._carried_path``), the adapter, dtype name
         and ReduceOp, the kind's request record (see :class:`~collectives.calls.Request`) and
         the transport's method of the row."""
         adapter, dtype, reduce_op = self.check_kind(x, op, call.reduces, call.in_place)
@@ -84,7 +86,9 @@ class ArgumentChecks:
         check: Callable[[Any, bool], Any] = adapter.check_array if fast is None else adapter.host_view
         if self._checks_device:
             check = self.checked_device(check, adapter)
-        plan = (check, fast or _no_fast_path, adapter, dtype, reduce_op,
+        carry = None if fast is None or not call.collective else \
+            self._transport._carried_path(call, adapter, dtype, reduce_op)
+        plan = (check, fast or _no_fast_path, carry, adapter, dtype, reduce_op,
                 Request(call, None, adapter, dtype, reduce_op), getattr(self._transport, call.method))
         try:
             self.plans[call, type(x), x.dtype, op] = plan

@@ -23,7 +23,7 @@ import collections
 import itertools
 from _thread import get_ident as _thread_id
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from . import config, emulations, farewell, objects
 from .calls import (
@@ -45,11 +45,11 @@ from .calls import (
     Call,
 )
 from .checks import ArgumentChecks, check_split, in_backward_pass, wrong_thread
-from .context import CommunicatorContext, mark_failed
+from .context import CommunicatorContext
 from .debug_p2p import CheckedPointToPoint
 from .diagnostics import process_hooks, recorder
 from .diagnostics.recorder import END, POSTED, STARTED, STATE, CallRecord, HookHandle
-from .errors import CollectiveError, RankFailure
+from .errors import CollectiveError
 from .fault_tolerance import FaultTolerance, check_flag
 from .ops import ReduceOp
 from .reliability import CallCheck, MonitoredBarrier
@@ -120,6 +120,9 @@ class Communicator:
         # The call path's shortcuts into its parts (one attribute read each).
         self._pending, self._reap, self._keep = handles.pending, handles.reap, handles.keep
         self._plans, self._plan, self._check_call = checks.plans, checks.plan, call_check.check
+        self._carry_call, self._carry_bytes = call_check.carry, transport._carry_bytes
+        # What an error raised inside a call becomes (the context's: see raise_failed).
+        self._raise_failed = context.raise_failed
         # Debug mode (COLLECTIVES_DEBUG=1): full fingerprints, and headers ahead of send/recv.
         self.debug = checks.debug = call_check.level == config.CHECKS_FULL
         self._checking = call_check.first_checked  # (turned off after it at COLLECTIVES_DEBUG=0)
@@ -478,9 +481,9 @@ class Communicator:
         if async_op is not False and async_op is not True:
             raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
         try:  # a kind of x (type, dtype, and op) that passed the checks before: its plan
-            check, fast, adapter, dtype, reduce_op, request, method = self._plans[call, type(x), x.dtype, op]
+            check, fast, carry, adapter, dtype, reduce_op, request, method = self._plans[call, type(x), x.dtype, op]
         except (KeyError, TypeError, AttributeError):  # a new kind: its full checks, its plan
-            check, fast, adapter, dtype, reduce_op, request, method = self._plan(call, x, op)
+            check, fast, carry, adapter, dtype, reduce_op, request, method = self._plan(call, x, op)
         # What can differ between two arrays of one kind, checked on every call; the first
         # call of a kind runs the same route as the later ones (the backend's fast path too).
         view = check(x, call.in_place)
@@ -504,9 +507,15 @@ class Communicator:
         else:
             record = None
         try:
+            result = NOT_TAKEN
             if self._checking and call.collective:
-                self._check_call(call, reduce_op, root, dtype, x.shape)
-            if view is not None and not async_op and (result := fast(view, root, out, extra)) is not NOT_TAKEN:
+                if carry is not None and view is not None and not async_op and view.nbytes <= self._carry_bytes:
+                    result = self._carry_call(carry, call, reduce_op, root, dtype, view, out, extra)
+                else:
+                    self._check_call(call, reduce_op, root, dtype, x.shape, None, view is not None and not async_op)
+            if result is not NOT_TAKEN:
+                pass  # x travelled in the check's round (see Transport._carried_path)
+            elif view is not None and not async_op and (result := fast(view, root, out, extra)) is not NOT_TAKEN:
                 pass  # the backend's fast path ran it (see Transport._fast_path)
             elif self.debug and not call.collective:
                 result = self._p2p.run(call, x, adapter, dtype, root, async_op, extra)
@@ -516,7 +525,7 @@ class Communicator:
                 if call.counted:  # the uneven rows: the counts exchange puts every rank's in extra
                     emulations.counted(self, request)
                 result = method(request)
-                request.x = request.out = None  # (the record keeps no array alive)
+                request.x = request.out = request.carried = None  # (the record keeps no array alive)
         except Exception as error:
             self._raise_failed(record, error)
         if record is not None:
@@ -533,18 +542,6 @@ class Communicator:
                     self._handles.keep_p2p(result)
             return result
         return x if call.in_place else result
-
-    def _raise_failed(self, record: list[Any] | None, error: Exception) -> NoReturn:
-        """Raise what ``error``, raised inside the call of ``record``, becomes (the record marked
-        failed): our own errors as they are, the transport's through the context's ``transport_error``."""
-        mark_failed(record, error)
-        if isinstance(error, CollectiveError):
-            # fault tolerance: our own timeout or a peer's farewell may mean a peer failed
-            failure = None if isinstance(error, RankFailure) else self._fault.rank_failure(error)
-            if failure is not None:
-                raise failure from error
-            raise error
-        raise self._context.transport_error(error) from error
 
     @property
     def _timeout_arg(self) -> float:

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from . import config, farewell
 from .config import TIMEOUT
 from .diagnostics import recorder
 from .diagnostics.recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE
-from .errors import CollectiveError, CollectiveTimeout
+from .errors import CollectiveError, CollectiveTimeout, RankFailure
 from .polling import SPIN_YIELD_EVERY, PollPolicy, wait_until
 from .transport import CallContext, Transport
 from .work import Work
@@ -84,6 +84,18 @@ class CommunicatorContext(CallContext):
         """Mark the recorded collective numbered ``seq`` failed with ``error`` (if the ring
         still holds it)."""
         mark_failed(find_record(self.comm._ring, seq), error)
+
+    def raise_failed(self, record: list[Any] | None, error: Exception) -> NoReturn:
+        """Raise what ``error``, raised inside the call of ``record``, becomes (the record marked
+        failed): our own errors as they are (or the rank failure a timeout or a peer's farewell
+        means, where fault tolerance tells one), the transport's through :meth:`transport_error`."""
+        mark_failed(record, error)
+        if isinstance(error, CollectiveError):
+            failure = None if isinstance(error, RankFailure) else self.comm._fault.rank_failure(error)
+            if failure is not None:
+                raise failure from error
+            raise error
+        raise self.transport_error(error) from error
 
     def stop_checking(self) -> None:
         """No more checks before calls (``COLLECTIVES_DEBUG=0`` after the first call)."""

@@ -21,13 +21,13 @@ from collections.abc import Callable
 from typing import Any
 
 from . import config
-from .calls import ALL_GATHER_V, BARRIER_TAG, Call, Request
+from .calls import ALL_GATHER_V, BARRIER_TAG, NOT_TAKEN, Call, Request
 from .context import CommunicatorContext, poll_until
 from .diagnostics import recorder
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .ops import ReduceOp
 from .transport import Transport
-from .wire import call_hash
+from .wire import FAST_BIT, call_hash
 from .work import KeptHandles, Work
 
 _clock = recorder.clock
@@ -40,7 +40,7 @@ class CallCheck:
     communicator of ``size`` ranks over ``transport``; ``context`` is the communicator's side
     (the running call, its exchange, what errors become)."""
 
-    __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "_hashes", "_carries")
+    __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "_hashes", "_carries", "_fast_bit")
 
     def __init__(self, transport: Transport, context: CommunicatorContext, size: int) -> None:
         self._transport, self._context = transport, context
@@ -61,9 +61,11 @@ class CallCheck:
         self._hashes: dict[tuple[Any, ...], int] = {}
         # Whether an uneven call's counts travel in its check's round (see check_counts).
         self._carries = transport._counts_with_check and level == config.CHECKS_DEFAULT
+        # What a word on the fast path adds (FAST_BIT where the transport reads it).
+        self._fast_bit = FAST_BIT if transport._marks_fast_path else 0
 
     def check(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
-              shape: tuple[int, ...], waiting: Callable[[], None] | None = None) -> None:
+              shape: tuple[int, ...], waiting: Callable[[], None] | None = None, fast: bool = False) -> None:
         """Before the running collective ``call`` moves any data: every rank makes the same
         call, else :class:`CollectiveMismatch` on every rank, nothing sent.
 
@@ -76,7 +78,8 @@ class CallCheck:
         every communicator (which also compares the ranks' checks levels), the full
         fingerprints always travel. Every rank makes the same exchanges as long as every rank
         makes the same calls: the ranks all see the same result, so all raise or none.
-        ``waiting()`` (the monitored barrier's) is run once this rank waits for its peers."""
+        ``waiting()`` (the monitored barrier's) is run once this rank waits for its peers;
+        ``fast``: this rank runs the call on the transport's fast path (see wire.FAST_BIT)."""
         seq: int = self._comm._seq
         if call.counted:  # dtype and shape: the call's counts exchange compares them
             if self._carries and seq != 1:
@@ -95,21 +98,48 @@ class CallCheck:
             h = self._hash_call(call, reduce_op, root, dtype, shape)
         # check_word(h, seq) and words_agree, written out: this runs on every call
         h = (h ^ seq) & 0x7FFFFFFF
-        reduced = self._transport._agree_word((h << 32) | (h ^ 0xFFFFFFFF), waiting)
+        reduced = self._transport._agree_word((h << 32) | (h ^ 0xFFFFFFFF) | (self._fast_bit if fast else 0), waiting)
         if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
-            self.compare_fingerprints(reduce_op, root, dtype, shape)
-            raise CollectiveMismatch(  # (hash words differ only where fingerprints do)
-                f"{self._context.call_name()}: the ranks' check words differ, but their "
-                "fingerprints agree; is COLLECTIVES_DEBUG set the same on every rank?")
+            self._disagreed(reduce_op, root, dtype, shape)
+
+    def carry(self, carry: Callable[[Any, Any, Any, Any, int], tuple[int, Any]], call: Call,
+              reduce_op: ReduceOp | None, root: int, dtype: str, view: Any, out: Any, extra: Any) -> Any:
+        """:meth:`check` of the running collective ``call`` on ``view`` (a fast path's host view of
+        x), whose round carries ``view`` where the default check runs (the transport's carried
+        path ``carry``, see ``Transport._carried_path``): the call's result, or NOT_TAKEN where
+        the data did not travel (the call is checked; it runs as usual)."""
+        seq: int = self._comm._seq
+        shape = view.shape
+        if self.level != config.CHECKS_DEFAULT or seq == 1:
+            self.check(call, reduce_op, root, dtype, shape)
+            return NOT_TAKEN
+        try:
+            h = self._hashes[call, dtype, reduce_op, root, shape]
+        except KeyError:
+            h = self._hash_call(call, reduce_op, root, dtype, shape)
+        h = (h ^ seq) & 0x7FFFFFFF
+        reduced, result = carry(view, root, out, extra, (h << 32) | (h ^ 0xFFFFFFFF))
+        if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
+            self._disagreed(reduce_op, root, dtype, shape)
+        return result
+
+    def _disagreed(self, reduce_op: ReduceOp | None, root: int, dtype: str | None, shape: tuple[int, ...]) -> None:
+        """The check words differ: the fingerprints name how (CollectiveMismatch on every rank)."""
+        self.compare_fingerprints(reduce_op, root, dtype, shape)
+        raise CollectiveMismatch(  # (hash words differ only where fingerprints do)
+            f"{self._context.call_name()}: the ranks' check words differ, but their "
+            "fingerprints agree; is COLLECTIVES_DEBUG set the same on every rank?")
 
     def check_counts(self, r: Request) -> bool:
         """An uneven call's check and counts exchange in one small collective, where the
         transport carries counts with the check word (``_agree_counts``, the default check):
         ``r.extra`` becomes every rank's row counts (all_gather_v) or the splits ``splits[i][j]``
-        (all_to_all). The word hashes the call's kind, dtype, ``x.shape[1:]`` and sequence
-        number; a rank in another call is :class:`CollectiveMismatch` on every rank. False where
-        the call path's own counts exchange runs instead: the first call, debug mode, or ranks
-        whose dtypes, trailing shapes or ``out`` rows disagree (its error on every rank says how)."""
+        (all_to_all), and where every rank's x travelled with it (host memory of at most the
+        transport's ``_carry_bytes``), ``r.carried`` every rank's x. The word hashes the call's
+        kind, dtype, ``x.shape[1:]`` and sequence number; a rank in another call is
+        :class:`CollectiveMismatch` on every rank. False where the call path's own counts
+        exchange runs instead: the first call, debug mode, or ranks whose dtypes, trailing
+        shapes or ``out`` rows disagree (its error on every rank says how)."""
         seq: int = self._comm._seq
         if not self._carries or seq == 1:
             return False
@@ -123,7 +153,9 @@ class CallCheck:
         gathered = call is ALL_GATHER_V
         row = [int(x.shape[0])] if gathered else [int(n) for n in r.extra]
         row.append(-1 if r.out is None else int(r.out.shape[0]))
-        reduced, rows = self._transport._agree_counts((h << 32) | (h ^ 0xFFFFFFFF), row)
+        view = x.nbytes <= self._transport._carry_bytes and r.adapter.host_view(x, False)
+        reduced, rows, carried = self._transport._agree_counts((h << 32) | (h ^ 0xFFFFFFFF), row,
+                                                               None if view is False else view)
         if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
             self.compare_fingerprints(None, -1, None, ())  # another call: the mismatch
             return False  # the same call, another dtype or x.shape[1:]: the exchange says which
@@ -133,14 +165,14 @@ class CallCheck:
             for row in rows:
                 if row[1] != -1 and row[1] != total:
                     return False  # an out of the wrong rows
-            r.extra = counts
+            r.extra, r.carried = counts, carried
             return True
         size = len(rows)
         splits = [row[:size] for row in rows]
         if any(row[size] != -1 and row[size] != sum(sent[rank] for sent in splits)
                for rank, row in enumerate(rows)):
             return False
-        r.extra = splits
+        r.extra, r.carried = splits, carried
         return True
 
     def _hash_call(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,

@@ -244,6 +244,24 @@ class Transport(abc.ABC):
         fingerprint of each call."""
         return None
 
+    def _carried_path(self, call: Call, adapter: ArrayAdapter, dtype: str,
+                      reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:
+        """For backends whose check's round can carry a small call's data (MPI's): a callable
+        ``(view, root, out, extra, word)`` that makes the default check's round of ``word`` with
+        ``view`` (as the fast path's, at most :attr:`_carry_bytes`) in it, and returns the check's
+        reduced word and the call's result, or :data:`collectives.calls.NOT_TAKEN` where the
+        round did not carry it (the call then runs as usual, its check made). ``None``: none for
+        this kind. See backends/mpi_carried.py."""
+        return None
+
+    #: The bytes of ``x`` that :meth:`_carried_path`'s round carries at most.
+    _carry_bytes: int = 0
+
+    #: Whether the default check's words mark the ranks on the fast path (``wire.FAST_BIT``):
+    #: :meth:`_agree_word` then gets words with bit 63 set, and may learn that every rank runs
+    #: the call on its fast path.
+    _marks_fast_path: bool = False
+
     def _exchange_small(self, vector: Any) -> Any:
         """Every rank's small int64 numpy ``vector`` (same length everywhere), as a numpy
         ``(size, len)`` array: the fingerprints of debug mode and the counts of the uneven
@@ -284,12 +302,14 @@ class Transport(abc.ABC):
     #: Whether :meth:`_agree_counts` carries an uneven collective's counts with the check word.
     _counts_with_check: bool = False
 
-    def _agree_counts(self, word: int, row: list[int]) -> tuple[int, list[list[int]]]:
-        """:meth:`_agree_word`'s result, and every rank's ``row`` (at most ``size + 1`` ints) in
+    def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
+        """:meth:`_agree_word`'s result, every rank's ``row`` (at most ``size + 1`` ints) in
         rank order, from the same one small collective, where ``_counts_with_check`` (the
-        default check of an uneven collective: its counts travel in the check's round). Every
-        call's check word must then travel in the same collective, so that a rank in another
-        call meets it."""
+        default check of an uneven collective: its counts travel in the check's round), and
+        where every rank's x travelled in it too (``view``: x's host view, at most
+        :attr:`_carry_bytes`, or None) every rank's x as bytes (see ``Request.carried``), else
+        None. Every call's check word must then travel in the same collective, so that a rank
+        in another call meets it."""
         raise NotImplementedError(f"{type(self).__name__} carries no counts with its check word")
 
     def _tell_peers_left(self, how: int) -> None:

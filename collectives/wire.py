@@ -101,6 +101,13 @@ def check_word(call_hash: int, seq: int) -> int:
     return (h << 32) | (h ^ _LOW)
 
 
+#: Bit 63 of a check word, which :func:`check_word` leaves clear: this rank runs the call on the
+#: transport's fast path (a host view, blocking; and where the transport's round carries x, its
+#: x travels in it). The AND of every rank's word keeps it only where every rank set it (a
+#: transport may then take a route every rank must take alike); :func:`words_agree` ignores it.
+FAST_BIT = -(1 << 63)
+
+
 def words_agree(reduced: int) -> bool:
     """Whether the BAND of every rank's :func:`check_word` says every rank made the same call."""
     return ((reduced >> 32) | reduced) & _LOW == _LOW

@@ -1,0 +1,220 @@
+"""Small collectives carried in the check's round: one MPI call where the default check and the
+data would take two.
+
+With the default check on, every collective starts with the check's round, on up to
+COUNTS_RANKS ranks an MPI_Allgather of one fixed block per rank (see ``MPIChannel._round``): the
+check word, the uneven collectives' counts and CARRY_BYTES of payload. A call of even shapes
+whose host ``x`` fits there puts its bytes in its block and sets bit 63 of its word
+(:data:`CARRIED`); once the round is back, every rank holds every rank's ``x``, and each call
+makes its result from them locally (a reduction in rank order, so every rank computes the same
+bits; the rows of a gather; a block of an all_to_all). The data collective is not made.
+
+Every rank decides from what it sees alone (an asynchronous call, a non-contiguous or device
+``x`` and a debug-mode call do not carry), and the round tells it what the others did: the
+result is made only where every rank's word agrees and every rank carried; where the words
+agree but a rank did not carry, every rank runs the call as usual (the data collective after
+the round); where they disagree, the check's :class:`CollectiveMismatch`, ``x`` untouched. The
+round is the same MPI call for a carried call and for any other call's check, so ranks in
+different calls always meet in it.
+
+A reduction carries only where MPI reduces the dtype x op as it is (the fast path's pairs; not
+float MIN/MAX, which order NaN, nor the staged dtypes): MPI_Reduce_local of the op, MPI's own
+arithmetic, rank 0's x first.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from collectives import calls
+from collectives.calls import NOT_TAKEN
+from collectives.ops import ReduceOp
+from collectives.wire import FAST_BIT
+from collectives.work import Work
+
+from ._buffers import row_bytes
+
+#: Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block.
+CARRIED = FAST_BIT
+#: A check word's bits but :data:`CARRIED`.
+WORD_BITS = (1 << 63) - 1
+
+#: The bytes of x a call carries in the check's round at most.
+CARRY_BYTES = 1024
+
+Carry = Callable[[Any, Any, Any, Any, int], "tuple[int, Any]"]
+
+
+def new_result(tensors: bool) -> Callable[[Any, tuple[int, ...], Any], tuple[Any, Any]]:
+    """``new(view, shape, out)``: a carried call's result (``out`` where given; a CPU tensor for a
+    tensor's ``view``) and its numpy view. A new tensor is a numpy array's (``torch.from_numpy``:
+    0.8 us where ``torch.empty`` and its numpy view take 2.0)."""
+    from_numpy = sys.modules["torch"].from_numpy if tensors else None
+
+    def new(view: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
+        if out is not None:
+            return out, out if from_numpy is None else out.numpy()
+        result = np.empty(shape, view.dtype)
+        return (result if from_numpy is None else from_numpy(result)), result
+    return new
+
+
+def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tensors: bool) -> Carry | None:
+    """The carried form of ``call`` on host arrays of ``dtype`` (and ``op``) over ``channel`` (an
+    MPIChannel): ``carry(view, root, out, extra, word)`` -> ``(AND of the ranks' words, result)``,
+    the result NOT_TAKEN unless every rank agreed and carried (``tensors``: x is a CPU tensor,
+    ``view`` its numpy view). None where the channel's round carries nothing or the call cannot
+    be carried."""
+    if channel._words is None:
+        return None
+    new = new_result(tensors)
+    size, rank, start = channel.size, channel.rank, (2 + channel.size) * 8  # (the payload's byte offset)
+    blocks, block = channel._blocks, channel._block
+    stride = block.nbytes
+    spec: Any = None
+    if call.reduces:  # (MPI_Reduce_local: MPI's own arithmetic, where MPI reduces the pair as it is)
+        spec = channel._native[dtype].get(op) if op is not None else None
+        if spec is None:
+            return None
+    mpi_type, local = (spec[0], spec[1].Reduce_local) if spec is not None else (None, _no_reduction)
+    avg = op is ReduceOp.AVG
+    shapes: dict[Any, tuple[Any, list[Any], Any]] = {}
+
+    def views(x: Any) -> tuple[Any, list[Any], Any]:
+        """x's place in this rank's block; every rank's x, as a list and as one array (views)."""
+        shape, kind = x.shape, x.dtype
+        into = np.ndarray(shape, kind, buffer=block, offset=start)
+        rows = np.ndarray((size, *shape), kind, buffer=blocks, offset=start, strides=(stride, *into.strides))
+        found = shapes[shape] = (into, [rows[r, ...] for r in range(size)], rows)  # (views, also of 0-d x)
+        return found
+
+    round_ = channel._round
+
+    make = _maker(call, size, rank, new, mpi_type, local, avg)
+    if make is None:
+        return None
+    on_root = call is calls.BROADCAST or call is calls.SCATTER  # (only the root's x is read)
+
+    def carry(view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]:
+        into, each, rows = shapes.get(view.shape) or views(view)
+        if not on_root or root == rank:
+            into[...] = view
+        reduced = round_(word | CARRIED)
+        if reduced >= 0 or reduced & WORD_BITS != word:  # a rank did not carry, or another call
+            return reduced & WORD_BITS, NOT_TAKEN
+        return word, make(view, root, out, each, rows)
+    return carry
+
+
+Make = Callable[[Any, Any, Any, "list[Any]", Any], Any]
+
+
+def _maker(call: Any, size: int, rank: int, new: Any, mpi_type: Any, local: Any, avg: bool) -> Make | None:
+    """``make(view, root, out, each, rows)``: the result of ``call`` on this rank from every rank's
+    x (``each``, a list, and ``rows``, one array), once the round carried them."""
+
+    def reduced_into(target: Any, each: list[Any]) -> None:
+        """The reduction of ``each`` (rank 0's first) into ``target``."""
+        target[...] = each[0]
+        into = [target, mpi_type]
+        for x in each[1:]:
+            local([x, mpi_type], into)
+        if avg:
+            target /= size
+
+    if call is calls.ALL_REDUCE or call is calls.REDUCE:
+        everyone = call is calls.ALL_REDUCE
+
+        def reduction(view: Any, root: Any, out: Any, each: list[Any], rows: Any) -> Any:
+            if not everyone and root != rank:
+                return view
+            if size == 2:  # x holds this rank's own: the peer's reduced into it (MPI's ops commute)
+                local([each[1 - rank], mpi_type], [view, mpi_type])
+                if avg:
+                    view /= size
+            else:
+                reduced_into(view, each)
+            return view
+        return reduction
+    if call is calls.REDUCE_SCATTER:
+        def reduce_scatter(view: Any, root: Any, out: Any, each: list[Any], rows: Any) -> Any:
+            n = view.shape[0] // size
+            result, recv = new(view, (n, *view.shape[1:]), out)
+            reduced_into(recv, [x[rank * n:(rank + 1) * n] for x in each])
+            return result
+        return reduce_scatter
+    if call is calls.BROADCAST:
+        def broadcast(view: Any, root: Any, out: Any, each: list[Any], rows: Any) -> Any:
+            if root != rank:
+                view[...] = each[root]
+            return view
+        return broadcast
+    if call is calls.ALL_GATHER or call is calls.GATHER:
+        everyone = call is calls.ALL_GATHER
+
+        def gather(view: Any, root: Any, out: Any, each: list[Any], rows: Any) -> Any:
+            if not everyone and root != rank:
+                return None
+            result, recv = new(view, (size, *view.shape), out)
+            recv[...] = rows
+            return result
+        return gather
+    if call is calls.SCATTER:
+        def scatter(view: Any, root: Any, out: Any, each: list[Any], rows: Any) -> Any:
+            result, recv = new(view, view.shape[1:], out)
+            recv[...] = each[root][rank]
+            return result
+        return scatter
+    if call is calls.ALL_TO_ALL:
+        def all_to_all(view: Any, root: Any, out: Any, each: list[Any], rows: Any) -> Any:
+            result, recv = new(view, view.shape, out)
+            recv[...] = rows[:, rank]
+            return result
+        return all_to_all
+    return None
+
+
+def _no_reduction(*_: Any) -> None:
+    raise AssertionError("a carried call that reduces has its MPI op")
+
+
+# -- the uneven rows: x travelled with the counts (see MPIChannel._agree_counts) ----------------
+
+def _result_bytes(r: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """An uneven call's result (``r.out`` or a new array of x's kind) and its bytes (numpy)."""
+    result = r.out if r.out is not None else r.adapter.empty(r.x, shape)
+    view = result if isinstance(result, np.ndarray) else result.numpy()
+    return result, view.reshape(-1).view(np.uint8)
+
+
+def _done(r: Any, result: Any) -> Any:
+    return Work(result) if r.async_op else result
+
+
+def carried_all_gather_v(r: Any) -> Any:
+    """all_gather_v's ``(result, counts)`` from ``r.carried``, every rank's x."""
+    x, counts, carried = r.x, r.extra, r.carried
+    row = row_bytes(x)
+    result, got = _result_bytes(r, (sum(counts), *x.shape[1:]))
+    at = 0
+    for rank, n in enumerate(counts):
+        got[at:at + n * row] = carried[rank, :n * row]
+        at += n * row
+    return _done(r, (result, counts))
+
+
+def carried_all_to_all_v(r: Any, rank: int) -> Any:
+    """The uneven all_to_all's result from ``r.carried``: what each rank sent to ``rank``."""
+    x, splits, carried = r.x, r.extra, r.carried
+    row = row_bytes(x)
+    result, got = _result_bytes(r, (sum(sent[rank] for sent in splits), *x.shape[1:]))
+    at = 0
+    for peer, sent in enumerate(splits):
+        start, n = sum(sent[:rank]) * row, sent[rank] * row
+        got[at:at + n] = carried[peer, start:start + n]
+        at += n
+    return _done(r, result)

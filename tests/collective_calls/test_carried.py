@@ -1,0 +1,240 @@
+"""Small calls carried in the check's round (backends/mpi_carried.py): with the default check on
+and up to COUNTS_RANKS ranks, a call whose host x is at most CARRY_BYTES travels in the round's
+MPI_Allgather and makes its result from every rank's x, without its data collective.
+
+Every result against numpy (float64 sums, or the same float32 sums in rank order, bit for bit);
+that the call did travel is read from the round's gathered words (bit 63 set on every rank's
+word: every rank carried); ranks that decide differently (one asynchronous, one
+non-contiguous, one too large) run the call as usual and get the same result; a mismatch
+between carried calls is CollectiveMismatch on every rank, x untouched; a float overflow is
+MPI's inf, with no numpy warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from collectives.backends.mpi_carried import CARRY_BYTES
+
+WORLDS = pytest.mark.parametrize("world", [("mpi", 2), ("mpi", 3)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
+MPI_2 = pytest.mark.parametrize("world", [("mpi", 2)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
+REDUCTIONS = {"int32": ("sum", "prod", "min", "max", "band", "bor", "bxor"), "int64": ("sum", "max"),
+              "float32": ("sum", "prod", "avg"), "float64": ("sum", "avg"), "float16": ("sum",),
+              "bool": ("min", "max", "bxor")}
+
+
+def everyone_carried(comm):
+    """Whether the last round had every rank's x in it (bit 63 of every rank's word)."""
+    return bool((comm._transport._words < 0).all())
+
+
+def values(rank, n, dtype, salt=0):
+    """Rank ``rank``'s ``n`` values of ``dtype``: small, exact in every dtype, different per rank."""
+    base = (np.arange(n) * 7 + rank * 3 + salt) % 5 + 1
+    return (base % 2).astype(dtype) if dtype == "bool" else base.astype(dtype)
+
+
+def reference(op, dtype, rows):
+    """The reduction of ``rows`` (one per rank) in float64 (bool: logical), as numpy."""
+    if dtype == "bool":
+        fn = {"min": np.logical_and, "max": np.logical_or, "bxor": np.logical_xor}[op]
+        return fn.reduce(np.array(rows), axis=0)
+    stacked = np.array(rows, dtype=np.float64 if "float" in dtype else np.int64)
+    if op in ("band", "bor", "bxor"):
+        return getattr(np, {"band": "bitwise_and", "bor": "bitwise_or", "bxor": "bitwise_xor"}[op]).reduce(stacked)
+    out = {"sum": stacked.sum(0), "avg": stacked.mean(0), "prod": stacked.prod(0),
+           "min": stacked.min(0), "max": stacked.max(0)}[op]
+    return out
+
+
+def reductions_job(comm, kind):
+    """all_reduce, reduce (every dst) and reduce_scatter of every carried dtype x op: the
+    mismatches against numpy, and whether each call was carried."""
+    import torch
+
+    wrap = torch.from_numpy if kind == "torch" else np.asarray
+    wrong, carried = [], []
+    n = 2 * comm.size
+    for dtype, ops in REDUCTIONS.items():
+        rows = [values(r, n, dtype) for r in range(comm.size)]
+        for op in ops:
+            expected = reference(op, dtype, rows)
+            x = wrap(values(comm.rank, n, dtype))
+            got = comm.all_reduce(x, op)
+            carried.append(everyone_carried(comm))
+            if got is not x or not np.allclose(np.asarray(x), expected, rtol=1e-3):
+                wrong.append(("all_reduce", dtype, op, np.asarray(x).tolist(), expected.tolist()))
+            for dst in range(comm.size):
+                x = wrap(values(comm.rank, n, dtype))
+                comm.reduce(x, op, dst=dst)
+                carried.append(everyone_carried(comm))
+                want = expected if comm.rank == dst else values(comm.rank, n, dtype)
+                if not np.allclose(np.asarray(x), want, rtol=1e-3):
+                    wrong.append(("reduce", dtype, op, dst, np.asarray(x).tolist()))
+            block = comm.reduce_scatter(wrap(values(comm.rank, n, dtype)), op)
+            carried.append(everyone_carried(comm))
+            rows_here = n // comm.size
+            if type(block) is not type(x) or \
+                    not np.allclose(np.asarray(block), expected[comm.rank * rows_here:(comm.rank + 1) * rows_here],
+                                    rtol=1e-3):
+                wrong.append(("reduce_scatter", dtype, op, np.asarray(block).tolist()))
+    return wrong, carried
+
+
+@WORLDS
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_small_reductions_travel_in_the_check_round_and_equal_numpy(world, kind):
+    for wrong, carried in world.run(reductions_job, [(kind,)] * world.size, timeout=120):
+        assert wrong == [], wrong[:3]
+        assert all(carried), carried
+
+
+def moves_job(comm, kind):
+    """broadcast, gather and scatter from every root, all_gather, all_to_all, all_gather_v and
+    the uneven all_to_all, with and without out=, each against numpy; and whether each carried."""
+    import torch
+
+    wrap = torch.from_numpy if kind == "torch" else np.asarray
+    size, rank = comm.size, comm.rank
+    wrong, carried = [], []
+
+    def note(name, ok):
+        carried.append((name, everyone_carried(comm)))
+        if not ok:
+            wrong.append(name)
+
+    mine = values(rank, 3, "float64").reshape(3, 1)
+    everyone = np.stack([values(r, 3, "float64").reshape(3, 1) for r in range(size)])
+    for root in range(size):
+        y = wrap(mine.copy())
+        comm.broadcast(y, root)
+        note(("broadcast", root), np.array_equal(np.asarray(y), everyone[root]))
+        g = comm.gather(wrap(mine.copy()), dst=root)
+        note(("gather", root), (g is None) if rank != root else np.array_equal(np.asarray(g), everyone))
+        table = wrap(np.arange(size * 2, dtype=np.int16).reshape(size, 2) + 100 * root)
+        s = comm.scatter(table, src=root)
+        want = np.arange(2) + 2 * rank + 100 * root
+        note(("scatter", root), type(s) is type(table) and np.array_equal(np.asarray(s), want))
+    g = comm.all_gather(wrap(mine.copy()))
+    note("all_gather", type(g) is type(y) and np.array_equal(np.asarray(g), everyone))
+    out = wrap(np.zeros_like(everyone))
+    g = comm.all_gather(wrap(mine.copy()), out=out)
+    note("all_gather out=", g is out and np.array_equal(np.asarray(out), everyone))
+    sent = wrap(np.arange(size, dtype=np.int64) * 10 + rank)
+    a = comm.all_to_all(sent)
+    note("all_to_all", np.array_equal(np.asarray(a), np.arange(size) + 10 * rank))
+    z = comm.all_gather(wrap(np.full((), rank + 0.5, dtype=np.float32)))  # a 0-d x
+    note("all_gather 0-d", np.array_equal(np.asarray(z), np.arange(size) + 0.5))
+    e = comm.all_gather(wrap(np.zeros((0, 2), dtype=np.float32)))
+    note("all_gather empty", tuple(e.shape) == (size, 0, 2))
+    # the uneven rows: x travels with the counts
+    x = wrap(np.arange((rank + 1) * 2, dtype=np.float32).reshape(rank + 1, 2) + 100 * rank)
+    got, counts = comm.all_gather_v(x)
+    ref = np.concatenate([np.arange((r + 1) * 2, dtype=np.float32).reshape(r + 1, 2) + 100 * r for r in range(size)])
+    note("all_gather_v", counts == list(range(1, size + 1)) and type(got) is type(x)
+         and np.array_equal(np.asarray(got), ref))
+    splits = [(rank + j) % 3 for j in range(size)]
+    v = wrap(np.arange(sum(splits), dtype=np.int32) + 1000 * rank)
+    got = comm.all_to_all(v, splits)
+    ref = []
+    for r in range(size):
+        theirs = [(r + j) % 3 for j in range(size)]
+        ref += list(np.arange(sum(theirs)) + 1000 * r)[sum(theirs[:rank]):sum(theirs[:rank + 1])]
+    note("all_to_all_v", np.array_equal(np.asarray(got), np.array(ref, dtype=np.int32)))
+    return wrong, carried
+
+
+@WORLDS
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_small_moves_travel_in_the_check_round_and_equal_numpy(world, kind):
+    for wrong, carried in world.run(moves_job, [(kind,)] * world.size, timeout=120):
+        assert wrong == []
+        assert [name for name, was in carried if not was] == []
+
+
+def deciding_job(comm, n):
+    """Calls of ``n`` float64 where rank 0 does not take the fast path (asynchronous, then a
+    non-contiguous x, twice: a second call of a shape is where a staged persistent request of
+    the others would meet rank 0's nonblocking call), and the others do; then an uneven x past
+    CARRY_BYTES on rank 0 only: every rank's results, and whether the round had every rank's x."""
+    rank = comm.rank
+    results = []
+    for _ in range(2):
+        x = np.full(n, rank + 1.0)
+        done = comm.all_reduce(x, async_op=rank == 0)
+        if rank == 0:
+            done.wait()
+        results.append(("async", x.tolist(), everyone_carried(comm)))
+        wide = np.full((n, 2), rank + 1.0)
+        x = wide[:, 0] if rank == 0 else np.full(n, rank + 1.0)  # rank 0: a strided view
+        comm.all_reduce(x)
+        results.append(("strided", x.tolist(), everyone_carried(comm)))
+    rows = CARRY_BYTES // 8 + 1 if rank == 0 else 1  # rank 0's x is too large to travel
+    got, counts = comm.all_gather_v(np.full((rows, 1), float(rank)))
+    results.append(("uneven", [counts, got[:, 0].tolist() == sum(([float(r)] * n for r, n in enumerate(counts)), [])],
+                    everyone_carried(comm)))
+    return results
+
+
+@WORLDS
+@pytest.mark.parametrize("n", [4, 2 * CARRY_BYTES // 8], ids=["carried", "staged"])
+def test_ranks_that_decide_differently_run_the_call_as_usual(world, n):
+    """(``staged``: past CARRY_BYTES, where the fast path's staged persistent requests serve a
+    small call only if every rank's word said it runs the fast path.)"""
+    results = world.run(deciding_job, [(n,)] * world.size, timeout=120)
+    total = float(sum(range(1, world.size + 1)))
+    for rank, found in enumerate(results):
+        *calls, (_, (counts, right), carried_u) = found
+        for name, got, carried in calls:
+            assert got == [total] * n and not carried, (rank, name, got[:4])
+        assert counts == [CARRY_BYTES // 8 + 1] + [1] * (world.size - 1) and right and not carried_u
+
+
+def mismatch_job(comm, case):
+    """A carried call whose shape differs between ranks (``small``: both carried; ``large``: rank
+    0's too large to travel): the error's type on every rank, and whether x is untouched."""
+    from collectives.errors import CollectiveMismatch
+
+    n = 3 + comm.rank if case == "small" else (CARRY_BYTES // 4 + 8 if comm.rank == 0 else 2)
+    x = np.arange(n, dtype=np.float32) + comm.rank
+    kept = x.copy()
+    try:
+        comm.all_reduce(x)
+    except CollectiveMismatch as error:
+        return "CollectiveMismatch", np.array_equal(x, kept), "shape" in str(error)
+    return None, np.array_equal(x, kept), False
+
+
+@MPI_2
+@pytest.mark.parametrize("case", ["small", "large"])
+def test_a_mismatch_between_carried_calls_raises_on_every_rank_with_x_untouched(world, case):
+    for error, untouched, names_shape in world.run(mismatch_job, [(case,)] * world.size, timeout=120):
+        assert error == "CollectiveMismatch" and untouched and names_shape
+
+
+def rank_order_job(comm):
+    """float32 sums of random values at 3 ranks: every rank's bits, and numpy's float32 sum in
+    rank order (rank 0's x first); a float32 overflow with warnings turned into errors."""
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((comm.size, 16)).astype(np.float32) * np.float32(1e3)
+    x = rows[comm.rank].copy()
+    comm.all_reduce(x)
+    expected = rows[0].copy()
+    for row in rows[1:]:
+        expected = expected + row
+    big = np.full(2, np.finfo(np.float32).max, dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        comm.all_reduce(big)
+    return x.tobytes(), expected.tobytes(), big.tolist(), everyone_carried(comm)
+
+
+@pytest.mark.parametrize("world", [("mpi", 3)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
+def test_a_carried_sum_is_the_same_bits_on_every_rank_in_rank_order_and_overflows_to_inf_quietly(world):
+    results = world.run(rank_order_job, timeout=120)
+    assert len({bits for bits, _, _, _ in results}) == 1
+    for bits, expected, big, carried in results:
+        assert bits == expected
+        assert big == [float("inf")] * 2 and carried
