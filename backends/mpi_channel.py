@@ -38,7 +38,13 @@ from . import _float_order
 from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
 from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
 from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS, carried_path
-from .mpi_library import float16_datatype, library_version, saturates_small_integer_sums, wrapping_wire
+from .mpi_library import (
+    float16_datatype,
+    library_version,
+    persistent_allgather_works,
+    saturates_small_integer_sums,
+    wrapping_wire,
+)
 from .mpi_requests import FAST_POLLS, POLL, _Request, poll_policy
 
 
@@ -134,9 +140,15 @@ class MPIChannel(Transport):
         # Every rank's payload (the bytes after the word and the row), and this rank's.
         self._payloads = self._blocks.view(np.uint8)[:, (2 + ranks) * 8:] if self._counts_with_check else None
         self._payload = self._block.view(np.uint8)[(2 + ranks) * 8:]
+        #: Whether the fast paths may keep persistent requests (see _staged): the library has
+        #: MPI-4's persistent collectives (ULFMTransport turns them off).
+        self._persistent = True
         try:
             self._word_request: Any = make_round(*self._word_args)
         except (NotImplementedError, AttributeError, MPI.Exception):  # MPI < 4
+            self._word_request, self._persistent = None, False
+        if self._words is not None and self._persistent and not persistent_allgather_works(library_version(MPI)):
+            self._word_request.Free()  # (made by every rank alike: freed by every rank alike)
             self._word_request = None
         # The fast paths' persistent requests of small calls (see _staged): one table per kind
         # of call (row, dtype, op), {shape (and root): (request, its staging array)}.
@@ -414,7 +426,7 @@ class MPIChannel(Transport):
         each rank's table holds the same shapes, made and dropped (the oldest, past
         :data:`STAGED_SHAPES`) in the same order, also where the ranks pass arrays of different
         types (numpy on one, torch on another: one table per kind of call, not per fast path)."""
-        if self._word_request is None or self.size == 1:  # (one rank: nothing to wait for)
+        if not self._persistent or self.size == 1:  # (one rank: nothing to wait for)
             return None
         return self._staged_tables.setdefault(kind, {})
 

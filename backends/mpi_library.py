@@ -51,6 +51,14 @@ def saturates_small_integer_sums(version: str) -> bool:
     return version.startswith("Open MPI")
 
 
+def persistent_allgather_works(version: str) -> bool:
+    """Whether the library of ``version`` completes a persistent MPI_Allgather_init right on every
+    start. Intel MPI 2021.18 does not: at 2 ranks rank 1's own block of the gathered buffer keeps
+    the previous start's data (with a separate send buffer and with MPI_IN_PLACE alike), where
+    MPI_Iallgather is right; there the check's round takes MPI_Iallgather."""
+    return not version.startswith("Intel")
+
+
 def wrapping_wire(dtype: str, op: ReduceOp, saturates: bool) -> str | None:
     """The dtype to reduce ``dtype`` under ``op`` in, where the library would saturate it;
     ``None`` where the dtype itself reduces correctly."""

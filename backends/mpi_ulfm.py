@@ -53,9 +53,11 @@ class ULFMTransport(MPITransport):
         super().__init__(comm, local_rank)
         if self._word_request is not None:
             # Open MPI's persistent collectives report a dead peer as MPI_ERR_OTHER, not as
-            # MPI_ERR_PROC_FAILED: the check word takes MPI_Iallreduce here.
+            # MPI_ERR_PROC_FAILED: the check's round takes MPI_Iallgather here, the fast paths
+            # no persistent requests.
             self._word_request.Free()
             self._word_request = None
+        self._persistent = False
         self.generation = generation
         self._failure: RankFailure | None = None
         self._survivors: Any = None  # the shrunk MPI communicator, once a failure was seen
