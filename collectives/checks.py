@@ -109,19 +109,19 @@ class ArgumentChecks:
                    root: Any) -> None:
         """``out=`` must be an array of x's kind, dtype and device, contiguous and writable,
         of the result's shape (``ValueError``/``TypeError`` naming expected and got)."""
-        if type(out) is type(x) and call.out_shape is not None:
+        if type(out) is type(x):
             # An out= that passes, in a few reads (any fault: the checks below name it; a
             # contiguous array has no zero stride on a dimension longer than 1).
             if adapter is _NUMPY:
                 flags = out.flags
                 if out.dtype == x.dtype and flags.c_contiguous and flags.writeable and \
-                        out.shape == call.out_shape(self, x.shape, extra):
+                        self._out_shape_fits(call, out.shape, x.shape, extra):
                     return
             elif adapter is _TORCH:
                 try:  # (x's layout is strided; a nested tensor's shape raises: the checks below)
                     if out.dtype == x.dtype and out.device == x.device and out.layout == x.layout and \
                             not out.requires_grad and not out.is_neg() and out.is_contiguous() and \
-                            out.shape == call.out_shape(self, tuple(x.shape), extra):
+                            self._out_shape_fits(call, tuple(out.shape), tuple(x.shape), extra):
                         return
                 except RuntimeError:
                     pass
@@ -151,6 +151,13 @@ class ArgumentChecks:
                              f"{tuple(x.shape)} needs out.shape=(total rows, *x.shape[1:])")
         if not adapter.is_contiguous(out):
             raise ValueError("out must be contiguous (C order)")
+
+    def _out_shape_fits(self, call: Call, shape: tuple[int, ...], x_shape: tuple[int, ...], extra: Any) -> bool:
+        """Whether an out= of ``shape`` has the result's shape (the uneven rows: its trailing
+        shape; its rows are checked once the counts have travelled)."""
+        if call.out_shape is not None:
+            return bool(shape == call.out_shape(self, x_shape, extra))
+        return call.name in _OUT_SHAPE_AFTER_COUNTS and len(shape) == len(x_shape) and shape[1:] == x_shape[1:]
 
     def check_rank(self, rank: Any, name: str) -> None:
         """``rank`` (the argument ``name``) is a rank of this communicator."""

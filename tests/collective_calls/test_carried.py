@@ -26,8 +26,10 @@ REDUCTIONS = {"int32": ("sum", "prod", "min", "max", "band", "bor", "bxor"), "in
 
 
 def everyone_carried(comm):
-    """Whether the last round had every rank's x in it (bit 63 of every rank's word)."""
-    return bool((comm._transport._words < 0).all())
+    """Whether the last round had every rank's x in it (bit 63 of every rank's word; a round of
+    one word carries nothing)."""
+    words = comm._transport._words
+    return words is not None and bool((words < 0).all())
 
 
 def values(rank, n, dtype, salt=0):
@@ -238,3 +240,40 @@ def test_a_carried_sum_is_the_same_bits_on_every_rank_in_rank_order_and_overflow
     for bits, expected, big, carried in results:
         assert bits == expected
         assert big == [float("inf")] * 2 and carried
+
+
+def one_word_job(comm):
+    """On a communicator made while COUNTS_RANKS is 1 (as past 4 ranks: the check's round is the
+    MPI_Allreduce (BAND) of one word, nothing carried): results of small and staged-size calls,
+    rank 0 asynchronous or strided as in deciding_job, and a mismatch."""
+    from collectives.backends import mpi_channel
+
+    from collectives.errors import CollectiveMismatch
+
+    kept = mpi_channel.COUNTS_RANKS
+    mpi_channel.COUNTS_RANKS = 1
+    try:
+        sub = comm.split(0)
+    finally:
+        mpi_channel.COUNTS_RANKS = kept
+    try:
+        one_word = sub._transport._words is None and sub._transport._carry_bytes == 0
+        found = deciding_job(sub, 4) + deciding_job(sub, 2 * CARRY_BYTES // 8)
+        try:
+            sub.all_reduce(np.ones(2 + sub.rank, dtype=np.float32))
+            mismatch = False
+        except CollectiveMismatch:
+            mismatch = True
+    finally:
+        sub.close()
+    return one_word, found, mismatch
+
+
+@MPI_2
+def test_past_counts_ranks_the_one_word_check_keeps_mixed_routes_right(world):
+    total = float(sum(range(1, world.size + 1)))
+    for one_word, found, mismatch in world.run(one_word_job, timeout=120):
+        assert one_word and mismatch
+        for name, got, _ in found:
+            if name != "uneven":
+                assert got[:4] == [total] * 4 and len(set(got)) == 1, (name, got[:4])
