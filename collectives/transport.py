@@ -285,8 +285,9 @@ class Transport(abc.ABC):
         self._barrier()
 
     def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
-        """The bitwise AND (BAND) over every rank of one non-negative int64 ``word`` each: the
-        default check's one small collective (:func:`collectives.wire.check_word`). Backends
+        """The bitwise AND (BAND) over every rank of one int64 ``word`` each: the default check's
+        one small collective (:func:`collectives.wire.check_word`; non-negative, but for
+        ``wire.FAST_BIT`` where the transport has ``_marks_fast_path``). Backends
         override it with the cheapest call their transport has for it. ``waiting()`` (the
         monitored barrier's word to rank 0) runs once, when the peers' words have not all come
         at once; a transport that cannot tell runs it first."""
