@@ -3,11 +3,13 @@ data would take two.
 
 With the default check on, every collective starts with the check's round, on up to
 COUNTS_RANKS ranks an MPI_Allgather of one fixed block per rank (see ``MPIChannel._round``): the
-check word, the uneven collectives' counts and CARRY_BYTES of payload. A call of even shapes
-whose host ``x`` fits there puts its bytes in its block and sets bit 63 of its word
-(:data:`CARRIED`); once the round is back, every rank holds every rank's ``x``, and each call
-makes its result from them locally (a reduction in rank order, so every rank computes the same
-bits; the rows of a gather; a block of an all_to_all). The data collective is not made.
+check word, the uneven collectives' counts and CARRY_BYTES of payload. A call whose host ``x``
+fits there puts its bytes in its block and sets bit 63 of its word (:data:`CARRIED`): the
+collectives of even shapes through :func:`carried_path`, the uneven ones with their counts
+(``MPIChannel._agree_counts``, then :func:`carried_all_gather_v` and :func:`carried_all_to_all_v`).
+Once the round is back every rank holds every rank's ``x``, and each call makes its result from
+them locally (a reduction in rank order, so every rank computes the same bits; the rows of a
+gather; a block of an all_to_all). The data collective is not made.
 
 Every rank decides from what it sees alone (an asynchronous call, a non-contiguous or device
 ``x`` and a debug-mode call do not carry), and the round tells it what the others did: the
