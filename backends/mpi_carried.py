@@ -47,6 +47,8 @@ WORD_BITS = (1 << 63) - 1
 
 #: The bytes of x a call carries in the check's round at most.
 CARRY_BYTES = 1024
+#: Shapes per carried path whose views into the round's blocks are kept at most.
+CARRIED_SHAPES = 1024
 
 Carry = Callable[[Any, Any, Any, Any, int], "tuple[int, Any]"]
 
@@ -74,21 +76,25 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
     if channel._words is None:
         return None
     new = new_result(tensors)
-    size, rank, start = channel.size, channel.rank, (2 + channel.size) * 8  # (the payload's byte offset)
+    size, rank, start = channel.size, channel.rank, channel._payload_offset
     blocks, block = channel._blocks, channel._block
     stride = block.nbytes
-    spec: Any = None
+    mpi_type: Any = None
+    local: Any = None
     if call.reduces:  # (MPI_Reduce_local: MPI's own arithmetic, where MPI reduces the pair as it is)
         spec = channel._native[dtype].get(op) if op is not None else None
         if spec is None:
             return None
-    mpi_type, local = (spec[0], spec[1].Reduce_local) if spec is not None else (None, _no_reduction)
+        mpi_type, local = spec[0], spec[1].Reduce_local
     avg = op is ReduceOp.AVG
     shapes: dict[Any, tuple[Any, list[Any], Any]] = {}
 
     def views(x: Any) -> tuple[Any, list[Any], Any]:
-        """x's place in this rank's block; every rank's x, as a list and as one array (views)."""
+        """x's place in this rank's block; every rank's x, as a list and as one array (views).
+        Kept per shape, up to CARRIED_SHAPES (then forgotten and made again)."""
         shape, kind = x.shape, x.dtype
+        if len(shapes) >= CARRIED_SHAPES:
+            shapes.clear()
         into = np.ndarray(shape, kind, buffer=block, offset=start)
         rows = np.ndarray((size, *shape), kind, buffer=blocks, offset=start, strides=(stride, *into.strides))
         found = shapes[shape] = (into, [rows[r, ...] for r in range(size)], rows)  # (views, also of 0-d x)
@@ -178,10 +184,6 @@ def _maker(call: Any, size: int, rank: int, new: Any, mpi_type: Any, local: Any,
             return result
         return all_to_all
     return None
-
-
-def _no_reduction(*_: Any) -> None:
-    raise AssertionError("a carried call that reduces has its MPI op")
 
 
 # -- the uneven rows: x travelled with the counts (see MPIChannel._agree_counts) ----------------

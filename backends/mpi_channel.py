@@ -131,15 +131,18 @@ class MPIChannel(Transport):
             self._words: Any = self._blocks[:, 0]  # (a view: every rank's word)
             self._word_args: tuple[Any, ...] = ([self._block, MPI.INT64_T], [self._blocks, MPI.INT64_T])
             self._start_round, make_round = self._comm.Iallgather, self._comm.Allgather_init
+            self._carry_bytes = CARRY_BYTES
+            # Where a block's payload starts (after the word and the row), in bytes; every rank's
+            # payload and this rank's, as bytes.
+            self._payload_offset = (2 + ranks) * 8
+            self._payloads: Any = self._blocks.view(np.uint8)[:, self._payload_offset:]
+            self._payload: Any = self._block.view(np.uint8)[self._payload_offset:]
         else:
             self._block = np.full(1, -1, dtype=np.int64)
-            self._words = None
+            self._words = self._payloads = self._payload = None
             self._word_args = (MPI.IN_PLACE, [self._block, MPI.INT64_T], MPI.BAND)
             self._start_round, make_round = self._comm.Iallreduce, self._comm.Allreduce_init
-        self._carry_bytes = CARRY_BYTES if self._counts_with_check else 0
-        # Every rank's payload (the bytes after the word and the row), and this rank's.
-        self._payloads = self._blocks.view(np.uint8)[:, (2 + ranks) * 8:] if self._counts_with_check else None
-        self._payload = self._block.view(np.uint8)[(2 + ranks) * 8:]
+            self._carry_bytes = 0
         #: Whether the fast paths may keep persistent requests (see _staged): the library has
         #: MPI-4's persistent collectives (ULFMTransport turns them off).
         self._persistent = True

@@ -507,15 +507,15 @@ class Communicator:
         else:
             record = None
         try:
-            result = NOT_TAKEN
+            result, on_fast_path = NOT_TAKEN, view is not None and not async_op
             if self._checking and call.collective:
-                if carry is not None and view is not None and not async_op and view.nbytes <= self._carry_bytes:
+                if on_fast_path and carry is not None and view.nbytes <= self._carry_bytes:
                     result = self._carry_call(carry, call, reduce_op, root, dtype, view, out, extra)
                 else:
-                    self._check_call(call, reduce_op, root, dtype, x.shape, None, view is not None and not async_op)
+                    self._check_call(call, reduce_op, root, dtype, x.shape, None, on_fast_path)
             if result is not NOT_TAKEN:
                 pass  # x travelled in the check's round (see Transport._carried_path)
-            elif view is not None and not async_op and (result := fast(view, root, out, extra)) is not NOT_TAKEN:
+            elif on_fast_path and (result := fast(view, root, out, extra)) is not NOT_TAKEN:
                 pass  # the backend's fast path ran it (see Transport._fast_path)
             elif self.debug and not call.collective:
                 result = self._p2p.run(call, x, adapter, dtype, root, async_op, extra)
