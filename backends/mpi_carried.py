@@ -28,17 +28,21 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from collectives import calls
+from collectives import calls, config
 from collectives.calls import NOT_TAKEN
 from collectives.ops import ReduceOp
 from collectives.wire import FAST_BIT
 from collectives.work import Work
 
 from ._buffers import row_bytes
+from .mpi_requests import FAST_POLLS
+
+if TYPE_CHECKING:
+    from ._carried import Carrier
 
 #: Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block.
 CARRIED = FAST_BIT
@@ -115,7 +119,23 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
         if reduced >= 0 or reduced & WORD_BITS != word:  # a rank did not carry, or another call
             return reduced & WORD_BITS, NOT_TAKEN
         return word, make(view, root, out, each, rows)
-    return carry
+    compiled = _compiled()
+    if compiled is None:
+        return carry
+    return compiled(call.name, channel, block, blocks, start, FAST_POLLS, carry, NOT_TAKEN, new, local,
+                    mpi_type, avg, dtype, "" if op is None else op.value)
+
+
+def _compiled() -> type[Carrier] | None:
+    """The compiled carry (backends/_carried.c), or None where it was not built or
+    ``COLLECTIVES_COMPILED=0`` turns it off."""
+    if not config.compiled():
+        return None
+    try:
+        from ._carried import Carrier  # noqa: PLC0415
+    except ImportError:
+        return None
+    return Carrier
 
 
 Make = Callable[[Any, Any, Any, "list[Any]", Any], Any]

@@ -42,6 +42,9 @@ ELASTIC_STORE = "COLLECTIVES_ELASTIC_STORE"
 #: Set by ``collectives-elastic`` in its ranks' environment: this process's member id (0 .. n-1
 #: for the first ranks; n, n+1, ... for replacements, which wait to join).
 ELASTIC_ID = "COLLECTIVES_ELASTIC_ID"
+#: 0 runs the pure-Python form of what has a compiled one (the MPI backend's carried small
+#: calls, backends/_carried.c): the reference the compiled form is tested against.
+COMPILED = "COLLECTIVES_COMPILED"
 
 #: Seconds, like torch.distributed's own default.
 DEFAULT_TIMEOUT = 1800.0
@@ -99,6 +102,11 @@ def check_level() -> int:
     (0, unset, 1)."""
     flag = env_flag(DEBUG)
     return CHECKS_DEFAULT if flag is None else CHECKS_FULL if flag else CHECKS_OFF
+
+
+def compiled() -> bool:
+    """Whether the compiled forms run where they were built (``COLLECTIVES_COMPILED``, default 1)."""
+    return env_flag(COMPILED) is not False
 
 
 def env_flag(name: str) -> bool | None:

@@ -2,6 +2,8 @@
 and up to COUNTS_RANKS ranks, a call whose host x is at most CARRY_BYTES travels in the round's
 MPI_Allgather and makes its result from every rank's x, without its data collective.
 
+The call runs in two forms, each test in both: the compiled carry (backends/_carried.c, where it
+was built; the test set-up builds it) and the Python one (COLLECTIVES_COMPILED=0), its reference.
 Every result against numpy (float64 sums, or the same float32 sums in rank order, bit for bit);
 that the call did travel is read from the round's gathered words (bit 63 set on every rank's
 word: every rank carried); ranks that decide differently (one asynchronous, one
@@ -12,17 +14,49 @@ MPI's inf, with no numpy warning.
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
 import pytest
 from collectives.backends.mpi_carried import CARRY_BYTES
 
+from collectives.config import COMPILED
+
 WORLDS = pytest.mark.parametrize("world", [("mpi", 2), ("mpi", 3)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
 MPI_2 = pytest.mark.parametrize("world", [("mpi", 2)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
+FORMS = pytest.mark.parametrize("form", ["compiled", "python"])
 REDUCTIONS = {"int32": ("sum", "prod", "min", "max", "band", "bor", "bxor"), "int64": ("sum", "max"),
               "float32": ("sum", "prod", "avg"), "float64": ("sum", "avg"), "float16": ("sum",),
               "bool": ("min", "max", "bxor")}
+
+
+def in_form(comm, form, job, *args):
+    """``job`` (a name of this module) on a split of ``comm`` whose carried calls run in ``form``
+    (COLLECTIVES_COMPILED is read when a kind of call is first planned): its result, and the
+    names of the carried paths' types it planned (Carrier: the compiled one)."""
+    kept = os.environ.get(COMPILED)
+    os.environ[COMPILED] = "1" if form == "compiled" else "0"
+    sub = comm.split(0)
+    try:
+        sub.all_reduce(np.zeros(1))  # (a new communicator's first call is checked in full, not carried)
+        found = globals()[job](sub, *args)
+        return found, {type(plan[2]).__name__ for plan in sub._plans.values() if plan[2] is not None}
+    finally:
+        sub.close()
+        if kept is None:
+            del os.environ[COMPILED]
+        else:
+            os.environ[COMPILED] = kept
+
+
+def formed(world, form, job, per_rank=None):
+    """``job`` run by :func:`in_form` on every rank: the ranks' results; asserts the form ran."""
+    per_rank = per_rank or [()] * world.size
+    results = world.run(in_form, [(form, job, *args) for args in per_rank], timeout=120)
+    for _, paths in results:
+        assert paths == ({"Carrier"} if form == "compiled" else {"function"}), paths
+    return [found for found, _ in results]
 
 
 def everyone_carried(comm):
@@ -86,11 +120,75 @@ def reductions_job(comm, kind):
 
 
 @WORLDS
+@FORMS
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
-def test_small_reductions_travel_in_the_check_round_and_equal_numpy(world, kind):
-    for wrong, carried in world.run(reductions_job, [(kind,)] * world.size, timeout=120):
+def test_small_reductions_travel_in_the_check_round_and_equal_numpy(world, form, kind):
+    for wrong, carried in formed(world, form, "reductions_job", [(kind,)] * world.size):
         assert wrong == [], wrong[:3]
         assert all(carried), carried
+
+
+def arithmetic_job(comm):
+    """all_reduce and reduce_scatter of every (dtype, op) the carried path reduces, on values
+    over each dtype's whole range (integer sums and products wrap), in both forms: the
+    compiled form's bytes, the Python form's, and numpy's in rank order (rank 0's x first)."""
+    from collectives.ops import ALLOWED_OPS
+
+    native = comm._transport._native
+    pairs = [(dtype, op.value) for dtype, ops in ALLOWED_OPS.items() if dtype in native
+             for op in sorted(ops, key=str) if op in native[dtype]]
+    numpy_ops = {"sum": np.add, "prod": np.multiply, "min": np.minimum, "max": np.maximum, "avg": np.add,
+                 "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}
+    bool_ops = {"min": np.logical_and, "max": np.logical_or, "band": np.logical_and, "bor": np.logical_or,
+                "bxor": np.logical_xor}
+
+    def rows_of(dtype, seed):
+        rng = np.random.default_rng(seed)
+        shape = (comm.size, 4 * comm.size)
+        if dtype == "bool":
+            return rng.integers(0, 2, shape).astype(bool)
+        if "float" in dtype:
+            return (rng.standard_normal(shape) * 100).astype(dtype)
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+
+    found = {}
+    for form in ("compiled", "python"):
+        os.environ[COMPILED] = "1" if form == "compiled" else "0"
+        sub = comm.split(0)
+        try:
+            for seed, (dtype, op) in enumerate(pairs):
+                rows = rows_of(dtype, seed)
+                x = rows[comm.rank].copy()
+                sub.all_reduce(x, op)
+                block = sub.reduce_scatter(rows[comm.rank].copy(), op)
+                found[form, dtype, op] = (x.tobytes(), block.tobytes(), everyone_carried(sub))
+        finally:
+            sub.close()
+            del os.environ[COMPILED]
+    wrong = []
+    for seed, (dtype, op) in enumerate(pairs):
+        rows = rows_of(dtype, seed)
+        fn = bool_ops[op] if dtype == "bool" else numpy_ops[op]
+        with np.errstate(all="ignore"):
+            want = rows[0].copy()
+            for row in rows[1:]:
+                want = fn(row, want)
+            if op == "avg":
+                want = want / comm.size
+        n = want.size // comm.size
+        want_block = want[comm.rank * n:(comm.rank + 1) * n]
+        for form in ("compiled", "python"):
+            got, block, carried = found[form, dtype, op]
+            if got != want.tobytes() or block != want_block.tobytes() or not carried:
+                wrong.append((form, dtype, op, carried))
+    return wrong, len(pairs)
+
+
+@WORLDS
+def test_both_forms_reduce_every_pair_to_numpys_bits_in_rank_order(world):
+    for wrong, pairs in world.run(arithmetic_job, timeout=120):
+        assert pairs >= 40 and wrong == [], wrong[:5]
 
 
 def moves_job(comm, kind):
@@ -149,9 +247,10 @@ def moves_job(comm, kind):
 
 
 @WORLDS
+@FORMS
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
-def test_small_moves_travel_in_the_check_round_and_equal_numpy(world, kind):
-    for wrong, carried in world.run(moves_job, [(kind,)] * world.size, timeout=120):
+def test_small_moves_travel_in_the_check_round_and_equal_numpy(world, form, kind):
+    for wrong, carried in formed(world, form, "moves_job", [(kind,)] * world.size):
         assert wrong == []
         assert [name for name, was in carried if not was] == []
 
@@ -181,11 +280,12 @@ def deciding_job(comm, n):
 
 
 @WORLDS
+@FORMS
 @pytest.mark.parametrize("n", [4, 2 * CARRY_BYTES // 8], ids=["carried", "staged"])
-def test_ranks_that_decide_differently_run_the_call_as_usual(world, n):
+def test_ranks_that_decide_differently_run_the_call_as_usual(world, form, n):
     """(``staged``: past CARRY_BYTES, where the fast path's staged persistent requests serve a
     small call only if every rank's word said it runs the fast path.)"""
-    results = world.run(deciding_job, [(n,)] * world.size, timeout=120)
+    results = formed(world, form, "deciding_job", [(n,)] * world.size)
     total = float(sum(range(1, world.size + 1)))
     for rank, found in enumerate(results):
         *calls, (_, (counts, right), carried_u) = found
@@ -210,9 +310,10 @@ def mismatch_job(comm, case):
 
 
 @MPI_2
+@FORMS
 @pytest.mark.parametrize("case", ["small", "large"])
-def test_a_mismatch_between_carried_calls_raises_on_every_rank_with_x_untouched(world, case):
-    for error, untouched, names_shape in world.run(mismatch_job, [(case,)] * world.size, timeout=120):
+def test_a_mismatch_between_carried_calls_raises_on_every_rank_with_x_untouched(world, form, case):
+    for error, untouched, names_shape in formed(world, form, "mismatch_job", [(case,)] * world.size):
         assert error == "CollectiveMismatch" and untouched and names_shape
 
 
@@ -234,8 +335,9 @@ def rank_order_job(comm):
 
 
 @pytest.mark.parametrize("world", [("mpi", 3)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
-def test_a_carried_sum_is_the_same_bits_on_every_rank_in_rank_order_and_overflows_to_inf_quietly(world):
-    results = world.run(rank_order_job, timeout=120)
+@FORMS
+def test_a_carried_sum_is_the_same_bits_on_every_rank_in_rank_order_and_overflows_to_inf_quietly(world, form):
+    results = formed(world, form, "rank_order_job")
     assert len({bits for bits, _, _, _ in results}) == 1
     for bits, expected, big, carried in results:
         assert bits == expected

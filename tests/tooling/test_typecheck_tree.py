@@ -29,7 +29,7 @@ def test_the_tree_holds_every_installed_module_at_its_installed_name(tmp_path: P
         assert spec is not None and spec.submodule_search_locations is not None
         folder = Path(next(iter(spec.submodule_search_locations)))
         for file in folder.iterdir():
-            if file.suffix == ".py" or file.name == "py.typed":
+            if file.suffix in (".py", ".pyi") or file.name == "py.typed":
                 installed[f"{package.replace('.', '/')}/{file.name}"] = file.resolve()
     assert linked == installed
     assert linked["collectives/backends/mpi.py"] == ROOT / "backends" / "mpi.py"

@@ -1,0 +1,533 @@
+/* The carried call of backends/mpi_carried.py, compiled: one crossing of the Python/C boundary
+ * where the pure-Python carry runs a dozen numpy and mpi4py calls.
+ *
+ * A Carrier is made by mpi_carried.carried_path beside its Python `carry` (the reference, and
+ * this object's fallback) and called the same way: carrier(view, root, out, extra, word) ->
+ * (AND of the ranks' words, result or NOT_TAKEN). It copies x's bytes into this rank's block,
+ * starts the round's persistent MPI request and tests it (mpi4py's own Start and Test: no MPI
+ * symbol is linked here, so one build serves every MPI library mpi4py loads), ANDs the ranks'
+ * words and makes the result from the gathered blocks (memcpy; reductions through mpi4py's
+ * MPI_Reduce_local, MPI's own arithmetic, in the Python path's order). Whatever is not the
+ * common case (no persistent request, a view that is not a plain contiguous buffer) goes to
+ * the Python carry before anything is written; a round that the fast polls did not see
+ * complete is waited for by the channel's own Python wait.
+ *
+ * Optional: where it cannot be built, the Python carry runs (COLLECTIVES_COMPILED=0 too).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { ALL_REDUCE, REDUCE, REDUCE_SCATTER, BROADCAST, ALL_GATHER, GATHER, SCATTER, ALL_TO_ALL, KINDS };
+static const char *const KIND_NAMES[KINDS] = {
+    "all_reduce", "reduce", "reduce_scatter", "broadcast", "all_gather", "gather", "scatter", "all_to_all"};
+
+#define CARRIED_BIT ((int64_t)1 << 63)
+#define WORD_BITS (~CARRIED_BIT)
+
+/* inout[i] = in[i] op inout[i], MPI_Reduce_local's order, for n items. */
+typedef void (*reduce_fn)(void *inout, const void *in, Py_ssize_t n);
+
+/* The integer ops wrap (computed unsigned, as MPI and numpy do); the float ones are the IEEE
+ * operations MPI's SUM and PROD make (commutative: the order of the operands is MPI's anyway).
+ * Float MIN/MAX never come here (they order NaN through keys), nor bool and float16 (mpi4py's
+ * Reduce_local does those). */
+#define ARITH(name, T, U, expr)                                                          \
+    static void name(void *inout_, const void *in_, Py_ssize_t n)                       \
+    {                                                                                    \
+        T *inout = (T *)inout_;                                                          \
+        const T *in = (const T *)in_;                                                    \
+        for (Py_ssize_t i = 0; i < n; i++) {                                             \
+            T a = in[i], b = inout[i];                                                   \
+            (void)sizeof(U);                                                             \
+            inout[i] = (expr);                                                           \
+        }                                                                                \
+    }
+#define INTEGER_OPS(T, U, tag)                                                          \
+    ARITH(sum_##tag, T, U, (T)((U)a + (U)b))                                             \
+    ARITH(prod_##tag, T, U, (T)((U)a * (U)b))                                            \
+    ARITH(min_##tag, T, U, a < b ? a : b)                                                \
+    ARITH(max_##tag, T, U, a > b ? a : b)                                                \
+    ARITH(band_##tag, T, U, (T)(a & b))                                                  \
+    ARITH(bor_##tag, T, U, (T)(a | b))                                                   \
+    ARITH(bxor_##tag, T, U, (T)(a ^ b))
+INTEGER_OPS(int8_t, uint8_t, int8)
+INTEGER_OPS(uint8_t, unsigned int, uint8)
+INTEGER_OPS(int16_t, uint16_t, int16)
+INTEGER_OPS(int32_t, uint32_t, int32)
+INTEGER_OPS(int64_t, uint64_t, int64)
+ARITH(sum_float32, float, float, a + b)
+ARITH(prod_float32, float, float, a * b)
+ARITH(sum_float64, double, double, a + b)
+ARITH(prod_float64, double, double, a * b)
+
+static const struct {
+    const char *dtype, *op;
+    reduce_fn fn;
+    Py_ssize_t item;
+} ARITHMETIC[] = {
+#define INTEGER_ROWS(tag, bytes)                                                        \
+    {#tag, "sum", sum_##tag, bytes}, {#tag, "prod", prod_##tag, bytes}, {#tag, "min", min_##tag, bytes}, \
+    {#tag, "max", max_##tag, bytes}, {#tag, "band", band_##tag, bytes}, {#tag, "bor", bor_##tag, bytes}, \
+    {#tag, "bxor", bxor_##tag, bytes},
+    INTEGER_ROWS(int8, 1) INTEGER_ROWS(uint8, 1) INTEGER_ROWS(int16, 2) INTEGER_ROWS(int32, 4)
+    INTEGER_ROWS(int64, 8)
+    {"float32", "sum", sum_float32, 4}, {"float32", "prod", prod_float32, 4},
+    {"float32", "avg", sum_float32, 4},
+    {"float64", "sum", sum_float64, 8}, {"float64", "prod", prod_float64, 8},
+    {"float64", "avg", sum_float64, 8},
+    {NULL, NULL, NULL, 0},
+};
+
+typedef struct {
+    PyObject_HEAD
+    int kind, size, rank, polls, avg;
+    Py_ssize_t stride, offset, room;   /* a block's bytes; where its payload starts; its payload's bytes */
+    Py_buffer block, blocks;           /* this rank's block (written), every rank's (read) */
+    PyObject *channel;                 /* the MPIChannel: its _word_request, _wait_saying, _everyone_fast */
+    PyObject *fallback;                /* the Python carry: the reference, for what is not handled here */
+    PyObject *not_taken;               /* collectives.calls.NOT_TAKEN */
+    PyObject *new_result;              /* new(view, shape, out) -> (result, its numpy view), or None */
+    PyObject *local, *mpi_type;        /* MPI.Op.Reduce_local of the op and the MPI datatype, or None */
+    reduce_fn arithmetic;              /* the op on the dtype in C, where it is plain C arithmetic, else NULL */
+    Py_ssize_t item;                   /* the dtype's bytes, with arithmetic */
+} Carrier;
+
+static PyObject *s_word_request, *s_Start, *s_Test, *s_wait_saying, *s_everyone_fast;
+
+static void
+Carrier_dealloc(Carrier *self)
+{
+    if (self->block.obj) PyBuffer_Release(&self->block);
+    if (self->blocks.obj) PyBuffer_Release(&self->blocks);
+    Py_XDECREF(self->channel);
+    Py_XDECREF(self->fallback);
+    Py_XDECREF(self->not_taken);
+    Py_XDECREF(self->new_result);
+    Py_XDECREF(self->local);
+    Py_XDECREF(self->mpi_type);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+Carrier_init(Carrier *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"kind", "channel", "block", "blocks", "offset", "polls", "fallback",
+                            "not_taken", "new_result", "local", "mpi_type", "avg", "dtype", "op", NULL};
+    const char *kind, *dtype = "", *op = "";
+    PyObject *channel, *block, *blocks, *fallback, *not_taken, *new_result, *local, *mpi_type;
+    Py_ssize_t offset;
+    int polls, avg;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOOOniOOOOOp|ss", names, &kind, &channel, &block,
+                                     &blocks, &offset, &polls, &fallback, &not_taken, &new_result,
+                                     &local, &mpi_type, &avg, &dtype, &op))
+        return -1;
+    self->arithmetic = NULL;
+    for (int i = 0; ARITHMETIC[i].dtype != NULL; i++)
+        if (strcmp(dtype, ARITHMETIC[i].dtype) == 0 && strcmp(op, ARITHMETIC[i].op) == 0) {
+            self->arithmetic = ARITHMETIC[i].fn;
+            self->item = ARITHMETIC[i].item;
+        }
+    self->kind = -1;
+    for (int k = 0; k < KINDS; k++)
+        if (strcmp(kind, KIND_NAMES[k]) == 0) self->kind = k;
+    if (self->kind < 0) {
+        PyErr_Format(PyExc_ValueError, "kind must be one of all_reduce, reduce, reduce_scatter, "
+                     "broadcast, all_gather, gather, scatter, all_to_all; got %s", kind);
+        return -1;
+    }
+    if (PyObject_GetBuffer(block, &self->block, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (PyObject_GetBuffer(blocks, &self->blocks, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    PyObject *v = PyObject_GetAttrString(channel, "size");
+    self->size = v ? (int)PyLong_AsLong(v) : -1;
+    Py_XDECREF(v);
+    v = PyObject_GetAttrString(channel, "rank");
+    self->rank = v ? (int)PyLong_AsLong(v) : -1;
+    Py_XDECREF(v);
+    if (PyErr_Occurred()) return -1;
+    if (self->size < 1 || self->blocks.len != self->block.len * self->size || offset < 8 ||
+        offset > self->block.len || polls < 1) {
+        PyErr_SetString(PyExc_ValueError, "blocks must hold size blocks, the payload inside one");
+        return -1;
+    }
+    self->stride = self->block.len;
+    self->offset = offset;
+    self->room = self->block.len - offset;
+    self->polls = polls;
+    self->avg = avg;
+#define KEEP(field, value) do { PyObject *old = self->field; Py_INCREF(value); self->field = value; Py_XDECREF(old); } while (0)
+    KEEP(channel, channel);
+    KEEP(fallback, fallback);
+    KEEP(not_taken, not_taken);
+    KEEP(new_result, new_result);
+    KEEP(local, local);
+    KEEP(mpi_type, mpi_type);
+#undef KEEP
+    return 0;
+}
+
+/* The round: this rank's word in its block, MPI_Start, the fast polls, else the channel's wait;
+ * the AND of every rank's word (and the channel's _everyone_fast). 0 with *reduced set, -1 on
+ * an error. */
+static int
+run_round(Carrier *self, PyObject *request, int64_t word, int64_t *reduced)
+{
+    ((int64_t *)self->block.buf)[0] = word;
+    PyObject *r = PyObject_CallMethodNoArgs(request, s_Start);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    PyObject *test = PyObject_GetAttr(request, s_Test);
+    if (test == NULL) return -1;
+    int done = 0;
+    for (int i = 0; i < self->polls && !done; i++) {
+        r = PyObject_CallNoArgs(test);
+        if (r == NULL) { Py_DECREF(test); return -1; }
+        done = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (done < 0) { Py_DECREF(test); return -1; }
+    }
+    Py_DECREF(test);
+    if (!done) {
+        r = PyObject_CallMethodObjArgs(self->channel, s_wait_saying, request, Py_None, NULL);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    int64_t and = -1;
+    const char *blocks = (const char *)self->blocks.buf;
+    for (int k = 0; k < self->size; k++) {
+        int64_t each;
+        memcpy(&each, blocks + (Py_ssize_t)k * self->stride, sizeof each);
+        and &= each;
+    }
+    *reduced = and;
+    return PyObject_SetAttr(self->channel, s_everyone_fast, and < 0 ? Py_True : Py_False);
+}
+
+static const char *
+payload_of(Carrier *self, int k)
+{
+    return (const char *)self->blocks.buf + (Py_ssize_t)k * self->stride + self->offset;
+}
+
+/* reduce_local([rank k's payload of n bytes, T], [target, T]) */
+static int
+reduce_into(Carrier *self, int k, Py_ssize_t skip, Py_ssize_t n, PyObject *target, char *to)
+{
+    if (self->arithmetic != NULL) {
+        self->arithmetic(to, payload_of(self, k) + skip, n / self->item);
+        return 0;
+    }
+    PyObject *source = PyMemoryView_FromMemory((char *)payload_of(self, k) + skip, n, PyBUF_READ);
+    if (source == NULL) return -1;
+    PyObject *in = PyList_New(2), *inout = PyList_New(2);
+    if (in == NULL || inout == NULL) {
+        Py_DECREF(source); Py_XDECREF(in); Py_XDECREF(inout);
+        return -1;
+    }
+    PyList_SET_ITEM(in, 0, source);
+    Py_INCREF(self->mpi_type);
+    PyList_SET_ITEM(in, 1, self->mpi_type);
+    Py_INCREF(target);
+    PyList_SET_ITEM(inout, 0, target);
+    Py_INCREF(self->mpi_type);
+    PyList_SET_ITEM(inout, 1, self->mpi_type);
+    PyObject *r = PyObject_CallFunctionObjArgs(self->local, in, inout, NULL);
+    Py_DECREF(in);
+    Py_DECREF(inout);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The reduction of every rank's bytes [skip, skip + n) of its payload into target (of buffer
+ * `to`), rank 0's first; at 2 ranks (first < 0) the peer's reduced into target, which holds
+ * this rank's own already. Then AVG's division. */
+static int
+reduction(Carrier *self, PyObject *target, char *to, Py_ssize_t skip, Py_ssize_t n, int own)
+{
+    if (self->size == 2 && own) {
+        if (reduce_into(self, 1 - self->rank, skip, n, target, to) < 0) return -1;
+    } else {
+        memcpy(to, payload_of(self, 0) + skip, n);
+        for (int k = 1; k < self->size; k++)
+            if (reduce_into(self, k, skip, n, target, to) < 0) return -1;
+    }
+    if (self->avg) {
+        PyObject *size = PyLong_FromLong(self->size);
+        if (size == NULL) return -1;
+        PyObject *r = PyNumber_InPlaceTrueDivide(target, size);
+        Py_DECREF(size);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* new_result(view, shape, out) -> (result, recv), recv's buffer (writable) in *got. */
+static PyObject *
+new_result(Carrier *self, PyObject *view, PyObject *shape, PyObject *out, PyObject **recv, Py_buffer *got)
+{
+    if (shape == NULL) return NULL;
+    PyObject *pair = PyObject_CallFunctionObjArgs(self->new_result, view, shape, out, NULL);
+    Py_DECREF(shape);
+    if (pair == NULL) return NULL;
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        Py_DECREF(pair);
+        PyErr_SetString(PyExc_TypeError, "new_result must return (result, its numpy view)");
+        return NULL;
+    }
+    PyObject *result = PyTuple_GET_ITEM(pair, 0);
+    *recv = PyTuple_GET_ITEM(pair, 1);
+    Py_INCREF(result);
+    Py_INCREF(*recv);
+    Py_DECREF(pair);
+    if (PyObject_GetBuffer(*recv, got, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        Py_DECREF(result);
+        Py_CLEAR(*recv);
+        return NULL;
+    }
+    return result;
+}
+
+/* view's shape with its first dimension replaced by `first` (drop: without it; lead: `lead` first). */
+static PyObject *
+shape_of(PyObject *view, Py_ssize_t first, int mode)
+{
+    PyObject *shape = PyObject_GetAttrString(view, "shape");
+    if (shape == NULL) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(shape);
+    PyObject *made = NULL;
+    if (mode == 0) {            /* (first, *shape[1:]) */
+        made = PyTuple_New(n);
+        if (made) {
+            PyTuple_SET_ITEM(made, 0, PyLong_FromSsize_t(first));
+            for (Py_ssize_t i = 1; i < n; i++) {
+                Py_INCREF(PyTuple_GET_ITEM(shape, i));
+                PyTuple_SET_ITEM(made, i, PyTuple_GET_ITEM(shape, i));
+            }
+        }
+    } else if (mode == 1) {     /* shape[1:] */
+        made = PyTuple_GetSlice(shape, 1, n);
+    } else {                    /* (first, *shape) */
+        made = PyTuple_New(n + 1);
+        if (made) {
+            PyTuple_SET_ITEM(made, 0, PyLong_FromSsize_t(first));
+            for (Py_ssize_t i = 0; i < n; i++) {
+                Py_INCREF(PyTuple_GET_ITEM(shape, i));
+                PyTuple_SET_ITEM(made, i + 1, PyTuple_GET_ITEM(shape, i));
+            }
+        }
+    }
+    Py_DECREF(shape);
+    if (made && PyTuple_GET_SIZE(made) > 0 && PyTuple_GET_ITEM(made, 0) == NULL) Py_CLEAR(made);
+    return made;
+}
+
+/* The result of the call from the gathered blocks (x's bytes in `x`, of n bytes). */
+static PyObject *
+make(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out)
+{
+    const Py_ssize_t n = x->len;
+    const int size = self->size, rank = self->rank;
+    PyObject *recv = NULL, *result = NULL;
+    Py_buffer got;
+    switch (self->kind) {
+    case BROADCAST:
+        if (root != rank) memcpy(x->buf, payload_of(self, root), n);
+        Py_INCREF(view);
+        return view;
+    case ALL_REDUCE:
+    case REDUCE:
+        if (self->kind == REDUCE && root != rank) {
+            Py_INCREF(view);
+            return view;
+        }
+        if (reduction(self, view, x->buf, 0, n, 1) < 0) return NULL;
+        Py_INCREF(view);
+        return view;
+    case REDUCE_SCATTER: {
+        if (x->ndim < 1) break;
+        Py_ssize_t rows = x->shape[0] / size, part = n / size;
+        result = new_result(self, view, shape_of(view, rows, 0), out, &recv, &got);
+        if (result == NULL) return NULL;
+        int failed = reduction(self, recv, got.buf, (Py_ssize_t)rank * part, part, 0);
+        PyBuffer_Release(&got);
+        Py_DECREF(recv);
+        if (failed < 0) Py_CLEAR(result);
+        return result;
+    }
+    case ALL_GATHER:
+    case GATHER:
+        if (self->kind == GATHER && root != rank) Py_RETURN_NONE;
+        result = new_result(self, view, shape_of(view, size, 2), out, &recv, &got);
+        if (result == NULL) return NULL;
+        for (int k = 0; k < size; k++) memcpy((char *)got.buf + (Py_ssize_t)k * n, payload_of(self, k), n);
+        break;
+    case SCATTER: {
+        if (x->ndim < 1) break;
+        Py_ssize_t part = n / size;
+        result = new_result(self, view, shape_of(view, 0, 1), out, &recv, &got);
+        if (result == NULL) return NULL;
+        memcpy(got.buf, payload_of(self, root) + (Py_ssize_t)rank * part, part);
+        break;
+    }
+    case ALL_TO_ALL: {
+        if (x->ndim < 1) break;
+        Py_ssize_t part = n / size;
+        result = new_result(self, view, shape_of(view, x->shape[0], 0), out, &recv, &got);
+        if (result == NULL) return NULL;
+        for (int k = 0; k < size; k++)
+            memcpy((char *)got.buf + (Py_ssize_t)k * part, payload_of(self, k) + (Py_ssize_t)rank * part, part);
+        break;
+    }
+    }
+    if (result == NULL) {
+        PyErr_SetString(PyExc_ValueError, "a carried call of this kind needs x with a first dimension");
+        return NULL;
+    }
+    PyBuffer_Release(&got);
+    Py_DECREF(recv);
+    return result;
+}
+
+static int
+writes_x(Carrier *self)
+{
+    return self->kind == ALL_REDUCE || self->kind == REDUCE || self->kind == BROADCAST;
+}
+
+static PyObject *
+Carrier_call(Carrier *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs != 5 || kwnames != NULL) {
+        PyErr_SetString(PyExc_TypeError, "carry(view, root, out, extra, word) takes 5 positional arguments");
+        return NULL;
+    }
+    PyObject *view = args[0], *root_arg = args[1], *out = args[2];
+    long long word = PyLong_AsLongLong(args[4]);
+    if (word == -1 && PyErr_Occurred()) return NULL;
+    int root = 0;
+    if (root_arg != Py_None) {
+        long value = PyLong_AsLong(root_arg);
+        if (value == -1 && PyErr_Occurred()) return NULL;
+        root = (int)value;
+    }
+    PyObject *request = PyObject_GetAttr(self->channel, s_word_request);
+    if (request == NULL) return NULL;
+    Py_buffer x;
+    int flags = PyBUF_C_CONTIGUOUS | (writes_x(self) ? PyBUF_WRITABLE : 0);
+    if (request == Py_None || PyObject_GetBuffer(view, &x, flags) < 0) {
+        PyErr_Clear();   /* not the common case: the Python carry, before anything is written */
+        Py_DECREF(request);
+        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    }
+    int rooted = self->kind == REDUCE || self->kind == BROADCAST || self->kind == GATHER || self->kind == SCATTER;
+    if (x.len > self->room || (rooted && (root < 0 || root >= self->size))) {
+        PyBuffer_Release(&x);
+        Py_DECREF(request);
+        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    }
+    if (!(self->kind == BROADCAST || self->kind == SCATTER) || root == self->rank)
+        memcpy((char *)self->block.buf + self->offset, x.buf, x.len);
+    int64_t reduced;
+    int failed = run_round(self, request, (int64_t)word | CARRIED_BIT, &reduced);
+    Py_DECREF(request);
+    PyObject *result = NULL, *got = NULL;
+    if (failed < 0) {
+        PyBuffer_Release(&x);
+        return NULL;
+    }
+    if (reduced >= 0 || (reduced & WORD_BITS) != word) {  /* a rank did not carry, or another call */
+        PyBuffer_Release(&x);
+        got = PyLong_FromLongLong(reduced & WORD_BITS);
+        Py_INCREF(self->not_taken);
+        result = self->not_taken;
+    } else {
+        result = make(self, view, &x, root, out);
+        PyBuffer_Release(&x);
+        if (result == NULL) return NULL;
+        got = PyLong_FromLongLong(word);
+    }
+    if (got == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    PyObject *pair = PyTuple_Pack(2, got, result);
+    Py_DECREF(got);
+    Py_DECREF(result);
+    return pair;
+}
+
+static PyObject *
+Carrier_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    return Carrier_call((Carrier *)self, args, nargsf, kwnames);
+}
+
+static PyObject *
+Carrier_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+static PyObject *
+Carrier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    Carrier *self = (Carrier *)type->tp_alloc(type, 0);
+    if (self != NULL) *(vectorcallfunc *)((char *)self + type->tp_vectorcall_offset) = Carrier_vectorcall;
+    return (PyObject *)self;
+}
+
+typedef struct {
+    Carrier base;
+    vectorcallfunc vectorcall;
+} CarrierWithCall;
+
+static PyMemberDef Carrier_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(CarrierWithCall, vectorcall), READONLY, NULL},
+    {NULL},
+};
+
+static PyTypeObject CarrierType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collectives.backends._carried.Carrier",
+    .tp_doc = PyDoc_STR("carry(view, root, out, extra, word) -> (AND of the ranks' words, result or NOT_TAKEN):\n"
+                        "backends/mpi_carried.py's carry, compiled"),
+    .tp_basicsize = sizeof(CarrierWithCall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(CarrierWithCall, vectorcall),
+    .tp_new = Carrier_new,
+    .tp_init = (initproc)Carrier_init,
+    .tp_dealloc = (destructor)Carrier_dealloc,
+    .tp_call = Carrier_tp_call,
+    .tp_members = Carrier_members,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "collectives.backends._carried",
+    PyDoc_STR("backends/mpi_carried.py's carried call, compiled (optional)"), -1, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__carried(void)
+{
+    if ((s_word_request = PyUnicode_InternFromString("_word_request")) == NULL ||
+        (s_Start = PyUnicode_InternFromString("Start")) == NULL ||
+        (s_Test = PyUnicode_InternFromString("Test")) == NULL ||
+        (s_wait_saying = PyUnicode_InternFromString("_wait_saying")) == NULL ||
+        (s_everyone_fast = PyUnicode_InternFromString("_everyone_fast")) == NULL)
+        return NULL;
+    if (PyType_Ready(&CarrierType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&CarrierType);
+    if (PyModule_AddObject(m, "Carrier", (PyObject *)&CarrierType) < 0) {
+        Py_DECREF(&CarrierType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
