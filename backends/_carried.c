@@ -4,28 +4,23 @@
  * A Carrier is made by mpi_carried.carried_path beside its Python `carry` (the reference, and
  * this object's fallback) and called the same way: carrier(view, root, out, extra, word) ->
  * (AND of the ranks' words, result or NOT_TAKEN). It copies x's bytes into this rank's block,
- * starts the round's persistent MPI request and tests it (mpi4py's own Start and Test: no MPI
- * symbol is linked here, so one build serves every MPI library mpi4py loads), ANDs the ranks'
- * words and makes the result from the gathered blocks (memcpy; reductions through mpi4py's
- * MPI_Reduce_local, MPI's own arithmetic, in the Python path's order). Whatever is not the
- * common case (no persistent request, a view that is not a plain contiguous buffer) goes to
- * the Python carry before anything is written; a round that the fast polls did not see
- * complete is waited for by the channel's own Python wait.
+ * makes the channel's round (backends/_carried_round.c: mpi4py's own Start and Test, no MPI
+ * symbol linked here, so one build serves every MPI library mpi4py loads) and makes the result
+ * from the gathered blocks (memcpy; reductions in C where they are plain C arithmetic, else
+ * through mpi4py's MPI_Reduce_local, in the Python path's order). A view that is not one
+ * contiguous buffer goes to the Python carry before anything is written.
  *
  * Optional: where it cannot be built, the Python carry runs (COLLECTIVES_COMPILED=0 too).
+ * The module: Carrier, and Round (backends/_carried_round.c).
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-#include <stdint.h>
+#include "_carried.h"
+
+#include <stddef.h>
 #include <string.h>
 
 enum { ALL_REDUCE, REDUCE, REDUCE_SCATTER, BROADCAST, ALL_GATHER, GATHER, SCATTER, ALL_TO_ALL, KINDS };
 static const char *const KIND_NAMES[KINDS] = {
     "all_reduce", "reduce", "reduce_scatter", "broadcast", "all_gather", "gather", "scatter", "all_to_all"};
-
-#define CARRIED_BIT ((int64_t)1 << 63)
-#define WORD_BITS (~CARRIED_BIT)
 
 /* inout[i] = in[i] op inout[i], MPI_Reduce_local's order, for n items. */
 typedef void (*reduce_fn)(void *inout, const void *in, Py_ssize_t n);
@@ -83,10 +78,9 @@ static const struct {
 
 typedef struct {
     PyObject_HEAD
-    int kind, size, rank, polls, avg;
-    Py_ssize_t stride, offset, room;   /* a block's bytes; where its payload starts; its payload's bytes */
-    Py_buffer block, blocks;           /* this rank's block (written), every rank's (read) */
-    PyObject *channel;                 /* the MPIChannel: its _word_request, _wait_saying, _everyone_fast */
+    vectorcallfunc vectorcall;         /* Carrier_vectorcall */
+    int kind, avg;
+    Round *round;                      /* the channel's round: blocks, request, waits */
     PyObject *fallback;                /* the Python carry: the reference, for what is not handled here */
     PyObject *not_taken;               /* collectives.calls.NOT_TAKEN */
     PyObject *new_result;              /* new(view, shape, out) -> (result, its numpy view), or None */
@@ -95,34 +89,31 @@ typedef struct {
     Py_ssize_t item;                   /* the dtype's bytes, with arithmetic */
 } Carrier;
 
-static PyObject *s_word_request, *s_Start, *s_Test, *s_wait_saying, *s_everyone_fast;
+#define CARRIER_FIELDS(X) X(round) X(fallback) X(not_taken) X(new_result) X(local) X(mpi_type)
+GC_FIELDS(Carrier, CARRIER_FIELDS)
 
 static void
 Carrier_dealloc(Carrier *self)
 {
-    if (self->block.obj) PyBuffer_Release(&self->block);
-    if (self->blocks.obj) PyBuffer_Release(&self->blocks);
-    Py_XDECREF(self->channel);
-    Py_XDECREF(self->fallback);
-    Py_XDECREF(self->not_taken);
-    Py_XDECREF(self->new_result);
-    Py_XDECREF(self->local);
-    Py_XDECREF(self->mpi_type);
+    PyObject_GC_UnTrack(self);
+    Carrier_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static int
 Carrier_init(Carrier *self, PyObject *args, PyObject *kwds)
 {
-    static char *names[] = {"kind", "channel", "block", "blocks", "offset", "polls", "fallback",
-                            "not_taken", "new_result", "local", "mpi_type", "avg", "dtype", "op", NULL};
+    static char *names[] = {"kind", "round", "fallback", "not_taken", "new_result", "local", "mpi_type", "avg",
+                            "dtype", "op", NULL};
     const char *kind, *dtype = "", *op = "";
-    PyObject *channel, *block, *blocks, *fallback, *not_taken, *new_result, *local, *mpi_type;
-    Py_ssize_t offset;
-    int polls, avg;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sOOOniOOOOOp|ss", names, &kind, &channel, &block,
-                                     &blocks, &offset, &polls, &fallback, &not_taken, &new_result,
-                                     &local, &mpi_type, &avg, &dtype, &op))
+    PyObject *round, *fallback, *not_taken, *new_result, *local, *mpi_type;
+    int avg;
+    if (self->round != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a Carrier is made once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO!OOOOOp|ss", names, &kind, &RoundType, &round, &fallback,
+                                     &not_taken, &new_result, &local, &mpi_type, &avg, &dtype, &op))
         return -1;
     self->arithmetic = NULL;
     for (int i = 0; ARITHMETIC[i].dtype != NULL; i++)
@@ -138,27 +129,9 @@ Carrier_init(Carrier *self, PyObject *args, PyObject *kwds)
                      "broadcast, all_gather, gather, scatter, all_to_all; got %s", kind);
         return -1;
     }
-    if (PyObject_GetBuffer(block, &self->block, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
-    if (PyObject_GetBuffer(blocks, &self->blocks, PyBUF_C_CONTIGUOUS) < 0) return -1;
-    PyObject *v = PyObject_GetAttrString(channel, "size");
-    self->size = v ? (int)PyLong_AsLong(v) : -1;
-    Py_XDECREF(v);
-    v = PyObject_GetAttrString(channel, "rank");
-    self->rank = v ? (int)PyLong_AsLong(v) : -1;
-    Py_XDECREF(v);
-    if (PyErr_Occurred()) return -1;
-    if (self->size < 1 || self->blocks.len != self->block.len * self->size || offset < 8 ||
-        offset > self->block.len || polls < 1) {
-        PyErr_SetString(PyExc_ValueError, "blocks must hold size blocks, the payload inside one");
-        return -1;
-    }
-    self->stride = self->block.len;
-    self->offset = offset;
-    self->room = self->block.len - offset;
-    self->polls = polls;
     self->avg = avg;
-#define KEEP(field, value) do { PyObject *old = self->field; Py_INCREF(value); self->field = value; Py_XDECREF(old); } while (0)
-    KEEP(channel, channel);
+#define KEEP(field, value) do { Py_INCREF(value); self->field = value; } while (0)
+    KEEP(round, (Round *)round);
     KEEP(fallback, fallback);
     KEEP(not_taken, not_taken);
     KEEP(new_result, new_result);
@@ -168,47 +141,10 @@ Carrier_init(Carrier *self, PyObject *args, PyObject *kwds)
     return 0;
 }
 
-/* The round: this rank's word in its block, MPI_Start, the fast polls, else the channel's wait;
- * the AND of every rank's word (and the channel's _everyone_fast). 0 with *reduced set, -1 on
- * an error. */
-static int
-run_round(Carrier *self, PyObject *request, int64_t word, int64_t *reduced)
-{
-    ((int64_t *)self->block.buf)[0] = word;
-    PyObject *r = PyObject_CallMethodNoArgs(request, s_Start);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
-    PyObject *test = PyObject_GetAttr(request, s_Test);
-    if (test == NULL) return -1;
-    int done = 0;
-    for (int i = 0; i < self->polls && !done; i++) {
-        r = PyObject_CallNoArgs(test);
-        if (r == NULL) { Py_DECREF(test); return -1; }
-        done = PyObject_IsTrue(r);
-        Py_DECREF(r);
-        if (done < 0) { Py_DECREF(test); return -1; }
-    }
-    Py_DECREF(test);
-    if (!done) {
-        r = PyObject_CallMethodObjArgs(self->channel, s_wait_saying, request, Py_None, NULL);
-        if (r == NULL) return -1;
-        Py_DECREF(r);
-    }
-    int64_t and = -1;
-    const char *blocks = (const char *)self->blocks.buf;
-    for (int k = 0; k < self->size; k++) {
-        int64_t each;
-        memcpy(&each, blocks + (Py_ssize_t)k * self->stride, sizeof each);
-        and &= each;
-    }
-    *reduced = and;
-    return PyObject_SetAttr(self->channel, s_everyone_fast, and < 0 ? Py_True : Py_False);
-}
-
 static const char *
 payload_of(Carrier *self, int k)
 {
-    return (const char *)self->blocks.buf + (Py_ssize_t)k * self->stride + self->offset;
+    return round_payload(self->round, k);
 }
 
 /* reduce_local([rank k's payload of n bytes, T], [target, T]) */
@@ -247,15 +183,15 @@ reduce_into(Carrier *self, int k, Py_ssize_t skip, Py_ssize_t n, PyObject *targe
 static int
 reduction(Carrier *self, PyObject *target, char *to, Py_ssize_t skip, Py_ssize_t n, int own)
 {
-    if (self->size == 2 && own) {
-        if (reduce_into(self, 1 - self->rank, skip, n, target, to) < 0) return -1;
+    if (self->round->size == 2 && own) {
+        if (reduce_into(self, 1 - self->round->rank, skip, n, target, to) < 0) return -1;
     } else {
         memcpy(to, payload_of(self, 0) + skip, n);
-        for (int k = 1; k < self->size; k++)
+        for (int k = 1; k < self->round->size; k++)
             if (reduce_into(self, k, skip, n, target, to) < 0) return -1;
     }
     if (self->avg) {
-        PyObject *size = PyLong_FromLong(self->size);
+        PyObject *size = PyLong_FromLong(self->round->size);
         if (size == NULL) return -1;
         PyObject *r = PyNumber_InPlaceTrueDivide(target, size);
         Py_DECREF(size);
@@ -330,7 +266,7 @@ static PyObject *
 make(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out)
 {
     const Py_ssize_t n = x->len;
-    const int size = self->size, rank = self->rank;
+    const int size = self->round->size, rank = self->round->rank;
     PyObject *recv = NULL, *result = NULL;
     Py_buffer got;
     switch (self->kind) {
@@ -406,6 +342,10 @@ Carrier_call(Carrier *self, PyObject *const *args, size_t nargsf, PyObject *kwna
         PyErr_SetString(PyExc_TypeError, "carry(view, root, out, extra, word) takes 5 positional arguments");
         return NULL;
     }
+    if (self->round == NULL || self->fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the carried path is gone");
+        return NULL;
+    }
     PyObject *view = args[0], *root_arg = args[1], *out = args[2];
     long long word = PyLong_AsLongLong(args[4]);
     if (word == -1 && PyErr_Occurred()) return NULL;
@@ -415,26 +355,21 @@ Carrier_call(Carrier *self, PyObject *const *args, size_t nargsf, PyObject *kwna
         if (value == -1 && PyErr_Occurred()) return NULL;
         root = (int)value;
     }
-    PyObject *request = PyObject_GetAttr(self->channel, s_word_request);
-    if (request == NULL) return NULL;
     Py_buffer x;
     int flags = PyBUF_C_CONTIGUOUS | (writes_x(self) ? PyBUF_WRITABLE : 0);
-    if (request == Py_None || PyObject_GetBuffer(view, &x, flags) < 0) {
+    if (PyObject_GetBuffer(view, &x, flags) < 0) {
         PyErr_Clear();   /* not the common case: the Python carry, before anything is written */
-        Py_DECREF(request);
         return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     }
     int rooted = self->kind == REDUCE || self->kind == BROADCAST || self->kind == GATHER || self->kind == SCATTER;
-    if (x.len > self->room || (rooted && (root < 0 || root >= self->size))) {
+    if (x.len > self->round->room || (rooted && (root < 0 || root >= self->round->size))) {
         PyBuffer_Release(&x);
-        Py_DECREF(request);
         return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     }
-    if (!(self->kind == BROADCAST || self->kind == SCATTER) || root == self->rank)
-        memcpy((char *)self->block.buf + self->offset, x.buf, x.len);
+    if (!(self->kind == BROADCAST || self->kind == SCATTER) || root == self->round->rank)
+        memcpy(round_own_payload(self->round), x.buf, x.len);
     int64_t reduced;
-    int failed = run_round(self, request, (int64_t)word | CARRIED_BIT, &reduced);
-    Py_DECREF(request);
+    int failed = round_run(self->round, (int64_t)word | CARRIED_BIT, Py_None, &reduced);
     PyObject *result = NULL, *got = NULL;
     if (failed < 0) {
         PyBuffer_Release(&x);
@@ -461,7 +396,7 @@ Carrier_call(Carrier *self, PyObject *const *args, size_t nargsf, PyObject *kwna
     return pair;
 }
 
-static PyObject *
+PyObject *
 Carrier_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
     return Carrier_call((Carrier *)self, args, nargsf, kwnames);
@@ -477,33 +412,24 @@ static PyObject *
 Carrier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     Carrier *self = (Carrier *)type->tp_alloc(type, 0);
-    if (self != NULL) *(vectorcallfunc *)((char *)self + type->tp_vectorcall_offset) = Carrier_vectorcall;
+    if (self != NULL) self->vectorcall = Carrier_vectorcall;
     return (PyObject *)self;
 }
 
-typedef struct {
-    Carrier base;
-    vectorcallfunc vectorcall;
-} CarrierWithCall;
-
-static PyMemberDef Carrier_members[] = {
-    {"__vectorcalloffset__", T_PYSSIZET, offsetof(CarrierWithCall, vectorcall), READONLY, NULL},
-    {NULL},
-};
-
-static PyTypeObject CarrierType = {
+PyTypeObject CarrierType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "collectives.backends._carried.Carrier",
     .tp_doc = PyDoc_STR("carry(view, root, out, extra, word) -> (AND of the ranks' words, result or NOT_TAKEN):\n"
                         "backends/mpi_carried.py's carry, compiled"),
-    .tp_basicsize = sizeof(CarrierWithCall),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_vectorcall_offset = offsetof(CarrierWithCall, vectorcall),
+    .tp_basicsize = sizeof(Carrier),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_traverse = (traverseproc)Carrier_traverse,
+    .tp_clear = (inquiry)Carrier_clear,
+    .tp_vectorcall_offset = offsetof(Carrier, vectorcall),
     .tp_new = Carrier_new,
     .tp_init = (initproc)Carrier_init,
     .tp_dealloc = (destructor)Carrier_dealloc,
     .tp_call = Carrier_tp_call,
-    .tp_members = Carrier_members,
 };
 
 static struct PyModuleDef module = {
@@ -514,17 +440,16 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC
 PyInit__carried(void)
 {
-    if ((s_word_request = PyUnicode_InternFromString("_word_request")) == NULL ||
-        (s_Start = PyUnicode_InternFromString("Start")) == NULL ||
-        (s_Test = PyUnicode_InternFromString("Test")) == NULL ||
-        (s_wait_saying = PyUnicode_InternFromString("_wait_saying")) == NULL ||
-        (s_everyone_fast = PyUnicode_InternFromString("_everyone_fast")) == NULL)
-        return NULL;
     if (PyType_Ready(&CarrierType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    if (round_types_ready(m) < 0 || check_types_ready(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&CarrierType);
-    if (PyModule_AddObject(m, "Carrier", (PyObject *)&CarrierType) < 0) {
+    if (PyModule_AddIntConstant(m, "VERSION", CARRIED_VERSION) < 0 ||
+        PyModule_AddObject(m, "Carrier", (PyObject *)&CarrierType) < 0) {
         Py_DECREF(&CarrierType);
         Py_DECREF(m);
         return NULL;

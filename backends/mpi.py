@@ -405,7 +405,7 @@ class MPITransport(MPIChannel):
 
     def _all_gather_v(self, r: Request) -> Any:
         if r.carried is not None:  # x travelled with the counts (backends/mpi_carried.py)
-            return carried_all_gather_v(r)
+            return carried_all_gather_v(r, self._compiled_round)
         x, adapter, counts, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
         row = row_bytes(x)
@@ -416,7 +416,7 @@ class MPITransport(MPIChannel):
 
     def _all_to_all_v(self, r: Request) -> Any:
         if r.carried is not None:
-            return carried_all_to_all_v(r, self.rank)
+            return carried_all_to_all_v(r, self.rank, self._compiled_round)
         x, adapter, splits, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))

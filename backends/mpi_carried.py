@@ -42,7 +42,7 @@ from ._buffers import row_bytes
 from .mpi_requests import FAST_POLLS
 
 if TYPE_CHECKING:
-    from ._carried import Carrier
+    from ._carried import Round
 
 #: Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block.
 CARRIED = FAST_BIT
@@ -119,23 +119,39 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
         if reduced >= 0 or reduced & WORD_BITS != word:  # a rank did not carry, or another call
             return reduced & WORD_BITS, NOT_TAKEN
         return word, make(view, root, out, each, rows)
-    compiled = _compiled()
+    compiled = channel._compiled_round
     if compiled is None:
         return carry
-    return compiled(call.name, channel, block, blocks, start, FAST_POLLS, carry, NOT_TAKEN, new, local,
-                    mpi_type, avg, dtype, "" if op is None else op.value)
+    return compiled_module().Carrier(call.name, compiled, carry, NOT_TAKEN, new,  # type: ignore[no-any-return]
+                                     local, mpi_type, avg, dtype, "" if op is None else op.value)
 
 
-def _compiled() -> type[Carrier] | None:
-    """The compiled carry (backends/_carried.c), or None where it was not built or
+#: The interface of backends/_carried*.c this module expects (CARRIED_VERSION there).
+COMPILED_VERSION = 1
+
+
+def compiled_module() -> Any:
+    """backends/_carried*.c's module (Round, Carrier, CheckedCarry), or None where it was not built
+    (or was built from other sources: its VERSION is not :data:`COMPILED_VERSION`) or
     ``COLLECTIVES_COMPILED=0`` turns it off."""
     if not config.compiled():
         return None
     try:
-        from ._carried import Carrier  # noqa: PLC0415
+        from . import _carried  # noqa: PLC0415
     except ImportError:
         return None
-    return Carrier
+    return _carried if getattr(_carried, "VERSION", None) == COMPILED_VERSION else None
+
+
+def compiled_round(channel: Any) -> Round | None:
+    """The channel's round, compiled (backends/_carried_round.c: ``MPIChannel._round`` and
+    ``_agree_counts`` in C), where the round gathers blocks and :func:`compiled_module` is there;
+    the channel's other compiled parts (Carrier, CheckedCarry) exist only beside it."""
+    module = compiled_module() if channel._words is not None else None
+    if module is None:
+        return None
+    return module.Round(channel, channel._block, channel._blocks, channel._payloads,  # type: ignore[no-any-return]
+                        channel._payload_offset, FAST_POLLS)
 
 
 Make = Callable[[Any, Any, Any, "list[Any]", Any], Any]
@@ -219,11 +235,15 @@ def _done(r: Any, result: Any) -> Any:
     return Work(result) if r.async_op else result
 
 
-def carried_all_gather_v(r: Any) -> Any:
-    """all_gather_v's ``(result, counts)`` from ``r.carried``, every rank's x."""
+def carried_all_gather_v(r: Any, compiled: Round | None) -> Any:
+    """all_gather_v's ``(result, counts)`` from ``r.carried``, every rank's x (copied by
+    ``compiled``, the channel's compiled round, where there is one)."""
     x, counts, carried = r.x, r.extra, r.carried
     row = row_bytes(x)
     result, got = _result_bytes(r, (sum(counts), *x.shape[1:]))
+    if compiled is not None:
+        compiled.rows_into(got, counts, row)
+        return _done(r, (result, counts))
     at = 0
     for rank, n in enumerate(counts):
         got[at:at + n * row] = carried[rank, :n * row]
@@ -231,11 +251,14 @@ def carried_all_gather_v(r: Any) -> Any:
     return _done(r, (result, counts))
 
 
-def carried_all_to_all_v(r: Any, rank: int) -> Any:
+def carried_all_to_all_v(r: Any, rank: int, compiled: Round | None) -> Any:
     """The uneven all_to_all's result from ``r.carried``: what each rank sent to ``rank``."""
     x, splits, carried = r.x, r.extra, r.carried
     row = row_bytes(x)
     result, got = _result_bytes(r, (sum(sent[rank] for sent in splits), *x.shape[1:]))
+    if compiled is not None:
+        compiled.rows_into(got, splits, row, rank)
+        return _done(r, result)
     at = 0
     for peer, sent in enumerate(splits):
         start, n = sum(sent[:rank]) * row, sent[rank] * row

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives import arrays, farewell
+from collectives import arrays, config, farewell
 from collectives.arrays import ArrayAdapter
 from collectives.calls import BARRIER_TAG, FAREWELL_TAG
 from collectives.errors import BackendUnavailable, CollectiveError
@@ -37,7 +37,7 @@ from collectives.transport import Transport
 from . import _float_order
 from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
 from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
-from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS, carried_path
+from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS, carried_path, compiled_module, compiled_round
 from .mpi_library import (
     float16_datatype,
     library_version,
@@ -160,6 +160,9 @@ class MPIChannel(Transport):
         # Whether every rank runs the running call on its fast path, as its check's round said
         # (wire.FAST_BIT; False without one): only then a staged persistent request (see _staged).
         self._everyone_fast = False
+        # _round and _agree_counts compiled (backends/_carried_round.c), where the round gathers
+        # blocks and the module was built; their Python bodies below are the reference.
+        self._compiled_round = compiled_round(self)
 
     @property
     def mpi_comm(self) -> Any:
@@ -312,6 +315,8 @@ class MPIChannel(Transport):
         block of 56 bytes, 0.82 with the 1080 of CARRY_BYTES (MPI_Start and tests, in a loop).
         More ranks: an MPI_Allreduce (BAND) of the word. ``waiting()`` runs when the fast polls
         did not see it complete. Sets ``_everyone_fast`` (bit 63 of every rank's word)."""
+        if self._compiled_round is not None:
+            return self._compiled_round(word, waiting)
         self._block[0] = word
         request = self._word_request
         if request is not None:
@@ -346,6 +351,13 @@ class MPIChannel(Transport):
             waiting()
         self._wait(request)
 
+    def _carry_check(self, call_check: Any) -> Callable[..., Any]:
+        """``CallCheck.carry`` compiled (backends/_carried_check.c) where the round is."""
+        if self._compiled_round is None:
+            return call_check.carry  # type: ignore[no-any-return]
+        return compiled_module().CheckedCarry(call_check, call_check._comm,  # type: ignore[no-any-return]
+                                              config.CHECKS_DEFAULT)
+
     def _carried_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
                       reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:
         return carried_path(self, call, dtype, reduce_op, adapter is not arrays.NUMPY)
@@ -353,6 +365,9 @@ class MPIChannel(Transport):
     def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
         """:meth:`_agree_word` with this rank's ``row`` (and ``view``, x's bytes, if given) in its
         block: every rank's row in rank order, and every rank's x where every rank carried it."""
+        compiled = self._compiled_round
+        if compiled is not None and (found := compiled.agree_counts(word, row, view)) is not None:
+            return found
         block = self._block
         for i, n in enumerate(row):  # (item by item: a slice of a list costs twice as much)
             block[1 + i] = n

@@ -257,6 +257,12 @@ class Transport(abc.ABC):
     #: The bytes of ``x`` that :meth:`_carried_path`'s round carries at most.
     _carry_bytes: int = 0
 
+    def _carry_check(self, call_check: Any) -> Callable[..., Any]:
+        """What the call path calls for a call whose x a carried path carries: ``call_check.carry``
+        (``CallCheck.carry``, collectives/reliability.py), or a compiled form of it with the same
+        arguments and results."""
+        return call_check.carry  # type: ignore[no-any-return]
+
     #: Whether the default check's words mark the ranks on the fast path (``wire.FAST_BIT``):
     #: :meth:`_agree_word` then gets words with bit 63 set, and may learn that every rank runs
     #: the call on its fast path.

@@ -300,6 +300,8 @@ def mismatch_job(comm, case):
     from collectives.errors import CollectiveMismatch
 
     n = 3 + comm.rank if case == "small" else (CARRY_BYTES // 4 + 8 if comm.rank == 0 else 2)
+    for m in range(3, 3 + comm.size):  # every shape's kind of call hashed already (as on the later calls)
+        comm.all_reduce(np.zeros(m, dtype=np.float32))
     x = np.arange(n, dtype=np.float32) + comm.rank
     kept = x.copy()
     try:
@@ -379,3 +381,23 @@ def test_past_counts_ranks_the_one_word_check_keeps_mixed_routes_right(world):
         for name, got, _ in found:
             if name != "uneven":
                 assert got[:4] == [total] * 4 and len(set(got)) == 1, (name, got[:4])
+
+
+def test_the_compiled_module_is_built_and_its_check_word_is_wires(monkeypatch):
+    """The test set-up builds backends/_carried*.c; its word is wire.check_word's (the call path's
+    CallCheck.carry runs compiled as CheckedCarry), over hashes of every width and sequence
+    numbers past 31 bits; COLLECTIVES_COMPILED=0 turns the module off."""
+    from collectives.backends.mpi_carried import compiled_module
+
+    from collectives.wire import call_hash, check_word
+
+    module = compiled_module()
+    assert module is not None, "backends/_carried*.c was not built (or is stale): reinstall the checkout"
+    rng = np.random.default_rng(3)
+    hashes = [call_hash("all_reduce", None, -1, "float32", (n,)) for n in range(50)]
+    hashes += [int(h) for h in rng.integers(0, 2**63, 200, dtype=np.int64)] + [0, 2**31 - 1, 2**31, 2**64 - 1]
+    seqs = [1, 2, 2**31 - 1, 2**31, 2**40 + 5] + [int(s) for s in rng.integers(1, 2**62, 50, dtype=np.int64)]
+    wrong = [(h, s) for h in hashes for s in seqs if module.check_word(h, s) != check_word(h, s)]
+    assert wrong == []
+    monkeypatch.setenv(COMPILED, "0")
+    assert compiled_module() is None

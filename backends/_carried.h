@@ -1,0 +1,74 @@
+/* What backends/_carried.c (the carried calls), backends/_carried_round.c (the check's round) and
+ * backends/_carried_check.c (CallCheck.carry) share: the Round, which makes the round of an
+ * MPIChannel, the Carrier's call, and the bits of a check word. */
+#ifndef COLLECTIVES_CARRIED_H
+#define COLLECTIVES_CARRIED_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+/* The module's interface, as backends/mpi_carried.py expects it (COMPILED_VERSION there): a
+ * build left from an older checkout is not used. */
+#define CARRIED_VERSION 1
+
+/* Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block. */
+#define CARRIED_BIT ((int64_t)1 << 63)
+#define WORD_BITS (~CARRIED_BIT)
+
+/* The round of one MPIChannel (see MPIChannel._round): the blocks it gathers and how it waits. */
+typedef struct {
+    PyObject_HEAD
+    int size, rank, polls;
+    Py_ssize_t stride, offset, room;   /* a block's bytes; where its payload starts; the payload's bytes */
+    Py_buffer block, blocks;           /* this rank's block (written), every rank's (read) */
+    PyObject *channel;                 /* the MPIChannel: _word_request, _start_round, _wait_saying, ... */
+    PyObject *payloads;                /* the channel's _payloads: every rank's payload, as numpy bytes */
+} Round;
+
+extern PyTypeObject RoundType;
+
+/* The round with `word` in this rank's block: MPI_Start (or the channel's nonblocking start where
+ * it keeps no persistent request), the fast polls, else the channel's _wait_saying(request,
+ * waiting); *reduced: the AND of every rank's word; the channel's _everyone_fast set. -1 on an
+ * error (raised), else 0. */
+int round_run(Round *self, int64_t word, PyObject *waiting, int64_t *reduced);
+
+static inline const char *
+round_payload(Round *self, int rank)
+{
+    return (const char *)self->blocks.buf + (Py_ssize_t)rank * self->stride + self->offset;
+}
+
+static inline char *
+round_own_payload(Round *self)
+{
+    return (char *)self->block.buf + self->offset;
+}
+
+int round_types_ready(PyObject *module);
+
+/* A type's tp_traverse and tp_clear (Type_traverse, Type_clear) from the list of its object
+ * fields, FIELDS(X) calling X(field) for each: one list per type, so none is forgotten in one. */
+#define GC_VISIT_FIELD(field) Py_VISIT(self->field);
+#define GC_CLEAR_FIELD(field) Py_CLEAR(self->field);
+#define GC_FIELDS(Type, FIELDS)                                                          \
+    static int Type##_traverse(Type *self, visitproc visit, void *arg)                 \
+    {                                                                                    \
+        FIELDS(GC_VISIT_FIELD)                                                           \
+        return 0;                                                                        \
+    }                                                                                    \
+    static int Type##_clear(Type *self)                                                  \
+    {                                                                                    \
+        FIELDS(GC_CLEAR_FIELD)                                                           \
+        return 0;                                                                        \
+    }
+
+/* The carried call (backends/_carried.c): carrier(view, root, out, extra, word). */
+extern PyTypeObject CarrierType;
+PyObject *Carrier_vectorcall(PyObject *carrier, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+/* The check that carries (backends/_carried_check.c). */
+int check_types_ready(PyObject *module);
+
+#endif

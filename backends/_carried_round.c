@@ -1,0 +1,299 @@
+/* The default check's round of an MPIChannel, compiled (see backends/_carried.h): MPIChannel._round
+ * and MPIChannel._agree_counts, whose Python bodies are the reference and run where this was
+ * not built or COLLECTIVES_COMPILED=0. */
+#include "_carried.h"
+
+#include <string.h>
+
+static PyObject *s_word_request, *s_word_args, *s_start_round, *s_Start, *s_Test, *s_wait_saying,
+    *s_everyone_fast;
+
+int
+round_run(Round *self, int64_t word, PyObject *waiting, int64_t *reduced)
+{
+    if (self->channel == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the round's channel is gone");
+        return -1;
+    }
+    ((int64_t *)self->block.buf)[0] = word;
+    PyObject *request = PyObject_GetAttr(self->channel, s_word_request), *r;
+    if (request == NULL) return -1;
+    if (request != Py_None) {
+        r = PyObject_CallMethodNoArgs(request, s_Start);
+    } else {  /* no persistent request (MPI < 4, or a library whose persistent all_gather fails) */
+        Py_DECREF(request);
+        PyObject *start = PyObject_GetAttr(self->channel, s_start_round);
+        PyObject *args = start ? PyObject_GetAttr(self->channel, s_word_args) : NULL;
+        request = args ? PyObject_Call(start, args, NULL) : NULL;
+        Py_XDECREF(start);
+        Py_XDECREF(args);
+        if (request == NULL) return -1;
+        r = Py_None;
+        Py_INCREF(r);
+    }
+    if (r == NULL) goto failed;
+    Py_DECREF(r);
+    PyObject *test = PyObject_GetAttr(request, s_Test);
+    if (test == NULL) goto failed;
+    int done = 0;
+    for (int i = 0; i < self->polls && !done; i++) {
+        r = PyObject_CallNoArgs(test);
+        done = r == NULL ? -1 : PyObject_IsTrue(r);
+        Py_XDECREF(r);
+        if (done < 0) {
+            Py_DECREF(test);
+            goto failed;
+        }
+    }
+    Py_DECREF(test);
+    if (!done) {
+        r = PyObject_CallMethodObjArgs(self->channel, s_wait_saying, request, waiting, NULL);
+        if (r == NULL) goto failed;
+        Py_DECREF(r);
+    }
+    Py_DECREF(request);
+    int64_t and = -1;
+    for (int k = 0; k < self->size; k++) {
+        int64_t each;
+        memcpy(&each, (const char *)self->blocks.buf + (Py_ssize_t)k * self->stride, sizeof each);
+        and &= each;
+    }
+    *reduced = and;
+    return PyObject_SetAttr(self->channel, s_everyone_fast, and < 0 ? Py_True : Py_False);
+failed:
+    Py_DECREF(request);
+    return -1;
+}
+
+/* (A channel holds its Round and the Round its channel: a cycle the collector breaks.) */
+#define ROUND_FIELDS(X) X(channel) X(payloads)
+GC_FIELDS(Round, ROUND_FIELDS)
+
+static void
+Round_dealloc(Round *self)
+{
+    PyObject_GC_UnTrack(self);
+    if (self->block.obj) PyBuffer_Release(&self->block);
+    if (self->blocks.obj) PyBuffer_Release(&self->blocks);
+    Round_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+Round_init(Round *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"channel", "block", "blocks", "payloads", "offset", "polls", NULL};
+    PyObject *channel, *block, *blocks, *payloads;
+    Py_ssize_t offset;
+    int polls;
+    if (self->channel != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a Round is made once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOni", names, &channel, &block, &blocks, &payloads,
+                                     &offset, &polls))
+        return -1;
+    if (PyObject_GetBuffer(block, &self->block, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (PyObject_GetBuffer(blocks, &self->blocks, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    PyObject *v = PyObject_GetAttrString(channel, "size");
+    self->size = v ? (int)PyLong_AsLong(v) : -1;
+    Py_XDECREF(v);
+    v = PyObject_GetAttrString(channel, "rank");
+    self->rank = v ? (int)PyLong_AsLong(v) : -1;
+    Py_XDECREF(v);
+    if (PyErr_Occurred()) return -1;
+    if (self->size < 1 || self->blocks.len != self->block.len * self->size || offset < 8 ||
+        offset > self->block.len || polls < 1) {
+        PyErr_SetString(PyExc_ValueError, "blocks must hold size blocks of block's bytes, its payload inside one");
+        return -1;
+    }
+    self->stride = self->block.len;
+    self->offset = offset;
+    self->room = self->block.len - offset;
+    self->polls = polls;
+    Py_INCREF(channel);
+    self->channel = channel;
+    Py_INCREF(payloads);
+    self->payloads = payloads;
+    return 0;
+}
+
+/* round(word, waiting=None) -> the AND of every rank's word (MPIChannel._round). */
+static PyObject *
+Round_call(Round *self, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"word", "waiting", NULL};
+    long long word;
+    PyObject *waiting = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "L|O", names, &word, &waiting)) return NULL;
+    int64_t reduced;
+    if (round_run(self, (int64_t)word, waiting, &reduced) < 0) return NULL;
+    return PyLong_FromLongLong(reduced);
+}
+
+/* agree_counts(word, row, view) -> (AND of the words less bit 63, every rank's row, the payloads
+ * where every rank carried its x, else None); None where view is not one contiguous buffer of
+ * at most the payload's bytes (the Python body runs then: nothing was written). */
+static PyObject *
+Round_agree_counts(Round *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "agree_counts(word, row, view) takes 3 arguments");
+        return NULL;
+    }
+    long long word = PyLong_AsLongLong(args[0]);
+    if (word == -1 && PyErr_Occurred()) return NULL;
+    PyObject *row = args[1], *view = args[2];
+    if (!PyList_Check(row) || 1 + PyList_GET_SIZE(row) > self->offset / 8) {
+        PyErr_SetString(PyExc_ValueError, "row must be a list that fits the block");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(row);
+    int64_t values[64];
+    if (n > 64) Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        values[i] = PyLong_AsLongLong(PyList_GET_ITEM(row, i));
+        if (values[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    int carrying = view != Py_None;
+    if (carrying) {
+        Py_buffer x;
+        if (PyObject_GetBuffer(view, &x, PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (x.len > self->room) {
+            PyBuffer_Release(&x);
+            Py_RETURN_NONE;
+        }
+        memcpy(round_own_payload(self), x.buf, x.len);
+        PyBuffer_Release(&x);
+        word |= CARRIED_BIT;
+    }
+    memcpy((int64_t *)self->block.buf + 1, values, n * sizeof(int64_t));
+    int64_t reduced;
+    if (round_run(self, (int64_t)word, Py_None, &reduced) < 0) return NULL;
+    PyObject *rows = PyList_New(self->size);
+    if (rows == NULL) return NULL;
+    for (int k = 0; k < self->size; k++) {
+        PyObject *each = PyList_New(n);
+        if (each == NULL) {
+            Py_DECREF(rows);
+            return NULL;
+        }
+        PyList_SET_ITEM(rows, k, each);
+        const int64_t *theirs = (const int64_t *)((const char *)self->blocks.buf + (Py_ssize_t)k * self->stride) + 1;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *value = PyLong_FromLongLong(theirs[i]);
+            if (value == NULL) {
+                Py_DECREF(rows);
+                return NULL;
+            }
+            PyList_SET_ITEM(each, i, value);
+        }
+    }
+    PyObject *carried = carrying && reduced < 0 ? self->payloads : Py_None;
+    return Py_BuildValue("(LNO)", (long long)(reduced & WORD_BITS), rows, carried);
+}
+
+/* The item `i` of list `list` as a Py_ssize_t of at least 0, -1 on an error (raised). */
+static Py_ssize_t
+count_at(PyObject *list, Py_ssize_t i)
+{
+    if (!PyList_Check(list) || i >= PyList_GET_SIZE(list)) {
+        PyErr_SetString(PyExc_ValueError, "counts must be a list of an int per rank");
+        return -1;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(list, i));
+    if (n < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a count is negative");
+    return n < 0 ? -1 : n;
+}
+
+/* rows_into(got, counts, row, rank=-1): the uneven calls' results from the carried payloads
+ * (mpi_carried.carried_all_gather_v and carried_all_to_all_v): with rank -1, every rank's first
+ * counts[k] rows back to back (all_gather_v); else, counts being the splits, the rows each
+ * rank k sent to `rank` (counts[k][rank] of them, after its counts[k][:rank]). `row`: a row's
+ * bytes; `got`: the result's bytes. */
+static PyObject *
+Round_rows_into(Round *self, PyObject *args)
+{
+    PyObject *target, *counts;
+    Py_ssize_t row;
+    int rank = -1;
+    if (!PyArg_ParseTuple(args, "OOn|i", &target, &counts, &row, &rank)) return NULL;
+    Py_buffer got;
+    if (PyObject_GetBuffer(target, &got, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t at = 0;
+    for (int k = 0; k < self->size; k++) {
+        Py_ssize_t skip = 0, n;
+        if (rank < 0) {
+            n = count_at(counts, k);
+        } else {
+            PyObject *sent = PyList_Check(counts) && k < PyList_GET_SIZE(counts) ? PyList_GET_ITEM(counts, k) : NULL;
+            n = sent ? count_at(sent, rank) : -1;
+            for (Py_ssize_t j = 0; j < rank && n >= 0; j++) {
+                Py_ssize_t before = count_at(sent, j);
+                if (before < 0) n = -1;
+                skip += before;
+            }
+            if (sent == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "splits must be a list per rank");
+        }
+        if (n < 0) goto failed;
+        if ((skip + n) * row > self->room || at + n * row > got.len) {
+            PyErr_SetString(PyExc_ValueError, "the rows are past the payload or the result");
+            goto failed;
+        }
+        memcpy((char *)got.buf + at, round_payload(self, k) + skip * row, n * row);
+        at += n * row;
+    }
+    PyBuffer_Release(&got);
+    Py_RETURN_NONE;
+failed:
+    PyBuffer_Release(&got);
+    return NULL;
+}
+
+static PyMethodDef Round_methods[] = {
+    {"rows_into", (PyCFunction)Round_rows_into, METH_VARARGS,
+     PyDoc_STR("rows_into(got, counts, row, rank=-1): the uneven calls' result bytes from the carried payloads")},
+    {"agree_counts", (PyCFunction)(void (*)(void))Round_agree_counts, METH_FASTCALL,
+     PyDoc_STR("agree_counts(word, row, view) -> (AND of the words, rows, payloads or None), or None: "
+               "MPIChannel._agree_counts")},
+    {NULL},
+};
+
+PyTypeObject RoundType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collectives.backends._carried.Round",
+    .tp_doc = PyDoc_STR("Round(channel, block, blocks, payloads, offset, polls): round(word, waiting=None) -> "
+                        "the AND of every rank's word: MPIChannel._round, compiled"),
+    .tp_basicsize = sizeof(Round),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Round_init,
+    .tp_dealloc = (destructor)Round_dealloc,
+    .tp_traverse = (traverseproc)Round_traverse,
+    .tp_clear = (inquiry)Round_clear,
+    .tp_call = (ternaryfunc)Round_call,
+    .tp_methods = Round_methods,
+};
+
+int
+round_types_ready(PyObject *module)
+{
+    if ((s_word_request = PyUnicode_InternFromString("_word_request")) == NULL ||
+        (s_word_args = PyUnicode_InternFromString("_word_args")) == NULL ||
+        (s_start_round = PyUnicode_InternFromString("_start_round")) == NULL ||
+        (s_Start = PyUnicode_InternFromString("Start")) == NULL ||
+        (s_Test = PyUnicode_InternFromString("Test")) == NULL ||
+        (s_wait_saying = PyUnicode_InternFromString("_wait_saying")) == NULL ||
+        (s_everyone_fast = PyUnicode_InternFromString("_everyone_fast")) == NULL)
+        return -1;
+    if (PyType_Ready(&RoundType) < 0) return -1;
+    Py_INCREF(&RoundType);
+    if (PyModule_AddObject(module, "Round", (PyObject *)&RoundType) < 0) {
+        Py_DECREF(&RoundType);
+        return -1;
+    }
+    return 0;
+}
