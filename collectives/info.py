@@ -74,9 +74,11 @@ def mpi_report() -> dict[str, Any]:
         return {"usable": False, "why": f"mpi4py cannot load an MPI library: {error} "
                                         "(pip install mpich, or set MPI4PY_LIBMPI)"}
     from collectives.backends.mpi_buffers import mpi_cuda_aware  # noqa: PLC0415
+    from collectives.backends.mpi_carried import compiled_module  # noqa: PLC0415
     from collectives.backends.mpi_library import library_version  # noqa: PLC0415
 
     library = library_version(MPI)
+    compiled = compiled_module() is not None
     forced = os.environ.get(config.MPI_CUDA_AWARE, "").strip()
     try:
         aware = mpi_cuda_aware(MPI)
@@ -85,7 +87,10 @@ def mpi_report() -> dict[str, Any]:
     return {"usable": True, "library": library, "mpi_version": ".".join(map(str, MPI.Get_version())),
             "mpi4py": importlib.import_module("mpi4py").__version__,
             "cuda_aware": aware, "cuda_aware_source": f"{config.MPI_CUDA_AWARE}={forced}" if forced
-            else "MPIX_Query_cuda_support of the loaded libmpi"}
+            else "MPIX_Query_cuda_support of the loaded libmpi",
+            "compiled": compiled, "compiled_why": "" if compiled else
+            f"off ({config.COMPILED}=0)" if not config.compiled() else
+            "not built (no C compiler or Python headers at install): the Python form runs"}
 
 
 def cupy_report() -> dict[str, Any]:
@@ -166,7 +171,8 @@ def render(info: dict[str, Any]) -> str:
         if name == "mpi" and entry.get("usable"):
             aware = "yes" if entry["cuda_aware"] else "no (CUDA arrays staged through pinned host memory)"
             detail = (f"{entry['library']} (MPI {entry['mpi_version']}, mpi4py {entry['mpi4py']}); "
-                      f"CUDA-aware: {aware} [{entry['cuda_aware_source']}]")
+                      f"CUDA-aware: {aware} [{entry['cuda_aware_source']}]; "
+                      f"check round compiled: {'yes' if entry['compiled'] else 'no, ' + entry['compiled_why']}")
         if name == "cupy" and entry.get("usable"):
             detail = f"CuPy {entry['version']}, {entry['devices']} CUDA device(s)"
         lines.append(f"  {name:6s} {state}: {detail}")

@@ -55,6 +55,16 @@ def test_mpi_library_version_and_cuda_awareness_are_printed(report):
     assert isinstance(mpi["cuda_aware"], bool)
 
 
+def test_the_compiled_check_round_is_reported(monkeypatch, report):
+    """The test set-up builds backends/_carried*.c: reported as compiled; COLLECTIVES_COMPILED=0 says off."""
+    if not report["backends"]["mpi"]["usable"]:
+        pytest.skip("MPI unavailable here")
+    assert report["backends"]["mpi"]["compiled"] is True
+    assert "check round compiled: yes" in run_info()
+    monkeypatch.setenv("COLLECTIVES_COMPILED", "0")
+    assert "check round compiled: no, off (COLLECTIVES_COMPILED=0)" in run_info()
+
+
 def test_forced_cuda_awareness_is_reported_as_forced(monkeypatch):
     monkeypatch.setenv("COLLECTIVES_MPI_CUDA_AWARE", "1")
     text = run_info()
