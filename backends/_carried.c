@@ -178,8 +178,8 @@ reduce_into(Carrier *self, int k, Py_ssize_t skip, Py_ssize_t n, PyObject *targe
 }
 
 /* The reduction of every rank's bytes [skip, skip + n) of its payload into target (of buffer
- * `to`), rank 0's first; at 2 ranks (first < 0) the peer's reduced into target, which holds
- * this rank's own already. Then AVG's division. */
+ * `to`), rank 0's first; at 2 ranks where target holds this rank's own already (`own`), the
+ * peer's reduced into it. Then AVG's division. */
 static int
 reduction(Carrier *self, PyObject *target, char *to, Py_ssize_t skip, Py_ssize_t n, int own)
 {
@@ -227,38 +227,18 @@ new_result(Carrier *self, PyObject *view, PyObject *shape, PyObject *out, PyObje
     return result;
 }
 
-/* view's shape with its first dimension replaced by `first` (drop: without it; lead: `lead` first). */
+/* A shape tuple: (lead, *dims[:ndim]), or dims[:ndim] alone where lead < 0. */
 static PyObject *
-shape_of(PyObject *view, Py_ssize_t first, int mode)
+shape_tuple(Py_ssize_t lead, const Py_ssize_t *dims, int ndim)
 {
-    PyObject *shape = PyObject_GetAttrString(view, "shape");
-    if (shape == NULL) return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(shape);
-    PyObject *made = NULL;
-    if (mode == 0) {            /* (first, *shape[1:]) */
-        made = PyTuple_New(n);
-        if (made) {
-            PyTuple_SET_ITEM(made, 0, PyLong_FromSsize_t(first));
-            for (Py_ssize_t i = 1; i < n; i++) {
-                Py_INCREF(PyTuple_GET_ITEM(shape, i));
-                PyTuple_SET_ITEM(made, i, PyTuple_GET_ITEM(shape, i));
-            }
-        }
-    } else if (mode == 1) {     /* shape[1:] */
-        made = PyTuple_GetSlice(shape, 1, n);
-    } else {                    /* (first, *shape) */
-        made = PyTuple_New(n + 1);
-        if (made) {
-            PyTuple_SET_ITEM(made, 0, PyLong_FromSsize_t(first));
-            for (Py_ssize_t i = 0; i < n; i++) {
-                Py_INCREF(PyTuple_GET_ITEM(shape, i));
-                PyTuple_SET_ITEM(made, i + 1, PyTuple_GET_ITEM(shape, i));
-            }
-        }
+    int first = lead >= 0;
+    PyObject *shape = PyTuple_New(first + ndim);
+    for (int i = 0; shape != NULL && i < first + ndim; i++) {
+        PyObject *n = PyLong_FromSsize_t(first && i == 0 ? lead : dims[i - first]);
+        if (n == NULL) Py_CLEAR(shape);
+        else PyTuple_SET_ITEM(shape, i, n);
     }
-    Py_DECREF(shape);
-    if (made && PyTuple_GET_SIZE(made) > 0 && PyTuple_GET_ITEM(made, 0) == NULL) Py_CLEAR(made);
-    return made;
+    return shape;
 }
 
 /* The result of the call from the gathered blocks (x's bytes in `x`, of n bytes). */
@@ -286,7 +266,7 @@ make(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out)
     case REDUCE_SCATTER: {
         if (x->ndim < 1) break;
         Py_ssize_t rows = x->shape[0] / size, part = n / size;
-        result = new_result(self, view, shape_of(view, rows, 0), out, &recv, &got);
+        result = new_result(self, view, shape_tuple(rows, x->shape + 1, x->ndim - 1), out, &recv, &got);
         if (result == NULL) return NULL;
         int failed = reduction(self, recv, got.buf, (Py_ssize_t)rank * part, part, 0);
         PyBuffer_Release(&got);
@@ -297,14 +277,14 @@ make(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out)
     case ALL_GATHER:
     case GATHER:
         if (self->kind == GATHER && root != rank) Py_RETURN_NONE;
-        result = new_result(self, view, shape_of(view, size, 2), out, &recv, &got);
+        result = new_result(self, view, shape_tuple(size, x->shape, x->ndim), out, &recv, &got);
         if (result == NULL) return NULL;
         for (int k = 0; k < size; k++) memcpy((char *)got.buf + (Py_ssize_t)k * n, payload_of(self, k), n);
         break;
     case SCATTER: {
         if (x->ndim < 1) break;
         Py_ssize_t part = n / size;
-        result = new_result(self, view, shape_of(view, 0, 1), out, &recv, &got);
+        result = new_result(self, view, shape_tuple(-1, x->shape + 1, x->ndim - 1), out, &recv, &got);
         if (result == NULL) return NULL;
         memcpy(got.buf, payload_of(self, root) + (Py_ssize_t)rank * part, part);
         break;
@@ -312,7 +292,7 @@ make(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out)
     case ALL_TO_ALL: {
         if (x->ndim < 1) break;
         Py_ssize_t part = n / size;
-        result = new_result(self, view, shape_of(view, x->shape[0], 0), out, &recv, &got);
+        result = new_result(self, view, shape_tuple(-1, x->shape, x->ndim), out, &recv, &got);
         if (result == NULL) return NULL;
         for (int k = 0; k < size; k++)
             memcpy((char *)got.buf + (Py_ssize_t)k * part, payload_of(self, k) + (Py_ssize_t)rank * part, part);

@@ -122,8 +122,10 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
     compiled = channel._compiled_round
     if compiled is None:
         return carry
-    return compiled_module().Carrier(call.name, compiled, carry, NOT_TAKEN, new,  # type: ignore[no-any-return]
-                                     local, mpi_type, avg, dtype, "" if op is None else op.value)
+    from ._carried import Carrier  # noqa: PLC0415  (the module that made the channel's Round)
+
+    return Carrier(call.name, compiled, carry, NOT_TAKEN, new, local, mpi_type, avg, dtype,
+                   "" if op is None else op.value)
 
 
 #: The interface of backends/_carried*.c this module expects (CARRIED_VERSION there).
@@ -146,7 +148,8 @@ def compiled_module() -> Any:
 def compiled_round(channel: Any) -> Round | None:
     """The channel's round, compiled (backends/_carried_round.c: ``MPIChannel._round`` and
     ``_agree_counts`` in C), where the round gathers blocks and :func:`compiled_module` is there;
-    the channel's other compiled parts (Carrier, CheckedCarry) exist only beside it."""
+    the channel's other compiled parts (Carrier, CheckedCarry) exist only beside it, made from the
+    same module whatever ``COLLECTIVES_COMPILED`` says later (a communicator keeps its form)."""
     module = compiled_module() if channel._words is not None else None
     if module is None:
         return None

@@ -37,7 +37,7 @@ from collectives.transport import Transport
 from . import _float_order
 from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
 from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
-from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS, carried_path, compiled_module, compiled_round
+from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS, carried_path, compiled_round
 from .mpi_library import (
     float16_datatype,
     library_version,
@@ -355,8 +355,9 @@ class MPIChannel(Transport):
         """``CallCheck.carry`` compiled (backends/_carried_check.c) where the round is."""
         if self._compiled_round is None:
             return call_check.carry  # type: ignore[no-any-return]
-        return compiled_module().CheckedCarry(call_check, call_check._comm,  # type: ignore[no-any-return]
-                                              config.CHECKS_DEFAULT)
+        from ._carried import CheckedCarry  # noqa: PLC0415  (the module that made the Round)
+
+        return CheckedCarry(call_check, call_check._comm, config.CHECKS_DEFAULT)
 
     def _carried_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
                       reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:

@@ -90,7 +90,7 @@ def mpi_report() -> dict[str, Any]:
             else "MPIX_Query_cuda_support of the loaded libmpi",
             "compiled": compiled, "compiled_why": "" if compiled else
             f"off ({config.COMPILED}=0)" if not config.compiled() else
-            "not built (no C compiler or Python headers at install): the Python form runs"}
+            "not built (no C compiler or Python headers at install) or built from other sources: the Python form runs"}
 
 
 def cupy_report() -> dict[str, Any]:

@@ -14,6 +14,7 @@ MPI's inf, with no numpy warning.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -31,23 +32,31 @@ REDUCTIONS = {"int32": ("sum", "prod", "min", "max", "band", "bor", "bxor"), "in
               "bool": ("min", "max", "bxor")}
 
 
-def in_form(comm, form, job, *args):
-    """``job`` (a name of this module) on a split of ``comm`` whose carried calls run in ``form``
-    (COLLECTIVES_COMPILED is read when a kind of call is first planned): its result, and the
-    names of the carried paths' types it planned (Carrier: the compiled one)."""
+@contextlib.contextmanager
+def split_in_form(comm, form):
+    """A split of ``comm`` made where COLLECTIVES_COMPILED says ``form`` (a communicator takes its
+    form when made), its first call made (checked in full, not carried); closed after, and
+    COLLECTIVES_COMPILED as it was."""
     kept = os.environ.get(COMPILED)
     os.environ[COMPILED] = "1" if form == "compiled" else "0"
     sub = comm.split(0)
     try:
-        sub.all_reduce(np.zeros(1))  # (a new communicator's first call is checked in full, not carried)
-        found = globals()[job](sub, *args)
-        return found, {type(plan[2]).__name__ for plan in sub._plans.values() if plan[2] is not None}
+        sub.all_reduce(np.zeros(1))
+        yield sub
     finally:
         sub.close()
         if kept is None:
-            del os.environ[COMPILED]
+            os.environ.pop(COMPILED, None)
         else:
             os.environ[COMPILED] = kept
+
+
+def in_form(comm, form, job, *args):
+    """``job`` (a name of this module) on a split of ``comm`` in ``form``: its result, and the
+    names of the carried paths' types it planned (Carrier: the compiled one)."""
+    with split_in_form(comm, form) as sub:
+        found = globals()[job](sub, *args)
+        return found, {type(plan[2]).__name__ for plan in sub._plans.values() if plan[2] is not None}
 
 
 def formed(world, form, job, per_rank=None):
@@ -154,18 +163,13 @@ def arithmetic_job(comm):
 
     found = {}
     for form in ("compiled", "python"):
-        os.environ[COMPILED] = "1" if form == "compiled" else "0"
-        sub = comm.split(0)
-        try:
+        with split_in_form(comm, form) as sub:
             for seed, (dtype, op) in enumerate(pairs):
                 rows = rows_of(dtype, seed)
                 x = rows[comm.rank].copy()
                 sub.all_reduce(x, op)
                 block = sub.reduce_scatter(rows[comm.rank].copy(), op)
                 found[form, dtype, op] = (x.tobytes(), block.tobytes(), everyone_carried(sub))
-        finally:
-            sub.close()
-            del os.environ[COMPILED]
     wrong = []
     for seed, (dtype, op) in enumerate(pairs):
         rows = rows_of(dtype, seed)
@@ -292,6 +296,22 @@ def test_ranks_that_decide_differently_run_the_call_as_usual(world, form, n):
         for name, got, carried in calls:
             assert got == [total] * n and not carried, (rank, name, got[:4])
         assert counts == [CARRY_BYTES // 8 + 1] + [1] * (world.size - 1) and right and not carried_u
+
+
+def switched_job(comm):
+    """COLLECTIVES_COMPILED switched after ``comm`` was made: a new kind of call is planned in
+    ``comm``'s own form and runs right (before, a compiled communicator's new plans failed)."""
+    os.environ[COMPILED] = "0" if os.environ[COMPILED] == "1" else "1"
+    x = np.full(3, comm.rank + 1, dtype=np.int16)
+    comm.all_reduce(x)
+    return x.tolist(), everyone_carried(comm)
+
+
+@MPI_2
+@FORMS
+def test_a_communicator_keeps_its_form_when_the_variable_changes(world, form):
+    for got, carried in formed(world, form, "switched_job"):
+        assert got == [3, 3, 3] and carried
 
 
 def mismatch_job(comm, case):
