@@ -302,7 +302,7 @@ def switched_job(comm):
     """COLLECTIVES_COMPILED switched after ``comm`` was made: a new kind of call is planned in
     ``comm``'s own form and runs right (before, a compiled communicator's new plans failed)."""
     os.environ[COMPILED] = "0" if os.environ[COMPILED] == "1" else "1"
-    x = np.full(3, comm.rank + 1, dtype=np.int16)
+    x = np.full(3, comm.rank + 1, dtype=np.int32)  # (carried on every MPI: Open MPI stages int16 sums)
     comm.all_reduce(x)
     return x.tolist(), everyone_carried(comm)
 
