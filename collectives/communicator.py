@@ -25,7 +25,7 @@ from _thread import get_ident as _thread_id
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import config, emulations, farewell, objects
+from . import config, emulations, farewell, front, objects
 from .calls import (
     ALL_GATHER,
     ALL_GATHER_V,
@@ -143,6 +143,9 @@ class Communicator:
         # The flight recorder (collectives/recorder.py): the last calls, None when turned off.
         self._ring = recorder.new_ring(self)
         self._hooks: list[Callable[[CallRecord], Any]] = []
+        # The call path, compiled where it was built (collectives/front.py): this instance's _run.
+        front.install(self, type(self)._run, not_taken=NOT_TAKEN, started=STARTED, posted=POSTED, end=END,
+                      state=STATE, work_type=Work, clock=_clock, counted=emulations.counted)
         if config.env_flag(config.PROFILE):
             from . import profile  # noqa: PLC0415
 

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from . import config
+from . import config, front
 from .launcher import detect_launcher
 
 
@@ -88,9 +88,13 @@ def mpi_report() -> dict[str, Any]:
             "mpi4py": importlib.import_module("mpi4py").__version__,
             "cuda_aware": aware, "cuda_aware_source": f"{config.MPI_CUDA_AWARE}={forced}" if forced
             else "MPIX_Query_cuda_support of the loaded libmpi",
-            "compiled": compiled, "compiled_why": "" if compiled else
-            f"off ({config.COMPILED}=0)" if not config.compiled() else
-            "not built (no C compiler or Python headers at install) or built from other sources: the Python form runs"}
+            "compiled": compiled, "compiled_why": "" if compiled else _not_compiled()}
+
+
+def _not_compiled() -> str:
+    """Why a compiled form does not run (``COLLECTIVES_COMPILED=0``, or it was not built)."""
+    return (f"off ({config.COMPILED}=0)" if not config.compiled() else
+            "not built (no C compiler or Python headers at install) or built from other sources: the Python form runs")
 
 
 def cupy_report() -> dict[str, Any]:
@@ -150,16 +154,21 @@ def collect() -> dict[str, Any]:
         "mpi": mpi_info,
         "cupy": cupy_info,
     }
-    return {"launcher": launch.launcher, "rank": launch.rank, "size": launch.size,
+    info = {"launcher": launch.launcher, "rank": launch.rank, "size": launch.size,
             "backend_env": os.environ.get(config.BACKEND, ""),
+            "call_path_compiled": front.compiled_module() is not None, "call_path_why": "",
             "backends": backends, "gpus": gpus_seen(torch_info),
             "nccl": {"cupy": cupy_info.get("nccl"), "torch": torch_info.get("nccl")}}
+    if not info["call_path_compiled"]:
+        info["call_path_why"] = _not_compiled()
+    return info
 
 
 def render(info: dict[str, Any]) -> str:
     """The human-readable report."""
     lines = [f"launcher: {info['launcher'] or 'none'} (rank {info['rank']} of {info['size']}); "
-             f"{config.BACKEND}={info['backend_env'] or '(unset: auto)'}"]
+             f"{config.BACKEND}={info['backend_env'] or '(unset: auto)'}",
+             f"call path compiled: {'yes' if info['call_path_compiled'] else 'no, ' + info['call_path_why']}"]
     for name, entry in info["backends"].items():
         state = "usable" if entry.get("usable") else "unavailable"
         detail = entry.get("note") or entry.get("why") or ""

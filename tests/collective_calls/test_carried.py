@@ -14,13 +14,13 @@ MPI's inf, with no numpy warning.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 
 import numpy as np
 import pytest
 from collectives.backends.mpi_carried import CARRY_BYTES
+from forms import split_in_form
 
 from collectives.config import COMPILED
 
@@ -30,25 +30,6 @@ FORMS = pytest.mark.parametrize("form", ["compiled", "python"])
 REDUCTIONS = {"int32": ("sum", "prod", "min", "max", "band", "bor", "bxor"), "int64": ("sum", "max"),
               "float32": ("sum", "prod", "avg"), "float64": ("sum", "avg"), "float16": ("sum",),
               "bool": ("min", "max", "bxor")}
-
-
-@contextlib.contextmanager
-def split_in_form(comm, form):
-    """A split of ``comm`` made where COLLECTIVES_COMPILED says ``form`` (a communicator takes its
-    form when made), its first call made (checked in full, not carried); closed after, and
-    COLLECTIVES_COMPILED as it was."""
-    kept = os.environ.get(COMPILED)
-    os.environ[COMPILED] = "1" if form == "compiled" else "0"
-    sub = comm.split(0)
-    try:
-        sub.all_reduce(np.zeros(1))
-        yield sub
-    finally:
-        sub.close()
-        if kept is None:
-            os.environ.pop(COMPILED, None)
-        else:
-            os.environ[COMPILED] = kept
 
 
 def in_form(comm, form, job, *args):

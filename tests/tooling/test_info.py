@@ -65,6 +65,14 @@ def test_the_compiled_check_round_is_reported(monkeypatch, report):
     assert "check round compiled: no, off (COLLECTIVES_COMPILED=0)" in run_info()
 
 
+def test_the_compiled_call_path_is_reported(monkeypatch, report):
+    """The test set-up builds collectives/_front.c: reported as compiled; COLLECTIVES_COMPILED=0 says off."""
+    assert report["call_path_compiled"] is True
+    assert "call path compiled: yes" in run_info()
+    monkeypatch.setenv("COLLECTIVES_COMPILED", "0")
+    assert "call path compiled: no, off (COLLECTIVES_COMPILED=0)" in run_info()
+
+
 def test_forced_cuda_awareness_is_reported_as_forced(monkeypatch):
     monkeypatch.setenv("COLLECTIVES_MPI_CUDA_AWARE", "1")
     text = run_info()

@@ -1,0 +1,142 @@
+"""The call path in its two forms: Communicator._run in C (collectives/_front.c, where it was built;
+the test set-up builds it) and in Python, its reference (COLLECTIVES_COMPILED=0).
+
+One tour of the call path's routes runs on a split in each form: every collective on carried
+(small) and general (large) numpy arrays and torch tensors, out=, async_op=True, a call's own
+timeout=, strided x (the general path), the uneven calls, send/recv (blocking and async), the
+argument errors (a bad root, a bad out, a shape the call refuses, a bad async_op), a mismatch
+between the ranks (carried and not), and a closed communicator. The two tours must see the same
+thing: the same results, the same errors with the same messages, the same flight-recorder
+records (but their times) and the same hook calls. Results are also held against numpy where the
+tour is its own reference, so two forms that agree on nothing cannot pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from forms import split_in_form
+
+from collectives import front
+from collectives.diagnostics.recorder import END, START
+
+WORLDS = pytest.mark.parametrize("world", [("mpi", 2), ("torch", 2), ("mpi", 3)], indirect=True,
+                                 ids=lambda w: f"{w[0]}-{w[1]}")
+
+
+def plain(value):
+    """A result as plain data (arrays as (type, dtype, shape, values))."""
+    if isinstance(value, tuple | list):
+        return type(value).__name__, [plain(v) for v in value]
+    if hasattr(value, "numpy") and hasattr(value, "dtype"):
+        return "torch", str(value.dtype), tuple(value.shape), value.numpy().tolist()
+    if isinstance(value, np.ndarray):
+        return "numpy", str(value.dtype), value.shape, value.tolist()
+    return repr(value)
+
+
+def routes(sub, note, kind, n):
+    """The calls of the tour on ``kind`` arrays of ``n`` float32 a row, each through ``note``."""
+    import torch  # noqa: PLC0415
+
+    rank, size = sub.rank, sub.size
+    base = np.arange(size * n, dtype=np.float32).reshape(size, n) + rank
+
+    def arr(a):
+        return torch.from_numpy(np.array(a)) if kind == "torch" else np.array(a)
+
+    tag = f"{kind}-{n}"
+    note(f"all_reduce {tag}", lambda: sub.all_reduce(arr(base[0])))
+    note(f"all_reduce max {tag}", lambda: sub.all_reduce(arr(base[0]), "max"))
+    note(f"reduce {tag}", lambda: sub.reduce(arr(base[0]), dst=size - 1))
+    note(f"broadcast {tag}", lambda: sub.broadcast(arr(base[0]), src=size - 1))
+    note(f"all_gather {tag}", lambda: sub.all_gather(arr(base[0])))
+    note(f"all_gather out {tag}", lambda: sub.all_gather(arr(base[0]), out=arr(np.zeros((size, n), np.float32))))
+    note(f"reduce_scatter {tag}", lambda: sub.reduce_scatter(arr(base)))
+    note(f"gather {tag}", lambda: sub.gather(arr(base[0]), dst=0))
+    note(f"scatter {tag}", lambda: sub.scatter(arr(base), src=0))
+    note(f"all_to_all {tag}", lambda: sub.all_to_all(arr(base)))
+    note(f"all_gather_v {tag}", lambda: sub.all_gather_v(arr(base[: rank + 1])))
+    splits = [(rank + j) % 2 for j in range(size)]
+    note(f"all_to_all_v {tag}", lambda: sub.all_to_all(arr(base[: sum(splits)]), splits))
+    note(f"async {tag}", lambda: sub.all_reduce(arr(base[0]), async_op=True).wait())
+    note(f"async gather {tag}", lambda: sub.all_gather(arr(base[0]), async_op=True).wait())
+    note(f"timeout= {tag}", lambda: sub.all_reduce(arr(base[0]), timeout=60))
+    if kind == "numpy":  # the general path (no fast path for a strided x), written back into x
+        strided = np.array(base)
+        note(f"strided {tag}", lambda: (sub.all_reduce(strided[:, ::2]), strided)[1])
+    if rank < 2:  # point to point between ranks 0 and 1
+        peer = 1 - rank
+        sent, box = arr(base[1]), arr(base[0] * 0)
+        if rank == 0:
+            note(f"send {tag}", lambda: sub.send(sent, peer, tag=3))
+            note(f"recv async {tag}", lambda: sub.recv(box, peer, tag=4, async_op=True).wait())
+        else:
+            note(f"recv {tag}", lambda: sub.recv(box, peer, tag=3))
+            note(f"send async {tag}", lambda: sub.send(sent, peer, tag=4, async_op=True).wait())
+
+
+def tour(comm, form):
+    """The routes of the call path on a split in ``form``: what every call returned or raised, the
+    flight-recorder records, the hook calls, and the calls the compiled front ran itself."""
+    with split_in_form(comm, form) as sub:
+        rank, size = sub.rank, sub.size
+        seen, hooked = [], []
+        sub.register_hook(lambda r: hooked.append((r.op, r.seq, r.dtype, tuple(r.shape), r.bytes)))
+
+        def note(label, run):
+            try:
+                seen.append((label, "ok", plain(run())))
+            except Exception as error:  # noqa: BLE001  (what it raised is what the tour compares)
+                seen.append((label, type(error).__name__, str(error)))
+
+        for kind in ("numpy", "torch"):
+            for n in (2, 3000):  # carried in the check's round, and past CARRY_BYTES
+                routes(sub, note, kind, n)
+
+        x = np.ones(4, np.float32)
+        note("bad root", lambda: sub.broadcast(x, src=size))
+        note("bool root", lambda: sub.broadcast(x, src=True))
+        note("bad async_op", lambda: sub.all_reduce(x, async_op="yes"))
+        note("bad out", lambda: sub.all_gather(x, out=np.zeros((size + 1, 4), np.float32)))
+        note("indivisible", lambda: sub.reduce_scatter(np.ones(size + 1, np.float32)))
+        note("read-only", lambda: sub.all_reduce(np.broadcast_to(x, (4,))))
+        note("op on dtype", lambda: sub.all_reduce(np.ones(2, bool), "avg"))
+        note("mismatch carried", lambda: sub.all_reduce(np.ones(2 + rank, np.float32)))
+        note("mismatch general", lambda: sub.all_reduce(np.ones(3000 + rank, np.float32)))
+        note("after", lambda: sub.all_reduce(np.full(3, rank, np.int64)))
+        ring = [tuple(plain(v) if i not in (START, END) else v > 0 for i, v in enumerate(r)) for r in sub._ring]
+        compiled = sub._run.taken if front.is_compiled(sub) else None
+    note("closed", lambda: sub.all_reduce(x))
+    return compiled, seen, ring, hooked
+
+
+@WORLDS
+def test_both_forms_of_the_call_path_see_the_same(world):
+    python = world.run(tour, [("python",)] * world.size, timeout=240)
+    compiled = world.run(tour, [("compiled",)] * world.size, timeout=240)
+    size = world.size
+    for rank in range(size):
+        assert python[rank][0] is None and compiled[rank][0] > 40  # (the calls the C ran itself: all but first kinds)
+        for a, b in zip(python[rank][1:], compiled[rank][1:], strict=True):
+            assert len(a) == len(b)
+            for left, right in zip(a, b, strict=True):
+                assert left == right
+        seen = dict((label, rest) for label, *rest in python[rank][1])
+        # the tour against numpy, where its values say what is right
+        for kind in ("numpy", "torch"):
+            for n in (2, 3000):
+                row = np.arange(n, dtype=np.float32)
+                total = sum(row + r for r in range(size)).tolist()
+                assert seen[f"all_reduce {kind}-{n}"][1][3] == total
+                assert seen[f"async {kind}-{n}"][1][3] == total
+                assert seen[f"timeout= {kind}-{n}"][1][3] == total
+                assert seen[f"broadcast {kind}-{n}"][1][3] == (row + size - 1).tolist()
+        for label in ("bad root", "bad out", "indivisible", "read-only"):
+            assert seen[label][0] == "ValueError", (label, seen[label])
+        for label in ("bool root", "bad async_op", "op on dtype"):
+            assert seen[label][0] == "TypeError", (label, seen[label])
+        assert seen["mismatch carried"][0] == seen["mismatch general"][0] == "CollectiveMismatch"
+        assert seen["after"][1][3] == [sum(range(size))] * 3
+        assert seen["closed"][0] == "ValueError"
+        assert python[rank][2] and python[rank][3]  # records and hook calls were made
