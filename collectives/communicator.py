@@ -144,7 +144,7 @@ class Communicator:
         self._ring = recorder.new_ring(self)
         self._hooks: list[Callable[[CallRecord], Any]] = []
         # The call path, compiled where it was built (collectives/front.py): this instance's _run.
-        front.install(self, type(self)._run, not_taken=NOT_TAKEN, started=STARTED, posted=POSTED, end=END,
+        front.install(self, Communicator._run, not_taken=NOT_TAKEN, started=STARTED, posted=POSTED, end=END,
                       state=STATE, work_type=Work, clock=_clock, counted=emulations.counted)
         if config.env_flag(config.PROFILE):
             from . import profile  # noqa: PLC0415

@@ -38,11 +38,11 @@ def compiled_module() -> Any:
 
 
 def install(comm: Any, python_run: Any, **parts: Any) -> bool:
-    """Set ``comm._run`` to its compiled form (``python_run``, the class's ``_run``, is what it
-    hands over to; ``parts``: the constants it needs, see ``Front``), where there is one.
-    Whether it did."""
+    """Set ``comm._run`` to its compiled form (``python_run``, ``Communicator._run``, is what it
+    hands over to; ``parts``: the constants it needs, see ``Front``), where there is one and
+    ``comm``'s class has not a ``_run`` of its own (which then runs, as written). Whether it did."""
     module = compiled_module()
-    if module is None:
+    if module is None or type(comm)._run is not python_run:
         return False
     comm.__dict__["_run"] = module.Front(comm, python_run, **parts)
     return True

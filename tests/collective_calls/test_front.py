@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from collectives.backends.local import LocalCommunicator
 from forms import split_in_form
 
 from collectives import front
@@ -140,3 +141,23 @@ def test_both_forms_of_the_call_path_see_the_same(world):
         assert seen["after"][1][3] == [sum(range(size))] * 3
         assert seen["closed"][0] == "ValueError"
         assert python[rank][2] and python[rank][3]  # records and hook calls were made
+
+
+def test_a_class_with_a_run_of_its_own_keeps_it(monkeypatch):
+    """The compiled front stands for Communicator._run only: a subclass's own _run runs."""
+    monkeypatch.setenv("COLLECTIVES_COMPILED", "1")
+    seen = []
+
+    class Wrapped(LocalCommunicator):
+        def _run(self, call, *args):
+            seen.append(call.name)
+            return super()._run(call, *args)
+
+    plain_comm, wrapped = LocalCommunicator(), Wrapped()
+    try:
+        assert front.is_compiled(plain_comm) and not front.is_compiled(wrapped)
+        assert wrapped.all_reduce(np.ones(3))[0] == 1.0
+        assert seen == ["all_reduce"]
+    finally:
+        plain_comm.close()
+        wrapped.close()
