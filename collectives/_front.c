@@ -183,6 +183,31 @@ takes(Front *self, Py_ssize_t nargs, PyObject *kwnames, PyObject *const *args)
 
 static PyObject *call0(PyObject *fn) { return PyObject_CallNoArgs(fn); }
 
+/* The exception being handled (sys.exception()), a new reference or NULL, and setting it. */
+#if PY_VERSION_HEX >= 0x030B0000
+#define get_handled PyErr_GetHandledException
+#define set_handled PyErr_SetHandledException
+#else /* Python 3.10 */
+static PyObject *
+get_handled(void)
+{
+    PyObject *type, *value, *traceback;
+    PyErr_GetExcInfo(&type, &value, &traceback);
+    Py_XDECREF(type);
+    Py_XDECREF(traceback);
+    return value;
+}
+
+static void
+set_handled(PyObject *error)
+{
+    if (error == NULL || error == Py_None)
+        PyErr_SetExcInfo(NULL, NULL, NULL);
+    else
+        PyErr_SetExcInfo(Py_NewRef((PyObject *)Py_TYPE(error)), Py_NewRef(error), PyException_GetTraceback(error));
+}
+#endif
+
 /* The steps from the number to the result: Communicator._run after its plan is found. */
 static PyObject *
 run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *op, PyObject *root, PyObject *out,
@@ -410,11 +435,11 @@ failed: /* inside the try block: an Exception becomes what the context's raise_f
         PyObject *raise_failed = state(self, s_raise_failed);
         if (raise_failed != NULL) {
             /* as in the Python form's except block: the error is the one being handled */
-            PyObject *handled = PyErr_GetHandledException();
-            PyErr_SetHandledException(error);
+            PyObject *handled = get_handled();
+            set_handled(error);
             PyObject *a[2] = {record == NULL ? Py_None : record, error};
             got = PyObject_Vectorcall(raise_failed, a, 2, NULL);
-            PyErr_SetHandledException(handled);
+            set_handled(handled);
             Py_XDECREF(handled);
             if (got != NULL) { /* (it always raises) */
                 Py_DECREF(got);

@@ -13,13 +13,16 @@ tour is its own reference, so two forms that agree on nothing cannot pass.
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from collectives.backends.local import LocalCommunicator
 from forms import split_in_form
 
 from collectives import front
-from collectives.diagnostics.recorder import END, START
+from collectives.diagnostics.recorder import END, ERROR, START, STATE
+from collectives.errors import CollectiveError
 
 WORLDS = pytest.mark.parametrize("world", [("mpi", 2), ("torch", 2), ("mpi", 3)], indirect=True,
                                  ids=lambda w: f"{w[0]}-{w[1]}")
@@ -161,3 +164,34 @@ def test_a_class_with_a_run_of_its_own_keeps_it(monkeypatch):
     finally:
         plain_comm.close()
         wrapped.close()
+
+
+@pytest.mark.parametrize("form", ["compiled", "python"])
+def test_a_transport_error_inside_the_call_is_mapped_the_same_way(monkeypatch, form):
+    """An exception from the transport's method (inside the call path's try block) becomes the
+    context's CollectiveError, raised from it, its record marked failed, in both forms; nothing of
+    it is left as the exception being handled after."""
+    monkeypatch.setenv("COLLECTIVES_COMPILED", "1" if form == "compiled" else "0")
+    comm = LocalCommunicator()
+    try:
+        x = np.ones((2, 2))[:, 0]  # strided: the general path, the row's transport method
+        comm.all_gather(x)
+        key = next(k for k in comm._plans if k[0].name == "all_gather")
+        plan = list(comm._plans[key])
+
+        def boom(request):
+            raise RuntimeError("boom")
+
+        plan[7] = boom
+        comm._plans[key] = tuple(plan)
+        expected = r"all_gather \(call #2\) .* failed in the local transport: builtins.RuntimeError: boom"
+        with pytest.raises(CollectiveError, match=expected) as raised:
+            comm.all_gather(x)
+        assert isinstance(raised.value.__cause__, RuntimeError)
+        assert comm._ring[-1][STATE] == "failed" and comm._ring[-1][ERROR] == "RuntimeError: boom"
+        assert sys.exc_info() == (None, None, None)
+        assert front.is_compiled(comm) == (form == "compiled")
+        if form == "compiled":
+            assert comm._run.taken == 1
+    finally:
+        comm.close()
