@@ -27,8 +27,8 @@ PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PI
 .PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite fuzz-c10d test-environments test-torch-versions \
 	test-ci-slice typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
 
-# backends/_carried*.c and collectives/_front.c are compiled by the install: a change to them installs again.
-$(STAMP): pyproject.toml $(wildcard backends/_carried*.[ch]) collectives/_front.c
+# backends/_carried*.c and collectives/_front*.c are compiled by the install: a change to them installs again.
+$(STAMP): pyproject.toml $(wildcard backends/_carried*.[ch] collectives/_front*.[ch])
 	@test -n "$(PYTHON_VERSION)" || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -42,7 +42,7 @@ ELASTIC_STORE = "COLLECTIVES_ELASTIC_STORE"
 #: Set by ``collectives-elastic`` in its ranks' environment: this process's member id (0 .. n-1
 #: for the first ranks; n, n+1, ... for replacements, which wait to join).
 ELASTIC_ID = "COLLECTIVES_ELASTIC_ID"
-#: 0 runs the pure-Python form of what has a compiled one (the call path, collectives/_front.c;
+#: 0 runs the pure-Python form of what has a compiled one (the call path, collectives/_front*.c;
 #: the MPI backend's check round and carried small calls, backends/_carried*.c), the reference
 #: the compiled form is tested against; read when a communicator is made (it keeps its form).
 COMPILED = "COLLECTIVES_COMPILED"

@@ -1,5 +1,6 @@
 """The call path's compiled form: :meth:`Communicator._run <collectives.communicator.Communicator._run>`
-in C (collectives/_front.c), set as a communicator's ``_run`` when the communicator is made.
+in C (collectives/_front_call.c; the object and module in _front.c), set as a communicator's ``_run``
+when the communicator is made.
 
 The Python ``_run`` is the reference. The compiled one runs the same steps in the same order,
 calling the same parts (the plan's check and fast path, the carried path, the check, the flight
@@ -20,13 +21,13 @@ from typing import Any
 
 from . import config
 
-#: The interface collectives/_front.c's ``VERSION`` must have (a build left from an older
-#: checkout is not used).
+#: The interface the module's ``VERSION`` (``FRONT_VERSION`` of collectives/_front.h) must have:
+#: a build left from an older checkout is not used.
 FRONT_VERSION = 1
 
 
 def compiled_module() -> Any:
-    """collectives/_front.c's module, or None where it was not built (or is stale) or
+    """The compiled front's module (``collectives._front``), or None where it was not built (or is stale) or
     ``COLLECTIVES_COMPILED=0`` turns the compiled forms off."""
     if not config.compiled():
         return None

@@ -1,4 +1,4 @@
-"""The call path in its two forms: Communicator._run in C (collectives/_front.c, where it was built;
+"""The call path in its two forms: Communicator._run in C (collectives/_front*.c, where it was built;
 the test set-up builds it) and in Python, its reference (COLLECTIVES_COMPILED=0).
 
 One tour of the call path's routes runs on a split in each form: every collective on carried

@@ -1,0 +1,52 @@
+/* What collectives/_front.c (the Front object, its type and module) and _front_call.c (its call:
+ * Communicator._run's steps) share. */
+#ifndef COLLECTIVES_FRONT_H
+#define COLLECTIVES_FRONT_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pythread.h>
+#include <stddef.h>
+
+/* The module's interface, as collectives/front.py expects it (FRONT_VERSION there). */
+#define FRONT_VERSION 1
+
+/* A Call row's fields the steps read (collectives/calls.py; its rows are frozen). */
+typedef struct {
+    PyObject *name, *root, *check;
+    int in_place, collective, counted;
+} Row;
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *comm;        /* the communicator */
+    PyObject *dict;        /* its __dict__: the call path's state */
+    PyObject *python_run;  /* Communicator._run (the reference): what this front hands over */
+    PyObject *not_taken;   /* collectives.calls.NOT_TAKEN */
+    PyObject *started;     /* the recorder's STARTED and POSTED states */
+    PyObject *posted;
+    PyObject *work_type;   /* collectives.work.Work */
+    PyObject *clock;       /* the recorder's clock */
+    PyObject *counted;     /* collectives.emulations.counted */
+    PyObject *rows;        /* {call: capsule of its Row}: a row's fields read once */
+    Py_ssize_t end, state; /* the record's END and STATE fields */
+    Py_ssize_t taken;      /* the calls it ran itself (not handed over) */
+    long size;
+} Front;
+
+/* Interned attribute names. */
+extern PyObject *s_gate, *s_plans, *s_dtype, *s_checks, *s_check_rank, *s_check_out, *s_shape,
+    *s_pending, *s_reap, *s_seq, *s_operation, *s_ring, *s_append, *s_checking, *s_nbytes,
+    *s_carry_bytes, *s_carry_call, *s_check_call, *s_debug, *s_p2p, *s_run, *s_x, *s_root, *s_out,
+    *s_async_op, *s_extra, *s_carried, *s_hooks, *s_call_hooks, *s_keep, *s_handles, *s_keep_p2p,
+    *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted;
+extern PyObject *front_zero, *front_one;
+
+/* The row of `call` (its fields read the first time), or NULL with an error (_front.c). */
+Row *row_of(Front *self, PyObject *call);
+
+/* front(call, x, op, root, out, async_op, extra=None, timeout=None): Communicator._run (_front_call.c). */
+PyObject *Front_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+#endif
