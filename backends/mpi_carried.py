@@ -136,13 +136,7 @@ def compiled_module() -> Any:
     """backends/_carried*.c's module (Round, Carrier, CheckedCarry), or None where it was not built
     (or was built from other sources: its VERSION is not :data:`COMPILED_VERSION`) or
     ``COLLECTIVES_COMPILED=0`` turns it off."""
-    if not config.compiled():
-        return None
-    try:
-        from . import _carried  # noqa: PLC0415
-    except ImportError:
-        return None
-    return _carried if getattr(_carried, "VERSION", None) == COMPILED_VERSION else None
+    return config.compiled_extension(f"{__package__}._carried", COMPILED_VERSION)
 
 
 def compiled_round(channel: Any) -> Round | None:

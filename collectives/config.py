@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import Any
 
 #: Which backend ``init()`` starts: auto (default), local, torch, mpi, cupy.
 BACKEND = "COLLECTIVES_BACKEND"
@@ -108,6 +110,19 @@ def check_level() -> int:
 def compiled() -> bool:
     """Whether the compiled forms run where they were built (``COLLECTIVES_COMPILED``, default 1)."""
     return env_flag(COMPILED) is not False
+
+
+def compiled_extension(name: str, version: int) -> Any:
+    """The optional C extension ``name`` (a module's full name), or None where :func:`compiled`
+    says no, it was not built, or it was built from other sources (its ``VERSION`` is not
+    ``version``: a build left from an older checkout is not used)."""
+    if not compiled():
+        return None
+    try:
+        module = importlib.import_module(name)
+    except ImportError:
+        return None
+    return module if getattr(module, "VERSION", None) == version else None
 
 
 def env_flag(name: str) -> bool | None:

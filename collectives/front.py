@@ -16,7 +16,6 @@ form it was made in.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from . import config
@@ -29,13 +28,7 @@ FRONT_VERSION = 1
 def compiled_module() -> Any:
     """The compiled front's module (``collectives._front``), or None where it was not built (or is stale) or
     ``COLLECTIVES_COMPILED=0`` turns the compiled forms off."""
-    if not config.compiled():
-        return None
-    try:
-        _front = importlib.import_module(f"{__package__}._front")
-    except ImportError:
-        return None
-    return _front if getattr(_front, "VERSION", None) == FRONT_VERSION else None
+    return config.compiled_extension(f"{__package__}._front", FRONT_VERSION)
 
 
 def install(comm: Any, python_run: Any, **parts: Any) -> bool:

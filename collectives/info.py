@@ -154,14 +154,12 @@ def collect() -> dict[str, Any]:
         "mpi": mpi_info,
         "cupy": cupy_info,
     }
-    info = {"launcher": launch.launcher, "rank": launch.rank, "size": launch.size,
+    compiled = front.compiled_module() is not None
+    return {"launcher": launch.launcher, "rank": launch.rank, "size": launch.size,
             "backend_env": os.environ.get(config.BACKEND, ""),
-            "call_path_compiled": front.compiled_module() is not None, "call_path_why": "",
+            "call_path_compiled": compiled, "call_path_why": "" if compiled else _not_compiled(),
             "backends": backends, "gpus": gpus_seen(torch_info),
             "nccl": {"cupy": cupy_info.get("nccl"), "torch": torch_info.get("nccl")}}
-    if not info["call_path_compiled"]:
-        info["call_path_why"] = _not_compiled()
-    return info
 
 
 def render(info: dict[str, Any]) -> str:
