@@ -383,12 +383,6 @@ Carrier_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObjec
 }
 
 static PyObject *
-Carrier_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
-{
-    return PyVectorcall_Call(self, args, kwargs);
-}
-
-static PyObject *
 Carrier_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     Carrier *self = (Carrier *)type->tp_alloc(type, 0);
@@ -409,7 +403,7 @@ PyTypeObject CarrierType = {
     .tp_new = Carrier_new,
     .tp_init = (initproc)Carrier_init,
     .tp_dealloc = (destructor)Carrier_dealloc,
-    .tp_call = Carrier_tp_call,
+    .tp_call = PyVectorcall_Call,  /* (a call with keywords, or through tp_call) */
 };
 
 static struct PyModuleDef module = {

@@ -146,12 +146,6 @@ CheckedCarry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)self;
 }
 
-static PyObject *
-CheckedCarry_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
-{
-    return PyVectorcall_Call(self, args, kwargs);
-}
-
 static PyTypeObject CheckedCarryType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "collectives.backends._carried.CheckedCarry",
@@ -160,7 +154,7 @@ static PyTypeObject CheckedCarryType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
     .tp_vectorcall_offset = offsetof(CheckedCarry, vectorcall),
     .tp_new = CheckedCarry_new,
-    .tp_call = CheckedCarry_tp_call,
+    .tp_call = PyVectorcall_Call,  /* (a call with keywords, or through tp_call) */
     .tp_dealloc = (destructor)CheckedCarry_dealloc,
     .tp_traverse = (traverseproc)CheckedCarry_traverse,
     .tp_clear = (inquiry)CheckedCarry_clear,

@@ -110,12 +110,6 @@ row_of(Front *self, PyObject *call)
 }
 
 static PyObject *
-Front_tp_call(PyObject *self, PyObject *args, PyObject *kwargs)
-{
-    return PyVectorcall_Call(self, args, kwargs);
-}
-
-static PyObject *
 Front_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     Front *self = (Front *)type->tp_alloc(type, 0);
@@ -195,7 +189,7 @@ static PyTypeObject FrontType = {
     .tp_new = Front_new,
     .tp_init = (initproc)Front_init,
     .tp_dealloc = (destructor)Front_dealloc,
-    .tp_call = Front_tp_call,
+    .tp_call = PyVectorcall_Call,  /* (a call with keywords, or through tp_call) */
     .tp_repr = (reprfunc)Front_repr,
     .tp_members = Front_members,
 };

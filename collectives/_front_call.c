@@ -71,8 +71,6 @@ takes(Front *self, Py_ssize_t nargs, PyObject *kwnames, PyObject *const *args)
     return id == PyThread_get_thread_ident();
 }
 
-static PyObject *call0(PyObject *fn) { return PyObject_CallNoArgs(fn); }
-
 /* The exception being handled (sys.exception()), a new reference or NULL, and setting it. */
 #if PY_VERSION_HEX >= 0x030B0000
 #define get_handled PyErr_GetHandledException
@@ -100,7 +98,7 @@ set_handled(PyObject *error)
 
 /* The steps from the number to the result: Communicator._run after its plan is found. */
 static PyObject *
-run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *op, PyObject *root, PyObject *out,
+run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *root, PyObject *out,
             PyObject *async_op, PyObject *extra, PyObject *plan)
 {
     PyObject *check = PyTuple_GET_ITEM(plan, 0), *fast = PyTuple_GET_ITEM(plan, 1);
@@ -167,7 +165,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *op, Py
     }
     if (ring != Py_None) { /* the flight recorder: a call with an end time and no error has completed */
         PyObject *shape = PyObject_GetAttr(view == Py_None ? x : view, s_shape), *now;
-        if (shape == NULL || (now = call0(self->clock)) == NULL) {
+        if (shape == NULL || (now = PyObject_CallNoArgs(self->clock)) == NULL) {
             Py_XDECREF(shape);
             Py_DECREF(seq);
             goto fail;
@@ -263,7 +261,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *op, Py
     Py_CLEAR(view);
 
     if (record != NULL) {
-        PyObject *now = call0(self->clock);
+        PyObject *now = PyObject_CallNoArgs(self->clock);
         if (now == NULL || PyList_SetItem(record, self->end, now) < 0) goto fail;
         PyObject *hooks = state(self, s_hooks);
         if (hooks == NULL || (truth = PyObject_IsTrue(hooks)) < 0) goto fail;
@@ -359,8 +357,7 @@ Front_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwna
     if (row == NULL) return NULL;
     Py_INCREF(plan);
     self->taken++;
-    PyObject *result = run_planned(self, row, call, x, op, args[3], args[4], args[5], nargs > 6 ? args[6] : Py_None,
-                                   plan);
+    PyObject *result = run_planned(self, row, call, x, args[3], args[4], args[5], nargs > 6 ? args[6] : Py_None, plan);
     Py_DECREF(plan);
     return result;
 }
