@@ -10,7 +10,7 @@
 
 /* The module's interface, as backends/mpi_carried.py expects it (COMPILED_VERSION there): a
  * build left from an older checkout is not used. */
-#define CARRIED_VERSION 1
+#define CARRIED_VERSION 2
 
 /* Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block. */
 #define CARRIED_BIT ((int64_t)1 << 63)
@@ -33,6 +33,24 @@ extern PyTypeObject RoundType;
  * waiting); *reduced: the AND of every rank's word; the channel's _everyone_fast set. -1 on an
  * error (raised), else 0. */
 int round_run(Round *self, int64_t word, PyObject *waiting, int64_t *reduced);
+
+/* The row of int64 after rank `rank`'s word in its block (the uneven calls' counts). */
+static inline const int64_t *
+round_row(Round *self, int rank)
+{
+    return (const int64_t *)((const char *)self->blocks.buf + (Py_ssize_t)rank * self->stride) + 1;
+}
+
+/* The most int64 of a row round_agree takes. */
+#define ROUND_ROW_MAX 64
+
+/* MPIChannel._agree_counts's round: this rank's row `values` (n of them) after its word, and
+ * view's bytes in its payload where view is not None (then bit 63 of the word set); *reduced: the
+ * AND of every rank's word (bit 63 included). 1 where the row does not fit the block or view is
+ * not one C-contiguous buffer of at most the payload's bytes (nothing written: the Python body
+ * runs), -1 on an error (raised), else 0. */
+int round_agree(Round *self, int64_t word, const int64_t *values, Py_ssize_t n, PyObject *view,
+                int64_t *reduced);
 
 static inline const char *
 round_payload(Round *self, int rank)

@@ -2,12 +2,14 @@
  * check word from its kind's hash and sequence number, the carried call, the words' agreement.
  * What is not the common case (another checks level, a communicator's first call, a kind of
  * call not hashed yet, a carry that is not a Carrier) runs CallCheck.carry itself, the reference.
- * The word is wire.check_word's (tested against it through check_word below). */
+ * The word is wire.check_word's (tested against it through check_word below). Below it,
+ * CallCheck.check_counts (the uneven calls' check and counts) compiled the same way. */
 #include "_carried.h"
 
 #include <stddef.h>
 
-static PyObject *s_seq, *s_level, *s_shape;
+static PyObject *s_seq, *s_level, *s_shape, *s_carries, *s_call, *s_x, *s_dtype, *s_extra, *s_out, *s_adapter,
+    *s_carried, *s_host_view, *s_nbytes, *s_minus_one, *s_no_shape;
 
 /* wire.check_word(call_hash, seq) */
 static int64_t
@@ -22,6 +24,19 @@ static int
 words_agree(int64_t reduced)
 {
     return (((reduced >> 32) | reduced) & 0xFFFFFFFF) == 0xFFFFFFFF;
+}
+
+/* call_check._hashes, the dict of the kinds of call hashed so far (a new reference). */
+static PyObject *
+hashes_of(PyObject *call_check)
+{
+    PyObject *hashes = PyObject_GetAttrString(call_check, "_hashes");
+    if (hashes != NULL && !PyDict_Check(hashes)) {
+        Py_DECREF(hashes);
+        PyErr_SetString(PyExc_TypeError, "call_check._hashes must be a dict");
+        return NULL;
+    }
+    return hashes;
 }
 
 typedef struct {
@@ -117,13 +132,8 @@ CheckedCarry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     static char *names[] = {"call_check", "comm", "default_level", NULL};
     PyObject *call_check, *comm, *default_level;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO", names, &call_check, &comm, &default_level)) return NULL;
-    PyObject *hashes = PyObject_GetAttrString(call_check, "_hashes");
+    PyObject *hashes = hashes_of(call_check);
     if (hashes == NULL) return NULL;
-    if (!PyDict_Check(hashes)) {
-        Py_DECREF(hashes);
-        PyErr_SetString(PyExc_TypeError, "call_check._hashes must be a dict");
-        return NULL;
-    }
     PyObject *fallback = PyObject_GetAttrString(call_check, "carry");
     PyObject *disagreed = fallback ? PyObject_GetAttrString(call_check, "_disagreed") : NULL;
     CheckedCarry *self = disagreed ? (CheckedCarry *)type->tp_alloc(type, 0) : NULL;
@@ -160,6 +170,238 @@ static PyTypeObject CheckedCarryType = {
     .tp_clear = (inquiry)CheckedCarry_clear,
 };
 
+/* CallCheck.check_counts, compiled: an uneven call's check word (its kind's hash, x.shape[1:], the
+ * sequence number) and its counts in one round of the channel's Round, x's bytes with them where x
+ * is at most carry_bytes of host memory. What is not the common case (the Round cannot take the
+ * row or x, a kind not hashed yet, splits that are not a list or tuple of ints) runs
+ * CallCheck.check_counts itself, the reference, before anything is written. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    Py_ssize_t carry_bytes;
+    PyObject *call_check, *comm, *hashes, *fallback, *compare, *round, *gathered_call;
+} CheckedCounts;
+
+#define CHECKED_COUNTS_FIELDS(X) X(call_check) X(comm) X(hashes) X(fallback) X(compare) X(round) X(gathered_call)
+GC_FIELDS(CheckedCounts, CHECKED_COUNTS_FIELDS)
+
+static void
+CheckedCounts_dealloc(CheckedCounts *self)
+{
+    PyObject_GC_UnTrack(self);
+    CheckedCounts_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* An int of a shape or a splits list as int64 (-1 and no error where it is not an int). */
+static int64_t
+int_of(PyObject *item)
+{
+    if (item == NULL || !PyLong_Check(item)) return -1;
+    long long value = PyLong_AsLongLong(item);
+    if (value == -1) PyErr_Clear();
+    return value;
+}
+
+/* What the round says: r.extra (every rank's rows, or the splits) and r.carried; Py_True, or
+ * Py_False where an out has other rows than its rank's result (the call path's own counts
+ * exchange then says which). */
+static PyObject *
+counts_agreed(CheckedCounts *self, PyObject *r, int gathered, Py_ssize_t n, int carrying, int64_t reduced)
+{
+    Round *round = (Round *)self->round;
+    const int size = round->size;
+    PyObject *extra = PyList_New(size);
+    if (extra == NULL) return NULL;
+    int64_t total = 0;
+    for (int k = 0; k < size; k++) {
+        const int64_t *theirs = round_row(round, k);
+        PyObject *item;
+        if (gathered) {
+            item = PyLong_FromLongLong(theirs[0]);
+            total += theirs[0];
+        } else {
+            item = PyList_New(n - 1);
+            for (Py_ssize_t i = 0; item != NULL && i < n - 1; i++) {
+                PyObject *value = PyLong_FromLongLong(theirs[i]);
+                if (value == NULL) Py_CLEAR(item);
+                else PyList_SET_ITEM(item, i, value);
+            }
+        }
+        if (item == NULL) {
+            Py_DECREF(extra);
+            return NULL;
+        }
+        PyList_SET_ITEM(extra, k, item);
+    }
+    for (int k = 0; k < size; k++) {  /* each rank's out rows (-1: none) against its result's */
+        int64_t rows = round_row(round, k)[n - 1], expected = total;
+        if (!gathered) {
+            expected = 0;
+            for (int j = 0; j < size; j++) expected += round_row(round, j)[k];
+        }
+        if (rows != -1 && rows != expected) {
+            Py_DECREF(extra);
+            Py_RETURN_FALSE;
+        }
+    }
+    PyObject *carried = carrying && reduced < 0 ? round->payloads : Py_None;
+    if (PyObject_SetAttr(r, s_extra, extra) < 0 || PyObject_SetAttr(r, s_carried, carried) < 0) {
+        Py_DECREF(extra);
+        return NULL;
+    }
+    Py_DECREF(extra);
+    Py_RETURN_TRUE;
+}
+
+/* check_counts(r) -> bool */
+static PyObject *
+CheckedCounts_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    CheckedCounts *self = (CheckedCounts *)op;
+    if (self->fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the check is gone");
+        return NULL;
+    }
+    if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL)
+        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    PyObject *r = args[0];
+    PyObject *carries = PyObject_GetAttr(self->call_check, s_carries);
+    if (carries == NULL) return NULL;
+    int on = PyObject_IsTrue(carries);
+    Py_DECREF(carries);
+    if (on <= 0) return on < 0 ? NULL : Py_NewRef(Py_False);
+    PyObject *seq_obj = PyObject_GetAttr(self->comm, s_seq);
+    if (seq_obj == NULL) return NULL;
+    long long seq = PyLong_AsLongLong(seq_obj);
+    Py_DECREF(seq_obj);
+    if (seq == -1 && PyErr_Occurred()) return NULL;
+    if (seq == 1) Py_RETURN_FALSE;
+    /* r's fields, x's shape, the kind's key; then the row; then x's view */
+    PyObject *call = NULL, *x = NULL, *dtype = NULL, *out = NULL, *extra = NULL, *adapter = NULL, *shape = NULL,
+             *key = NULL, *view = NULL, *result = NULL;
+    int64_t values[ROUND_ROW_MAX], reduced;
+    Py_ssize_t n = 0;
+    if ((call = PyObject_GetAttr(r, s_call)) == NULL || (x = PyObject_GetAttr(r, s_x)) == NULL ||
+        (dtype = PyObject_GetAttr(r, s_dtype)) == NULL || (out = PyObject_GetAttr(r, s_out)) == NULL ||
+        (extra = PyObject_GetAttr(r, s_extra)) == NULL || (adapter = PyObject_GetAttr(r, s_adapter)) == NULL ||
+        (shape = PyObject_GetAttr(x, s_shape)) == NULL)
+        goto finished;
+    if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) < 1) goto fallback;  /* (a torch.Size is a tuple) */
+    PyObject *rest = PyTuple_GetSlice(shape, 1, PyTuple_GET_SIZE(shape));
+    if (rest == NULL) goto finished;
+    key = PyTuple_Pack(5, call, dtype, Py_None, s_minus_one, rest);
+    Py_DECREF(rest);
+    if (key == NULL) goto finished;
+    PyObject *hash = PyDict_GetItemWithError(self->hashes, key);  /* (borrowed) */
+    if (hash == NULL) {
+        if (PyErr_Occurred()) goto finished;
+        goto fallback;  /* a new kind: hashed there */
+    }
+    unsigned long long h = PyLong_AsUnsignedLongLongMask(hash);
+    if (h == (unsigned long long)-1 && PyErr_Occurred()) goto finished;
+    int gathered = call == self->gathered_call;
+    if (gathered) {
+        values[n++] = int_of(PyTuple_GET_ITEM(shape, 0));
+    } else {  /* the splits, as given (checked by the call's row: an int per rank) */
+        if (!PyList_Check(extra) && !PyTuple_Check(extra)) goto fallback;
+        Py_ssize_t m = PySequence_Fast_GET_SIZE(extra);
+        if (m + 1 > ROUND_ROW_MAX) goto fallback;
+        for (Py_ssize_t i = 0; i < m; i++) values[n++] = int_of(PySequence_Fast_GET_ITEM(extra, i));
+    }
+    if (out == Py_None) {
+        values[n++] = -1;
+    } else {
+        PyObject *out_shape = PyObject_GetAttr(out, s_shape);
+        if (out_shape == NULL) goto finished;
+        values[n++] = PyTuple_Check(out_shape) && PyTuple_GET_SIZE(out_shape) > 0 ?
+            int_of(PyTuple_GET_ITEM(out_shape, 0)) : -1;
+        int unusual = values[n - 1] < 0;
+        Py_DECREF(out_shape);
+        if (unusual) goto fallback;
+    }
+    for (Py_ssize_t i = 0; i < n - 1; i++)
+        if (values[i] < 0) goto fallback;
+    PyObject *nbytes = PyObject_GetAttr(x, s_nbytes);
+    if (nbytes == NULL) goto finished;
+    Py_ssize_t bytes = PyLong_AsSsize_t(nbytes);
+    Py_DECREF(nbytes);
+    if (bytes == -1 && PyErr_Occurred()) goto finished;
+    view = bytes <= self->carry_bytes ? PyObject_CallMethodObjArgs(adapter, s_host_view, x, Py_False, NULL)
+                                      : Py_NewRef(Py_None);
+    if (view == NULL) goto finished;
+    int agreed = round_agree((Round *)self->round, (int64_t)(word_of((int64_t)h, seq)), values, n, view, &reduced);
+    if (agreed < 0) goto finished;
+    if (agreed > 0) goto fallback;  /* (nothing was written) */
+    if (!words_agree(reduced & WORD_BITS)) {  /* another call: the mismatch, raised there */
+        result = PyObject_CallFunction(self->compare, "OiOO", Py_None, -1, Py_None, s_no_shape);
+        if (result != NULL) Py_SETREF(result, Py_NewRef(Py_False));
+        goto finished;
+    }
+    result = counts_agreed(self, r, gathered, n, view != Py_None, reduced);
+    goto finished;
+fallback:
+    result = PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+finished:
+    Py_XDECREF(call);
+    Py_XDECREF(x);
+    Py_XDECREF(dtype);
+    Py_XDECREF(out);
+    Py_XDECREF(extra);
+    Py_XDECREF(adapter);
+    Py_XDECREF(shape);
+    Py_XDECREF(key);
+    Py_XDECREF(view);
+    return result;
+}
+
+static PyObject *
+CheckedCounts_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"call_check", "comm", "round", "carry_bytes", "gathered_call", NULL};
+    PyObject *call_check, *comm, *round, *gathered_call;
+    Py_ssize_t carry_bytes;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!nO", names, &call_check, &comm, &RoundType, &round,
+                                     &carry_bytes, &gathered_call))
+        return NULL;
+    PyObject *hashes = hashes_of(call_check);
+    if (hashes == NULL) return NULL;
+    PyObject *fallback = PyObject_GetAttrString(call_check, "check_counts");
+    PyObject *compare = fallback ? PyObject_GetAttrString(call_check, "compare_fingerprints") : NULL;
+    CheckedCounts *self = compare ? (CheckedCounts *)type->tp_alloc(type, 0) : NULL;
+    if (self == NULL) {
+        Py_DECREF(hashes);
+        Py_XDECREF(fallback);
+        Py_XDECREF(compare);
+        return NULL;
+    }
+    self->vectorcall = CheckedCounts_call;
+    self->carry_bytes = carry_bytes;
+    self->call_check = Py_NewRef(call_check);
+    self->comm = Py_NewRef(comm);
+    self->round = Py_NewRef(round);
+    self->gathered_call = Py_NewRef(gathered_call);
+    self->hashes = hashes;
+    self->fallback = fallback;
+    self->compare = compare;
+    return (PyObject *)self;
+}
+
+static PyTypeObject CheckedCountsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collectives.backends._carried.CheckedCounts",
+    .tp_doc = PyDoc_STR("CheckedCounts(call_check, comm, round, carry_bytes, gathered_call): "
+                        "call_check.check_counts, compiled"),
+    .tp_basicsize = sizeof(CheckedCounts),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_vectorcall_offset = offsetof(CheckedCounts, vectorcall),
+    .tp_new = CheckedCounts_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_dealloc = (destructor)CheckedCounts_dealloc,
+    .tp_traverse = (traverseproc)CheckedCounts_traverse,
+    .tp_clear = (inquiry)CheckedCounts_clear,
+};
+
 /* check_word(call_hash, seq): the word this module makes (the tests hold it to wire.check_word). */
 static PyObject *
 check_word(PyObject *module, PyObject *args)
@@ -180,12 +422,31 @@ check_types_ready(PyObject *module)
 {
     if ((s_seq = PyUnicode_InternFromString("_seq")) == NULL ||
         (s_level = PyUnicode_InternFromString("level")) == NULL ||
-        (s_shape = PyUnicode_InternFromString("shape")) == NULL)
+        (s_shape = PyUnicode_InternFromString("shape")) == NULL ||
+        (s_carries = PyUnicode_InternFromString("_carries")) == NULL ||
+        (s_call = PyUnicode_InternFromString("call")) == NULL ||
+        (s_x = PyUnicode_InternFromString("x")) == NULL ||
+        (s_dtype = PyUnicode_InternFromString("dtype")) == NULL ||
+        (s_extra = PyUnicode_InternFromString("extra")) == NULL ||
+        (s_out = PyUnicode_InternFromString("out")) == NULL ||
+        (s_adapter = PyUnicode_InternFromString("adapter")) == NULL ||
+        (s_carried = PyUnicode_InternFromString("carried")) == NULL ||
+        (s_host_view = PyUnicode_InternFromString("host_view")) == NULL ||
+        (s_nbytes = PyUnicode_InternFromString("nbytes")) == NULL ||
+        (s_minus_one = PyLong_FromLong(-1)) == NULL ||
+        (s_no_shape = PyTuple_New(0)) == NULL)
         return -1;
-    if (PyType_Ready(&CheckedCarryType) < 0 || PyModule_AddFunctions(module, functions) < 0) return -1;
+    if (PyType_Ready(&CheckedCarryType) < 0 || PyType_Ready(&CheckedCountsType) < 0 ||
+        PyModule_AddFunctions(module, functions) < 0)
+        return -1;
     Py_INCREF(&CheckedCarryType);
     if (PyModule_AddObject(module, "CheckedCarry", (PyObject *)&CheckedCarryType) < 0) {
         Py_DECREF(&CheckedCarryType);
+        return -1;
+    }
+    Py_INCREF(&CheckedCountsType);
+    if (PyModule_AddObject(module, "CheckedCounts", (PyObject *)&CheckedCountsType) < 0) {
+        Py_DECREF(&CheckedCountsType);
         return -1;
     }
     return 0;

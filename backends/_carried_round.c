@@ -131,6 +131,28 @@ Round_call(Round *self, PyObject *args, PyObject *kwds)
     return PyLong_FromLongLong(reduced);
 }
 
+int
+round_agree(Round *self, int64_t word, const int64_t *values, Py_ssize_t n, PyObject *view, int64_t *reduced)
+{
+    if (1 + n > self->offset / 8) return 1;
+    if (view != Py_None) {
+        Py_buffer x;
+        if (PyObject_GetBuffer(view, &x, PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear();
+            return 1;
+        }
+        if (x.len > self->room) {
+            PyBuffer_Release(&x);
+            return 1;
+        }
+        memcpy(round_own_payload(self), x.buf, x.len);
+        PyBuffer_Release(&x);
+        word |= CARRIED_BIT;
+    }
+    memcpy((int64_t *)self->block.buf + 1, values, n * sizeof(int64_t));
+    return round_run(self, word, Py_None, reduced);
+}
+
 /* agree_counts(word, row, view) -> (AND of the words less bit 63, every rank's row, the payloads
  * where every rank carried its x, else None); None where view is not one contiguous buffer of
  * at most the payload's bytes (the Python body runs then: nothing was written). */
@@ -149,30 +171,16 @@ Round_agree_counts(Round *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(row);
-    int64_t values[64];
-    if (n > 64) Py_RETURN_NONE;
+    int64_t values[ROUND_ROW_MAX];
+    if (n > ROUND_ROW_MAX) Py_RETURN_NONE;
     for (Py_ssize_t i = 0; i < n; i++) {
         values[i] = PyLong_AsLongLong(PyList_GET_ITEM(row, i));
         if (values[i] == -1 && PyErr_Occurred()) return NULL;
     }
-    int carrying = view != Py_None;
-    if (carrying) {
-        Py_buffer x;
-        if (PyObject_GetBuffer(view, &x, PyBUF_C_CONTIGUOUS) < 0) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-        if (x.len > self->room) {
-            PyBuffer_Release(&x);
-            Py_RETURN_NONE;
-        }
-        memcpy(round_own_payload(self), x.buf, x.len);
-        PyBuffer_Release(&x);
-        word |= CARRIED_BIT;
-    }
-    memcpy((int64_t *)self->block.buf + 1, values, n * sizeof(int64_t));
     int64_t reduced;
-    if (round_run(self, (int64_t)word, Py_None, &reduced) < 0) return NULL;
+    int agreed = round_agree(self, (int64_t)word, values, n, view, &reduced);
+    if (agreed < 0) return NULL;
+    if (agreed > 0) Py_RETURN_NONE;
     PyObject *rows = PyList_New(self->size);
     if (rows == NULL) return NULL;
     for (int k = 0; k < self->size; k++) {
@@ -182,7 +190,7 @@ Round_agree_counts(Round *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         }
         PyList_SET_ITEM(rows, k, each);
-        const int64_t *theirs = (const int64_t *)((const char *)self->blocks.buf + (Py_ssize_t)k * self->stride) + 1;
+        const int64_t *theirs = round_row(self, k);
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *value = PyLong_FromLongLong(theirs[i]);
             if (value == NULL) {
@@ -192,7 +200,7 @@ Round_agree_counts(Round *self, PyObject *const *args, Py_ssize_t nargs)
             PyList_SET_ITEM(each, i, value);
         }
     }
-    PyObject *carried = carrying && reduced < 0 ? self->payloads : Py_None;
+    PyObject *carried = view != Py_None && reduced < 0 ? self->payloads : Py_None;
     return Py_BuildValue("(LNO)", (long long)(reduced & WORD_BITS), rows, carried);
 }
 

@@ -129,11 +129,11 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
 
 
 #: The interface of backends/_carried*.c this module expects (CARRIED_VERSION there).
-COMPILED_VERSION = 1
+COMPILED_VERSION = 2
 
 
 def compiled_module() -> Any:
-    """backends/_carried*.c's module (Round, Carrier, CheckedCarry), or None where it was not built
+    """backends/_carried*.c's module (Round, Carrier, CheckedCarry, CheckedCounts), or None where it was not built
     (or was built from other sources: its VERSION is not :data:`COMPILED_VERSION`) or
     ``COLLECTIVES_COMPILED=0`` turns it off."""
     return config.compiled_extension(f"{__package__}._carried", COMPILED_VERSION)
@@ -142,7 +142,7 @@ def compiled_module() -> Any:
 def compiled_round(channel: Any) -> Round | None:
     """The channel's round, compiled (backends/_carried_round.c: ``MPIChannel._round`` and
     ``_agree_counts`` in C), where the round gathers blocks and :func:`compiled_module` is there;
-    the channel's other compiled parts (Carrier, CheckedCarry) exist only beside it, made from the
+    the channel's other compiled parts (Carrier, CheckedCarry, CheckedCounts) exist only beside it, made from the
     same module whatever ``COLLECTIVES_COMPILED`` says later (a communicator keeps its form)."""
     module = compiled_module() if channel._words is not None else None
     if module is None:
@@ -221,11 +221,15 @@ def _maker(call: Any, size: int, rank: int, new: Any, mpi_type: Any, local: Any,
 
 # -- the uneven rows: x travelled with the counts (see MPIChannel._agree_counts) ----------------
 
-def _result_bytes(r: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
-    """An uneven call's result (``r.out`` or a new array of x's kind) and its bytes (numpy)."""
-    result = r.out if r.out is not None else r.adapter.empty(r.x, shape)
-    view = result if isinstance(result, np.ndarray) else result.numpy()
-    return result, view.reshape(-1).view(np.uint8)
+def _result(r: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
+    """An uneven call's result (``r.out`` or a new array of x's kind) and its numpy view."""
+    result = r.out
+    if result is None:
+        if type(r.x) is np.ndarray:
+            result = np.empty(shape, r.x.dtype)
+            return result, result
+        result = r.adapter.empty(r.x, shape)
+    return result, result if type(result) is np.ndarray else result.numpy()
 
 
 def _done(r: Any, result: Any) -> Any:
@@ -237,11 +241,11 @@ def carried_all_gather_v(r: Any, compiled: Round | None) -> Any:
     ``compiled``, the channel's compiled round, where there is one)."""
     x, counts, carried = r.x, r.extra, r.carried
     row = row_bytes(x)
-    result, got = _result_bytes(r, (sum(counts), *x.shape[1:]))
-    if compiled is not None:
+    result, got = _result(r, (sum(counts), *x.shape[1:]))
+    if compiled is not None:  # (any C-contiguous writable buffer: got's bytes)
         compiled.rows_into(got, counts, row)
         return _done(r, (result, counts))
-    at = 0
+    got, at = got.reshape(-1).view(np.uint8), 0
     for rank, n in enumerate(counts):
         got[at:at + n * row] = carried[rank, :n * row]
         at += n * row
@@ -252,11 +256,11 @@ def carried_all_to_all_v(r: Any, rank: int, compiled: Round | None) -> Any:
     """The uneven all_to_all's result from ``r.carried``: what each rank sent to ``rank``."""
     x, splits, carried = r.x, r.extra, r.carried
     row = row_bytes(x)
-    result, got = _result_bytes(r, (sum(sent[rank] for sent in splits), *x.shape[1:]))
+    result, got = _result(r, (sum(sent[rank] for sent in splits), *x.shape[1:]))
     if compiled is not None:
         compiled.rows_into(got, splits, row, rank)
         return _done(r, result)
-    at = 0
+    got, at = got.reshape(-1).view(np.uint8), 0
     for peer, sent in enumerate(splits):
         start, n = sum(sent[:rank]) * row, sent[rank] * row
         got[at:at + n] = carried[peer, start:start + n]

@@ -28,7 +28,7 @@ import numpy as np
 
 from collectives import arrays, config, farewell
 from collectives.arrays import ArrayAdapter
-from collectives.calls import BARRIER_TAG, FAREWELL_TAG
+from collectives.calls import ALL_GATHER_V, BARRIER_TAG, FAREWELL_TAG
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.polling import wait_until
@@ -358,6 +358,14 @@ class MPIChannel(Transport):
         from ._carried import CheckedCarry  # noqa: PLC0415  (the module that made the Round)
 
         return CheckedCarry(call_check, call_check._comm, config.CHECKS_DEFAULT)
+
+    def _counts_check(self, call_check: Any) -> Callable[[Any], bool]:
+        """``CallCheck.check_counts`` compiled (backends/_carried_check.c) where the round is."""
+        if self._compiled_round is None:
+            return call_check.check_counts  # type: ignore[no-any-return]
+        from ._carried import CheckedCounts  # noqa: PLC0415  (the module that made the Round)
+
+        return CheckedCounts(call_check, call_check._comm, self._compiled_round, self._carry_bytes, ALL_GATHER_V)
 
     def _carried_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
                       reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:

@@ -121,6 +121,7 @@ class Communicator:
         self._pending, self._reap, self._keep = handles.pending, handles.reap, handles.keep
         self._plans, self._plan, self._check_call = checks.plans, checks.plan, call_check.check
         self._carry_call, self._carry_bytes = transport._carry_check(call_check), transport._carry_bytes
+        self._check_counts = transport._counts_check(call_check)  # (emulations.counted calls it)
         # What an error raised inside a call becomes (the context's: see raise_failed).
         self._raise_failed = context.raise_failed
         # Debug mode (COLLECTIVES_DEBUG=1): full fingerprints, and headers ahead of send/recv.

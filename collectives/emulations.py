@@ -44,7 +44,7 @@ def counted(comm: Any, r: Request) -> None:
     ``r.extra`` becomes every rank's row counts (all_gather_v) or the splits ``splits[i][j]``
     (uneven all_to_all, from each rank's ``send_splits``). Where the transport carries them in
     the check's round (``CallCheck.check_counts``) that round was the exchange."""
-    if comm._checking and comm._call_check.check_counts(r):
+    if comm._checking and comm._check_counts(r):
         return
     if r.call is ALL_GATHER_V:
         r.extra = header_rows(rows_of_everyone(comm, r.x, r.dtype, r.out, None))

@@ -263,6 +263,12 @@ class Transport(abc.ABC):
         arguments and results."""
         return call_check.carry  # type: ignore[no-any-return]
 
+    def _counts_check(self, call_check: Any) -> Callable[[Any], bool]:
+        """What the call path calls for an uneven call's counts exchange (``emulations.counted``):
+        ``call_check.check_counts`` (``CallCheck.check_counts``), or a compiled form of it with the
+        same argument and result."""
+        return call_check.check_counts  # type: ignore[no-any-return]
+
     #: Whether the default check's words mark the ranks on the fast path (``wire.FAST_BIT``):
     #: :meth:`_agree_word` then gets words with bit 63 set, and may learn that every rank runs
     #: the call on its fast path.
