@@ -206,6 +206,12 @@ static PyObject *
 new_result(Carrier *self, PyObject *view, PyObject *shape, PyObject *out, PyObject **recv, Py_buffer *got)
 {
     if (shape == NULL) return NULL;
+    if (out != Py_None && PyObject_CheckBuffer(out)) {  /* a numpy out= (a tensor has no buffer): new's (out, out) */
+        Py_DECREF(shape);
+        if (PyObject_GetBuffer(out, got, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+        *recv = Py_NewRef(out);
+        return Py_NewRef(out);
+    }
     PyObject *pair = PyObject_CallFunctionObjArgs(self->new_result, view, shape, out, NULL);
     Py_DECREF(shape);
     if (pair == NULL) return NULL;

@@ -113,9 +113,10 @@ class ArgumentChecks:
             # An out= that passes, in a few reads (any fault: the checks below name it; a
             # contiguous array has no zero stride on a dimension longer than 1).
             if adapter is _NUMPY:
-                flags = out.flags
-                if out.dtype == x.dtype and flags.c_contiguous and flags.writeable and \
-                        self._out_shape_fits(call, out.shape, x.shape, extra):
+                flags, shape = out.flags, call.out_shape
+                if out.dtype == x.dtype and flags.c_contiguous and flags.writeable and (
+                        out.shape == shape(self, x.shape, extra) if shape is not None
+                        else self._out_shape_fits(call, out.shape, x.shape, extra)):
                     return
             elif adapter is _TORCH:
                 try:  # (x's layout is strided; a nested tensor's shape raises: the checks below)
