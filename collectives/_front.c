@@ -32,7 +32,7 @@ PyObject *s_gate, *s_plans, *s_dtype, *s_checks, *s_check_rank, *s_check_out, *s
 PyObject *front_zero, *front_one;
 
 #define FRONT_FIELDS(X) X(comm) X(dict) X(python_run) X(not_taken) X(started) X(posted) \
-    X(work_type) X(clock) X(counted) X(rows)
+    X(work_type) X(clock) X(counted) X(host_view) X(numpy) X(rows)
 
 static int
 Front_traverse(Front *self, visitproc visit, void *arg)
@@ -121,11 +121,12 @@ static int
 Front_init(Front *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"comm", "python_run", "not_taken", "started", "posted", "end", "state",
-                             "work_type", "clock", "counted", NULL};
-    PyObject *comm, *python_run, *not_taken, *started, *posted, *work_type, *clock, *counted, *size;
+                             "work_type", "clock", "counted", "host_view", "numpy", NULL};
+    PyObject *comm, *python_run, *not_taken, *started, *posted, *work_type, *clock, *counted, *host_view, *numpy,
+        *size;
     Py_ssize_t end, state_index;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnnOOO", kwlist, &comm, &python_run, &not_taken, &started,
-                                     &posted, &end, &state_index, &work_type, &clock, &counted))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnnOOOOO", kwlist, &comm, &python_run, &not_taken, &started,
+                                     &posted, &end, &state_index, &work_type, &clock, &counted, &host_view, &numpy))
         return -1;
     if (!PyType_Check(work_type)) {
         PyErr_SetString(PyExc_TypeError, "work_type must be a type");
@@ -158,6 +159,8 @@ Front_init(Front *self, PyObject *args, PyObject *kwds)
     self->work_type = Py_NewRef(work_type);
     self->clock = Py_NewRef(clock);
     self->counted = Py_NewRef(counted);
+    self->host_view = Py_NewRef(host_view);
+    self->numpy = Py_NewRef(numpy);
     self->rows = rows;
     self->end = end;
     self->state = state_index;

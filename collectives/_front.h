@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 /* The module's interface, as collectives/front.py expects it (FRONT_VERSION there). */
-#define FRONT_VERSION 1
+#define FRONT_VERSION 2
 
 /* A Call row's fields the steps read (collectives/calls.py; its rows are frozen). */
 typedef struct {
@@ -29,6 +29,8 @@ typedef struct {
     PyObject *work_type;   /* collectives.work.Work */
     PyObject *clock;       /* the recorder's clock */
     PyObject *counted;     /* collectives.emulations.counted */
+    PyObject *host_view;   /* NumpyAdapter.host_view (the function) and arrays.NUMPY: a plan whose */
+    PyObject *numpy;       /* check is numpy's host_view is read through the buffer protocol */
     PyObject *rows;        /* {call: capsule of its Row}: a row's fields read once */
     Py_ssize_t end, state; /* the record's END and STATE fields */
     Py_ssize_t taken;      /* the calls it ran itself (not handed over) */

@@ -96,6 +96,25 @@ set_handled(PyObject *error)
 }
 #endif
 
+/* NumpyAdapter.host_view(x, in_place) where it returns x (a numpy array, C-contiguous, writable
+ * where in_place): x, read through the buffer protocol; NULL without an error where check is
+ * another check or x is not such an array (then the check itself runs: its None or its error). */
+static PyObject *
+numpy_view(Front *self, PyObject *check, PyObject *x, int in_place)
+{
+    if (!PyMethod_Check(check) || PyMethod_GET_FUNCTION(check) != self->host_view ||
+        PyMethod_GET_SELF(check) != self->numpy)
+        return NULL;
+    Py_buffer buffer;
+    if (PyObject_GetBuffer(x, &buffer, PyBUF_C_CONTIGUOUS) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    int usable = !(in_place && buffer.readonly);
+    PyBuffer_Release(&buffer);
+    return usable ? Py_NewRef(x) : NULL;
+}
+
 /* The steps from the number to the result: Communicator._run after its plan is found. */
 static PyObject *
 run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *root, PyObject *out,
@@ -108,8 +127,10 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *root, 
     PyObject *comm = self->comm, *view = NULL, *record = NULL, *result = NULL, *got;
 
     /* What can differ between two arrays of one kind, checked on every call. */
-    PyObject *check_args[2] = {x, row->in_place ? Py_True : Py_False};
-    if ((view = PyObject_Vectorcall(check, check_args, 2, NULL)) == NULL) return NULL;
+    if ((view = numpy_view(self, check, x, row->in_place)) == NULL) {
+        PyObject *check_args[2] = {x, row->in_place ? Py_True : Py_False};
+        if ((view = PyObject_Vectorcall(check, check_args, 2, NULL)) == NULL) return NULL;
+    }
     if (row->root != Py_None) {
         long r = PyLong_CheckExact(root) ? PyLong_AsLong(root) : -1;
         if (r == -1 && PyErr_Occurred()) PyErr_Clear();
