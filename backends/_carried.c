@@ -423,7 +423,7 @@ PyInit__carried(void)
     if (PyType_Ready(&CarrierType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    if (round_types_ready(m) < 0 || check_types_ready(m) < 0) {
+    if (round_types_ready(m) < 0 || check_types_ready(m) < 0 || p2p_types_ready(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -89,4 +89,7 @@ PyObject *Carrier_vectorcall(PyObject *carrier, PyObject *const *args, size_t na
 /* The check that carries (backends/_carried_check.c). */
 int check_types_ready(PyObject *module);
 
+/* send's and recv's fast paths (backends/_carried_p2p.c). */
+int p2p_types_ready(PyObject *module);
+
 #endif

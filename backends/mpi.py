@@ -271,7 +271,7 @@ class MPITransport(MPIChannel):
                     one_call(send_to, start_send, [buf, byte], dst, tag)
                     return None
                 return NOT_TAKEN
-            return send
+            return self._compiled_p2p(send, start_send, None, dtype)
         start_recv, status = comm.Irecv, self._MPI.Status()
         complete, context = self._complete_request, self.context
 
@@ -289,7 +289,20 @@ class MPITransport(MPIChannel):
             if got != buf.nbytes:
                 raise _short_message(src, tag, got, buf.nbytes, buf.shape, dtype)
             return buf
-        return recv
+        return self._compiled_p2p(recv, start_recv, status, dtype)
+
+    def _compiled_p2p(self, python: Any, start: Any, status: Any, dtype: str) -> Callable[[Any, Any, Any, Any], Any]:
+        """``python`` (send's fast path, or recv's with its ``status``) compiled
+        (backends/_carried_p2p.c), under a timeout, where the module was built and this class
+        completes requests as MPITransport does."""
+        module = self._compiled
+        if module is None or type(self)._call is not MPITransport._call:
+            return python
+
+        def short_message(src: int, tag: int, got: int, holds: int, shape: Any) -> ValueError:
+            return _short_message(src, tag, got, holds, shape, dtype)
+        return module.PointToPoint(  # type: ignore[no-any-return]
+            status is not None, start, self._byte, self, status, python, short_message, MAX_COUNT, FAST_POLLS)
 
     def _all_reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op

@@ -133,9 +133,9 @@ COMPILED_VERSION = 2
 
 
 def compiled_module() -> Any:
-    """backends/_carried*.c's module (Round, Carrier, CheckedCarry, CheckedCounts), or None where it was not built
-    (or was built from other sources: its VERSION is not :data:`COMPILED_VERSION`) or
-    ``COLLECTIVES_COMPILED=0`` turns it off."""
+    """backends/_carried*.c's module (Round, Carrier, CheckedCarry, CheckedCounts, PointToPoint), or
+    None where it was not built (or was built from other sources: its VERSION is not
+    :data:`COMPILED_VERSION`) or ``COLLECTIVES_COMPILED=0`` turns it off."""
     return config.compiled_extension(f"{__package__}._carried", COMPILED_VERSION)
 
 
@@ -144,7 +144,7 @@ def compiled_round(channel: Any) -> Round | None:
     ``_agree_counts`` in C), where the round gathers blocks and :func:`compiled_module` is there;
     the channel's other compiled parts (Carrier, CheckedCarry, CheckedCounts) exist only beside it, made from the
     same module whatever ``COLLECTIVES_COMPILED`` says later (a communicator keeps its form)."""
-    module = compiled_module() if channel._words is not None else None
+    module = channel._compiled if channel._words is not None else None
     if module is None:
         return None
     return module.Round(channel, channel._block, channel._blocks, channel._payloads,  # type: ignore[no-any-return]

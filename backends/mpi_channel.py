@@ -37,7 +37,7 @@ from collectives.transport import Transport
 from . import _float_order
 from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
 from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
-from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS, carried_path, compiled_round
+from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS, carried_path, compiled_module, compiled_round
 from .mpi_library import (
     float16_datatype,
     library_version,
@@ -160,8 +160,10 @@ class MPIChannel(Transport):
         # Whether every rank runs the running call on its fast path, as its check's round said
         # (wire.FAST_BIT; False without one): only then a staged persistent request (see _staged).
         self._everyone_fast = False
-        # _round and _agree_counts compiled (backends/_carried_round.c), where the round gathers
-        # blocks and the module was built; their Python bodies below are the reference.
+        # backends/_carried*.c's module where it was built (None: the Python forms), and _round and
+        # _agree_counts compiled with it, where the round gathers blocks; their Python bodies
+        # below are the reference.
+        self._compiled = compiled_module()
         self._compiled_round = compiled_round(self)
 
     @property
