@@ -297,7 +297,7 @@ class MPITransport(MPIChannel):
         completes requests as MPITransport does."""
         module = self._compiled
         if module is None or type(self)._call is not MPITransport._call:
-            return python
+            return python  # type: ignore[no-any-return]
 
         def short_message(src: int, tag: int, got: int, holds: int, shape: Any) -> ValueError:
             return _short_message(src, tag, got, holds, shape, dtype)
