@@ -120,9 +120,11 @@ class ArgumentChecks:
                     return
             elif adapter is _TORCH:
                 try:  # (x's layout is strided; a nested tensor's shape raises: the checks below)
+                    shape = call.out_shape  # (a torch.Size equals the tuple of its sizes)
                     if out.dtype == x.dtype and out.device == x.device and out.layout == x.layout and \
-                            not out.requires_grad and not out.is_neg() and out.is_contiguous() and \
-                            self._out_shape_fits(call, tuple(out.shape), tuple(x.shape), extra):
+                            not out.requires_grad and not out.is_neg() and out.is_contiguous() and (
+                                out.shape == shape(self, x.shape, extra) if shape is not None
+                                else self._out_shape_fits(call, tuple(out.shape), tuple(x.shape), extra)):
                         return
                 except RuntimeError:
                     pass
