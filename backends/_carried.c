@@ -445,9 +445,15 @@ PyTypeObject CarrierType = {
     .tp_call = PyVectorcall_Call,  /* (a call with keywords, or through tp_call) */
 };
 
+static PyMethodDef module_functions[] = {
+    {"bind_mpi", bind_mpi, METH_O,
+     PyDoc_STR("bind_mpi(MPI) -> whether the round calls MPI_Start and MPI_Test of mpi4py's library itself")},
+    {NULL},
+};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "collectives.backends._carried",
-    PyDoc_STR("backends/mpi_carried.py's carried call, compiled (optional)"), -1, NULL,
+    PyDoc_STR("backends/mpi_carried.py's carried call, compiled (optional)"), -1, module_functions,
 };
 
 PyMODINIT_FUNC

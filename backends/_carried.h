@@ -20,10 +20,13 @@
 typedef struct {
     PyObject_HEAD
     int size, rank, polls;
+    char direct;                       /* whether its persistent request is started and tested directly */
     Py_ssize_t stride, offset, room;   /* a block's bytes; where its payload starts; the payload's bytes */
     Py_buffer block, blocks;           /* this rank's block (written), every rank's (read) */
     PyObject *channel;                 /* the MPIChannel: _word_request, _start_round, _wait_saying, ... */
     PyObject *payloads;                /* the channel's _payloads: every rank's payload, as numpy bytes */
+    PyObject *request;                 /* the persistent request last started directly, and */
+    void *handle;                      /* where mpi4py keeps its handle (see bind_mpi) */
 } Round;
 
 extern PyTypeObject RoundType;
@@ -65,6 +68,10 @@ round_own_payload(Round *self)
 }
 
 int round_types_ready(PyObject *module);
+
+/* bind_mpi(MPI): MPI_Start and MPI_Test looked up in the library of mpi4py's module MPI (where it
+ * has them), for the round's direct calls; whether they were found. */
+PyObject *bind_mpi(PyObject *module, PyObject *MPI);
 
 /* A type's tp_traverse and tp_clear (Type_traverse, Type_clear) from the list of its object
  * fields, FIELDS(X) calling X(field) for each: one list per type, so none is forgotten in one. */

@@ -147,6 +147,7 @@ def compiled_round(channel: Any) -> Round | None:
     module = channel._compiled if channel._words is not None else None
     if module is None:
         return None
+    module.bind_mpi(channel._MPI)  # (its persistent request started and tested by MPI itself, where found)
     return module.Round(channel, channel._block, channel._blocks, channel._payloads,  # type: ignore[no-any-return]
                         channel._payload_offset, FAST_POLLS)
 

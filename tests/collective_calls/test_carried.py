@@ -405,3 +405,38 @@ def test_the_compiled_module_is_built_and_its_check_word_is_wires(monkeypatch):
     assert wrong == []
     monkeypatch.setenv(COMPILED, "0")
     assert compiled_module() is None
+
+
+def direct_job(comm):
+    """The compiled round with its persistent request started and tested by MPI_Start and MPI_Test
+    themselves (``direct``, as bind_mpi found them) and through mpi4py: for each, the results of
+    carried calls and of a larger all_reduce (checked by the round only), and whether each round
+    carried; then whether the round was direct to begin with."""
+    rnd = comm._transport._compiled_round
+    was_direct, found = rnd.direct, {}
+    size, rank = comm.size, comm.rank
+    try:
+        for direct in (True, False):
+            rnd.direct = direct
+            small = np.full(3, rank + 1.0)
+            comm.all_reduce(small)
+            large = np.full(2 * CARRY_BYTES // 8, rank + 1.0)
+            comm.all_reduce(large)
+            got, counts = comm.all_gather_v(np.full((rank + 1, 2), float(rank)))
+            b = comm.broadcast(np.full(2, float(rank)), src=size - 1)
+            found[direct] = (small.tolist(), float(large.sum()), counts, got[:, 0].tolist(), b.tolist(),
+                             everyone_carried(comm))
+    finally:
+        rnd.direct = was_direct
+    return was_direct, found
+
+
+@WORLDS
+def test_the_round_started_by_mpi_itself_gives_what_mpi4pys_calls_give(world):
+    total = float(sum(range(1, world.size + 1)))
+    rows = sum(([float(r)] * (r + 1) for r in range(world.size)), [])
+    for was_direct, found in world.run(direct_job, timeout=120):
+        assert was_direct  # (every MPI of the test beds: MPI_Start and MPI_Test in mpi4py's library)
+        assert found[True] == found[False] == (
+            [total] * 3, total * 2 * CARRY_BYTES // 8, list(range(1, world.size + 1)), rows,
+            [float(world.size - 1)] * 2, True)
