@@ -105,6 +105,10 @@ row_of(Front *self, PyObject *call)
         Py_DECREF(capsule);
         return NULL;
     }
+    PyObject *below = PyObject_GetAttrString(row->check, "tags_below");
+    row->tags_below = below != NULL && PyLong_CheckExact(below) ? PyLong_AsLong(below) : -1;
+    Py_XDECREF(below);
+    PyErr_Clear();  /* (a check without one, or None: it is called) */
     Py_DECREF(capsule); /* (the dict keeps it) */
     return row;
 }
@@ -140,7 +144,10 @@ Front_init(Front *self, PyObject *args, PyObject *kwds)
     }
     self->size = PyLong_AsLong(size);
     Py_DECREF(size);
-    if (self->size == -1 && PyErr_Occurred()) {
+    PyObject *rank = self->size == -1 && PyErr_Occurred() ? NULL : PyObject_GetAttrString(comm, "rank");
+    self->rank = rank ? PyLong_AsLong(rank) : -1;
+    Py_XDECREF(rank);
+    if (PyErr_Occurred()) {
         Py_DECREF(dict);
         return -1;
     }

@@ -9,12 +9,13 @@
 #include <stddef.h>
 
 /* The module's interface, as collectives/front.py expects it (FRONT_VERSION there). */
-#define FRONT_VERSION 2
+#define FRONT_VERSION 3
 
 /* A Call row's fields the steps read (collectives/calls.py; its rows are frozen). */
 typedef struct {
     PyObject *name, *root, *check;
     int in_place, collective, counted;
+    long tags_below;  /* the check's tags_below (send/recv: see calls.peer_and_tag), else -1 */
 } Row;
 
 typedef struct {
@@ -34,7 +35,7 @@ typedef struct {
     PyObject *rows;        /* {call: capsule of its Row}: a row's fields read once */
     Py_ssize_t end, state; /* the record's END and STATE fields */
     Py_ssize_t taken;      /* the calls it ran itself (not handed over) */
-    long size;
+    long size, rank;
 } Front;
 
 /* Interned attribute names. */

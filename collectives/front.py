@@ -22,7 +22,7 @@ from . import config
 
 #: The interface the module's ``VERSION`` (``FRONT_VERSION`` of collectives/_front.h) must have:
 #: a build left from an older checkout is not used.
-FRONT_VERSION = 2
+FRONT_VERSION = 3
 
 
 def compiled_module() -> Any:

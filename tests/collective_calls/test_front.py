@@ -106,6 +106,11 @@ def tour(comm, form):
         note("indivisible", lambda: sub.reduce_scatter(np.ones(size + 1, np.float32)))
         note("read-only", lambda: sub.all_reduce(np.broadcast_to(x, (4,))))
         note("op on dtype", lambda: sub.all_reduce(np.ones(2, bool), "avg"))
+        other = (rank + 1) % size  # (the bad sends raise before anything is sent)
+        for bad in (-1, True, 32766, 32767, 2**31, 2.0):
+            note(f"tag {bad!r}", lambda bad=bad: sub.send(x, other, tag=bad))
+        note("send to itself", lambda: sub.send(x, rank))
+        note("recv from itself", lambda: sub.recv(x, rank, 5))
         note("mismatch carried", lambda: sub.all_reduce(np.ones(2 + rank, np.float32)))
         note("mismatch general", lambda: sub.all_reduce(np.ones(3000 + rank, np.float32)))
         note("after", lambda: sub.all_reduce(np.full(3, rank, np.int64)))
