@@ -239,6 +239,10 @@ PyInit__front(void)
     if (intern_all() < 0 || PyType_Ready(&FrontType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    if (method_type_ready(m) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&FrontType);
     if (PyModule_AddIntConstant(m, "VERSION", FRONT_VERSION) < 0 ||
         PyModule_AddObject(m, "Front", (PyObject *)&FrontType) < 0) {

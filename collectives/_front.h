@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 /* The module's interface, as collectives/front.py expects it (FRONT_VERSION there). */
-#define FRONT_VERSION 3
+#define FRONT_VERSION 4
 
 /* A Call row's fields the steps read (collectives/calls.py; its rows are frozen). */
 typedef struct {
@@ -51,5 +51,8 @@ Row *row_of(Front *self, PyObject *call);
 
 /* front(call, x, op, root, out, async_op, extra=None, timeout=None): Communicator._run (_front_call.c). */
 PyObject *Front_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+/* The public methods' type, Method (_front_method.c), added to the module. */
+int method_type_ready(PyObject *module);
 
 #endif

@@ -25,7 +25,7 @@ from _thread import get_ident as _thread_id
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import arrays, config, emulations, farewell, front, objects
+from . import config, emulations, farewell, front, objects
 from .calls import (
     ALL_GATHER,
     ALL_GATHER_V,
@@ -145,9 +145,7 @@ class Communicator:
         self._ring = recorder.new_ring(self)
         self._hooks: list[Callable[[CallRecord], Any]] = []
         # The call path, compiled where it was built (collectives/front.py): this instance's _run.
-        front.install(self, Communicator._run, not_taken=NOT_TAKEN, started=STARTED, posted=POSTED, end=END,
-                      state=STATE, work_type=Work, clock=_clock, counted=emulations.counted,
-                      host_view=arrays.NumpyAdapter.host_view, numpy=arrays.NUMPY)
+        front.install(self, Communicator)
         if config.env_flag(config.PROFILE):
             from . import profile  # noqa: PLC0415
 

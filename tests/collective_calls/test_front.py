@@ -13,6 +13,7 @@ tour is its own reference, so two forms that agree on nothing cannot pass.
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import numpy as np
@@ -110,10 +111,23 @@ def tour(comm, form):
         for bad in (-1, True, 32766, 32767, 2**31, 2.0):
             note(f"tag {bad!r}", lambda bad=bad: sub.send(x, other, tag=bad))
         note("send to itself", lambda: sub.send(x, rank))
-        note("recv from itself", lambda: sub.recv(x, rank, 5))
+        note("recv from itself", lambda: sub.recv(x, rank, tag=5))
         note("mismatch carried", lambda: sub.all_reduce(np.ones(2 + rank, np.float32)))
         note("mismatch general", lambda: sub.all_reduce(np.ones(3000 + rank, np.float32)))
         note("after", lambda: sub.all_reduce(np.full(3, rank, np.int64)))
+        # the arguments in every form the Python methods take (the compiled ones pass them on or
+        # hand the call to the Python method: the same results and the same TypeErrors)
+        y = np.full(3, rank + 1.0)
+        note("op by name", lambda: sub.all_reduce(y.copy(), op="max"))
+        note("op and root by name", lambda: sub.reduce(y.copy(), dst=size - 1, op="min"))
+        note("op and root by position", lambda: sub.reduce(y.copy(), "prod", size - 1))
+        note("x by name", lambda: sub.all_reduce(x=y.copy()))
+        note("op twice", lambda: sub.all_reduce(y.copy(), "max", op="min"))
+        note("a positional too many", lambda: sub.all_reduce(y.copy(), "sum", 0))
+        note("no x", lambda: sub.all_reduce())
+        note("an unknown keyword", lambda: sub.broadcast(y.copy(), root=0))
+        note("no peer", lambda: sub.send(y))
+        note("out by name", lambda: sub.gather(y, out=np.zeros((size, 3)) if rank == 0 else None))
         ring = [tuple(plain(v) if i not in (START, END) else v > 0 for i, v in enumerate(r)) for r in sub._ring]
         compiled = sub._run.taken if front.is_compiled(sub) else None
     note("closed", lambda: sub.all_reduce(x))
@@ -149,6 +163,41 @@ def test_both_forms_of_the_call_path_see_the_same(world):
         assert seen["after"][1][3] == [sum(range(size))] * 3
         assert seen["closed"][0] == "ValueError"
         assert python[rank][2] and python[rank][3]  # records and hook calls were made
+
+
+def test_the_compiled_methods_stand_for_the_python_ones_and_step_aside(monkeypatch):
+    """Each public method of front.METHODS is a compiled Method on a compiled communicator: it
+    introspects as the Python method; a class's own method, and a communicator whose _run was
+    replaced, run the Python."""
+    monkeypatch.setenv("COLLECTIVES_COMPILED", "1")
+    seen = []
+
+    class Own(LocalCommunicator):
+        def broadcast(self, x, src=0, **kwargs):
+            seen.append("broadcast")
+            return super().broadcast(x, src, **kwargs)
+
+    comm, own = LocalCommunicator(), Own()
+    try:
+        for name in front.METHODS:
+            method = getattr(comm, name)
+            assert type(method).__name__ == "Method", name
+            python = getattr(LocalCommunicator, name)
+            assert inspect.signature(method) == inspect.signature(python.__get__(comm))
+            assert method.__doc__ == python.__doc__ and method.__name__ == name
+        assert type(own.all_reduce).__name__ == "Method" and type(own.broadcast).__name__ == "method"
+        assert own.broadcast(np.ones(2))[0] == 1.0 and seen == ["broadcast"]
+        comm.all_reduce(np.ones(2), "max")  # (a kind's first call: planned by the Python _run)
+        taken = comm._run.taken
+        assert comm.all_reduce(np.ones(2), "max")[0] == 1.0 and comm._run.taken == taken + 1
+        calls = []
+        python_run = comm._run
+        comm._run = lambda *args: calls.append(args[0].name) or python_run(*args)
+        comm.all_reduce(np.ones(2))
+        assert calls == ["all_reduce"]
+    finally:
+        comm.close()
+        own.close()
 
 
 def test_a_class_with_a_run_of_its_own_keeps_it(monkeypatch):
