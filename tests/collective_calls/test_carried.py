@@ -395,6 +395,7 @@ def test_the_compiled_module_is_built_and_its_check_word_is_wires(monkeypatch):
 
     from collectives.wire import call_hash, check_word
 
+    monkeypatch.setenv(COMPILED, "1")  # (whatever the caller's environment says)
     module = compiled_module()
     assert module is not None, "backends/_carried*.c was not built (or is stale): reinstall the checkout"
     rng = np.random.default_rng(3)
@@ -408,27 +409,25 @@ def test_the_compiled_module_is_built_and_its_check_word_is_wires(monkeypatch):
 
 
 def direct_job(comm):
-    """The compiled round with its persistent request started and tested by MPI_Start and MPI_Test
-    themselves (``direct``, as bind_mpi found them) and through mpi4py: for each, the results of
-    carried calls and of a larger all_reduce (checked by the round only), and whether each round
-    carried; then whether the round was direct to begin with."""
-    rnd = comm._transport._compiled_round
-    was_direct, found = rnd.direct, {}
-    size, rank = comm.size, comm.rank
-    try:
+    """The compiled round (on a split in the compiled form) with its persistent request started and
+    tested by MPI_Start and MPI_Test themselves (``direct``, as bind_mpi found them) and through
+    mpi4py: for each, the results of carried calls and of a larger all_reduce (checked by the round
+    only), and whether each round carried; then whether the round was direct to begin with."""
+    with split_in_form(comm, "compiled") as sub:
+        rnd = sub._transport._compiled_round
+        was_direct, found = rnd.direct, {}
+        size, rank = sub.size, sub.rank
         for direct in (True, False):
             rnd.direct = direct
             small = np.full(3, rank + 1.0)
-            comm.all_reduce(small)
+            sub.all_reduce(small)
             large = np.full(2 * CARRY_BYTES // 8, rank + 1.0)
-            comm.all_reduce(large)
-            got, counts = comm.all_gather_v(np.full((rank + 1, 2), float(rank)))
-            b = comm.broadcast(np.full(2, float(rank)), src=size - 1)
+            sub.all_reduce(large)
+            got, counts = sub.all_gather_v(np.full((rank + 1, 2), float(rank)))
+            b = sub.broadcast(np.full(2, float(rank)), src=size - 1)
             found[direct] = (small.tolist(), float(large.sum()), counts, got[:, 0].tolist(), b.tolist(),
-                             everyone_carried(comm))
-    finally:
-        rnd.direct = was_direct
-    return was_direct, found
+                             everyone_carried(sub))
+        return was_direct, found
 
 
 @WORLDS
