@@ -219,18 +219,32 @@ tensor_memory(PyObject *tensor)
     return PyMemoryView_FromMemory(n ? (char *)at : (char *)&s_data_ptr, n, PyBUF_WRITE);
 }
 
-/* new_result(view, shape, out) -> (result, recv), recv's buffer (writable, `need` bytes) in *got.
- * An out= (checked by the call path: x's kind, dtype and device, C-contiguous, writable, the
- * result's shape) is written as it is: a numpy array through its buffer, a tensor by address
- * (new's out.numpy() costs 0.7 us; but for AVG, whose division takes the numpy view). */
+/* A shape tuple: (lead, *dims[:ndim]), or dims[:ndim] alone where lead < 0. */
 static PyObject *
-new_result(Carrier *self, PyObject *view, PyObject *shape, PyObject *out, PyObject **recv, Py_buffer *got,
-           Py_ssize_t need)
+shape_tuple(Py_ssize_t lead, const Py_ssize_t *dims, int ndim)
 {
-    if (shape == NULL) return NULL;
-    if (out != Py_None && (PyObject_CheckBuffer(out) || !self->avg)) {
-        Py_DECREF(shape);
-        PyObject *memory = PyObject_CheckBuffer(out) ? Py_NewRef(out) : tensor_memory(out);
+    int first = lead >= 0;
+    PyObject *shape = PyTuple_New(first + ndim);
+    for (int i = 0; shape != NULL && i < first + ndim; i++) {
+        PyObject *n = PyLong_FromSsize_t(first && i == 0 ? lead : dims[i - first]);
+        if (n == NULL) Py_CLEAR(shape);
+        else PyTuple_SET_ITEM(shape, i, n);
+    }
+    return shape;
+}
+
+/* new_result(view, shape, out) -> (result, recv), recv's buffer (writable, `need` bytes) in *got;
+ * the result's shape is shape_tuple(lead, dims, ndim). An out= (checked by the call path: x's
+ * kind, dtype and device, C-contiguous, writable, the result's shape) is written as it is: a numpy
+ * array through its buffer, a tensor by address (new's out.numpy() costs 0.7 us; but for AVG,
+ * whose division takes the numpy view). */
+static PyObject *
+new_result(Carrier *self, PyObject *view, Py_ssize_t lead, const Py_ssize_t *dims, int ndim, PyObject *out,
+           PyObject **recv, Py_buffer *got, Py_ssize_t need)
+{
+    int buffer = out != Py_None && PyObject_CheckBuffer(out);
+    if (out != Py_None && (buffer || !self->avg)) {
+        PyObject *memory = buffer ? Py_NewRef(out) : tensor_memory(out);
         if (memory == NULL) return NULL;
         if (PyObject_GetBuffer(memory, got, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
             Py_DECREF(memory);
@@ -245,6 +259,8 @@ new_result(Carrier *self, PyObject *view, PyObject *shape, PyObject *out, PyObje
         *recv = memory;
         return Py_NewRef(out);
     }
+    PyObject *shape = shape_tuple(lead, dims, ndim);
+    if (shape == NULL) return NULL;
     PyObject *pair = PyObject_CallFunctionObjArgs(self->new_result, view, shape, out, NULL);
     Py_DECREF(shape);
     if (pair == NULL) return NULL;
@@ -264,20 +280,6 @@ new_result(Carrier *self, PyObject *view, PyObject *shape, PyObject *out, PyObje
         return NULL;
     }
     return result;
-}
-
-/* A shape tuple: (lead, *dims[:ndim]), or dims[:ndim] alone where lead < 0. */
-static PyObject *
-shape_tuple(Py_ssize_t lead, const Py_ssize_t *dims, int ndim)
-{
-    int first = lead >= 0;
-    PyObject *shape = PyTuple_New(first + ndim);
-    for (int i = 0; shape != NULL && i < first + ndim; i++) {
-        PyObject *n = PyLong_FromSsize_t(first && i == 0 ? lead : dims[i - first]);
-        if (n == NULL) Py_CLEAR(shape);
-        else PyTuple_SET_ITEM(shape, i, n);
-    }
-    return shape;
 }
 
 /* The result of the call from the gathered blocks (x's bytes in `x`, of n bytes). */
@@ -305,7 +307,7 @@ make(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out)
     case REDUCE_SCATTER: {
         if (x->ndim < 1) break;
         Py_ssize_t rows = x->shape[0] / size, part = n / size;
-        result = new_result(self, view, shape_tuple(rows, x->shape + 1, x->ndim - 1), out, &recv, &got, part);
+        result = new_result(self, view, rows, x->shape + 1, x->ndim - 1, out, &recv, &got, part);
         if (result == NULL) return NULL;
         int failed = reduction(self, recv, got.buf, (Py_ssize_t)rank * part, part, 0);
         PyBuffer_Release(&got);
@@ -316,14 +318,14 @@ make(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out)
     case ALL_GATHER:
     case GATHER:
         if (self->kind == GATHER && root != rank) Py_RETURN_NONE;
-        result = new_result(self, view, shape_tuple(size, x->shape, x->ndim), out, &recv, &got, size * n);
+        result = new_result(self, view, size, x->shape, x->ndim, out, &recv, &got, size * n);
         if (result == NULL) return NULL;
         for (int k = 0; k < size; k++) memcpy((char *)got.buf + (Py_ssize_t)k * n, payload_of(self, k), n);
         break;
     case SCATTER: {
         if (x->ndim < 1) break;
         Py_ssize_t part = n / size;
-        result = new_result(self, view, shape_tuple(-1, x->shape + 1, x->ndim - 1), out, &recv, &got, part);
+        result = new_result(self, view, -1, x->shape + 1, x->ndim - 1, out, &recv, &got, part);
         if (result == NULL) return NULL;
         memcpy(got.buf, payload_of(self, root) + (Py_ssize_t)rank * part, part);
         break;
@@ -331,7 +333,7 @@ make(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out)
     case ALL_TO_ALL: {
         if (x->ndim < 1) break;
         Py_ssize_t part = n / size;
-        result = new_result(self, view, shape_tuple(-1, x->shape, x->ndim), out, &recv, &got, n);
+        result = new_result(self, view, -1, x->shape, x->ndim, out, &recv, &got, n);
         if (result == NULL) return NULL;
         for (int k = 0; k < size; k++)
             memcpy((char *)got.buf + (Py_ssize_t)k * part, payload_of(self, k) + (Py_ssize_t)rank * part, part);

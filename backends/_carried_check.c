@@ -26,6 +26,32 @@ words_agree(int64_t reduced)
     return (((reduced >> 32) | reduced) & 0xFFFFFFFF) == 0xFFFFFFFF;
 }
 
+/* comm._seq, the running call's number, in *seq: 0, or -1 with an error. */
+static int
+seq_of(PyObject *comm, long long *seq)
+{
+    PyObject *value = PyObject_GetAttr(comm, s_seq);
+    if (value == NULL) return -1;
+    *seq = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    return *seq == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
+/* The check word of the kind of call `key` (CallCheck._hashes' key; stolen) at number `seq`, in
+ * *word: 1, or 0 where the kind is not hashed yet (the Python hashes it), -1 with an error. */
+static int
+word_for(PyObject *hashes, PyObject *key, long long seq, int64_t *word)
+{
+    if (key == NULL) return -1;
+    PyObject *hash = PyDict_GetItemWithError(hashes, key);  /* (borrowed) */
+    unsigned long long h = hash ? PyLong_AsUnsignedLongLongMask(hash) : 0;  /* (its low 31 bits count) */
+    Py_DECREF(key);
+    if (PyErr_Occurred()) return -1;
+    if (hash == NULL) return 0;
+    *word = word_of((int64_t)h, seq);
+    return 1;
+}
+
 /* call_check._hashes, the dict of the kinds of call hashed so far (a new reference). */
 static PyObject *
 hashes_of(PyObject *call_check)
@@ -75,28 +101,18 @@ CheckedCarry_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *
     int usual = PyObject_RichCompareBool(level, self->default_level, Py_EQ);
     Py_DECREF(level);
     if (usual < 0) return NULL;
-    PyObject *seq_obj = PyObject_GetAttr(self->comm, s_seq);
-    if (seq_obj == NULL) return NULL;
-    long long seq = PyLong_AsLongLong(seq_obj);
-    Py_DECREF(seq_obj);
-    if (seq == -1 && PyErr_Occurred()) return NULL;
+    long long seq;
+    if (seq_of(self->comm, &seq) < 0) return NULL;
     if (!usual || seq == 1) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     PyObject *shape = PyObject_GetAttr(view, s_shape);
     if (shape == NULL) return NULL;
-    PyObject *key = PyTuple_Pack(5, call, dtype, reduce_op, root, shape);
-    PyObject *hash = key ? PyDict_GetItemWithError(self->hashes, key) : NULL;  /* (borrowed) */
-    Py_XDECREF(key);
-    if (hash == NULL) {
+    int64_t w;
+    int found = word_for(self->hashes, PyTuple_Pack(5, call, dtype, reduce_op, root, shape), seq, &w);
+    if (found <= 0) {
         Py_DECREF(shape);
-        if (PyErr_Occurred()) return NULL;
-        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);  /* a new kind: hashed there */
+        return found < 0 ? NULL : PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);  /* (a new kind) */
     }
-    unsigned long long h = PyLong_AsUnsignedLongLongMask(hash);  /* (its low 31 bits count) */
-    if (h == (unsigned long long)-1 && PyErr_Occurred()) {
-        Py_DECREF(shape);
-        return NULL;
-    }
-    PyObject *word = PyLong_FromLongLong(word_of((int64_t)h, seq));
+    PyObject *word = PyLong_FromLongLong(w);
     if (word == NULL) {
         Py_DECREF(shape);
         return NULL;
@@ -271,16 +287,13 @@ CheckedCounts_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject 
     int on = PyObject_IsTrue(carries);
     Py_DECREF(carries);
     if (on <= 0) return on < 0 ? NULL : Py_NewRef(Py_False);
-    PyObject *seq_obj = PyObject_GetAttr(self->comm, s_seq);
-    if (seq_obj == NULL) return NULL;
-    long long seq = PyLong_AsLongLong(seq_obj);
-    Py_DECREF(seq_obj);
-    if (seq == -1 && PyErr_Occurred()) return NULL;
+    long long seq;
+    if (seq_of(self->comm, &seq) < 0) return NULL;
     if (seq == 1) Py_RETURN_FALSE;
     /* r's fields, x's shape, the kind's key; then the row; then x's view */
     PyObject *call = NULL, *x = NULL, *dtype = NULL, *out = NULL, *extra = NULL, *adapter = NULL, *shape = NULL,
-             *key = NULL, *view = NULL, *result = NULL;
-    int64_t values[ROUND_ROW_MAX], reduced;
+             *view = NULL, *result = NULL;
+    int64_t values[ROUND_ROW_MAX], reduced, word;
     Py_ssize_t n = 0;
     if ((call = PyObject_GetAttr(r, s_call)) == NULL || (x = PyObject_GetAttr(r, s_x)) == NULL ||
         (dtype = PyObject_GetAttr(r, s_dtype)) == NULL || (out = PyObject_GetAttr(r, s_out)) == NULL ||
@@ -290,16 +303,10 @@ CheckedCounts_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject 
     if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) < 1) goto fallback;  /* (a torch.Size is a tuple) */
     PyObject *rest = PyTuple_GetSlice(shape, 1, PyTuple_GET_SIZE(shape));
     if (rest == NULL) goto finished;
-    key = PyTuple_Pack(5, call, dtype, Py_None, s_minus_one, rest);
+    int found = word_for(self->hashes, PyTuple_Pack(5, call, dtype, Py_None, s_minus_one, rest), seq, &word);
     Py_DECREF(rest);
-    if (key == NULL) goto finished;
-    PyObject *hash = PyDict_GetItemWithError(self->hashes, key);  /* (borrowed) */
-    if (hash == NULL) {
-        if (PyErr_Occurred()) goto finished;
-        goto fallback;  /* a new kind: hashed there */
-    }
-    unsigned long long h = PyLong_AsUnsignedLongLongMask(hash);
-    if (h == (unsigned long long)-1 && PyErr_Occurred()) goto finished;
+    if (found < 0) goto finished;
+    if (found == 0) goto fallback;  /* a new kind: hashed there */
     int gathered = call == self->gathered_call;
     if (gathered) {
         values[n++] = int_of(PyTuple_GET_ITEM(shape, 0));
@@ -330,7 +337,7 @@ CheckedCounts_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject 
     view = bytes <= self->carry_bytes ? PyObject_CallMethodObjArgs(adapter, s_host_view, x, Py_False, NULL)
                                       : Py_NewRef(Py_None);
     if (view == NULL) goto finished;
-    int agreed = round_agree((Round *)self->round, (int64_t)(word_of((int64_t)h, seq)), values, n, view, &reduced);
+    int agreed = round_agree((Round *)self->round, word, values, n, view, &reduced);
     if (agreed < 0) goto finished;
     if (agreed > 0) goto fallback;  /* (nothing was written) */
     if (!words_agree(reduced & WORD_BITS)) {  /* another call: the mismatch, raised there */
@@ -350,7 +357,6 @@ finished:
     Py_XDECREF(extra);
     Py_XDECREF(adapter);
     Py_XDECREF(shape);
-    Py_XDECREF(key);
     Py_XDECREF(view);
     return result;
 }

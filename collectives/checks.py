@@ -113,18 +113,15 @@ class ArgumentChecks:
             # An out= that passes, in a few reads (any fault: the checks below name it; a
             # contiguous array has no zero stride on a dimension longer than 1).
             if adapter is _NUMPY:
-                flags, shape = out.flags, call.out_shape
-                if out.dtype == x.dtype and flags.c_contiguous and flags.writeable and (
-                        out.shape == shape(self, x.shape, extra) if shape is not None
-                        else self._out_shape_fits(call, out.shape, x.shape, extra)):
+                flags = out.flags
+                if out.dtype == x.dtype and flags.c_contiguous and flags.writeable and \
+                        self._out_shape_fits(call, out.shape, x.shape, extra):
                     return
             elif adapter is _TORCH:
                 try:  # (x's layout is strided; a nested tensor's shape raises: the checks below)
-                    shape = call.out_shape  # (a torch.Size equals the tuple of its sizes)
                     if out.dtype == x.dtype and out.device == x.device and out.layout == x.layout and \
-                            not out.requires_grad and not out.is_neg() and out.is_contiguous() and (
-                                out.shape == shape(self, x.shape, extra) if shape is not None
-                                else self._out_shape_fits(call, tuple(out.shape), tuple(x.shape), extra)):
+                            not out.requires_grad and not out.is_neg() and out.is_contiguous() and \
+                            self._out_shape_fits(call, out.shape, x.shape, extra):
                         return
                 except RuntimeError:
                     pass
@@ -157,7 +154,8 @@ class ArgumentChecks:
 
     def _out_shape_fits(self, call: Call, shape: tuple[int, ...], x_shape: tuple[int, ...], extra: Any) -> bool:
         """Whether an out= of ``shape`` has the result's shape (the uneven rows: its trailing
-        shape; its rows are checked once the counts have travelled)."""
+        shape; its rows are checked once the counts have travelled). A torch.Size is taken as
+        it is: it equals the tuple of its sizes, and so do its slices."""
         if call.out_shape is not None:
             return bool(shape == call.out_shape(self, x_shape, extra))
         return call.name in _OUT_SHAPE_AFTER_COUNTS and len(shape) == len(x_shape) and shape[1:] == x_shape[1:]
