@@ -383,11 +383,14 @@ Carrier_call(Carrier *self, PyObject *const *args, size_t nargsf, PyObject *kwna
         return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     }
     int rooted = self->kind == REDUCE || self->kind == BROADCAST || self->kind == GATHER || self->kind == SCATTER;
-    if (x.len > self->round->room || (rooted && (root < 0 || root >= self->round->size))) {
+    if (rooted && (root < 0 || root >= self->round->size)) {
         PyBuffer_Release(&x);
         return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     }
-    if (!(self->kind == BROADCAST || self->kind == SCATTER) || root == self->round->rank)
+    /* x larger than the block: the round of the word alone (every rank of this call has x of
+     * the same size: the word hashes its shape and dtype), the call then runs as usual */
+    int fits = x.len <= self->round->room;
+    if (fits && (!(self->kind == BROADCAST || self->kind == SCATTER) || root == self->round->rank))
         memcpy(round_own_payload(self->round), x.buf, x.len);
     int64_t reduced;
     int failed = round_run(self->round, (int64_t)word | CARRIED_BIT, Py_None, &reduced);
@@ -396,7 +399,7 @@ Carrier_call(Carrier *self, PyObject *const *args, size_t nargsf, PyObject *kwna
         PyBuffer_Release(&x);
         return NULL;
     }
-    if (reduced >= 0 || (reduced & WORD_BITS) != word) {  /* a rank did not carry, or another call */
+    if (!fits || reduced >= 0 || (reduced & WORD_BITS) != word) {  /* not carried, or another call */
         PyBuffer_Release(&x);
         got = PyLong_FromLongLong(reduced & WORD_BITS);
         Py_INCREF(self->not_taken);

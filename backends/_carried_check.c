@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 static PyObject *s_seq, *s_level, *s_shape, *s_carries, *s_call, *s_x, *s_dtype, *s_extra, *s_out, *s_adapter,
-    *s_carried, *s_host_view, *s_nbytes, *s_minus_one, *s_no_shape;
+    *s_carried, *s_host_view, *s_nbytes, *s_minus_one, *s_no_shape, *s_counted;
 
 /* wire.check_word(call_hash, seq) */
 static int64_t
@@ -50,6 +50,20 @@ word_for(PyObject *hashes, PyObject *key, long long seq, int64_t *word)
     if (hash == NULL) return 0;
     *word = word_of((int64_t)h, seq);
     return 1;
+}
+
+/* Whether the check is the default one on a call past a communicator's first (the common case
+ * the compiled checks take; the others go to the Python): 1, 0, or -1 with an error; its number in
+ * *seq. */
+static int
+usual_check(PyObject *call_check, PyObject *default_level, PyObject *comm, long long *seq)
+{
+    PyObject *level = PyObject_GetAttr(call_check, s_level);
+    if (level == NULL) return -1;
+    int usual = PyObject_RichCompareBool(level, default_level, Py_EQ);
+    Py_DECREF(level);
+    if (usual < 0 || seq_of(comm, seq) < 0) return -1;
+    return usual && *seq != 1;
 }
 
 /* call_check._hashes, the dict of the kinds of call hashed so far (a new reference). */
@@ -96,14 +110,10 @@ CheckedCarry_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *
         return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     PyObject *carry = args[0], *call = args[1], *reduce_op = args[2], *root = args[3], *dtype = args[4],
              *view = args[5];
-    PyObject *level = PyObject_GetAttr(self->call_check, s_level);
-    if (level == NULL) return NULL;
-    int usual = PyObject_RichCompareBool(level, self->default_level, Py_EQ);
-    Py_DECREF(level);
-    if (usual < 0) return NULL;
     long long seq;
-    if (seq_of(self->comm, &seq) < 0) return NULL;
-    if (!usual || seq == 1) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    int usual = usual_check(self->call_check, self->default_level, self->comm, &seq);
+    if (usual < 0) return NULL;
+    if (!usual) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     PyObject *shape = PyObject_GetAttr(view, s_shape);
     if (shape == NULL) return NULL;
     int64_t w;
@@ -184,6 +194,110 @@ static PyTypeObject CheckedCarryType = {
     .tp_dealloc = (destructor)CheckedCarry_dealloc,
     .tp_traverse = (traverseproc)CheckedCarry_traverse,
     .tp_clear = (inquiry)CheckedCarry_clear,
+};
+
+/* CallCheck.check, compiled for the channel's Round: the default check of a call that carries
+ * nothing in it (a barrier, a split, an asynchronous or device x): its kind's word (bit 63 where
+ * it runs on the fast path) in one round, the words' agreement. What is not the common case
+ * (another checks level, a communicator's first call, an uneven call, a kind of call not hashed
+ * yet) runs CallCheck.check itself, the reference. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int64_t fast_bit;
+    PyObject *call_check, *comm, *hashes, *fallback, *disagreed, *default_level, *round;
+} CheckedWord;
+
+#define CHECKED_WORD_FIELDS(X) \
+    X(call_check) X(comm) X(hashes) X(fallback) X(disagreed) X(default_level) X(round)
+GC_FIELDS(CheckedWord, CHECKED_WORD_FIELDS)
+
+static void
+CheckedWord_dealloc(CheckedWord *self)
+{
+    PyObject_GC_UnTrack(self);
+    CheckedWord_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* check(call, reduce_op, root, dtype, shape, waiting=None, fast=False) -> None */
+static PyObject *
+CheckedWord_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    CheckedWord *self = (CheckedWord *)op;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (self->fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the check is gone");
+        return NULL;
+    }
+    if (nargs < 5 || nargs > 7 || kwnames != NULL || Py_TYPE(self->round) != &RoundType)
+        return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    PyObject *call = args[0], *reduce_op = args[1], *root = args[2], *dtype = args[3], *shape = args[4];
+    PyObject *waiting = nargs > 5 ? args[5] : Py_None;
+    int fast = nargs > 6 ? PyObject_IsTrue(args[6]) : 0;
+    if (fast < 0) return NULL;
+    long long seq;
+    int usual = usual_check(self->call_check, self->default_level, self->comm, &seq);
+    PyObject *counted = usual > 0 ? PyObject_GetAttr(call, s_counted) : NULL;
+    int uneven = counted ? PyObject_IsTrue(counted) : 0;
+    Py_XDECREF(counted);
+    if (usual < 0 || (usual && counted == NULL) || uneven < 0) return NULL;
+    if (!usual || uneven) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+    int64_t w, reduced;
+    int found = word_for(self->hashes, PyTuple_Pack(5, call, dtype, reduce_op, root, shape), seq, &w);
+    if (found <= 0)
+        return found < 0 ? NULL : PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);  /* (a new kind) */
+    if (round_run((Round *)self->round, w | (fast ? self->fast_bit : 0), waiting, &reduced) < 0) return NULL;
+    if (!words_agree(reduced & WORD_BITS))  /* another call on some rank: CollectiveMismatch, raised there */
+        return PyObject_CallFunctionObjArgs(self->disagreed, reduce_op, root, dtype, shape, NULL);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+CheckedWord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *names[] = {"call_check", "comm", "round", "default_level", "fast_bit", NULL};
+    PyObject *call_check, *comm, *round, *default_level;
+    long long fast_bit;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OL", names, &call_check, &comm, &RoundType, &round,
+                                     &default_level, &fast_bit))
+        return NULL;
+    PyObject *hashes = hashes_of(call_check);
+    if (hashes == NULL) return NULL;
+    PyObject *fallback = PyObject_GetAttrString(call_check, "check");
+    PyObject *disagreed = fallback ? PyObject_GetAttrString(call_check, "_disagreed") : NULL;
+    CheckedWord *self = disagreed ? (CheckedWord *)type->tp_alloc(type, 0) : NULL;
+    if (self == NULL) {
+        Py_DECREF(hashes);
+        Py_XDECREF(fallback);
+        Py_XDECREF(disagreed);
+        return NULL;
+    }
+    self->vectorcall = CheckedWord_call;
+    self->fast_bit = (int64_t)fast_bit;
+    self->call_check = Py_NewRef(call_check);
+    self->comm = Py_NewRef(comm);
+    self->round = Py_NewRef(round);
+    self->default_level = Py_NewRef(default_level);
+    self->hashes = hashes;
+    self->fallback = fallback;
+    self->disagreed = disagreed;
+    return (PyObject *)self;
+}
+
+static PyTypeObject CheckedWordType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "collectives.backends._carried.CheckedWord",
+    .tp_doc = PyDoc_STR("CheckedWord(call_check, comm, round, default_level, fast_bit): call_check.check, "
+                        "compiled for a Round"),
+    .tp_basicsize = sizeof(CheckedWord),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,
+    .tp_vectorcall_offset = offsetof(CheckedWord, vectorcall),
+    .tp_new = CheckedWord_new,
+    .tp_call = PyVectorcall_Call,
+    .tp_dealloc = (destructor)CheckedWord_dealloc,
+    .tp_traverse = (traverseproc)CheckedWord_traverse,
+    .tp_clear = (inquiry)CheckedWord_clear,
 };
 
 /* CallCheck.check_counts, compiled: an uneven call's check word (its kind's hash, x.shape[1:], the
@@ -440,14 +554,20 @@ check_types_ready(PyObject *module)
         (s_host_view = PyUnicode_InternFromString("host_view")) == NULL ||
         (s_nbytes = PyUnicode_InternFromString("nbytes")) == NULL ||
         (s_minus_one = PyLong_FromLong(-1)) == NULL ||
-        (s_no_shape = PyTuple_New(0)) == NULL)
+        (s_no_shape = PyTuple_New(0)) == NULL || (s_counted = PyUnicode_InternFromString("counted")) == NULL)
         return -1;
     if (PyType_Ready(&CheckedCarryType) < 0 || PyType_Ready(&CheckedCountsType) < 0 ||
+        PyType_Ready(&CheckedWordType) < 0 ||
         PyModule_AddFunctions(module, functions) < 0)
         return -1;
     Py_INCREF(&CheckedCarryType);
     if (PyModule_AddObject(module, "CheckedCarry", (PyObject *)&CheckedCarryType) < 0) {
         Py_DECREF(&CheckedCarryType);
+        return -1;
+    }
+    Py_INCREF(&CheckedWordType);
+    if (PyModule_AddObject(module, "CheckedWord", (PyObject *)&CheckedWordType) < 0) {
+        Py_DECREF(&CheckedWordType);
         return -1;
     }
     Py_INCREF(&CheckedCountsType);

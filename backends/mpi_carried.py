@@ -7,6 +7,9 @@ check word, the uneven collectives' counts and CARRY_BYTES of payload. A call wh
 fits there puts its bytes in its block and sets bit 63 of its word (:data:`CARRIED`): the
 collectives of even shapes through :func:`carried_path`, the uneven ones with their counts
 (``MPIChannel._agree_counts``, then :func:`carried_all_gather_v` and :func:`carried_all_to_all_v`).
+A call of even shapes on the fast path whose ``x`` is larger makes the same round with its word
+alone (bit 63 set: it runs on the fast path; every rank of the same call has ``x`` of the same
+size, as the word hashes its shape and dtype), then runs as usual: its check costs no Python.
 Once the round is back every rank holds every rank's ``x``, and each call makes its result from
 them locally (a reduction in rank order, so every rank computes the same bits; the rows of a
 gather; a block of an all_to_all). The data collective is not made.
@@ -104,7 +107,7 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
         found = shapes[shape] = (into, [rows[r, ...] for r in range(size)], rows)  # (views, also of 0-d x)
         return found
 
-    round_ = channel._round
+    round_, room = channel._round, channel._carry_bytes
 
     make = _maker(call, size, rank, new, mpi_type, local, avg)
     if make is None:
@@ -112,6 +115,8 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
     on_root = call is calls.BROADCAST or call is calls.SCATTER  # (only the root's x is read)
 
     def carry(view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]:
+        if view.nbytes > room:  # the round of the word alone (every rank of this call has x of this size)
+            return round_(word | CARRIED) & WORD_BITS, NOT_TAKEN
         into, each, rows = shapes.get(view.shape) or views(view)
         if not on_root or root == rank:
             into[...] = view
@@ -129,7 +134,7 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
 
 
 #: The interface of backends/_carried*.c this module expects (CARRIED_VERSION there).
-COMPILED_VERSION = 2
+COMPILED_VERSION = 3
 
 
 def compiled_module() -> Any:

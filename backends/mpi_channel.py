@@ -353,6 +353,15 @@ class MPIChannel(Transport):
             waiting()
         self._wait(request)
 
+    def _word_check(self, call_check: Any) -> Callable[..., None]:
+        """``CallCheck.check`` compiled (backends/_carried_check.c) where the round is."""
+        if self._compiled_round is None:
+            return call_check.check  # type: ignore[no-any-return]
+        from ._carried import CheckedWord  # noqa: PLC0415  (the module that made the Round)
+
+        return CheckedWord(call_check, call_check._comm, self._compiled_round,
+                           config.CHECKS_DEFAULT, call_check._fast_bit)
+
     def _carry_check(self, call_check: Any) -> Callable[..., Any]:
         """``CallCheck.carry`` compiled (backends/_carried_check.c) where the round is."""
         if self._compiled_round is None:

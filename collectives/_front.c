@@ -25,8 +25,8 @@
 
 /* Interned attribute names. */
 PyObject *s_gate, *s_plans, *s_dtype, *s_checks, *s_check_rank, *s_check_out, *s_shape,
-    *s_pending, *s_reap, *s_seq, *s_operation, *s_ring, *s_append, *s_checking, *s_nbytes,
-    *s_carry_bytes, *s_carry_call, *s_check_call, *s_debug, *s_p2p, *s_run, *s_x, *s_root, *s_out,
+    *s_pending, *s_reap, *s_seq, *s_operation, *s_ring, *s_append, *s_checking,
+    *s_carry_call, *s_check_call, *s_debug, *s_p2p, *s_run, *s_x, *s_root, *s_out,
     *s_async_op, *s_extra, *s_carried, *s_hooks, *s_call_hooks, *s_keep, *s_handles, *s_keep_p2p,
     *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted;
 PyObject *front_zero, *front_one;
@@ -219,8 +219,8 @@ intern_all(void)
         {&s_gate, "_gate"}, {&s_plans, "_plans"}, {&s_dtype, "dtype"}, {&s_checks, "_checks"},
         {&s_check_rank, "check_rank"}, {&s_check_out, "check_out"}, {&s_shape, "shape"},
         {&s_pending, "_pending"}, {&s_reap, "_reap"}, {&s_seq, "_seq"}, {&s_operation, "_operation"},
-        {&s_ring, "_ring"}, {&s_append, "append"}, {&s_checking, "_checking"}, {&s_nbytes, "nbytes"},
-        {&s_carry_bytes, "_carry_bytes"}, {&s_carry_call, "_carry_call"}, {&s_check_call, "_check_call"},
+        {&s_ring, "_ring"}, {&s_append, "append"}, {&s_checking, "_checking"},
+        {&s_carry_call, "_carry_call"}, {&s_check_call, "_check_call"},
         {&s_debug, "debug"}, {&s_p2p, "_p2p"}, {&s_run, "run"}, {&s_x, "x"}, {&s_root, "root"}, {&s_out, "out"},
         {&s_async_op, "async_op"}, {&s_extra, "extra"}, {&s_carried, "carried"}, {&s_hooks, "_hooks"},
         {&s_call_hooks, "_call_hooks"}, {&s_keep, "_keep"}, {&s_handles, "_handles"}, {&s_keep_p2p, "keep_p2p"},

@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 /* The module's interface, as collectives/front.py expects it (FRONT_VERSION there). */
-#define FRONT_VERSION 4
+#define FRONT_VERSION 5
 
 /* A Call row's fields the steps read (collectives/calls.py; its rows are frozen). */
 typedef struct {
@@ -40,8 +40,8 @@ typedef struct {
 
 /* Interned attribute names. */
 extern PyObject *s_gate, *s_plans, *s_dtype, *s_checks, *s_check_rank, *s_check_out, *s_shape,
-    *s_pending, *s_reap, *s_seq, *s_operation, *s_ring, *s_append, *s_checking, *s_nbytes,
-    *s_carry_bytes, *s_carry_call, *s_check_call, *s_debug, *s_p2p, *s_run, *s_x, *s_root, *s_out,
+    *s_pending, *s_reap, *s_seq, *s_operation, *s_ring, *s_append, *s_checking,
+    *s_carry_call, *s_check_call, *s_debug, *s_p2p, *s_run, *s_x, *s_root, *s_out,
     *s_async_op, *s_extra, *s_carried, *s_hooks, *s_call_hooks, *s_keep, *s_handles, *s_keep_p2p,
     *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted;
 extern PyObject *front_zero, *front_one;

@@ -233,18 +233,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *root, 
     PyObject *checking = state(self, s_checking);
     if (checking == NULL || (truth = PyObject_IsTrue(checking)) < 0) goto failed;
     if (truth && row->collective) {
-        int carried = 0;
-        if (on_fast_path && carry != Py_None) {
-            PyObject *nbytes = PyObject_GetAttr(view, s_nbytes), *limit = state(self, s_carry_bytes);
-            if (nbytes == NULL || limit == NULL) {
-                Py_XDECREF(nbytes);
-                goto failed;
-            }
-            carried = PyObject_RichCompareBool(nbytes, limit, Py_LE);
-            Py_DECREF(nbytes);
-            if (carried < 0) goto failed;
-        }
-        if (carried) {
+        if (on_fast_path && carry != Py_None) { /* (carried where x fits its round) */
             PyObject *a[8] = {carry, call, reduce_op, root, dtype, view, out, extra};
             result = call_state(self, s_carry_call, a, 8);
         } else {

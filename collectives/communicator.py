@@ -119,8 +119,8 @@ class Communicator:
         self._monitored = MonitoredBarrier(transport, rank, size, handles, call_check)
         # The call path's shortcuts into its parts (one attribute read each).
         self._pending, self._reap, self._keep = handles.pending, handles.reap, handles.keep
-        self._plans, self._plan, self._check_call = checks.plans, checks.plan, call_check.check
-        self._carry_call, self._carry_bytes = transport._carry_check(call_check), transport._carry_bytes
+        self._plans, self._plan, self._check_call = checks.plans, checks.plan, transport._word_check(call_check)
+        self._carry_call = transport._carry_check(call_check)
         self._check_counts = transport._counts_check(call_check)  # (emulations.counted calls it)
         # What an error raised inside a call becomes (the context's: see raise_failed).
         self._raise_failed = context.raise_failed
@@ -512,7 +512,7 @@ class Communicator:
         try:
             result, on_fast_path = NOT_TAKEN, view is not None and not async_op
             if self._checking and call.collective:
-                if on_fast_path and carry is not None and view.nbytes <= self._carry_bytes:
+                if on_fast_path and carry is not None:  # (carried where x fits its round)
                     result = self._carry_call(carry, call, reduce_op, root, dtype, view, out, extra)
                 else:
                     self._check_call(call, reduce_op, root, dtype, x.shape, None, on_fast_path)

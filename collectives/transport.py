@@ -257,6 +257,12 @@ class Transport(abc.ABC):
     #: The bytes of ``x`` that :meth:`_carried_path`'s round carries at most.
     _carry_bytes: int = 0
 
+    def _word_check(self, call_check: Any) -> Callable[..., None]:
+        """What the call path calls for the default check of a call whose data does not travel in
+        it (a barrier, a split, a call off the fast path): ``call_check.check`` (``CallCheck.check``,
+        collectives/reliability.py), or a compiled form of it with the same arguments."""
+        return call_check.check  # type: ignore[no-any-return]
+
     def _carry_check(self, call_check: Any) -> Callable[..., Any]:
         """What the call path calls for a call whose x a carried path carries: ``call_check.carry``
         (``CallCheck.carry``, collectives/reliability.py), or a compiled form of it with the same

@@ -427,15 +427,17 @@ def direct_job(comm):
             b = sub.broadcast(np.full(2, float(rank)), src=size - 1)
             found[direct] = (small.tolist(), float(large.sum()), counts, got[:, 0].tolist(), b.tolist(),
                              everyone_carried(sub))
-        return was_direct, found
+        sub.barrier()  # (its check: CallCheck.check compiled)
+        return was_direct, type(sub._check_call).__name__, found
 
 
 @WORLDS
 def test_the_round_started_by_mpi_itself_gives_what_mpi4pys_calls_give(world):
     total = float(sum(range(1, world.size + 1)))
     rows = sum(([float(r)] * (r + 1) for r in range(world.size)), [])
-    for was_direct, found in world.run(direct_job, timeout=120):
+    for was_direct, check, found in world.run(direct_job, timeout=120):
         assert was_direct  # (every MPI of the test beds: MPI_Start and MPI_Test in mpi4py's library)
+        assert check == "CheckedWord"
         assert found[True] == found[False] == (
             [total] * 3, total * 2 * CARRY_BYTES // 8, list(range(1, world.size + 1)), rows,
             [float(world.size - 1)] * 2, True)
