@@ -27,6 +27,8 @@ typedef struct {
     PyObject *payloads;                /* the channel's _payloads: every rank's payload, as numpy bytes */
     PyObject *request;                 /* the persistent request last started directly, and */
     void *handle;                      /* where mpi4py keeps its handle (see bind_mpi) */
+    PyObject *staged;                  /* the same of the fast path's staged request last started */
+    void *staged_handle;
 } Round;
 
 extern PyTypeObject RoundType;

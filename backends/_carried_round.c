@@ -9,7 +9,7 @@
 #include <structmember.h>
 
 static PyObject *s_word_request, *s_word_args, *s_start_round, *s_Start, *s_Test, *s_wait_saying,
-    *s_everyone_fast;
+    *s_everyone_fast, *s_wait;
 
 /* MPI_Start and MPI_Test of the library mpi4py loaded (see bind_mpi), called on a persistent
  * request's handle where mpi4py keeps it: the round's start and fast polls without mpi4py's
@@ -65,11 +65,12 @@ raise_mpi(int code)
     return -1;
 }
 
-/* The address of `request`'s handle (MPI._addressof), kept with the request it is of. */
+/* The address of `request`'s handle (MPI._addressof), kept with the request it is of in *kept
+ * and *handle. */
 static void *
-handle_of(Round *self, PyObject *request)
+handle_of(PyObject **kept, void **handle, PyObject *request)
 {
-    if (request != self->request) {
+    if (request != *kept) {
         PyObject *address = PyObject_CallOneArg(mpi_addressof, request);
         if (address == NULL) return NULL;
         void *at = PyLong_AsVoidPtr(address);
@@ -78,18 +79,20 @@ handle_of(Round *self, PyObject *request)
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a request without a handle");
             return NULL;
         }
-        Py_XSETREF(self->request, Py_NewRef(request));
-        self->handle = at;
+        Py_XSETREF(*kept, Py_NewRef(request));
+        *handle = at;
     }
-    return self->handle;
+    return *handle;
 }
 
-/* The persistent round started and tested directly: 1 where it completed within the fast polls,
- * 0 where not (the channel's wait goes on), -1 on an error (raised). */
+/* A persistent request (the round's, or a staged one of the fast paths) started and tested
+ * directly: 1 where it completed within the fast polls, 0 where not (the channel's wait goes on),
+ * -1 on an error (raised). */
 static int
-start_direct(Round *self, PyObject *request)
+start_direct(Round *self, PyObject *request, int staged)
 {
-    void *handle = handle_of(self, request);
+    void *handle = staged ? handle_of(&self->staged, &self->staged_handle, request)
+                          : handle_of(&self->request, &self->handle, request);
     if (handle == NULL) return -1;
     int code = mpi_start(handle), flag = 0;
     if (code != 0) return raise_mpi(code);
@@ -111,7 +114,7 @@ round_run(Round *self, int64_t word, PyObject *waiting, int64_t *reduced)
     if (request == NULL) return -1;
     int done = 0, direct = request != Py_None && self->direct && mpi_start != NULL;
     if (direct) {  /* (its fast polls made: the channel's wait, if it is not complete) */
-        if ((done = start_direct(self, request)) < 0) goto failed;
+        if ((done = start_direct(self, request, 0)) < 0) goto failed;
         r = Py_NewRef(Py_None);
     } else if (request != Py_None) {
         r = PyObject_CallMethodNoArgs(request, s_Start);
@@ -162,7 +165,7 @@ failed:
 }
 
 /* (A channel holds its Round and the Round its channel: a cycle the collector breaks.) */
-#define ROUND_FIELDS(X) X(channel) X(payloads) X(request)
+#define ROUND_FIELDS(X) X(channel) X(payloads) X(request) X(staged)
 GC_FIELDS(Round, ROUND_FIELDS)
 
 static void
@@ -358,6 +361,63 @@ failed:
     return NULL;
 }
 
+/* src's bytes into the first bytes of stage (at_end 0), or the last bytes of stage into dst
+ * (at_end 1; then src is the stage): 0, or -1 with an error. */
+static int
+copy_staged(PyObject *src, PyObject *dst, int at_end)
+{
+    Py_buffer from, to;
+    if (PyObject_GetBuffer(src, &from, PyBUF_C_CONTIGUOUS) < 0) return -1;
+    if (PyObject_GetBuffer(dst, &to, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&from);
+        return -1;
+    }
+    Py_ssize_t n = at_end ? to.len : from.len;
+    int fits = n <= (at_end ? from.len : to.len);
+    if (fits) memcpy(to.buf, (const char *)from.buf + (at_end ? from.len - n : 0), n);
+    else PyErr_SetString(PyExc_ValueError, "a staged call's data is larger than its staging array");
+    PyBuffer_Release(&from);
+    PyBuffer_Release(&to);
+    return fits ? 0 : -1;
+}
+
+/* staged(request, src, stage, dst): MPIChannel._run_staged, compiled: src's bytes into the
+ * first bytes of `stage` (where src is not None), the persistent `request` started and completed
+ * (MPI_Start and the fast polls, directly where bound; then the channel's _wait), the last
+ * bytes of `stage` into dst (where dst is not None). */
+static PyObject *
+Round_staged(Round *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "staged(request, src, stage, dst) takes 4 arguments");
+        return NULL;
+    }
+    if (self->channel == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "the round's channel is gone");
+        return NULL;
+    }
+    PyObject *request = args[0], *r;
+    if (args[1] != Py_None && copy_staged(args[1], args[2], 0) < 0) return NULL;
+    int done = 0;
+    if (self->direct && mpi_start != NULL) {
+        if ((done = start_direct(self, request, 1)) < 0) return NULL;
+    } else {
+        if ((r = PyObject_CallMethodNoArgs(request, s_Start)) == NULL) return NULL;
+        Py_DECREF(r);
+        if ((r = PyObject_CallMethodNoArgs(request, s_Test)) == NULL || (done = PyObject_IsTrue(r)) < 0) {
+            Py_XDECREF(r);
+            return NULL;
+        }
+        Py_DECREF(r);
+    }
+    if (!done) {
+        if ((r = PyObject_CallMethodOneArg(self->channel, s_wait, request)) == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    if (args[3] != Py_None && copy_staged(args[2], args[3], 1) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyMemberDef Round_members[] = {
     {"direct", T_BOOL, offsetof(Round, direct), 0,
      "whether the round's persistent request is started and tested by MPI_Start and MPI_Test themselves "
@@ -366,6 +426,8 @@ static PyMemberDef Round_members[] = {
 };
 
 static PyMethodDef Round_methods[] = {
+    {"staged", (PyCFunction)(void (*)(void))Round_staged, METH_FASTCALL,
+     PyDoc_STR("staged(request, src, stage, dst): MPIChannel._run_staged, compiled")},
     {"rows_into", (PyCFunction)Round_rows_into, METH_VARARGS,
      PyDoc_STR("rows_into(got, counts, row, rank=-1): the uneven calls' result bytes from the carried payloads")},
     {"agree_counts", (PyCFunction)(void (*)(void))Round_agree_counts, METH_FASTCALL,
@@ -400,7 +462,8 @@ round_types_ready(PyObject *module)
         (s_Start = PyUnicode_InternFromString("Start")) == NULL ||
         (s_Test = PyUnicode_InternFromString("Test")) == NULL ||
         (s_wait_saying = PyUnicode_InternFromString("_wait_saying")) == NULL ||
-        (s_everyone_fast = PyUnicode_InternFromString("_everyone_fast")) == NULL)
+        (s_everyone_fast = PyUnicode_InternFromString("_everyone_fast")) == NULL ||
+        (s_wait = PyUnicode_InternFromString("_wait")) == NULL)
         return -1;
     if (PyType_Ready(&RoundType) < 0) return -1;
     Py_INCREF(&RoundType);

@@ -75,7 +75,7 @@ from .mpi_buffers import (  # noqa: F401  (cupyx_empty_pinned: also importable f
     tensor_address,
 )
 from .mpi_carried import carried_all_gather_v, carried_all_to_all_v
-from .mpi_channel import STAGED_BYTES, MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
+from .mpi_channel import MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
 from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
     BUSY_POLL_SECONDS,
     FAST_POLLS,
@@ -86,6 +86,7 @@ from .mpi_requests import (  # noqa: F401  (the poll constants: also importable 
     _Request,
     poll_policy,
 )
+from .mpi_staged import staged_or
 
 #: Elements per MPI call: MPI counts are C ints unless the library has large counts.
 MAX_COUNT = 2**31 - 1
@@ -150,33 +151,10 @@ class MPITransport(MPIChannel):
         mpi_type, mpi_op = spec if spec is not None else (None, None)
         avg = op is _AVG
         new = _new_numpy if adapter is _NUMPY else _new_tensor(self._MPI, dtype)
-        # Small calls under a timeout through staged persistent requests (see MPIChannel._staged);
+        # Small calls under a timeout through staged persistent requests (backends/mpi_staged.py);
         # without a timeout the blocking call, as COLLECTIVES_TIMEOUT=0 promises.
-        table, stage, start_staged, rank = self._staged((call, dtype, op)), self._stage, self._start, self.rank
-
-        def staged_or(plain: Callable[[Any, Any, Any, Any], Any], make: Callable[[Any, Any], Any],
-                      rooted: bool) -> Callable[[Any, Any, Any, Any], Any]:
-            """``plain``, or for a small call under a timeout its staged persistent request
-            (``make(array, root)``; see MPIChannel._staged): x copied in (on the root, if
-            ``rooted``), the request run, the result copied out (off the root, if ``rooted``)."""
-            if table is None:
-                return plain
-
-            def staged(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if not 0 < buf.nbytes <= STAGED_BYTES or self.timeout is None or not self._everyone_fast:
-                    return plain(buf, root, out, extra)
-                key = (buf.shape, root) if rooted else buf.shape
-                request, array = table.get(key) or stage(
-                    table, key, buf.shape, buf.dtype, lambda new_array: make(new_array, root))
-                if not rooted or root == rank:
-                    array[...] = buf
-                start_staged(request)
-                if not rooted or root != rank:
-                    buf[...] = array
-                if avg:
-                    buf /= size
-                return buf
-            return staged
+        table, rank = self._staged((call, dtype, op)), self.rank
+        gathers = self._stages_gathers  # (see persistent_allgather_works)
 
         if call is calls.ALL_REDUCE:
             reduce, start_reduce, reduce_init = comm.Allreduce, comm.Iallreduce, comm.Allreduce_init
@@ -188,8 +166,8 @@ class MPITransport(MPIChannel):
                 if avg:
                     buf /= size
                 return buf
-            return staged_or(all_reduce, lambda array, root: reduce_init(in_place, [array, mpi_type], mpi_op),
-                             rooted=False)
+            return staged_or(self, table, all_reduce, lambda send, recv, root: reduce_init(
+                in_place, [recv, mpi_type], mpi_op), rooted=False, avg=avg)
         if call is calls.BROADCAST:
             bcast, start_bcast, bcast_init = comm.Bcast, comm.Ibcast, comm.Bcast_init
 
@@ -198,9 +176,10 @@ class MPITransport(MPIChannel):
                     return NOT_TAKEN
                 one_call(bcast, start_bcast, [buf, byte], root)
                 return buf
-            return staged_or(broadcast, lambda array, root: bcast_init([array, byte], root), rooted=True)
+            return staged_or(self, table, broadcast, lambda send, recv, root: bcast_init([recv, byte], root),
+                             rooted=True, sends=(False, True), gets=(True, False))
         if call is calls.REDUCE:
-            reduce_to, start_reduce_to = comm.Reduce, comm.Ireduce
+            reduce_to, start_reduce_to, reduce_to_init = comm.Reduce, comm.Ireduce, comm.Reduce_init
 
             def reduce(buf: Any, root: Any, out: Any, extra: Any) -> Any:
                 if buf.size > most:
@@ -212,9 +191,12 @@ class MPITransport(MPIChannel):
                 else:  # (MPI leaves the other ranks' x as it is)
                     one_call(reduce_to, start_reduce_to, [buf, mpi_type], None, mpi_op, root)
                 return buf
-            return reduce
+            return staged_or(self, table, reduce, lambda send, recv, root: reduce_to_init(
+                in_place if root == rank else [send, mpi_type], [recv, mpi_type] if root == rank else None,
+                mpi_op, root), rooted=True, gets=(False, True), avg=avg)
         if call is calls.REDUCE_SCATTER:
             scatter_block, start_scatter_block = comm.Reduce_scatter_block, comm.Ireduce_scatter_block
+            scatter_block_init = comm.Reduce_scatter_block_init
 
             def reduce_scatter(buf: Any, root: Any, out: Any, extra: Any) -> Any:
                 if buf.size // size > most:
@@ -224,11 +206,14 @@ class MPITransport(MPIChannel):
                 if avg:
                     result /= size
                 return result
-            return reduce_scatter
+            return staged_or(self, table if gathers else None, reduce_scatter, lambda send, recv, root: (
+                scatter_block_init([send, mpi_type], [recv, mpi_type], mpi_op)), rooted=False,
+                result_shape=lambda shape: (shape[0] // size, *shape[1:]), new=new, avg=avg)
         name = _MOVES.get(call)
         if name is None:
             return None
-        run, start = getattr(comm, name), getattr(comm, _nonblocking(name))
+        run, start, init = getattr(comm, name), getattr(comm, _nonblocking(name)), getattr(comm, f"{name}_init")
+        table = table if gathers else None
         if call is calls.ALL_GATHER or call is calls.ALL_TO_ALL:
             stacked = call is calls.ALL_GATHER
 
@@ -238,7 +223,8 @@ class MPITransport(MPIChannel):
                 result, recv = new(buf, (size, *buf.shape) if stacked else buf.shape, out)
                 one_call(run, start, [buf, byte], [recv, byte])
                 return result
-            return exchange
+            return staged_or(self, table, exchange, lambda send, recv, root: init([send, byte], [recv, byte]),
+                             rooted=False, result_shape=(lambda shape: (size, *shape)) if stacked else tuple, new=new)
         if call is calls.GATHER:
             def gather(buf: Any, root: Any, out: Any, extra: Any) -> Any:
                 if buf.nbytes > most:
@@ -249,7 +235,9 @@ class MPITransport(MPIChannel):
                 result, recv = new(buf, (size, *buf.shape), out)
                 one_call(run, start, [buf, byte], [recv, byte], root)
                 return result
-            return gather
+            return staged_or(self, table, gather, lambda send, recv, root: init(
+                [send, byte], [recv, byte] if root == rank else None, root), rooted=True, gets=(False, True),
+                result_shape=lambda shape: (size, *shape), new=new)
 
         def scatter(buf: Any, root: Any, out: Any, extra: Any) -> Any:
             if buf.nbytes > most:
@@ -257,7 +245,9 @@ class MPITransport(MPIChannel):
             result, recv = new(buf, buf.shape[1:], out)  # (only the root's buf is read)
             one_call(run, start, [buf, byte] if root == rank else None, [recv, byte], root)
             return result
-        return scatter
+        return staged_or(self, table, scatter, lambda send, recv, root: init(
+            [send, byte] if root == rank else None, [recv, byte], root), rooted=True, sends=(False, True),
+            result_shape=lambda shape: shape[1:], new=new)
 
     def _fast_point_to_point(self, call: Any, dtype: str) -> Callable[[Any, Any, Any, Any], Any]:
         """send's and recv's fast paths (see _fast_path): the blocking call on x's memory;

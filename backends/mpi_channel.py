@@ -150,7 +150,11 @@ class MPIChannel(Transport):
             self._word_request: Any = make_round(*self._word_args)
         except (NotImplementedError, AttributeError, MPI.Exception):  # MPI < 4
             self._word_request, self._persistent = None, False
-        if self._words is not None and self._persistent and not persistent_allgather_works(library_version(MPI)):
+        #: Whether the fast paths stage their gathering calls too (all_gather, gather, scatter,
+        #: all_to_all, reduce_scatter; see _staged): not where the library's persistent all_gather
+        #: is wrong (persistent_allgather_works).
+        self._stages_gathers = persistent_allgather_works(library_version(MPI))
+        if self._words is not None and self._persistent and not self._stages_gathers:
             self._word_request.Free()  # (made by every rank alike: freed by every rank alike)
             self._word_request = None
         # The fast paths' persistent requests of small calls (see _staged): one table per kind
@@ -485,6 +489,20 @@ class MPIChannel(Transport):
         request.Start()
         if not request.Test():
             self._wait(request)
+
+    def _run_staged(self, request: Any, src: Any, stage: Any, dst: Any) -> None:
+        """A staged call (see :meth:`_staged`): ``src``'s bytes into the first bytes of ``stage``
+        (where ``src`` is not None), ``request`` run (:meth:`_start`), the last bytes of ``stage``
+        into ``dst`` (where ``dst`` is not None). Compiled as the Round's ``staged`` (the copies,
+        MPI_Start and the fast polls in C) where the round is."""
+        staged = memoryview(stage).cast("B")
+        if src is not None:
+            data = memoryview(src).cast("B")
+            staged[:len(data)] = data
+        self._start(request)
+        if dst is not None:
+            into = memoryview(dst).cast("B")
+            into[:] = staged[len(staged) - len(into):]
 
     def _close(self) -> None:
         MPI = self._MPI
