@@ -87,9 +87,11 @@ typedef struct {
     PyObject *local, *mpi_type;        /* MPI.Op.Reduce_local of the op and the MPI datatype, or None */
     reduce_fn arithmetic;              /* the op on the dtype in C, where it is plain C arithmetic, else NULL */
     Py_ssize_t item;                   /* the dtype's bytes, with arithmetic */
+    PyObject *staged;                  /* the fast path's staged requests of this kind (a dict), or None */
+    Py_ssize_t staged_bytes;           /* the most bytes of x a staged request takes */
 } Carrier;
 
-#define CARRIER_FIELDS(X) X(round) X(fallback) X(not_taken) X(new_result) X(local) X(mpi_type)
+#define CARRIER_FIELDS(X) X(round) X(fallback) X(not_taken) X(new_result) X(local) X(mpi_type) X(staged)
 GC_FIELDS(Carrier, CARRIER_FIELDS)
 
 static void
@@ -104,17 +106,24 @@ static int
 Carrier_init(Carrier *self, PyObject *args, PyObject *kwds)
 {
     static char *names[] = {"kind", "round", "fallback", "not_taken", "new_result", "local", "mpi_type", "avg",
-                            "dtype", "op", NULL};
+                            "dtype", "op", "staged", "staged_bytes", NULL};
     const char *kind, *dtype = "", *op = "";
-    PyObject *round, *fallback, *not_taken, *new_result, *local, *mpi_type;
+    PyObject *round, *fallback, *not_taken, *new_result, *local, *mpi_type, *staged = Py_None;
     int avg;
+    Py_ssize_t staged_bytes = 0;
     if (self->round != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Carrier is made once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO!OOOOOp|ss", names, &kind, &RoundType, &round, &fallback,
-                                     &not_taken, &new_result, &local, &mpi_type, &avg, &dtype, &op))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "sO!OOOOOp|ssOn", names, &kind, &RoundType, &round, &fallback,
+                                     &not_taken, &new_result, &local, &mpi_type, &avg, &dtype, &op, &staged,
+                                     &staged_bytes))
         return -1;
+    if (staged != Py_None && !PyDict_Check(staged)) {
+        PyErr_SetString(PyExc_TypeError, "staged must be a dict or None");
+        return -1;
+    }
+    self->staged_bytes = staged_bytes;
     self->arithmetic = NULL;
     for (int i = 0; ARITHMETIC[i].dtype != NULL; i++)
         if (strcmp(dtype, ARITHMETIC[i].dtype) == 0 && strcmp(op, ARITHMETIC[i].op) == 0) {
@@ -137,6 +146,7 @@ Carrier_init(Carrier *self, PyObject *args, PyObject *kwds)
     KEEP(new_result, new_result);
     KEEP(local, local);
     KEEP(mpi_type, mpi_type);
+    KEEP(staged, staged);
 #undef KEEP
     return 0;
 }
@@ -201,7 +211,7 @@ reduction(Carrier *self, PyObject *target, char *to, Py_ssize_t skip, Py_ssize_t
     return 0;
 }
 
-static PyObject *s_data_ptr, *s_nbytes;
+static PyObject *s_data_ptr, *s_nbytes, *s_timeout, *s_shape;
 
 /* A tensor's memory, by address, as a writable memoryview (its data_ptr() and nbytes). */
 static PyObject *
@@ -349,6 +359,89 @@ make(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out)
     return result;
 }
 
+/* The call after its check's round, where x is larger than the block: through the fast path's
+ * staged request of its shape (and root) where there is one, as backends/mpi_staged.py runs it;
+ * NOT_TAKEN where there is none yet (the fast path makes it), under no timeout, or for AVG. */
+static PyObject *
+staged_call(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out)
+{
+    Round *round = self->round;
+    const int size = round->size, rank = round->rank, kind = self->kind;
+    const int rooted = kind == REDUCE || kind == BROADCAST || kind == GATHER || kind == SCATTER;
+    if (self->staged == Py_None || self->avg || x->len == 0 || x->len > self->staged_bytes)
+        return Py_NewRef(self->not_taken);
+    PyObject *timeout = PyObject_GetAttr(round->channel, s_timeout), *key, *result = NULL, *recv = NULL;
+    if (timeout == NULL) return NULL;
+    Py_DECREF(timeout);
+    if (timeout == Py_None || (key = PyObject_GetAttr(view, s_shape)) == NULL)
+        return timeout == Py_None ? Py_NewRef(self->not_taken) : NULL;
+    if (rooted) {
+        PyObject *r = PyLong_FromLong(root);
+        Py_SETREF(key, r ? PyTuple_Pack(2, key, r) : NULL);
+        Py_XDECREF(r);
+        if (key == NULL) return NULL;
+    }
+    PyObject *entry = PyDict_GetItemWithError(self->staged, key);
+    Py_DECREF(key);
+    if (entry == NULL || !PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 2)
+        return PyErr_Occurred() ? NULL : Py_NewRef(self->not_taken);
+    Py_INCREF(entry);  /* (held while it runs) */
+    Py_buffer stage, got;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(entry, 1), &stage, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        Py_DECREF(entry);
+        return NULL;
+    }
+    const int mine = !rooted || root == rank;
+    const int sends = kind == BROADCAST || kind == SCATTER ? mine : 1;
+    const int gets = kind == REDUCE || kind == GATHER ? mine : (kind == BROADCAST ? !mine : 1);
+    const Py_ssize_t n = x->len;
+    if (n > stage.len || (x->ndim < 1 && (kind == REDUCE_SCATTER || kind == SCATTER))) {
+        PyErr_SetString(PyExc_ValueError, "a staged call's x does not fit its staging array");
+        goto done;
+    }
+    if (sends) memcpy(stage.buf, x->buf, n);
+    if (round_start_staged(round, PyTuple_GET_ITEM(entry, 0)) < 0) goto done;
+    const char *end = (const char *)stage.buf + stage.len;
+    switch (kind) {
+    case ALL_REDUCE:
+    case REDUCE:
+    case BROADCAST:  /* (x is the result) */
+        if (gets) memcpy(x->buf, end - n, n);
+        result = Py_NewRef(view);
+        goto done;
+    case REDUCE_SCATTER:
+        result = new_result(self, view, x->shape[0] / size, x->shape + 1, x->ndim - 1, out, &recv, &got, n / size);
+        break;
+    case ALL_GATHER:
+    case GATHER:
+        if (!gets) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        result = new_result(self, view, size, x->shape, x->ndim, out, &recv, &got, size * n);
+        break;
+    case SCATTER:
+        result = new_result(self, view, -1, x->shape + 1, x->ndim - 1, out, &recv, &got, n / size);
+        break;
+    default:  /* ALL_TO_ALL */
+        result = new_result(self, view, -1, x->shape, x->ndim, out, &recv, &got, n);
+    }
+    if (result != NULL) {
+        if (got.len <= stage.len) {
+            memcpy(got.buf, end - got.len, got.len);
+        } else {
+            Py_CLEAR(result);
+            PyErr_SetString(PyExc_ValueError, "a staged call's result is past its staging array");
+        }
+        PyBuffer_Release(&got);
+        Py_DECREF(recv);
+    }
+done:
+    PyBuffer_Release(&stage);
+    Py_DECREF(entry);
+    return result;
+}
+
 static int
 writes_x(Carrier *self)
 {
@@ -399,13 +492,13 @@ Carrier_call(Carrier *self, PyObject *const *args, size_t nargsf, PyObject *kwna
         PyBuffer_Release(&x);
         return NULL;
     }
-    if (!fits || reduced >= 0 || (reduced & WORD_BITS) != word) {  /* not carried, or another call */
+    if (reduced >= 0 || (reduced & WORD_BITS) != word) {  /* a rank off the fast path, or another call */
         PyBuffer_Release(&x);
         got = PyLong_FromLongLong(reduced & WORD_BITS);
         Py_INCREF(self->not_taken);
         result = self->not_taken;
     } else {
-        result = make(self, view, &x, root, out);
+        result = fits ? make(self, view, &x, root, out) : staged_call(self, view, &x, root, out);
         PyBuffer_Release(&x);
         if (result == NULL) return NULL;
         got = PyLong_FromLongLong(word);
@@ -465,7 +558,9 @@ PyMODINIT_FUNC
 PyInit__carried(void)
 {
     if ((s_data_ptr = PyUnicode_InternFromString("data_ptr")) == NULL ||
-        (s_nbytes = PyUnicode_InternFromString("nbytes")) == NULL || PyType_Ready(&CarrierType) < 0)
+        (s_nbytes = PyUnicode_InternFromString("nbytes")) == NULL ||
+        (s_timeout = PyUnicode_InternFromString("timeout")) == NULL ||
+        (s_shape = PyUnicode_InternFromString("shape")) == NULL || PyType_Ready(&CarrierType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

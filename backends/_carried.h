@@ -39,6 +39,11 @@ extern PyTypeObject RoundType;
  * error (raised), else 0. */
 int round_run(Round *self, int64_t word, PyObject *waiting, int64_t *reduced);
 
+/* A staged persistent request of the channel's fast paths (MPIChannel._staged) started and
+ * completed: MPI_Start and the fast polls (directly where bound, else through mpi4py), then the
+ * channel's _wait. -1 on an error (raised), else 0. */
+int round_start_staged(Round *self, PyObject *request);
+
 /* The row of int64 after rank `rank`'s word in its block (the uneven calls' counts). */
 static inline const int64_t *
 round_row(Round *self, int rank)

@@ -17,7 +17,8 @@ class Round:
 
 class Carrier:
     def __init__(self, kind: str, round: Round, fallback: Any, not_taken: Any, new_result: Any, local: Any,
-                 mpi_type: Any, avg: bool, dtype: str = ..., op: str = ...) -> None: ...
+                 mpi_type: Any, avg: bool, dtype: str = ..., op: str = ..., staged: dict[Any, Any] | None = ...,
+                 staged_bytes: int = ...) -> None: ...
     def __call__(self, view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]: ...
 
 class CheckedCarry:

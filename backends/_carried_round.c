@@ -361,6 +361,29 @@ failed:
     return NULL;
 }
 
+int
+round_start_staged(Round *self, PyObject *request)
+{
+    PyObject *r;
+    int done = 0;
+    if (self->direct && mpi_start != NULL) {
+        if ((done = start_direct(self, request, 1)) < 0) return -1;
+    } else {
+        if ((r = PyObject_CallMethodNoArgs(request, s_Start)) == NULL) return -1;
+        Py_DECREF(r);
+        if ((r = PyObject_CallMethodNoArgs(request, s_Test)) == NULL || (done = PyObject_IsTrue(r)) < 0) {
+            Py_XDECREF(r);
+            return -1;
+        }
+        Py_DECREF(r);
+    }
+    if (!done) {
+        if ((r = PyObject_CallMethodOneArg(self->channel, s_wait, request)) == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
 /* src's bytes into the first bytes of stage (at_end 0), or the last bytes of stage into dst
  * (at_end 1; then src is the stage): 0, or -1 with an error. */
 static int
@@ -396,24 +419,8 @@ Round_staged(Round *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "the round's channel is gone");
         return NULL;
     }
-    PyObject *request = args[0], *r;
     if (args[1] != Py_None && copy_staged(args[1], args[2], 0) < 0) return NULL;
-    int done = 0;
-    if (self->direct && mpi_start != NULL) {
-        if ((done = start_direct(self, request, 1)) < 0) return NULL;
-    } else {
-        if ((r = PyObject_CallMethodNoArgs(request, s_Start)) == NULL) return NULL;
-        Py_DECREF(r);
-        if ((r = PyObject_CallMethodNoArgs(request, s_Test)) == NULL || (done = PyObject_IsTrue(r)) < 0) {
-            Py_XDECREF(r);
-            return NULL;
-        }
-        Py_DECREF(r);
-    }
-    if (!done) {
-        if ((r = PyObject_CallMethodOneArg(self->channel, s_wait, request)) == NULL) return NULL;
-        Py_DECREF(r);
-    }
+    if (round_start_staged(self, args[0]) < 0) return NULL;
     if (args[3] != Py_None && copy_staged(args[2], args[3], 1) < 0) return NULL;
     Py_RETURN_NONE;
 }

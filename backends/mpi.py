@@ -86,7 +86,7 @@ from .mpi_requests import (  # noqa: F401  (the poll constants: also importable 
     _Request,
     poll_policy,
 )
-from .mpi_staged import staged_or
+from .mpi_staged import staged_or, staged_table
 
 #: Elements per MPI call: MPI counts are C ints unless the library has large counts.
 MAX_COUNT = 2**31 - 1
@@ -153,8 +153,7 @@ class MPITransport(MPIChannel):
         new = _new_numpy if adapter is _NUMPY else _new_tensor(self._MPI, dtype)
         # Small calls under a timeout through staged persistent requests (backends/mpi_staged.py);
         # without a timeout the blocking call, as COLLECTIVES_TIMEOUT=0 promises.
-        table, rank = self._staged((call, dtype, op)), self.rank
-        gathers = self._stages_gathers  # (see persistent_allgather_works)
+        table, rank = staged_table(self, call, dtype, op), self.rank
 
         if call is calls.ALL_REDUCE:
             reduce, start_reduce, reduce_init = comm.Allreduce, comm.Iallreduce, comm.Allreduce_init
@@ -206,14 +205,13 @@ class MPITransport(MPIChannel):
                 if avg:
                     result /= size
                 return result
-            return staged_or(self, table if gathers else None, reduce_scatter, lambda send, recv, root: (
+            return staged_or(self, table, reduce_scatter, lambda send, recv, root: (
                 scatter_block_init([send, mpi_type], [recv, mpi_type], mpi_op)), rooted=False,
                 result_shape=lambda shape: (shape[0] // size, *shape[1:]), new=new, avg=avg)
         name = _MOVES.get(call)
         if name is None:
             return None
         run, start, init = getattr(comm, name), getattr(comm, _nonblocking(name)), getattr(comm, f"{name}_init")
-        table = table if gathers else None
         if call is calls.ALL_GATHER or call is calls.ALL_TO_ALL:
             stacked = call is calls.ALL_GATHER
 

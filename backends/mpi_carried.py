@@ -128,9 +128,12 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
     if compiled is None:
         return carry
     from ._carried import Carrier  # noqa: PLC0415  (the module that made the channel's Round)
+    from .mpi_channel import STAGED_BYTES  # noqa: PLC0415  (mpi_channel imports this module)
+    from .mpi_staged import staged_table  # noqa: PLC0415
 
+    # (past the block, the fast path's staged request of the shape runs in the Carrier too)
     return Carrier(call.name, compiled, carry, NOT_TAKEN, new, local, mpi_type, avg, dtype,
-                   "" if op is None else op.value)
+                   "" if op is None else op.value, staged_table(channel, call, dtype, op), STAGED_BYTES)
 
 
 #: The interface of backends/_carried*.c this module expects (CARRIED_VERSION there).

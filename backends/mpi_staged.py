@@ -10,10 +10,24 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from collectives import calls
+
 from .mpi_channel import STAGED_BYTES
+
+#: The calls whose result is x itself: their staging array is both buffers.
+_IN_PLACE = (calls.ALL_REDUCE, calls.BROADCAST, calls.REDUCE)
 
 FastPath = Callable[[Any, Any, Any, Any], Any]
 BOTH = (True, True)
+
+
+def staged_table(channel: Any, call: Any, dtype: str, op: Any) -> dict[Any, tuple[Any, Any]] | None:
+    """The channel's table of staged requests of this kind of call (``MPIChannel._staged``), or
+    None where the call keeps none: the gathering calls (all_gather, gather, scatter, all_to_all,
+    reduce_scatter) where the library's persistent all_gather is wrong (``_stages_gathers``)."""
+    if call not in _IN_PLACE and not channel._stages_gathers:
+        return None
+    return channel._staged((call, dtype, op))  # type: ignore[no-any-return]
 
 
 def staged_or(channel: Any, table: dict[Any, tuple[Any, Any]] | None, plain: FastPath,
