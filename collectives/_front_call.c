@@ -3,6 +3,8 @@
  * goes to the Python form (hand_over) before any step has run. */
 #include "_front.h"
 
+#include <string.h>
+
 /* Communicator._run(comm, *args), as called. */
 static PyObject *
 hand_over(Front *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -115,6 +117,57 @@ numpy_view(Front *self, PyObject *check, PyObject *x, int in_place)
     return usable ? Py_NewRef(x) : NULL;
 }
 
+/* Whether checks.check_out would pass out= at its first test for a numpy x (view is x: see
+ * numpy_view): an array of x's type and dtype (its buffer's format), C-contiguous and writable, of
+ * the result's shape (the row's out_kind); 0 where not, or where the row's shape is another (then
+ * check_out itself runs: it passes, or names what is wrong). */
+static int
+numpy_out_fits(Front *self, Row *row, PyObject *x, PyObject *view, PyObject *out)
+{
+    if (row->out_kind == OUT_OTHER || view != x || Py_TYPE(out) != Py_TYPE(x)) return 0;
+    Py_buffer o, v;
+    if (PyObject_GetBuffer(out, &o, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (PyObject_GetBuffer(x, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear();
+        PyBuffer_Release(&o);
+        return 0;
+    }
+    Py_ssize_t want[65];
+    int n = -1, xn = v.ndim;
+    const Py_ssize_t *xs = v.shape;
+    if (xn < 64) {
+        switch (row->out_kind) {
+        case OUT_STACKED:
+            want[0] = self->size;
+            for (int i = 0; i < xn; i++) want[i + 1] = xs[i];
+            n = xn + 1;
+            break;
+        case OUT_BLOCK_OF_ROWS:
+            if (xn < 1) break;
+            want[0] = xs[0] / self->size;
+            for (int i = 1; i < xn; i++) want[i] = xs[i];
+            n = xn;
+            break;
+        case OUT_ONE_ROW:
+            for (int i = 1; i < xn; i++) want[i - 1] = xs[i];
+            n = xn > 0 ? xn - 1 : 0;
+            break;
+        case OUT_SAME_SHAPE:
+            for (int i = 0; i < xn; i++) want[i] = xs[i];
+            n = xn;
+        }
+    }
+    int fits = n == o.ndim && o.itemsize == v.itemsize && o.format != NULL && v.format != NULL &&
+               strcmp(o.format, v.format) == 0;
+    for (int i = 0; fits && i < n; i++) fits = o.shape[i] == want[i];
+    PyBuffer_Release(&o);
+    PyBuffer_Release(&v);
+    return fits;
+}
+
 /* Whether a send's or recv's check would pass at its first test (calls.peer_and_tag): an int tag
  * from 0 to below the row's tags_below, a peer (valid: checked before) that is not this rank. */
 static int
@@ -166,7 +219,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *root, 
         if (got == NULL) goto fail;
         Py_DECREF(got);
     }
-    if (out != Py_None) {
+    if (out != Py_None && !numpy_out_fits(self, row, x, view, out)) {
         PyObject *a[7] = {NULL, call, x, adapter, out, extra, root};
         if ((got = call_state_method(self, s_checks, s_check_out, a, 7)) == NULL) goto fail;
         Py_DECREF(got);

@@ -26,7 +26,7 @@ from .work import Work
 
 #: The interface the module's ``VERSION`` (``FRONT_VERSION`` of collectives/_front.h) must have:
 #: a build left from an older checkout is not used.
-FRONT_VERSION = 5
+FRONT_VERSION = 6
 
 
 def compiled_module() -> Any:
@@ -43,6 +43,11 @@ METHODS = {"all_reduce": calls.ALL_REDUCE, "broadcast": calls.BROADCAST, "reduce
            "send": calls.SEND, "recv": calls.RECV}
 
 
+#: The rows' ``out_shape`` functions whose out= check of a numpy array the front makes itself (in
+#: this order: OUT_STACKED, ... of collectives/_front.h); another row's goes to checks.check_out.
+OUT_SHAPES = (calls.stacked, calls.block_of_rows, calls.one_row, calls.same_shape)
+
+
 def install(comm: Any, owner: type) -> bool:
     """Set ``comm._run`` to its compiled form (``owner._run``, ``Communicator._run``, is what it
     hands over to), where there is one and ``comm``'s class has not a ``_run`` of its own (which
@@ -57,7 +62,8 @@ def install(comm: Any, owner: type) -> bool:
     run = comm.__dict__["_run"] = module.Front(  # (the constants it needs)
         comm, owner._run, not_taken=calls.NOT_TAKEN, started=recorder.STARTED,  # type: ignore[attr-defined]
         posted=recorder.POSTED, end=recorder.END, state=recorder.STATE, work_type=Work, clock=recorder.clock,
-        counted=emulations.counted, host_view=arrays.NumpyAdapter.host_view, numpy=arrays.NUMPY)
+        counted=emulations.counted, host_view=arrays.NumpyAdapter.host_view, numpy=arrays.NUMPY,
+        out_shapes=OUT_SHAPES)
     for name, row in METHODS.items():
         function = getattr(owner, name)
         spec = method_spec(function, row)

@@ -421,7 +421,10 @@ def bad_call_job(comm, kind, cases):
         x = as_array(np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape), "float32", kind)
         before = to_numpy(x)
         if out_shape is not None:
-            kwargs = {**kwargs, "out": as_array(np.zeros(out_shape, np.float32), "float32", kind)}
+            out_shape, out_dtype = out_shape if isinstance(out_shape[0], tuple) else (out_shape, "float32")
+            if out_dtype != "float32":  # a good call first: the bad out= meets the kind's plan (its fast checks)
+                getattr(comm, collective)(x, **kwargs, out=as_array(np.zeros(out_shape, np.float32), "float32", kind))
+            kwargs = {**kwargs, "out": as_array(np.zeros(out_shape, out_dtype), out_dtype, kind)}
         try:
             getattr(comm, collective)(x, **kwargs)
             error = None
@@ -453,6 +456,9 @@ def bad_cases(n, rank):
         ("reduce", (2,), {"dst": n}, None, ["dst", str(n), "out of range"]),
         ("reduce", (2,), {"dst": "0"}, None, ["dst", "int"]),
     ]
+    # out= of another dtype of the same width, after a good call of the kind
+    cases += [(name, shape, {}, (out, "int32"), ["out", "int32", "float32"]) for name, shape, out in (
+        ("all_gather", (2, 3), (n, 2, 3)), ("scatter", (n, 4), (4,)), ("reduce_scatter", (2 * n, 3), (2, 3)))]
     # Known only once the counts have travelled: the same error on every rank.
     rows = 2
     cases.append(("all_gather_v", (rows, 3), {}, (rows * n + 1, 3), ["out", str(rows * n + 1), str(rows * n)]))
