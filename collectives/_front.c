@@ -28,11 +28,11 @@ PyObject *s_gate, *s_plans, *s_dtype, *s_checks, *s_check_rank, *s_check_out, *s
     *s_pending, *s_reap, *s_seq, *s_operation, *s_ring, *s_append, *s_checking,
     *s_carry_call, *s_check_call, *s_debug, *s_p2p, *s_run, *s_x, *s_root, *s_out,
     *s_async_op, *s_extra, *s_carried, *s_hooks, *s_call_hooks, *s_keep, *s_handles, *s_keep_p2p,
-    *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted, *s_out_shape;
+    *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted, *s_out_shape, *s_numpy;
 PyObject *front_zero, *front_one;
 
 #define FRONT_FIELDS(X) X(comm) X(dict) X(python_run) X(not_taken) X(started) X(posted) \
-    X(work_type) X(clock) X(counted) X(host_view) X(numpy) X(rows) X(out_shapes)
+    X(work_type) X(clock) X(counted) X(host_view) X(numpy) X(rows) X(out_shapes) X(torch_host_view) X(torch)
 
 static int
 Front_traverse(Front *self, visitproc visit, void *arg)
@@ -130,13 +130,14 @@ static int
 Front_init(Front *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"comm", "python_run", "not_taken", "started", "posted", "end", "state",
-                             "work_type", "clock", "counted", "host_view", "numpy", "out_shapes", NULL};
+                             "work_type", "clock", "counted", "host_view", "numpy", "out_shapes",
+                             "torch_host_view", "torch", NULL};
     PyObject *comm, *python_run, *not_taken, *started, *posted, *work_type, *clock, *counted, *host_view, *numpy,
-        *out_shapes, *size;
+        *out_shapes, *torch_host_view, *torch, *size;
     Py_ssize_t end, state_index;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnnOOOOOO!", kwlist, &comm, &python_run, &not_taken, &started,
-                                     &posted, &end, &state_index, &work_type, &clock, &counted, &host_view, &numpy,
-                                     &PyTuple_Type, &out_shapes))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOOnnOOOOOO!OO", kwlist, &comm, &python_run, &not_taken,
+                                     &started, &posted, &end, &state_index, &work_type, &clock, &counted, &host_view,
+                                     &numpy, &PyTuple_Type, &out_shapes, &torch_host_view, &torch))
         return -1;
     if (!PyType_Check(work_type)) {
         PyErr_SetString(PyExc_TypeError, "work_type must be a type");
@@ -175,6 +176,8 @@ Front_init(Front *self, PyObject *args, PyObject *kwds)
     self->host_view = Py_NewRef(host_view);
     self->numpy = Py_NewRef(numpy);
     self->out_shapes = Py_NewRef(out_shapes);
+    self->torch_host_view = Py_NewRef(torch_host_view);
+    self->torch = Py_NewRef(torch);
     self->rows = rows;
     self->end = end;
     self->state = state_index;
@@ -232,7 +235,7 @@ intern_all(void)
         {&s_async_op, "async_op"}, {&s_extra, "extra"}, {&s_carried, "carried"}, {&s_hooks, "_hooks"},
         {&s_call_hooks, "_call_hooks"}, {&s_keep, "_keep"}, {&s_handles, "_handles"}, {&s_keep_p2p, "keep_p2p"},
         {&s_raise_failed, "_raise_failed"}, {&s_name, "name"}, {&s_check, "check"}, {&s_in_place, "in_place"},
-        {&s_collective, "collective"}, {&s_counted, "counted"}, {&s_out_shape, "out_shape"},
+        {&s_collective, "collective"}, {&s_counted, "counted"}, {&s_out_shape, "out_shape"}, {&s_numpy, "numpy"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return -1;

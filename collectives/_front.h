@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 /* The module's interface, as collectives/front.py expects it (FRONT_VERSION there). */
-#define FRONT_VERSION 6
+#define FRONT_VERSION 7
 
 /* A Call row's fields the steps read (collectives/calls.py; its rows are frozen). */
 /* The out= shapes a row's out_shape gives that the front checks itself (Front's out_shapes, in
@@ -36,6 +36,8 @@ typedef struct {
     PyObject *counted;     /* collectives.emulations.counted */
     PyObject *host_view;   /* NumpyAdapter.host_view (the function) and arrays.NUMPY: a plan whose */
     PyObject *numpy;       /* check is numpy's host_view is read through the buffer protocol */
+    PyObject *torch_host_view;  /* TorchAdapter.host_view and arrays.TORCH: x.numpy() called here */
+    PyObject *torch;
     PyObject *rows;        /* {call: capsule of its Row}: a row's fields read once */
     PyObject *out_shapes;  /* calls.stacked, block_of_rows, one_row, same_shape (see OUT_STACKED) */
     Py_ssize_t end, state; /* the record's END and STATE fields */
@@ -48,7 +50,7 @@ extern PyObject *s_gate, *s_plans, *s_dtype, *s_checks, *s_check_rank, *s_check_
     *s_pending, *s_reap, *s_seq, *s_operation, *s_ring, *s_append, *s_checking,
     *s_carry_call, *s_check_call, *s_debug, *s_p2p, *s_run, *s_x, *s_root, *s_out,
     *s_async_op, *s_extra, *s_carried, *s_hooks, *s_call_hooks, *s_keep, *s_handles, *s_keep_p2p,
-    *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted, *s_out_shape;
+    *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted, *s_out_shape, *s_numpy;
 extern PyObject *front_zero, *front_one;
 
 /* The row of `call` (its fields read the first time), or NULL with an error (_front.c). */

@@ -99,38 +99,65 @@ set_handled(PyObject *error)
 #endif
 
 /* NumpyAdapter.host_view(x, in_place) where it returns x (a numpy array, C-contiguous, writable
- * where in_place): x, read through the buffer protocol; NULL without an error where check is
- * another check or x is not such an array (then the check itself runs: its None or its error). */
+ * where in_place): x, read through the buffer protocol; TorchAdapter.host_view(x, in_place) where
+ * it returns x.numpy() (C-contiguous), called here. NULL without an error where check is another
+ * check or x is not such an array (then the check itself runs: its view, None or its error). */
 static PyObject *
 numpy_view(Front *self, PyObject *check, PyObject *x, int in_place)
 {
-    if (!PyMethod_Check(check) || PyMethod_GET_FUNCTION(check) != self->host_view ||
-        PyMethod_GET_SELF(check) != self->numpy)
+    if (!PyMethod_Check(check)) return NULL;
+    PyObject *function = PyMethod_GET_FUNCTION(check), *adapter = PyMethod_GET_SELF(check), *view;
+    if (function == self->host_view && adapter == self->numpy) {
+        view = Py_NewRef(x);
+    } else if (function == self->torch_host_view && adapter == self->torch) {
+        if ((view = PyObject_CallMethodNoArgs(x, s_numpy)) == NULL) {
+            PyErr_Clear();  /* (the check says why, or takes the general path) */
+            return NULL;
+        }
+    } else {
         return NULL;
+    }
     Py_buffer buffer;
-    if (PyObject_GetBuffer(x, &buffer, PyBUF_C_CONTIGUOUS) < 0) {
+    if (PyObject_GetBuffer(view, &buffer, PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();
+        Py_DECREF(view);
         return NULL;
     }
     int usable = !(in_place && buffer.readonly);
     PyBuffer_Release(&buffer);
-    return usable ? Py_NewRef(x) : NULL;
+    if (!usable) Py_CLEAR(view);
+    return view;
 }
 
-/* Whether checks.check_out would pass out= at its first test for a numpy x (view is x: see
- * numpy_view): an array of x's type and dtype (its buffer's format), C-contiguous and writable, of
- * the result's shape (the row's out_kind); 0 where not, or where the row's shape is another (then
- * check_out itself runs: it passes, or names what is wrong). */
+/* Whether checks.check_out would pass out= at its first test, for x with a host view (numpy_view:
+ * x itself, or a CPU tensor's x.numpy()): an array of x's type whose memory is read the same way
+ * (out.numpy() for a tensor refuses what check_out refuses of its device, layout, grad and
+ * negative bit), of x's dtype (its buffer's format), C-contiguous and writable, of the result's
+ * shape (the row's out_kind); 0 where not, or where the row's shape is another (then check_out
+ * itself runs: it passes, or names what is wrong). */
 static int
-numpy_out_fits(Front *self, Row *row, PyObject *x, PyObject *view, PyObject *out)
+out_fits(Front *self, Row *row, PyObject *check, PyObject *x, PyObject *view, PyObject *out)
 {
-    if (row->out_kind == OUT_OTHER || view != x || Py_TYPE(out) != Py_TYPE(x)) return 0;
+    if (row->out_kind == OUT_OTHER || view == NULL || view == Py_None || Py_TYPE(out) != Py_TYPE(x)) return 0;
+    PyObject *out_view;
+    if (view == x) {
+        out_view = Py_NewRef(out);
+    } else if (PyMethod_Check(check) && PyMethod_GET_FUNCTION(check) == self->torch_host_view) {
+        if ((out_view = PyObject_CallMethodNoArgs(out, s_numpy)) == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+    } else {
+        return 0;
+    }
     Py_buffer o, v;
-    if (PyObject_GetBuffer(out, &o, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    int got = PyObject_GetBuffer(out_view, &o, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT);
+    Py_DECREF(out_view);  /* (o holds what it needs of it) */
+    if (got < 0) {
         PyErr_Clear();
         return 0;
     }
-    if (PyObject_GetBuffer(x, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+    if (PyObject_GetBuffer(view, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
         PyErr_Clear();
         PyBuffer_Release(&o);
         return 0;
@@ -219,7 +246,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *root, 
         if (got == NULL) goto fail;
         Py_DECREF(got);
     }
-    if (out != Py_None && !numpy_out_fits(self, row, x, view, out)) {
+    if (out != Py_None && !out_fits(self, row, check, x, view, out)) {
         PyObject *a[7] = {NULL, call, x, adapter, out, extra, root};
         if ((got = call_state_method(self, s_checks, s_check_out, a, 7)) == NULL) goto fail;
         Py_DECREF(got);

@@ -26,7 +26,7 @@ from .work import Work
 
 #: The interface the module's ``VERSION`` (``FRONT_VERSION`` of collectives/_front.h) must have:
 #: a build left from an older checkout is not used.
-FRONT_VERSION = 6
+FRONT_VERSION = 7
 
 
 def compiled_module() -> Any:
@@ -63,7 +63,7 @@ def install(comm: Any, owner: type) -> bool:
         comm, owner._run, not_taken=calls.NOT_TAKEN, started=recorder.STARTED,  # type: ignore[attr-defined]
         posted=recorder.POSTED, end=recorder.END, state=recorder.STATE, work_type=Work, clock=recorder.clock,
         counted=emulations.counted, host_view=arrays.NumpyAdapter.host_view, numpy=arrays.NUMPY,
-        out_shapes=OUT_SHAPES)
+        out_shapes=OUT_SHAPES, torch_host_view=arrays.TorchAdapter.host_view, torch=arrays.TORCH)
     for name, row in METHODS.items():
         function = getattr(owner, name)
         spec = method_spec(function, row)
