@@ -205,6 +205,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     int64_t fast_bit;
+    int carries;  /* call_check._carries: an uneven call's check is its counts' round (check_counts) */
     PyObject *call_check, *comm, *hashes, *fallback, *disagreed, *default_level, *round;
 } CheckedWord;
 
@@ -242,6 +243,7 @@ CheckedWord_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *k
     int uneven = counted ? PyObject_IsTrue(counted) : 0;
     Py_XDECREF(counted);
     if (usual < 0 || (usual && counted == NULL) || uneven < 0) return NULL;
+    if (usual && uneven && self->carries) Py_RETURN_NONE;  /* (checked with its counts, which follow) */
     if (!usual || uneven) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     int64_t w, reduced;
     int found = word_for(self->hashes, PyTuple_Pack(5, call, dtype, reduce_op, root, shape), seq, &w);
@@ -282,6 +284,13 @@ CheckedWord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->hashes = hashes;
     self->fallback = fallback;
     self->disagreed = disagreed;
+    PyObject *carries = PyObject_GetAttr(call_check, s_carries);
+    self->carries = carries ? PyObject_IsTrue(carries) : -1;
+    Py_XDECREF(carries);
+    if (self->carries < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
     return (PyObject *)self;
 }
 
