@@ -43,6 +43,7 @@ from collectives.work import Work
 
 from ._buffers import row_bytes
 from .mpi_requests import FAST_POLLS
+from .mpi_staged import STAGED_BYTES, staged_table
 
 if TYPE_CHECKING:
     from ._carried import Round
@@ -128,8 +129,6 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
     if compiled is None:
         return carry
     from ._carried import Carrier  # noqa: PLC0415  (the module that made the channel's Round)
-    from .mpi_channel import STAGED_BYTES  # noqa: PLC0415  (mpi_channel imports this module)
-    from .mpi_staged import staged_table  # noqa: PLC0415
 
     # (past the block, the fast path's staged request of the shape runs in the Carrier too)
     return Carrier(call.name, compiled, carry, NOT_TAKEN, new, local, mpi_type, avg, dtype,

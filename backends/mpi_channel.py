@@ -46,6 +46,7 @@ from .mpi_library import (
     wrapping_wire,
 )
 from .mpi_requests import FAST_POLLS, POLL, _Request, poll_policy
+from .mpi_staged import STAGED_BYTES  # noqa: F401  (also importable from here)
 
 
 def import_mpi() -> Any:
@@ -552,8 +553,6 @@ class MPIChannel(Transport):
 _AVG = ReduceOp.AVG
 #: Closed channels whose communicator waits for a peer's farewell before it is freed.
 _UNFREED: list[MPIChannel] = []
-#: Calls of at most this many bytes go through a staged persistent request (see _staged).
-STAGED_BYTES = 4096
 #: Shapes (and roots) per fast path that keep a persistent request at most.
 STAGED_SHAPES = 16
 #: Communicators of at most this many ranks gather every rank's block in the check's round (see

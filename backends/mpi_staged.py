@@ -12,8 +12,8 @@ from typing import Any
 
 from collectives import calls
 
-from .mpi_channel import STAGED_BYTES
-
+#: Calls of at most this many bytes go through a staged persistent request (see MPIChannel._staged).
+STAGED_BYTES = 4096
 #: The calls whose result is x itself: their staging array is both buffers.
 _IN_PLACE = (calls.ALL_REDUCE, calls.BROADCAST, calls.REDUCE)
 

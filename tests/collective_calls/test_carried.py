@@ -249,7 +249,7 @@ def staged_job(comm, kind):
     request; the later ones reuse it with new data), from every root, with and without out=, each
     against numpy; and how many staged requests the channel holds after them."""
     import torch
-    from collectives.backends.mpi_channel import STAGED_BYTES
+    from collectives.backends.mpi_staged import STAGED_BYTES
 
     wrap = torch.from_numpy if kind == "torch" else np.asarray
     size, rank = comm.size, comm.rank
