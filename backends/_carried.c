@@ -22,6 +22,19 @@ enum { ALL_REDUCE, REDUCE, REDUCE_SCATTER, BROADCAST, ALL_GATHER, GATHER, SCATTE
 static const char *const KIND_NAMES[KINDS] = {
     "all_reduce", "reduce", "reduce_scatter", "broadcast", "all_gather", "gather", "scatter", "all_to_all"};
 
+/* The kinds with a root, and those that read only the root's x. */
+static int
+rooted(int kind)
+{
+    return kind == REDUCE || kind == BROADCAST || kind == GATHER || kind == SCATTER;
+}
+
+static int
+reads_root_only(int kind)
+{
+    return kind == BROADCAST || kind == SCATTER;
+}
+
 /* inout[i] = in[i] op inout[i], MPI_Reduce_local's order, for n items. */
 typedef void (*reduce_fn)(void *inout, const void *in, Py_ssize_t n);
 
@@ -367,7 +380,6 @@ staged_call(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out
 {
     Round *round = self->round;
     const int size = round->size, rank = round->rank, kind = self->kind;
-    const int rooted = kind == REDUCE || kind == BROADCAST || kind == GATHER || kind == SCATTER;
     if (self->staged == Py_None || self->avg || x->len == 0 || x->len > self->staged_bytes)
         return Py_NewRef(self->not_taken);
     PyObject *timeout = PyObject_GetAttr(round->channel, s_timeout), *key, *result = NULL, *recv = NULL;
@@ -375,7 +387,7 @@ staged_call(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out
     Py_DECREF(timeout);
     if (timeout == Py_None || (key = PyObject_GetAttr(view, s_shape)) == NULL)
         return timeout == Py_None ? Py_NewRef(self->not_taken) : NULL;
-    if (rooted) {
+    if (rooted(kind)) {
         PyObject *r = PyLong_FromLong(root);
         Py_SETREF(key, r ? PyTuple_Pack(2, key, r) : NULL);
         Py_XDECREF(r);
@@ -391,8 +403,8 @@ staged_call(Carrier *self, PyObject *view, Py_buffer *x, int root, PyObject *out
         Py_DECREF(entry);
         return NULL;
     }
-    const int mine = !rooted || root == rank;
-    const int sends = kind == BROADCAST || kind == SCATTER ? mine : 1;
+    const int mine = !rooted(kind) || root == rank;
+    const int sends = reads_root_only(kind) ? mine : 1;
     const int gets = kind == REDUCE || kind == GATHER ? mine : (kind == BROADCAST ? !mine : 1);
     const Py_ssize_t n = x->len;
     if (n > stage.len || (x->ndim < 1 && (kind == REDUCE_SCATTER || kind == SCATTER))) {
@@ -475,15 +487,14 @@ Carrier_call(Carrier *self, PyObject *const *args, size_t nargsf, PyObject *kwna
         PyErr_Clear();   /* not the common case: the Python carry, before anything is written */
         return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     }
-    int rooted = self->kind == REDUCE || self->kind == BROADCAST || self->kind == GATHER || self->kind == SCATTER;
-    if (rooted && (root < 0 || root >= self->round->size)) {
+    if (rooted(self->kind) && (root < 0 || root >= self->round->size)) {
         PyBuffer_Release(&x);
         return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     }
     /* x larger than the block: the round of the word alone (every rank of this call has x of
      * the same size: the word hashes its shape and dtype), the call then runs as usual */
     int fits = x.len <= self->round->room;
-    if (fits && (!(self->kind == BROADCAST || self->kind == SCATTER) || root == self->round->rank))
+    if (fits && (!reads_root_only(self->kind) || root == self->round->rank))
         memcpy(round_own_payload(self->round), x.buf, x.len);
     int64_t reduced;
     int failed = round_run(self->round, (int64_t)word | CARRIED_BIT, Py_None, &reduced);

@@ -79,6 +79,20 @@ hashes_of(PyObject *call_check)
     return hashes;
 }
 
+/* What a compiled check of call_check holds (new references): its _hashes, the method it stands
+ * for (`method`, its fallback) and _disagreed; 0, or -1 with an error (none held). */
+static int
+check_parts(PyObject *call_check, const char *method, PyObject **hashes, PyObject **fallback, PyObject **disagreed)
+{
+    *hashes = hashes_of(call_check);
+    *fallback = *hashes ? PyObject_GetAttrString(call_check, method) : NULL;
+    *disagreed = *fallback ? PyObject_GetAttrString(call_check, "_disagreed") : NULL;
+    if (*disagreed != NULL) return 0;
+    Py_CLEAR(*hashes);
+    Py_CLEAR(*fallback);
+    return -1;
+}
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -158,15 +172,13 @@ CheckedCarry_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     static char *names[] = {"call_check", "comm", "default_level", NULL};
     PyObject *call_check, *comm, *default_level;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO", names, &call_check, &comm, &default_level)) return NULL;
-    PyObject *hashes = hashes_of(call_check);
-    if (hashes == NULL) return NULL;
-    PyObject *fallback = PyObject_GetAttrString(call_check, "carry");
-    PyObject *disagreed = fallback ? PyObject_GetAttrString(call_check, "_disagreed") : NULL;
-    CheckedCarry *self = disagreed ? (CheckedCarry *)type->tp_alloc(type, 0) : NULL;
+    PyObject *hashes, *fallback, *disagreed;
+    if (check_parts(call_check, "carry", &hashes, &fallback, &disagreed) < 0) return NULL;
+    CheckedCarry *self = (CheckedCarry *)type->tp_alloc(type, 0);
     if (self == NULL) {
         Py_DECREF(hashes);
-        Py_XDECREF(fallback);
-        Py_XDECREF(disagreed);
+        Py_DECREF(fallback);
+        Py_DECREF(disagreed);
         return NULL;
     }
     self->vectorcall = CheckedCarry_call;
@@ -231,7 +243,7 @@ CheckedWord_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *k
         PyErr_SetString(PyExc_RuntimeError, "the check is gone");
         return NULL;
     }
-    if (nargs < 5 || nargs > 7 || kwnames != NULL || Py_TYPE(self->round) != &RoundType)
+    if (nargs < 5 || nargs > 7 || kwnames != NULL)
         return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
     PyObject *call = args[0], *reduce_op = args[1], *root = args[2], *dtype = args[3], *shape = args[4];
     PyObject *waiting = nargs > 5 ? args[5] : Py_None;
@@ -264,15 +276,13 @@ CheckedWord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!OL", names, &call_check, &comm, &RoundType, &round,
                                      &default_level, &fast_bit))
         return NULL;
-    PyObject *hashes = hashes_of(call_check);
-    if (hashes == NULL) return NULL;
-    PyObject *fallback = PyObject_GetAttrString(call_check, "check");
-    PyObject *disagreed = fallback ? PyObject_GetAttrString(call_check, "_disagreed") : NULL;
-    CheckedWord *self = disagreed ? (CheckedWord *)type->tp_alloc(type, 0) : NULL;
+    PyObject *hashes, *fallback, *disagreed;
+    if (check_parts(call_check, "check", &hashes, &fallback, &disagreed) < 0) return NULL;
+    CheckedWord *self = (CheckedWord *)type->tp_alloc(type, 0);
     if (self == NULL) {
         Py_DECREF(hashes);
-        Py_XDECREF(fallback);
-        Py_XDECREF(disagreed);
+        Py_DECREF(fallback);
+        Py_DECREF(disagreed);
         return NULL;
     }
     self->vectorcall = CheckedWord_call;

@@ -11,11 +11,11 @@
 /* The module's interface, as collectives/front.py expects it (FRONT_VERSION there). */
 #define FRONT_VERSION 7
 
-/* A Call row's fields the steps read (collectives/calls.py; its rows are frozen). */
 /* The out= shapes a row's out_shape gives that the front checks itself (Front's out_shapes, in
  * this order; 0: another, or none: checks.check_out runs). */
 enum { OUT_OTHER, OUT_STACKED, OUT_BLOCK_OF_ROWS, OUT_ONE_ROW, OUT_SAME_SHAPE };
 
+/* A Call row's fields the steps read (collectives/calls.py; its rows are frozen). */
 typedef struct {
     PyObject *name, *root, *check;
     int in_place, collective, counted, out_kind;

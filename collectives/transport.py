@@ -247,11 +247,12 @@ class Transport(abc.ABC):
     def _carried_path(self, call: Call, adapter: ArrayAdapter, dtype: str,
                       reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:
         """For backends whose check's round can carry a small call's data (MPI's): a callable
-        ``(view, root, out, extra, word)`` that makes the default check's round of ``word`` with
-        ``view`` (as the fast path's, at most :attr:`_carry_bytes`) in it, and returns the check's
-        reduced word and the call's result, or :data:`collectives.calls.NOT_TAKEN` where the
-        round did not carry it (the call then runs as usual, its check made). ``None``: none for
-        this kind. See backends/mpi_carried.py."""
+        ``(view, root, out, extra, word)`` that makes the default check's round of ``word``, with
+        ``view`` (as the fast path's) in it where it holds at most :attr:`_carry_bytes`, and
+        returns the check's reduced word and the call's result, or
+        :data:`collectives.calls.NOT_TAKEN` where the round did not carry it (the call then runs
+        as usual, its check made). The call path hands it every call on the fast path. ``None``:
+        none for this kind. See backends/mpi_carried.py."""
         return None
 
     #: The bytes of ``x`` that :meth:`_carried_path`'s round carries at most.
