@@ -49,10 +49,9 @@ def _tool(name: str) -> str:
 
 
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
+    from collectives.testing.launch import free_port  # noqa: PLC0415  (outside the ephemeral range)
+
+    return free_port()
 
 
 def _alive(pid: int) -> bool:

@@ -19,6 +19,7 @@ command); the pools pass both through to the ranks, as they do every user settin
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import shutil
 import socket
@@ -63,10 +64,32 @@ def mpi_command(size: int, program: list[str]) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nothing listens on now, for a launcher to listen on: drawn at random
+    outside the kernel's ephemeral range (``ip_local_port_range``), from which every outgoing
+    connection (an MPI launcher's, Gloo's) takes its port, so that none of them can take it before
+    the launcher binds it (a port the kernel hands out for ``bind(0)`` is in that range)."""
+    low, high = 32768, 60999
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(n) for n in f.read().split())
+    except (OSError, ValueError):
+        pass
+    outside = [(10000, low - 1), (high + 1, 65535)]
+    ranges = [(a, b) for a, b in outside if b - a >= 1000] or [(1024, 65535)]
+    draw = random.SystemRandom()
+    for _ in range(200):
+        a, b = draw.choice(ranges)
+        port = draw.randint(a, b)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # (every one drawn was taken: the kernel's choice)
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        found: int = s.getsockname()[1]
+        return found
 
 
 def launcher_command(name: str) -> list[str]:

@@ -139,9 +139,9 @@ def _launch(command, tmp_path, backend):
 
 
 def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
+    from collectives.testing.launch import free_port
+
+    return str(free_port())
 
 
 def _tool(name):

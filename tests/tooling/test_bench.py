@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -62,9 +61,9 @@ def test_every_collective_runs_right_under_mpiexec_against_raw_mpi4py(tmp_path: 
 
 
 def test_every_collective_runs_right_under_torchrun_against_raw_torch_distributed(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    from collectives.testing.launch import free_port
+
+    port = str(free_port())
     out = tmp_path / "bench.json"
     text = bench("all", *SMALL, "--raw", "--json", str(out), launcher=[
         str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", port, "--no-python"])

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -51,9 +50,9 @@ def test_the_example_runs_with_the_command_at_its_top(path: Path) -> None:
 @pytest.mark.parametrize("name", ["hello_all_reduce", "pipeline_send_recv"])
 def test_the_example_runs_on_the_torch_backend_under_torchrun(name: str) -> None:
     """"Replace mpiexec -n N python with torchrun --nproc_per_node N", as the README says."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from collectives.testing.launch import free_port
+
+    port = free_port()
     line, n = re.subn(r"^mpiexec -n (\d+) python ", rf"torchrun --nproc_per_node \1 --master_port {port} ",
                       command(ROOT / "examples" / f"{name}.py"))
     assert n == 1
