@@ -575,7 +575,8 @@ PyInit__carried(void)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    if (round_types_ready(m) < 0 || check_types_ready(m) < 0 || p2p_types_ready(m) < 0) {
+    if (round_types_ready(m) < 0 || check_types_ready(m) < 0 || p2p_types_ready(m) < 0 ||
+        uneven_types_ready(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,6 +1,7 @@
-/* What backends/_carried.c (the carried calls), backends/_carried_round.c (the check's round) and
- * backends/_carried_check.c (CallCheck.carry) share: the Round, which makes the round of an
- * MPIChannel, the Carrier's call, and the bits of a check word. */
+/* What backends/_carried.c (the carried calls), backends/_carried_round.c (the check's round),
+ * backends/_carried_check.c (CallCheck.carry) and backends/_carried_uneven.c (the uneven calls)
+ * share: the Round, which makes the round of an MPIChannel, the Carrier's call, and the bits of a
+ * check word. */
 #ifndef COLLECTIVES_CARRIED_H
 #define COLLECTIVES_CARRIED_H
 
@@ -10,7 +11,7 @@
 
 /* The module's interface, as backends/mpi_carried.py expects it (COMPILED_VERSION there): a
  * build left from an older checkout is not used. */
-#define CARRIED_VERSION 3
+#define CARRIED_VERSION 6
 
 /* Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block. */
 #define CARRIED_BIT ((int64_t)1 << 63)
@@ -55,10 +56,11 @@ round_row(Round *self, int rank)
 #define ROUND_ROW_MAX 64
 
 /* MPIChannel._agree_counts's round: this rank's row `values` (n of them) after its word, and
- * view's bytes in its payload where view is not None (then bit 63 of the word set); *reduced: the
- * AND of every rank's word (bit 63 included). 1 where the row does not fit the block or view is
- * not one C-contiguous buffer of at most the payload's bytes (nothing written: the Python body
- * runs), -1 on an error (raised), else 0. */
+ * view's bytes in its payload where view is not None and fits there (with view, bit 63 of the
+ * word set: a larger one is marked alone, see MPIChannel._uneven_bytes); *reduced: the AND of
+ * every rank's word (bit 63 included). 1 where the row does not fit the block or view is not
+ * one C-contiguous buffer (nothing written: the Python body runs), -1 on an error (raised),
+ * else 0. */
 int round_agree(Round *self, int64_t word, const int64_t *values, Py_ssize_t n, PyObject *view,
                 int64_t *reduced);
 
@@ -75,6 +77,10 @@ round_own_payload(Round *self)
 }
 
 int round_types_ready(PyObject *module);
+
+/* The item `i` of list `list` (the uneven calls' counts) as a Py_ssize_t of at least 0, -1 on an
+ * error (raised). */
+Py_ssize_t count_at(PyObject *list, Py_ssize_t i);
 
 /* bind_mpi(MPI): MPI_Start and MPI_Test looked up in the library of mpi4py's module MPI (where it
  * has them), for the round's direct calls; whether they were found. */
@@ -105,5 +111,8 @@ int check_types_ready(PyObject *module);
 
 /* send's and recv's fast paths (backends/_carried_p2p.c). */
 int p2p_types_ready(PyObject *module);
+
+/* The uneven collectives' method after their counts' round (backends/_carried_uneven.c). */
+int uneven_types_ready(PyObject *module);
 
 #endif

@@ -241,11 +241,8 @@ round_agree(Round *self, int64_t word, const int64_t *values, Py_ssize_t n, PyOb
             PyErr_Clear();
             return 1;
         }
-        if (x.len > self->room) {
-            PyBuffer_Release(&x);
-            return 1;
-        }
-        memcpy(round_own_payload(self), x.buf, x.len);
+        if (x.len <= self->room)  /* (past the payload: marked alone, MPIChannel._uneven_bytes) */
+            memcpy(round_own_payload(self), x.buf, x.len);
         PyBuffer_Release(&x);
         word |= CARRIED_BIT;
     }
@@ -304,8 +301,7 @@ Round_agree_counts(Round *self, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(LNO)", (long long)(reduced & WORD_BITS), rows, carried);
 }
 
-/* The item `i` of list `list` as a Py_ssize_t of at least 0, -1 on an error (raised). */
-static Py_ssize_t
+Py_ssize_t
 count_at(PyObject *list, Py_ssize_t i)
 {
     if (!PyList_Check(list) || i >= PyList_GET_SIZE(list)) {

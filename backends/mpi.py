@@ -74,7 +74,7 @@ from .mpi_buffers import (  # noqa: F401  (cupyx_empty_pinned: also importable f
     mpi_cuda_aware,
     tensor_address,
 )
-from .mpi_carried import carried_all_gather_v, carried_all_to_all_v
+from .mpi_carried import carried_all_gather_v, carried_all_to_all_v, compiled_uneven
 from .mpi_channel import MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
 from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
     BUSY_POLL_SECONDS,
@@ -111,6 +111,17 @@ def install_abort_on_uncaught_exception(MPI: Any) -> None:
 class MPITransport(MPIChannel):
     """The transport over an ``mpi4py.MPI.Comm`` (by default a duplicate of COMM_WORLD): the
     collectives, send/recv and split, over :class:`~.mpi_channel.MPIChannel`."""
+
+    def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
+        super().__init__(comm, local_rank)
+        # The uneven methods compiled where the round is (backends/_carried_uneven.c): instance
+        # attributes over this class's functions, which they run for what they do not take.
+        if self._compiled_round is not None:
+            cls = type(self)
+            if cls._all_gather_v is MPITransport._all_gather_v:
+                self._all_gather_v = compiled_uneven(self, calls.ALL_GATHER_V, self._all_gather_v)  # type: ignore[method-assign]
+            if cls._all_to_all_v is MPITransport._all_to_all_v:
+                self._all_to_all_v = compiled_uneven(self, calls.ALL_TO_ALL_V, self._all_to_all_v)  # type: ignore[method-assign]
 
     @classmethod
     def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPITransport:
@@ -409,8 +420,8 @@ class MPITransport(MPIChannel):
                                 lambda send, recv: ([send, byte], [recv, byte]))
 
     def _all_gather_v(self, r: Request) -> Any:
-        if r.carried is not None:  # x travelled with the counts (backends/mpi_carried.py)
-            return carried_all_gather_v(r, self._compiled_round)
+        if r.carried is not None and (found := carried_all_gather_v(r, self)) is not None:
+            return found  # x travelled with the counts, or staged (backends/mpi_carried.py)
         x, adapter, counts, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
         row = row_bytes(x)
@@ -420,8 +431,8 @@ class MPITransport(MPIChannel):
                                 lambda send, recv: ([send, byte], [recv, sizes, byte]))
 
     def _all_to_all_v(self, r: Request) -> Any:
-        if r.carried is not None:
-            return carried_all_to_all_v(r, self.rank, self._compiled_round)
+        if r.carried is not None and (found := carried_all_to_all_v(r, self)) is not None:
+            return found
         x, adapter, splits, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from collectives import calls, config
+from collectives import arrays, calls, config
 from collectives.calls import NOT_TAKEN
 from collectives.ops import ReduceOp
 from collectives.wire import FAST_BIT
@@ -43,7 +43,7 @@ from collectives.work import Work
 
 from ._buffers import row_bytes
 from .mpi_requests import FAST_POLLS
-from .mpi_staged import STAGED_BYTES, staged_table
+from .mpi_staged import LEAST_BLOCK, STAGED_BYTES, staged_table, staged_uneven, uneven_block, uneven_stage
 
 if TYPE_CHECKING:
     from ._carried import Round
@@ -136,7 +136,7 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
 
 
 #: The interface of backends/_carried*.c this module expects (CARRIED_VERSION there).
-COMPILED_VERSION = 3
+COMPILED_VERSION = 6
 
 
 def compiled_module() -> Any:
@@ -144,6 +144,28 @@ def compiled_module() -> Any:
     None where it was not built (or was built from other sources: its VERSION is not
     :data:`COMPILED_VERSION`) or ``COLLECTIVES_COMPILED=0`` turns it off."""
     return config.compiled_extension(f"{__package__}._carried", COMPILED_VERSION)
+
+
+def compiled_uneven(channel: Any, call: Any, method: Any) -> Any:
+    """``method`` (the channel's ``_all_gather_v`` or ``_all_to_all_v``), compiled
+    (backends/_carried_uneven.c) over the channel's compiled round for synchronous calls on
+    contiguous numpy arrays and CPU tensors: :func:`carried_all_gather_v` and
+    :func:`carried_all_to_all_v`, else the v-collective as ``MPITransport._move_bytes`` makes it."""
+    from ._carried import Uneven  # noqa: PLC0415  (the module that made the Round)
+
+    gathered, comm = call is calls.ALL_GATHER_V, channel._comm
+    blocking, nonblocking = (comm.Allgatherv, comm.Iallgatherv) if gathered else (comm.Alltoallv, comm.Ialltoallv)
+    return Uneven(channel._compiled_round, method, gathered, arrays.NUMPY, arrays.TORCH, new_result(False),
+                  _new_tensor, lambda block: uneven_stage(channel, call, block), LEAST_BLOCK,
+                  blocking, nonblocking, channel._byte)
+
+
+def _new_tensor(view: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
+    """``new_result(True)``'s, with torch looked up when called (x is a tensor: torch is loaded)."""
+    if out is not None:
+        return out, out.numpy()
+    result = np.empty(shape, view.dtype)
+    return sys.modules["torch"].from_numpy(result), result
 
 
 def compiled_round(channel: Any) -> Round | None:
@@ -244,33 +266,54 @@ def _done(r: Any, result: Any) -> Any:
     return Work(result) if r.async_op else result
 
 
-def carried_all_gather_v(r: Any, compiled: Round | None) -> Any:
-    """all_gather_v's ``(result, counts)`` from ``r.carried``, every rank's x (copied by
-    ``compiled``, the channel's compiled round, where there is one)."""
+def _host(r: Any) -> Any:
+    """x's bytes as a C-contiguous numpy array (its rank marked the round: x has a host view)."""
+    x = r.x
+    return x if type(x) is np.ndarray else r.adapter.host_view(x, False)
+
+
+def carried_all_gather_v(r: Any, channel: Any) -> Any:
+    """all_gather_v's ``(result, counts)`` from ``r.carried``, every rank's x (copied by the channel's
+    compiled round, where there is one); where not every rank's x is in the round's blocks (every
+    rank's is host memory of at most UNEVEN_BYTES: the round said so), through the staged request
+    of :func:`~.mpi_staged.staged_uneven`; None where the channel keeps none (the v-collective runs).
+    Compiled (with the staged request): backends/_carried_uneven.c."""
     x, counts, carried = r.x, r.extra, r.carried
     row = row_bytes(x)
+    staged = max(counts) * row > channel._carry_bytes
+    if staged and uneven_stage(channel, r.call, uneven_block(max(counts) * row)) is None:
+        return None
     result, got = _result(r, (sum(counts), *x.shape[1:]))
-    if compiled is not None:  # (any C-contiguous writable buffer: got's bytes)
-        compiled.rows_into(got, counts, row)
-        return _done(r, (result, counts))
-    got, at = got.reshape(-1).view(np.uint8), 0
-    for rank, n in enumerate(counts):
-        got[at:at + n * row] = carried[rank, :n * row]
-        at += n * row
+    if staged:
+        staged_uneven(channel, r.call, _host(r), got, counts, row, -1)
+    elif channel._compiled_round is not None:  # (any C-contiguous writable buffer: got's bytes)
+        channel._compiled_round.rows_into(got, counts, row)
+    else:
+        got, at = got.reshape(-1).view(np.uint8), 0
+        for rank, n in enumerate(counts):
+            got[at:at + n * row] = carried[rank, :n * row]
+            at += n * row
     return _done(r, (result, counts))
 
 
-def carried_all_to_all_v(r: Any, rank: int, compiled: Round | None) -> Any:
-    """The uneven all_to_all's result from ``r.carried``: what each rank sent to ``rank``."""
-    x, splits, carried = r.x, r.extra, r.carried
+def carried_all_to_all_v(r: Any, channel: Any) -> Any:
+    """The uneven all_to_all's result from ``r.carried``: what each rank sent to this one (or, as
+    :func:`carried_all_gather_v`, through a staged request; None where there is none)."""
+    x, splits, carried, rank = r.x, r.extra, r.carried, channel.rank
     row = row_bytes(x)
+    staged = max(sum(sent) for sent in splits) * row > channel._carry_bytes
+    block = uneven_block(max(max(sent) for sent in splits) * row)
+    if staged and uneven_stage(channel, r.call, block) is None:
+        return None
     result, got = _result(r, (sum(sent[rank] for sent in splits), *x.shape[1:]))
-    if compiled is not None:
-        compiled.rows_into(got, splits, row, rank)
-        return _done(r, result)
-    got, at = got.reshape(-1).view(np.uint8), 0
-    for peer, sent in enumerate(splits):
-        start, n = sum(sent[:rank]) * row, sent[rank] * row
-        got[at:at + n] = carried[peer, start:start + n]
-        at += n
+    if staged:
+        staged_uneven(channel, r.call, _host(r), got, splits, row, rank)
+    elif channel._compiled_round is not None:
+        channel._compiled_round.rows_into(got, splits, row, rank)
+    else:
+        got, at = got.reshape(-1).view(np.uint8), 0
+        for peer, sent in enumerate(splits):
+            start, n = sum(sent[:rank]) * row, sent[rank] * row
+            got[at:at + n] = carried[peer, start:start + n]
+            at += n
     return _done(r, result)

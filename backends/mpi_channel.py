@@ -46,7 +46,7 @@ from .mpi_library import (
     wrapping_wire,
 )
 from .mpi_requests import FAST_POLLS, POLL, _Request, poll_policy
-from .mpi_staged import STAGED_BYTES  # noqa: F401  (also importable from here)
+from .mpi_staged import STAGED_BYTES, UNEVEN_BYTES  # noqa: F401  (also importable from here)
 
 
 def import_mpi() -> Any:
@@ -155,6 +155,11 @@ class MPIChannel(Transport):
         #: all_to_all, reduce_scatter; see _staged): not where the library's persistent all_gather
         #: is wrong (persistent_allgather_works).
         self._stages_gathers = persistent_allgather_works(library_version(MPI))
+        #: An uneven call's host x of at most this many bytes marks its word in the counts' round
+        #: (bit 63): carried in its block where every rank's fits there, else, every rank's marked,
+        #: moved by a staged request (mpi_staged.staged_uneven).
+        self._uneven_bytes = UNEVEN_BYTES if self._words is not None and self._persistent and \
+            self._stages_gathers else self._carry_bytes
         if self._words is not None and self._persistent and not self._stages_gathers:
             self._word_request.Free()  # (made by every rank alike: freed by every rank alike)
             self._word_request = None
@@ -381,7 +386,7 @@ class MPIChannel(Transport):
             return call_check.check_counts  # type: ignore[no-any-return]
         from ._carried import CheckedCounts  # noqa: PLC0415  (the module that made the Round)
 
-        return CheckedCounts(call_check, call_check._comm, self._compiled_round, self._carry_bytes, ALL_GATHER_V)
+        return CheckedCounts(call_check, call_check._comm, self._compiled_round, self._uneven_bytes, ALL_GATHER_V)
 
     def _carried_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
                       reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:
@@ -396,8 +401,9 @@ class MPIChannel(Transport):
         block = self._block
         for i, n in enumerate(row):  # (item by item: a slice of a list costs twice as much)
             block[1 + i] = n
-        if view is not None:
-            self._payload[:view.nbytes] = view.reshape(-1).view(np.uint8)
+        if view is not None:  # (past the payload: marked alone, see _uneven_bytes)
+            if view.nbytes <= self._carry_bytes:
+                self._payload[:view.nbytes] = view.reshape(-1).view(np.uint8)
             word |= CARRIED
         reduced = self._round(word)
         rows = self._blocks[:, 1:1 + len(row)].tolist()

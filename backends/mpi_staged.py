@@ -10,6 +10,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from collectives import calls
 
 #: Calls of at most this many bytes go through a staged persistent request (see MPIChannel._staged).
@@ -72,3 +74,71 @@ def staged_or(channel: Any, table: dict[Any, tuple[Any, Any]] | None, plain: Fas
             result /= size
         return result
     return staged
+
+
+# -- the uneven collectives past the round's payload -----------------------------------------
+
+#: An uneven call whose x is host memory of at most this many bytes on every rank, not all of it
+#: in the check's round, goes through a staged request (see staged_uneven).
+UNEVEN_BYTES = 8192
+#: The least block of an uneven call's staged request (see uneven_block), in bytes.
+LEAST_BLOCK = 256
+
+
+def uneven_block(need: int) -> int:
+    """The block of an uneven call's staged request for ``need`` bytes a rank (all_gather_v) or a
+    pair (all_to_all): at least :data:`LEAST_BLOCK`, else ``need`` rounded up to an eighth of the
+    next power of two (at most a quarter more; a few requests serve counts that vary)."""
+    if need <= LEAST_BLOCK:
+        return LEAST_BLOCK
+    step = 1 << max(0, (need - 1).bit_length() - 3)
+    return -(-need // step) * step
+
+
+def uneven_stage(channel: Any, call: Any, block: int) -> tuple[Any, Any] | None:
+    """The staged request of an uneven ``call`` with blocks of ``block`` bytes and its staging
+    array (what this rank sends, then what it gets), made now where it is not yet (collective:
+    every rank makes it at the same call, as the counts decide it, and every rank has them); None
+    where the channel keeps none. all_gather_v: ``MPI_Allgather_init`` of one block a rank; the
+    uneven all_to_all: ``MPI_Alltoall_init`` of one block a pair."""
+    table = staged_table(channel, call, "uint8", None)
+    if table is None:
+        return None
+    entry = table.get(block)
+    if entry is None:
+        gathered, size = call is calls.ALL_GATHER_V, channel.size
+        sends = block if gathered else size * block
+        comm, byte = channel._comm, channel._byte
+        init = comm.Allgather_init if gathered else comm.Alltoall_init
+        entry = channel._stage(table, block, (sends + size * block,), np.uint8,
+                               lambda stage: init([stage[:sends], byte], [stage[sends:], byte]))
+    return entry
+
+
+def staged_uneven(channel: Any, call: Any, x: Any, got: Any, counts: list[Any], row: int, rank: int) -> None:
+    """An uneven call (all_gather_v: ``rank`` -1, ``counts`` every rank's rows; the uneven
+    all_to_all: ``rank`` this rank, ``counts`` the splits) whose counts' round said that every
+    rank's x is host memory of at most :data:`UNEVEN_BYTES`, not all of it in the round's blocks, moved
+    through :func:`uneven_stage`'s request (which must exist: see there): x's rows (``x``: its
+    C-contiguous bytes) into the staging array's blocks (all_gather_v: its first block; all_to_all:
+    the rows for peer j into block j), the request run (``MPIChannel._start``), every rank's rows
+    out of the blocks it got, back to back into ``got``. Compiled: backends/_carried_uneven.c."""
+    most = max(counts) if rank < 0 else max(max(sent) for sent in counts)
+    block = uneven_block(most * row)
+    request, stage = uneven_stage(channel, call, block)  # type: ignore[misc]
+    sends = block if rank < 0 else channel.size * block
+    data = np.asarray(x).reshape(-1).view(np.uint8)
+    if rank < 0:
+        stage[:data.size] = data
+    else:
+        at = 0
+        for j, n in enumerate(counts[rank]):
+            stage[j * block:j * block + n * row] = data[at:at + n * row]
+            at += n * row
+    channel._start(request)
+    into, at = np.asarray(got).reshape(-1).view(np.uint8), 0
+    for k in range(channel.size):
+        n = (counts[k] if rank < 0 else counts[k][rank]) * row
+        start = sends + k * block
+        into[at:at + n] = stage[start:start + n]
+        at += n

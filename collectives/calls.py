@@ -117,7 +117,9 @@ class Request:
     extra: Any
     #: Every rank's x (its bytes, one row per rank), where an uneven call's x travelled with its
     #: counts in the check's round (``Transport._agree_counts``): the method makes the result
-    #: from it, no data collective; else ``None``.
+    #: from it, no data collective; the same where every rank's x was a host view the round
+    #: marked but not all travelled (larger than its block: the rows say so, and the method
+    #: may move them its own way); else ``None``.
     carried: Any
 
     def __init__(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, op: Any = None,

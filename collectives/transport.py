@@ -257,6 +257,9 @@ class Transport(abc.ABC):
 
     #: The bytes of ``x`` that :meth:`_carried_path`'s round carries at most.
     _carry_bytes: int = 0
+    #: The bytes of an uneven call's host ``x`` that :meth:`_agree_counts` takes as ``view`` at
+    #: most (at least :attr:`_carry_bytes`; past it, x does not travel: its word is marked).
+    _uneven_bytes: int = 0
 
     def _word_check(self, call_check: Any) -> Callable[..., None]:
         """What the call path calls for the default check of a call whose data does not travel in
@@ -326,10 +329,10 @@ class Transport(abc.ABC):
         """:meth:`_agree_word`'s result, every rank's ``row`` (at most ``size + 1`` ints) in
         rank order, from the same one small collective, where ``_counts_with_check`` (the
         default check of an uneven collective: its counts travel in the check's round), and
-        where every rank's x travelled in it too (``view``: x's host view, at most
-        :attr:`_carry_bytes`, or None) every rank's x as bytes (see ``Request.carried``), else
-        None. Every call's check word must then travel in the same collective, so that a rank
-        in another call meets it."""
+        where every rank gave a ``view`` (x's host view, at most :attr:`_uneven_bytes`, or None)
+        every rank's x as bytes (see ``Request.carried``; a view past :attr:`_carry_bytes` does
+        not travel, the rows say whose did), else None. Every call's check word must then travel
+        in the same collective, so that a rank in another call meets it."""
         raise NotImplementedError(f"{type(self).__name__} carries no counts with its check word")
 
     def _tell_peers_left(self, how: int) -> None:

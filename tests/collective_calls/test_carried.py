@@ -20,6 +20,7 @@ import warnings
 import numpy as np
 import pytest
 from collectives.backends.mpi_carried import CARRY_BYTES
+from collectives.backends.mpi_staged import UNEVEN_BYTES, uneven_block
 from forms import split_in_form
 
 from collectives.config import COMPILED
@@ -301,6 +302,69 @@ def test_calls_past_the_round_go_through_staged_requests_and_equal_numpy(world, 
         assert staged >= (2 + 3 + 2 * world.size if gathers else 2 + 2 * world.size), staged
 
 
+#: Each rank's rows in the uneven calls of uneven_staged_job, one function a turn: past CARRY_BYTES and
+#: within UNEVEN_BYTES (a rank of none among them), then past UNEVEN_BYTES (the v-collective).
+UNEVEN_TURNS = [(lambda r: 40 + 30 * r), (lambda r: 0 if r == 1 else 300 + r), (lambda r: 500 - 100 * r),
+                (lambda r: 700 + 100 * r)]
+
+
+def uneven_staged_job(comm, kind):
+    """all_gather_v and the uneven all_to_all on x past CARRY_BYTES and within UNEVEN_BYTES (the
+    counts' round marks every rank's x, then a staged request of padded blocks moves them), with
+    counts that change from call to call (a rank of no rows among them), then past UNEVEN_BYTES
+    (the v-collective after the round), with and without out=, one rank asynchronous in a call
+    (its method's Python form, the others' compiled one), each against numpy; whether every rank
+    marked its word, per call; the blocks of the staged requests made."""
+    import torch
+
+    wrap = torch.from_numpy if kind == "torch" else np.asarray
+    size, rank = comm.size, comm.rank
+    wrong, marked = [], []
+    for turn, rows_of in enumerate(UNEVEN_TURNS):
+        rows = [rows_of(r) for r in range(size)]  # float64 rows of 2: 640 B a row x 40 and up
+        mine = [np.arange(n * 2, dtype=np.float64).reshape(n, 2) + 1000 * r + turn for r, n in enumerate(rows)]
+        for out in (False, True):
+            result = wrap(np.zeros((sum(rows), 2))) if out else None
+            got, counts = comm.all_gather_v(wrap(mine[rank].copy()), out=result)
+            marked.append(everyone_carried(comm))
+            if not (counts == rows and (not out or got is result) and type(got) is type(wrap(mine[0]))
+                    and np.array_equal(np.asarray(got), np.concatenate(mine))):
+                wrong.append(("all_gather_v", turn, out))
+        splits = [[(rows_of(r) + j) // size for j in range(size)] for r in range(size)]
+        sent = [np.arange(sum(s) * 3, dtype=np.int32).reshape(sum(s), 3) + 100000 * r for r, s in enumerate(splits)]
+        want = np.concatenate([sent[r][sum(splits[r][:rank]):sum(splits[r][:rank + 1])] for r in range(size)])
+        done = comm.all_to_all(wrap(sent[rank].copy()), splits[rank], async_op=rank == 0 and turn == 1)
+        marked.append(everyone_carried(comm))
+        got = done.wait() if rank == 0 and turn == 1 else done
+        if not np.array_equal(np.asarray(got), want):
+            wrong.append(("all_to_all_v", turn))
+    blocks = sorted(block for key, table in comm._transport._staged_tables.items() if key[1] == "uint8"
+                    for block in table)
+    methods = {type(comm._transport._all_gather_v).__name__, type(comm._transport._all_to_all_v).__name__}
+    return wrong, marked, blocks, methods
+
+
+@WORLDS
+@FORMS
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_uneven_calls_past_the_block_go_staged_or_through_their_v_collective_and_equal_numpy(world, form, kind):
+    results = formed(world, form, "uneven_staged_job", [(kind,)] * world.size)
+    size = world.size
+    expected = set()
+    for rows_of in UNEVEN_TURNS[:3]:
+        expected.add(uneven_block(max(rows_of(r) for r in range(size)) * 16))  # (each past CARRY_BYTES)
+        splits = [[(rows_of(r) + j) // size for j in range(size)] for r in range(size)]
+        if max(sum(s) for s in splits) * 12 > CARRY_BYTES:  # (else carried in the round)
+            expected.add(uneven_block(max(max(s) for s in splits) * 12))
+    for wrong, marked, blocks, methods in results:
+        assert methods == ({"Uneven"} if form == "compiled" else {"method"}), methods
+        assert wrong == []
+        # every rank's x marked but in the last turn's calls (three each: two all_gather_v, one all_to_all)
+        assert marked == [True] * 9 + [False] * 3, marked
+        assert blocks == sorted(expected) or results[0][2] == [], blocks  # (none where the library keeps none)
+        assert blocks == results[0][2]
+
+
 def deciding_job(comm, n):
     """Calls of ``n`` float64 where rank 0 does not take the fast path (asynchronous, then a
     non-contiguous x, twice: a second call of a shape is where a staged persistent request of
@@ -318,7 +382,7 @@ def deciding_job(comm, n):
         x = wide[:, 0] if rank == 0 else np.full(n, rank + 1.0)  # rank 0: a strided view
         comm.all_reduce(x)
         results.append(("strided", x.tolist(), everyone_carried(comm)))
-    rows = CARRY_BYTES // 8 + 1 if rank == 0 else 1  # rank 0's x is too large to travel
+    rows = UNEVEN_BYTES // 8 + 1 if rank == 0 else 1  # rank 0's x is too large to travel or be staged
     got, counts = comm.all_gather_v(np.full((rows, 1), float(rank)))
     results.append(("uneven", [counts, got[:, 0].tolist() == sum(([float(r)] * n for r, n in enumerate(counts)), [])],
                     everyone_carried(comm)))
@@ -337,7 +401,7 @@ def test_ranks_that_decide_differently_run_the_call_as_usual(world, form, n):
         *calls, (_, (counts, right), carried_u) = found
         for name, got, carried in calls:
             assert got == [total] * n and not carried, (rank, name, got[:4])
-        assert counts == [CARRY_BYTES // 8 + 1] + [1] * (world.size - 1) and right and not carried_u
+        assert counts == [UNEVEN_BYTES // 8 + 1] + [1] * (world.size - 1) and right and not carried_u
 
 
 def switched_job(comm):
