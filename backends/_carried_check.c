@@ -8,8 +8,8 @@
 
 #include <stddef.h>
 
-static PyObject *s_seq, *s_level, *s_shape, *s_carries, *s_call, *s_x, *s_dtype, *s_extra, *s_out, *s_adapter,
-    *s_carried, *s_host_view, *s_nbytes, *s_minus_one, *s_no_shape, *s_counted;
+static PyObject *s_seq, *s_level, *s_shape, *s_carries, *s_call, *s_x, *s_dtype, *s_extra, *s_out,
+    *s_carried, *s_view, *s_nbytes, *s_minus_one, *s_no_shape, *s_counted;
 
 /* wire.check_word(call_hash, seq) */
 static int64_t
@@ -424,13 +424,13 @@ CheckedCounts_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject 
     if (seq_of(self->comm, &seq) < 0) return NULL;
     if (seq == 1) Py_RETURN_FALSE;
     /* r's fields, x's shape, the kind's key; then the row; then x's view */
-    PyObject *call = NULL, *x = NULL, *dtype = NULL, *out = NULL, *extra = NULL, *adapter = NULL, *shape = NULL,
+    PyObject *call = NULL, *x = NULL, *dtype = NULL, *out = NULL, *extra = NULL, *shape = NULL,
              *view = NULL, *result = NULL;
     int64_t values[ROUND_ROW_MAX], reduced, word;
     Py_ssize_t n = 0;
     if ((call = PyObject_GetAttr(r, s_call)) == NULL || (x = PyObject_GetAttr(r, s_x)) == NULL ||
         (dtype = PyObject_GetAttr(r, s_dtype)) == NULL || (out = PyObject_GetAttr(r, s_out)) == NULL ||
-        (extra = PyObject_GetAttr(r, s_extra)) == NULL || (adapter = PyObject_GetAttr(r, s_adapter)) == NULL ||
+        (extra = PyObject_GetAttr(r, s_extra)) == NULL ||
         (shape = PyObject_GetAttr(x, s_shape)) == NULL)
         goto finished;
     if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) < 1) goto fallback;  /* (a torch.Size is a tuple) */
@@ -467,8 +467,7 @@ CheckedCounts_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject 
     Py_ssize_t bytes = PyLong_AsSsize_t(nbytes);
     Py_DECREF(nbytes);
     if (bytes == -1 && PyErr_Occurred()) goto finished;
-    view = bytes <= self->carry_bytes ? PyObject_CallMethodObjArgs(adapter, s_host_view, x, Py_False, NULL)
-                                      : Py_NewRef(Py_None);
+    view = bytes <= self->carry_bytes ? PyObject_GetAttr(r, s_view) : Py_NewRef(Py_None);  /* (the call path's) */
     if (view == NULL) goto finished;
     int agreed = round_agree((Round *)self->round, word, values, n, view, &reduced);
     if (agreed < 0) goto finished;
@@ -488,7 +487,6 @@ finished:
     Py_XDECREF(dtype);
     Py_XDECREF(out);
     Py_XDECREF(extra);
-    Py_XDECREF(adapter);
     Py_XDECREF(shape);
     Py_XDECREF(view);
     return result;
@@ -568,9 +566,8 @@ check_types_ready(PyObject *module)
         (s_dtype = PyUnicode_InternFromString("dtype")) == NULL ||
         (s_extra = PyUnicode_InternFromString("extra")) == NULL ||
         (s_out = PyUnicode_InternFromString("out")) == NULL ||
-        (s_adapter = PyUnicode_InternFromString("adapter")) == NULL ||
         (s_carried = PyUnicode_InternFromString("carried")) == NULL ||
-        (s_host_view = PyUnicode_InternFromString("host_view")) == NULL ||
+        (s_view = PyUnicode_InternFromString("view")) == NULL ||
         (s_nbytes = PyUnicode_InternFromString("nbytes")) == NULL ||
         (s_minus_one = PyLong_FromLong(-1)) == NULL ||
         (s_no_shape = PyTuple_New(0)) == NULL || (s_counted = PyUnicode_InternFromString("counted")) == NULL)

@@ -13,7 +13,8 @@
 #include <stddef.h>
 #include <string.h>
 
-static PyObject *s_x, *s_extra, *s_out, *s_carried, *s_async_op, *s_adapter, *s_numpy, *s_timeout, *s_Test, *s_wait;
+static PyObject *s_x, *s_extra, *s_out, *s_carried, *s_async_op, *s_adapter, *s_numpy, *s_view, *s_data_ptr,
+    *s_nbytes, *s_timeout, *s_Test, *s_wait;
 
 typedef struct {
     PyObject_HEAD
@@ -174,6 +175,27 @@ byte_counts(const Py_ssize_t *rows, int n, Py_ssize_t row)
     return sizes;
 }
 
+/* (tensor, a writable memoryview of its memory): a contiguous CPU tensor's bytes by address
+ * (data_ptr, nbytes), without out.numpy(); NULL with an error. */
+static PyObject *
+tensor_memory(PyObject *tensor)
+{
+    PyObject *address = PyObject_CallMethodNoArgs(tensor, s_data_ptr);
+    PyObject *nbytes = address ? PyObject_GetAttr(tensor, s_nbytes) : NULL;
+    void *at = address ? PyLong_AsVoidPtr(address) : NULL;
+    Py_ssize_t len = nbytes ? PyLong_AsSsize_t(nbytes) : -1;
+    Py_XDECREF(address);
+    Py_XDECREF(nbytes);
+    if (PyErr_Occurred()) return NULL;
+    if (len < 0 || (at == NULL && len > 0)) {
+        PyErr_SetString(PyExc_ValueError, "a tensor without memory");
+        return NULL;
+    }
+    static char empty;
+    PyObject *memory = PyMemoryView_FromMemory(len ? (char *)at : &empty, len, PyBUF_WRITE);
+    return memory ? Py_BuildValue("(ON)", tensor, memory) : NULL;
+}
+
 /* The v-collective of x's bytes into got's (MPITransport._move_bytes): 1 done, 0 not taken
  * (nothing moved: a message past a C int), -1 on an error (raised). */
 static int
@@ -266,7 +288,10 @@ Uneven_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwname
     if ((x = PyObject_GetAttr(r, s_x)) == NULL || (counts = PyObject_GetAttr(r, s_extra)) == NULL ||
         (out = PyObject_GetAttr(r, s_out)) == NULL)
         goto finished;
-    view = new == self->new_numpy ? Py_NewRef(x) : PyObject_CallMethodNoArgs(x, s_numpy);
+    if ((view = PyObject_GetAttr(r, s_view)) == NULL) goto finished;  /* (the call path's host view) */
+    if (view == Py_None) {
+        Py_SETREF(view, new == self->new_numpy ? Py_NewRef(x) : PyObject_CallMethodNoArgs(x, s_numpy));
+    }
     if (view == NULL || PyObject_GetBuffer(view, &xb, PyBUF_C_CONTIGUOUS) < 0) {
         if (carried != Py_None) goto finished;  /* (it marked the round: a C-contiguous host view) */
         PyErr_Clear();  /* (not one contiguous host buffer: the Python method) */
@@ -297,8 +322,13 @@ Uneven_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwname
         if (n == NULL) goto finished;
         PyTuple_SET_ITEM(shape, d, n);
     }
-    PyObject *a[3] = {view, shape, out};
-    if ((made = PyObject_Vectorcall(new, a, 3, NULL)) == NULL) goto finished;
+    if (new == self->new_tensor && out != Py_None) {  /* a tensor out= (checked: CPU, contiguous, writable) by address */
+        made = tensor_memory(out);
+    } else {
+        PyObject *a[3] = {view, shape, out};
+        made = PyObject_Vectorcall(new, a, 3, NULL);
+    }
+    if (made == NULL) goto finished;
     if (!PyTuple_Check(made) || PyTuple_GET_SIZE(made) != 2) {
         PyErr_SetString(PyExc_TypeError, "new_result gives (result, its numpy view)");
         goto finished;
@@ -403,7 +433,9 @@ uneven_types_ready(PyObject *module)
         (s_carried = PyUnicode_InternFromString("carried")) == NULL ||
         (s_async_op = PyUnicode_InternFromString("async_op")) == NULL ||
         (s_adapter = PyUnicode_InternFromString("adapter")) == NULL ||
-        (s_numpy = PyUnicode_InternFromString("numpy")) == NULL ||
+        (s_numpy = PyUnicode_InternFromString("numpy")) == NULL || (s_view = PyUnicode_InternFromString("view")) == NULL ||
+        (s_data_ptr = PyUnicode_InternFromString("data_ptr")) == NULL ||
+        (s_nbytes = PyUnicode_InternFromString("nbytes")) == NULL ||
         (s_timeout = PyUnicode_InternFromString("timeout")) == NULL ||
         (s_Test = PyUnicode_InternFromString("Test")) == NULL || (s_wait = PyUnicode_InternFromString("_wait")) == NULL)
         return -1;

@@ -27,7 +27,7 @@
 PyObject *s_gate, *s_plans, *s_dtype, *s_checks, *s_check_rank, *s_check_out, *s_shape,
     *s_pending, *s_reap, *s_seq, *s_operation, *s_ring, *s_append, *s_checking,
     *s_carry_call, *s_check_call, *s_debug, *s_p2p, *s_run, *s_x, *s_root, *s_out,
-    *s_async_op, *s_extra, *s_carried, *s_hooks, *s_call_hooks, *s_keep, *s_handles, *s_keep_p2p,
+    *s_async_op, *s_extra, *s_carried, *s_view, *s_hooks, *s_call_hooks, *s_keep, *s_handles, *s_keep_p2p,
     *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted, *s_out_shape, *s_numpy;
 PyObject *front_zero, *front_one;
 
@@ -110,6 +110,7 @@ row_of(Front *self, PyObject *call)
         Py_DECREF(capsule);
         return NULL;
     }
+    if (row->counted) row->out_kind = OUT_ROWS;
     PyObject *below = PyObject_GetAttrString(row->check, "tags_below");
     row->tags_below = below != NULL && PyLong_CheckExact(below) ? PyLong_AsLong(below) : -1;
     Py_XDECREF(below);
@@ -232,7 +233,7 @@ intern_all(void)
         {&s_ring, "_ring"}, {&s_append, "append"}, {&s_checking, "_checking"},
         {&s_carry_call, "_carry_call"}, {&s_check_call, "_check_call"},
         {&s_debug, "debug"}, {&s_p2p, "_p2p"}, {&s_run, "run"}, {&s_x, "x"}, {&s_root, "root"}, {&s_out, "out"},
-        {&s_async_op, "async_op"}, {&s_extra, "extra"}, {&s_carried, "carried"}, {&s_hooks, "_hooks"},
+        {&s_async_op, "async_op"}, {&s_extra, "extra"}, {&s_carried, "carried"}, {&s_view, "view"}, {&s_hooks, "_hooks"},
         {&s_call_hooks, "_call_hooks"}, {&s_keep, "_keep"}, {&s_handles, "_handles"}, {&s_keep_p2p, "keep_p2p"},
         {&s_raise_failed, "_raise_failed"}, {&s_name, "name"}, {&s_check, "check"}, {&s_in_place, "in_place"},
         {&s_collective, "collective"}, {&s_counted, "counted"}, {&s_out_shape, "out_shape"}, {&s_numpy, "numpy"},

@@ -9,11 +9,12 @@
 #include <stddef.h>
 
 /* The module's interface, as collectives/front.py expects it (FRONT_VERSION there). */
-#define FRONT_VERSION 7
+#define FRONT_VERSION 8
 
 /* The out= shapes a row's out_shape gives that the front checks itself (Front's out_shapes, in
- * this order; 0: another, or none: checks.check_out runs). */
-enum { OUT_OTHER, OUT_STACKED, OUT_BLOCK_OF_ROWS, OUT_ONE_ROW, OUT_SAME_SHAPE };
+ * this order; 0: another, or none: checks.check_out runs), and the uneven rows' (OUT_ROWS: any
+ * rows, x's trailing shape; the rows are checked once the counts have travelled). */
+enum { OUT_OTHER, OUT_STACKED, OUT_BLOCK_OF_ROWS, OUT_ONE_ROW, OUT_SAME_SHAPE, OUT_ROWS };
 
 /* A Call row's fields the steps read (collectives/calls.py; its rows are frozen). */
 typedef struct {
@@ -49,7 +50,7 @@ typedef struct {
 extern PyObject *s_gate, *s_plans, *s_dtype, *s_checks, *s_check_rank, *s_check_out, *s_shape,
     *s_pending, *s_reap, *s_seq, *s_operation, *s_ring, *s_append, *s_checking,
     *s_carry_call, *s_check_call, *s_debug, *s_p2p, *s_run, *s_x, *s_root, *s_out,
-    *s_async_op, *s_extra, *s_carried, *s_hooks, *s_call_hooks, *s_keep, *s_handles, *s_keep_p2p,
+    *s_async_op, *s_extra, *s_carried, *s_view, *s_hooks, *s_call_hooks, *s_keep, *s_handles, *s_keep_p2p,
     *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted, *s_out_shape, *s_numpy;
 extern PyObject *front_zero, *front_one;
 

@@ -185,6 +185,12 @@ out_fits(Front *self, Row *row, PyObject *check, PyObject *x, PyObject *view, Py
         case OUT_SAME_SHAPE:
             for (int i = 0; i < xn; i++) want[i] = xs[i];
             n = xn;
+            break;
+        case OUT_ROWS:
+            if (xn < 1 || o.ndim < 1) break;
+            want[0] = o.shape[0];
+            for (int i = 1; i < xn; i++) want[i] = xs[i];
+            n = xn;
         }
     }
     int fits = n == o.ndim && o.itemsize == v.itemsize && o.format != NULL && v.format != NULL &&
@@ -309,7 +315,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *root, 
     }
 
     /* The try block: an Exception raised here goes through the context's raise_failed. */
-    int on_fast_path = view != Py_None && async_op == Py_False;
+    int on_fast_path = view != Py_None && async_op == Py_False && !row->counted;
     PyObject *checking = state(self, s_checking);
     if (checking == NULL || (truth = PyObject_IsTrue(checking)) < 0) goto failed;
     if (truth && row->collective) {
@@ -348,7 +354,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *root, 
         } else { /* the row's transport method, its Request refilled */
             if (PyObject_SetAttr(request, s_x, x) < 0 || PyObject_SetAttr(request, s_root, root) < 0 ||
                 PyObject_SetAttr(request, s_out, out) < 0 || PyObject_SetAttr(request, s_async_op, async_op) < 0 ||
-                PyObject_SetAttr(request, s_extra, extra) < 0)
+                PyObject_SetAttr(request, s_extra, extra) < 0 || PyObject_SetAttr(request, s_view, view) < 0)
                 goto failed;
             if (row->counted) {
                 PyObject *a[2] = {comm, request};
@@ -357,7 +363,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *root, 
             }
             if ((result = PyObject_CallOneArg(method, request)) == NULL) goto failed;
             if (PyObject_SetAttr(request, s_x, Py_None) < 0 || PyObject_SetAttr(request, s_out, Py_None) < 0 ||
-                PyObject_SetAttr(request, s_carried, Py_None) < 0)
+                PyObject_SetAttr(request, s_carried, Py_None) < 0 || PyObject_SetAttr(request, s_view, Py_None) < 0)
                 goto failed;
         }
         if (result == NULL) goto failed;

@@ -93,7 +93,7 @@ class Request:
     ``request._replace(...)``.
     """
 
-    __slots__ = ("call", "x", "adapter", "dtype", "op", "root", "out", "async_op", "extra", "carried")
+    __slots__ = ("call", "x", "adapter", "dtype", "op", "root", "out", "async_op", "extra", "carried", "view")
 
     #: The row of the call being run (an emulation's inner call names its own row).
     call: Call
@@ -121,17 +121,21 @@ class Request:
     #: marked but not all travelled (larger than its block: the rows say so, and the method
     #: may move them its own way); else ``None``.
     carried: Any
+    #: x's host view where the call path made one (an uneven call's x of host memory, see
+    #: ``ArrayAdapter.host_view``: a C-contiguous numpy array of its memory), else ``None``.
+    view: Any
 
     def __init__(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, op: Any = None,
                  root: int = -1, out: Any = None, async_op: bool = False, extra: Any = None,
-                 carried: Any = None) -> None:
+                 carried: Any = None, view: Any = None) -> None:
         self.call, self.x, self.adapter, self.dtype, self.op = call, x, adapter, dtype, op
         self.root, self.out, self.async_op, self.extra, self.carried = root, out, async_op, extra, carried
+        self.view = view
 
     def _replace(self, **fields: Any) -> Request:
         """A new record: this one's fields, ``fields`` changed."""
         made = Request(self.call, self.x, self.adapter, self.dtype, self.op, self.root, self.out,
-                       self.async_op, self.extra, self.carried)
+                       self.async_op, self.extra, self.carried, self.view)
         for name, value in fields.items():
             setattr(made, name, value)
         return made

@@ -81,9 +81,11 @@ class ArgumentChecks:
         fast = self._transport._fast_path(call, adapter, dtype, reduce_op) \
             if not call.counted and (call.collective or not self.debug) else None
         # The per-array check: with a fast path, the one that also returns x's host view
-        # (without, check_array's None means the fast path, never taken, is never called);
-        # then the backend's device check, where it has one.
-        check: Callable[[Any, bool], Any] = adapter.check_array if fast is None else adapter.host_view
+        # (without, check_array's None means the fast path, never taken, is never called), and
+        # for the uneven rows (their method gets it: Request.view); then the backend's device
+        # check, where it has one.
+        check: Callable[[Any, bool], Any] = adapter.check_array if fast is None and not call.counted \
+            else adapter.host_view
         if self._checks_device:
             check = self.checked_device(check, adapter)
         carry = None if fast is None or not call.collective else \

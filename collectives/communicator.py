@@ -510,7 +510,7 @@ class Communicator:
         else:
             record = None
         try:
-            result, on_fast_path = NOT_TAKEN, view is not None and not async_op
+            result, on_fast_path = NOT_TAKEN, view is not None and not async_op and not call.counted
             if self._checking and call.collective:
                 if on_fast_path and carry is not None:  # (carried where x fits its round)
                     result = self._carry_call(carry, call, reduce_op, root, dtype, view, out, extra)
@@ -522,13 +522,13 @@ class Communicator:
                 pass  # the backend's fast path ran it (see Transport._fast_path)
             elif self.debug and not call.collective:
                 result = self._p2p.run(call, x, adapter, dtype, root, async_op, extra)
-            else:  # the row's transport method; its calls.Request refilled in a 3 and a 2 (no tuple built)
+            else:  # the row's transport method; its calls.Request refilled in two 3s (no tuple built)
                 request.x, request.root, request.out = x, root, out
-                request.async_op, request.extra = async_op, extra
+                request.async_op, request.extra, request.view = async_op, extra, view
                 if call.counted:  # the uneven rows: the counts exchange puts every rank's in extra
                     emulations.counted(self, request)
                 result = method(request)
-                request.x = request.out = request.carried = None  # (the record keeps no array alive)
+                request.x = request.out = request.carried = request.view = None  # (the record keeps no array alive)
         except Exception as error:
             self._raise_failed(record, error)
         if record is not None:

@@ -153,7 +153,7 @@ class CallCheck:
         gathered = call is ALL_GATHER_V
         row = [int(x.shape[0])] if gathered else [int(n) for n in r.extra]
         row.append(-1 if r.out is None else int(r.out.shape[0]))
-        view = r.adapter.host_view(x, False) if x.nbytes <= self._transport._uneven_bytes else None
+        view = r.view if x.nbytes <= self._transport._uneven_bytes else None  # (the call path's host view)
         reduced, rows, carried = self._transport._agree_counts((h << 32) | (h ^ 0xFFFFFFFF), row, view)
         if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
             self.compare_fingerprints(None, -1, None, ())  # another call: the mismatch
