@@ -87,8 +87,8 @@ LEAST_BLOCK = 256
 
 def uneven_block(need: int) -> int:
     """The block of an uneven call's staged request for ``need`` bytes a rank (all_gather_v) or a
-    pair (all_to_all): at least :data:`LEAST_BLOCK`, else ``need`` rounded up to an eighth of the
-    next power of two (at most a quarter more; a few requests serve counts that vary)."""
+    pair (all_to_all): at least :data:`LEAST_BLOCK`, else ``need`` rounded up to a multiple of an
+    eighth of the next power of two (at most a quarter more; a few requests serve counts that vary)."""
     if need <= LEAST_BLOCK:
         return LEAST_BLOCK
     step = 1 << max(0, (need - 1).bit_length() - 3)
