@@ -226,8 +226,7 @@ reduction(Carrier *self, PyObject *target, char *to, Py_ssize_t skip, Py_ssize_t
 
 static PyObject *s_data_ptr, *s_nbytes, *s_timeout, *s_shape;
 
-/* A tensor's memory, by address, as a writable memoryview (its data_ptr() and nbytes). */
-static PyObject *
+PyObject *
 tensor_memory(PyObject *tensor)
 {
     PyObject *address = PyObject_CallMethodNoArgs(tensor, s_data_ptr);

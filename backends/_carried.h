@@ -11,7 +11,7 @@
 
 /* The module's interface, as backends/mpi_carried.py expects it (COMPILED_VERSION there): a
  * build left from an older checkout is not used. */
-#define CARRIED_VERSION 7
+#define CARRIED_VERSION 8
 
 /* Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block. */
 #define CARRIED_BIT ((int64_t)1 << 63)
@@ -78,9 +78,14 @@ round_own_payload(Round *self)
 
 int round_types_ready(PyObject *module);
 
-/* The item `i` of list `list` (the uneven calls' counts) as a Py_ssize_t of at least 0, -1 on an
- * error (raised). */
-Py_ssize_t count_at(PyObject *list, Py_ssize_t i);
+/* Round.rows_into's copy (backends/_carried_uneven.c): every rank's rows for `rank` (-1:
+ * all_gather_v, counts every rank's rows; else the splits) out of the round's payloads, back to
+ * back into got, rows of `row` bytes; 0, or -1 with an error. */
+int payload_rows_into(Round *round, PyObject *counts, int rank, const Py_buffer *got, Py_ssize_t row);
+
+/* A tensor's memory, by address, as a writable memoryview (its data_ptr() and nbytes;
+ * backends/_carried.c). */
+PyObject *tensor_memory(PyObject *tensor);
 
 /* bind_mpi(MPI): MPI_Start and MPI_Test looked up in the library of mpi4py's module MPI (where it
  * has them), for the round's direct calls; whether they were found. */

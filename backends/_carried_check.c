@@ -321,13 +321,13 @@ static PyTypeObject CheckedWordType = {
 
 /* CallCheck.check_counts, compiled: an uneven call's check word (its kind's hash, x.shape[1:], the
  * sequence number) and its counts in one round of the channel's Round, x's bytes with them where x
- * is at most carry_bytes of host memory. What is not the common case (the Round cannot take the
+ * is at most view_bytes of host memory. What is not the common case (the Round cannot take the
  * row or x, a kind not hashed yet, splits that are not a list or tuple of ints) runs
  * CallCheck.check_counts itself, the reference, before anything is written. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    Py_ssize_t carry_bytes;
+    Py_ssize_t view_bytes;
     PyObject *call_check, *comm, *hashes, *fallback, *compare, *round, *gathered_call;
 } CheckedCounts;
 
@@ -467,7 +467,7 @@ CheckedCounts_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject 
     Py_ssize_t bytes = PyLong_AsSsize_t(nbytes);
     Py_DECREF(nbytes);
     if (bytes == -1 && PyErr_Occurred()) goto finished;
-    view = bytes <= self->carry_bytes ? PyObject_GetAttr(r, s_view) : Py_NewRef(Py_None);  /* (the call path's) */
+    view = bytes <= self->view_bytes ? PyObject_GetAttr(r, s_view) : Py_NewRef(Py_None);  /* (the call path's) */
     if (view == NULL) goto finished;
     int agreed = round_agree((Round *)self->round, word, values, n, view, &reduced);
     if (agreed < 0) goto finished;
@@ -495,11 +495,11 @@ finished:
 static PyObject *
 CheckedCounts_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *names[] = {"call_check", "comm", "round", "carry_bytes", "gathered_call", NULL};
+    static char *names[] = {"call_check", "comm", "round", "view_bytes", "gathered_call", NULL};
     PyObject *call_check, *comm, *round, *gathered_call;
-    Py_ssize_t carry_bytes;
+    Py_ssize_t view_bytes;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!nO", names, &call_check, &comm, &RoundType, &round,
-                                     &carry_bytes, &gathered_call))
+                                     &view_bytes, &gathered_call))
         return NULL;
     PyObject *hashes = hashes_of(call_check);
     if (hashes == NULL) return NULL;
@@ -513,7 +513,7 @@ CheckedCounts_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         return NULL;
     }
     self->vectorcall = CheckedCounts_call;
-    self->carry_bytes = carry_bytes;
+    self->view_bytes = view_bytes;
     self->call_check = Py_NewRef(call_check);
     self->comm = Py_NewRef(comm);
     self->round = Py_NewRef(round);
@@ -527,7 +527,7 @@ CheckedCounts_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 static PyTypeObject CheckedCountsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "collectives.backends._carried.CheckedCounts",
-    .tp_doc = PyDoc_STR("CheckedCounts(call_check, comm, round, carry_bytes, gathered_call): "
+    .tp_doc = PyDoc_STR("CheckedCounts(call_check, comm, round, view_bytes, gathered_call): "
                         "call_check.check_counts, compiled"),
     .tp_basicsize = sizeof(CheckedCounts),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC,

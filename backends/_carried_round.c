@@ -301,23 +301,11 @@ Round_agree_counts(Round *self, PyObject *const *args, Py_ssize_t nargs)
     return Py_BuildValue("(LNO)", (long long)(reduced & WORD_BITS), rows, carried);
 }
 
-Py_ssize_t
-count_at(PyObject *list, Py_ssize_t i)
-{
-    if (!PyList_Check(list) || i >= PyList_GET_SIZE(list)) {
-        PyErr_SetString(PyExc_ValueError, "counts must be a list of an int per rank");
-        return -1;
-    }
-    Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(list, i));
-    if (n < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a count is negative");
-    return n < 0 ? -1 : n;
-}
-
 /* rows_into(got, counts, row, rank=-1): the uneven calls' results from the carried payloads
- * (mpi_carried.carried_all_gather_v and carried_all_to_all_v): with rank -1, every rank's first
- * counts[k] rows back to back (all_gather_v); else, counts being the splits, the rows each
- * rank k sent to `rank` (counts[k][rank] of them, after its counts[k][:rank]). `row`: a row's
- * bytes; `got`: the result's bytes. */
+ * (mpi_carried.carried_uneven; payload_rows_into, backends/_carried_uneven.c): with rank -1,
+ * every rank's first counts[k] rows back to back (all_gather_v); else, counts being the splits,
+ * the rows each rank k sent to `rank` (counts[k][rank] of them, after its counts[k][:rank]).
+ * `row`: a row's bytes; `got`: the result's bytes. */
 static PyObject *
 Round_rows_into(Round *self, PyObject *args)
 {
@@ -327,34 +315,10 @@ Round_rows_into(Round *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "OOn|i", &target, &counts, &row, &rank)) return NULL;
     Py_buffer got;
     if (PyObject_GetBuffer(target, &got, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    Py_ssize_t at = 0;
-    for (int k = 0; k < self->size; k++) {
-        Py_ssize_t skip = 0, n;
-        if (rank < 0) {
-            n = count_at(counts, k);
-        } else {
-            PyObject *sent = PyList_Check(counts) && k < PyList_GET_SIZE(counts) ? PyList_GET_ITEM(counts, k) : NULL;
-            n = sent ? count_at(sent, rank) : -1;
-            for (Py_ssize_t j = 0; j < rank && n >= 0; j++) {
-                Py_ssize_t before = count_at(sent, j);
-                if (before < 0) n = -1;
-                skip += before;
-            }
-            if (sent == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "splits must be a list per rank");
-        }
-        if (n < 0) goto failed;
-        if ((skip + n) * row > self->room || at + n * row > got.len) {
-            PyErr_SetString(PyExc_ValueError, "the rows are past the payload or the result");
-            goto failed;
-        }
-        memcpy((char *)got.buf + at, round_payload(self, k) + skip * row, n * row);
-        at += n * row;
-    }
+    int done = payload_rows_into(self, counts, rank, &got, row);
     PyBuffer_Release(&got);
+    if (done < 0) return NULL;
     Py_RETURN_NONE;
-failed:
-    PyBuffer_Release(&got);
-    return NULL;
 }
 
 int

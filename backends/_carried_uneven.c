@@ -1,9 +1,9 @@
 /* The uneven collectives' method after their counts' round, compiled: Uneven(...)(r) is
  * MPITransport._all_gather_v or _all_to_all_v (whose Python bodies are the reference and run
  * where this was not built or COLLECTIVES_COMPILED=0). Where r.carried says every rank's x went
- * with the counts (mpi_carried.carried_all_gather_v and carried_all_to_all_v): the result from the
- * round's payloads, or, where not every rank's x is in them, through the staged request of padded
- * blocks (mpi_staged.staged_uneven). Else the v-collective on x's and the result's memory, as
+ * with the counts (mpi_carried.carried_uneven): the result from the round's payloads, or, where
+ * not every rank's x is in them, through the staged request of padded blocks
+ * (mpi_staged.staged_uneven). Else the v-collective on x's and the result's memory, as
  * MPITransport._move_bytes makes it (MPI_Allgatherv or MPI_Alltoallv through mpi4py: blocking
  * with no timeout, else nonblocking, its fast polls, then the channel's _wait). An asynchronous
  * call, arrays other than contiguous numpy arrays or CPU tensors, or more than 2**31-1 bytes a
@@ -13,8 +13,8 @@
 #include <stddef.h>
 #include <string.h>
 
-static PyObject *s_x, *s_extra, *s_out, *s_carried, *s_async_op, *s_adapter, *s_numpy, *s_view, *s_data_ptr,
-    *s_nbytes, *s_timeout, *s_Test, *s_wait;
+static PyObject *s_x, *s_extra, *s_out, *s_carried, *s_async_op, *s_adapter, *s_numpy, *s_view, *s_timeout,
+    *s_Test, *s_wait;
 
 typedef struct {
     PyObject_HEAD
@@ -46,6 +46,19 @@ uneven_block(Py_ssize_t need, Py_ssize_t least)
     for (Py_ssize_t v = need - 1; v != 0; v >>= 1) bits++;
     Py_ssize_t step = (Py_ssize_t)1 << (bits > 3 ? bits - 3 : 0);
     return (need + step - 1) / step * step;
+}
+
+/* The item `i` of list `list` as a Py_ssize_t of at least 0, -1 on an error (raised). */
+static Py_ssize_t
+count_at(PyObject *list, Py_ssize_t i)
+{
+    if (!PyList_Check(list) || i >= PyList_GET_SIZE(list)) {
+        PyErr_SetString(PyExc_ValueError, "counts must be a list of an int per rank");
+        return -1;
+    }
+    Py_ssize_t n = PyLong_AsSsize_t(PyList_GET_ITEM(list, i));
+    if (n < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "a count is negative");
+    return n < 0 ? -1 : n;
 }
 
 /* The counts the round agreed on, read once: per rank k, the rows it sends in all (sent[k]),
@@ -144,16 +157,29 @@ run_staged(Uneven *self, const Counts *c, PyObject *entry, Py_ssize_t block, con
     return 0;
 }
 
-/* Every rank's rows for this one out of the round's payloads, into got (Round.rows_into's). */
-static void
+/* Every rank's rows for this one out of the round's payloads, into got: 0, or -1 with an error. */
+static int
 rows_from_payloads(Round *round, const Counts *c, const Py_buffer *got, Py_ssize_t row)
 {
     Py_ssize_t at = 0;
     for (int k = 0; k < round->size; k++) {
         Py_ssize_t n = c->got[k] * row;
+        if (c->skip[k] * row + n > round->room || at + n > got->len) {
+            PyErr_SetString(PyExc_ValueError, "the rows are past the payload or the result");
+            return -1;
+        }
         memcpy((char *)got->buf + at, round_payload(round, k) + c->skip[k] * row, n);
         at += n;
     }
+    return 0;
+}
+
+int
+payload_rows_into(Round *round, PyObject *counts, int rank, const Py_buffer *got, Py_ssize_t row)
+{
+    Counts c;
+    if (read_counts(&c, counts, rank < 0, round->size, rank) < 0) return -1;
+    return rows_from_payloads(round, &c, got, row);
 }
 
 /* A list of the bytes of `rows` (n of them), rows of `row` bytes: an MPI count each (a list: mpi4py
@@ -173,27 +199,6 @@ byte_counts(const Py_ssize_t *rows, int n, Py_ssize_t row)
         else PyList_SET_ITEM(sizes, k, size);
     }
     return sizes;
-}
-
-/* (tensor, a writable memoryview of its memory): a contiguous CPU tensor's bytes by address
- * (data_ptr, nbytes), without out.numpy(); NULL with an error. */
-static PyObject *
-tensor_memory(PyObject *tensor)
-{
-    PyObject *address = PyObject_CallMethodNoArgs(tensor, s_data_ptr);
-    PyObject *nbytes = address ? PyObject_GetAttr(tensor, s_nbytes) : NULL;
-    void *at = address ? PyLong_AsVoidPtr(address) : NULL;
-    Py_ssize_t len = nbytes ? PyLong_AsSsize_t(nbytes) : -1;
-    Py_XDECREF(address);
-    Py_XDECREF(nbytes);
-    if (PyErr_Occurred()) return NULL;
-    if (len < 0 || (at == NULL && len > 0)) {
-        PyErr_SetString(PyExc_ValueError, "a tensor without memory");
-        return NULL;
-    }
-    static char empty;
-    PyObject *memory = PyMemoryView_FromMemory(len ? (char *)at : &empty, len, PyBUF_WRITE);
-    return memory ? Py_BuildValue("(ON)", tensor, memory) : NULL;
 }
 
 /* The v-collective of x's bytes into got's (MPITransport._move_bytes): 1 done, 0 not taken
@@ -323,7 +328,8 @@ Uneven_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwname
         PyTuple_SET_ITEM(shape, d, n);
     }
     if (new == self->new_tensor && out != Py_None) {  /* a tensor out= (checked: CPU, contiguous, writable) by address */
-        made = tensor_memory(out);
+        PyObject *memory = tensor_memory(out);
+        made = memory ? Py_BuildValue("(ON)", out, memory) : NULL;
     } else {
         PyObject *a[3] = {view, shape, out};
         made = PyObject_Vectorcall(new, a, 3, NULL);
@@ -345,13 +351,8 @@ Uneven_call(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwname
         if (moved == 0) goto fallback;
     } else if (staged) {
         if (run_staged(self, &c, entry, block, &xb, &gotb, row) < 0) goto finished;
-    } else {
-        for (int k = 0; k < size; k++)
-            if ((c.skip[k] + c.got[k]) * row > round->room) {
-                PyErr_SetString(PyExc_ValueError, "the rows are past the payload");
-                goto finished;
-            }
-        rows_from_payloads(round, &c, &gotb, row);
+    } else if (rows_from_payloads(round, &c, &gotb, row) < 0) {
+        goto finished;
     }
     PyObject *got = PyTuple_GET_ITEM(made, 0);
     result = self->gathered ? PyTuple_Pack(2, got, counts) : Py_NewRef(got);
@@ -434,8 +435,6 @@ uneven_types_ready(PyObject *module)
         (s_async_op = PyUnicode_InternFromString("async_op")) == NULL ||
         (s_adapter = PyUnicode_InternFromString("adapter")) == NULL ||
         (s_numpy = PyUnicode_InternFromString("numpy")) == NULL || (s_view = PyUnicode_InternFromString("view")) == NULL ||
-        (s_data_ptr = PyUnicode_InternFromString("data_ptr")) == NULL ||
-        (s_nbytes = PyUnicode_InternFromString("nbytes")) == NULL ||
         (s_timeout = PyUnicode_InternFromString("timeout")) == NULL ||
         (s_Test = PyUnicode_InternFromString("Test")) == NULL || (s_wait = PyUnicode_InternFromString("_wait")) == NULL)
         return -1;

@@ -74,7 +74,7 @@ from .mpi_buffers import (  # noqa: F401  (cupyx_empty_pinned: also importable f
     mpi_cuda_aware,
     tensor_address,
 )
-from .mpi_carried import carried_all_gather_v, carried_all_to_all_v, compiled_uneven
+from .mpi_carried import carried_uneven, compiled_uneven
 from .mpi_channel import MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
 from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
     BUSY_POLL_SECONDS,
@@ -420,7 +420,7 @@ class MPITransport(MPIChannel):
                                 lambda send, recv: ([send, byte], [recv, byte]))
 
     def _all_gather_v(self, r: Request) -> Any:
-        if r.carried is not None and (found := carried_all_gather_v(r, self)) is not None:
+        if r.carried is not None and (found := carried_uneven(r, self, -1)) is not None:
             return found  # x travelled with the counts, or staged (backends/mpi_carried.py)
         x, adapter, counts, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
@@ -431,7 +431,7 @@ class MPITransport(MPIChannel):
                                 lambda send, recv: ([send, byte], [recv, sizes, byte]))
 
     def _all_to_all_v(self, r: Request) -> Any:
-        if r.carried is not None and (found := carried_all_to_all_v(r, self)) is not None:
+        if r.carried is not None and (found := carried_uneven(r, self, self.rank)) is not None:
             return found
         x, adapter, splits, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         received = [row[self.rank] for row in splits]

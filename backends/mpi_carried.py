@@ -6,7 +6,7 @@ COUNTS_RANKS ranks an MPI_Allgather of one fixed block per rank (see ``MPIChanne
 check word, the uneven collectives' counts and CARRY_BYTES of payload. A call whose host ``x``
 fits there puts its bytes in its block and sets bit 63 of its word (:data:`CARRIED`): the
 collectives of even shapes through :func:`carried_path`, the uneven ones with their counts
-(``MPIChannel._agree_counts``, then :func:`carried_all_gather_v` and :func:`carried_all_to_all_v`).
+(``MPIChannel._agree_counts``, then :func:`carried_uneven`).
 A call of even shapes on the fast path whose ``x`` is larger makes the same round with its word
 alone (bit 63 set: it runs on the fast path; every rank of the same call has ``x`` of the same
 size, as the word hashes its shape and dtype), then runs as usual: its check costs no Python.
@@ -64,14 +64,13 @@ Carry = Callable[[Any, Any, Any, Any, int], "tuple[int, Any]"]
 def new_result(tensors: bool) -> Callable[[Any, tuple[int, ...], Any], tuple[Any, Any]]:
     """``new(view, shape, out)``: a carried call's result (``out`` where given; a CPU tensor for a
     tensor's ``view``) and its numpy view. A new tensor is a numpy array's (``torch.from_numpy``:
-    0.8 us where ``torch.empty`` and its numpy view take 2.0)."""
-    from_numpy = sys.modules["torch"].from_numpy if tensors else None
-
+    0.8 us where ``torch.empty`` and its numpy view take 2.0; torch looked up when one is made, so
+    that a function for tensors can be made before torch is imported)."""
     def new(view: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
         if out is not None:
-            return out, out if from_numpy is None else out.numpy()
+            return out, out.numpy() if tensors else out
         result = np.empty(shape, view.dtype)
-        return (result if from_numpy is None else from_numpy(result)), result
+        return (sys.modules["torch"].from_numpy(result) if tensors else result), result
     return new
 
 
@@ -136,7 +135,7 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
 
 
 #: The interface of backends/_carried*.c this module expects (CARRIED_VERSION there).
-COMPILED_VERSION = 7
+COMPILED_VERSION = 8
 
 
 def compiled_module() -> Any:
@@ -149,23 +148,15 @@ def compiled_module() -> Any:
 def compiled_uneven(channel: Any, call: Any, method: Any) -> Any:
     """``method`` (the channel's ``_all_gather_v`` or ``_all_to_all_v``), compiled
     (backends/_carried_uneven.c) over the channel's compiled round for synchronous calls on
-    contiguous numpy arrays and CPU tensors: :func:`carried_all_gather_v` and
-    :func:`carried_all_to_all_v`, else the v-collective as ``MPITransport._move_bytes`` makes it."""
+    contiguous numpy arrays and CPU tensors: :func:`carried_uneven`, else the v-collective as
+    ``MPITransport._move_bytes`` makes it."""
     from ._carried import Uneven  # noqa: PLC0415  (the module that made the Round)
 
     gathered, comm = call is calls.ALL_GATHER_V, channel._comm
     blocking, nonblocking = (comm.Allgatherv, comm.Iallgatherv) if gathered else (comm.Alltoallv, comm.Ialltoallv)
     return Uneven(channel._compiled_round, method, gathered, arrays.NUMPY, arrays.TORCH, new_result(False),
-                  _new_tensor, lambda block: uneven_stage(channel, call, block), LEAST_BLOCK,
+                  new_result(True), lambda block: uneven_stage(channel, call, block), LEAST_BLOCK,
                   blocking, nonblocking, channel._byte)
-
-
-def _new_tensor(view: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
-    """``new_result(True)``'s, with torch looked up when called (x is a tensor: torch is loaded)."""
-    if out is not None:
-        return out, out.numpy()
-    result = np.empty(shape, view.dtype)
-    return sys.modules["torch"].from_numpy(result), result
 
 
 def compiled_round(channel: Any) -> Round | None:
@@ -271,48 +262,30 @@ def _host(r: Any) -> Any:
     return r.view if r.view is not None else r.adapter.host_view(r.x, False)
 
 
-def carried_all_gather_v(r: Any, channel: Any) -> Any:
-    """all_gather_v's ``(result, counts)`` from ``r.carried``, every rank's x (copied by the channel's
-    compiled round, where there is one); where not every rank's x is in the round's blocks (every
-    rank's is host memory of at most UNEVEN_BYTES: the round said so), through the staged request
-    of :func:`~.mpi_staged.staged_uneven`; None where the channel keeps none (the v-collective runs).
-    Compiled (with the staged request): backends/_carried_uneven.c."""
+def carried_uneven(r: Any, channel: Any, rank: int) -> Any:
+    """An uneven call's result from ``r.carried`` (rank -1: all_gather_v, ``(result, counts)`` of every
+    rank's x; else the uneven all_to_all, what each rank sent to ``rank``, this one), copied by the
+    channel's compiled round where there is one; where not every rank's x is in the round's blocks
+    (every rank's is host memory of at most UNEVEN_BYTES: the round said so), through the staged
+    request of :func:`~.mpi_staged.staged_uneven`; None where the channel keeps none (the
+    v-collective runs). Compiled (with the staged request): backends/_carried_uneven.c."""
     x, counts, carried = r.x, r.extra, r.carried
-    row = row_bytes(x)
-    staged = max(counts) * row > channel._carry_bytes
-    if staged and uneven_stage(channel, r.call, uneven_block(max(counts) * row)) is None:
-        return None
-    result, got = _result(r, (sum(counts), *x.shape[1:]))
-    if staged:
-        staged_uneven(channel, r.call, _host(r), got, counts, row, -1)
+    row, gathered = row_bytes(x), rank < 0
+    entry = None
+    if (max(counts) if gathered else max(sum(sent) for sent in counts)) * row > channel._carry_bytes:
+        block = uneven_block((max(counts) if gathered else max(max(sent) for sent in counts)) * row)
+        if (entry := uneven_stage(channel, r.call, block)) is None:
+            return None
+    got_rows = counts if gathered else [sent[rank] for sent in counts]
+    result, got = _result(r, (sum(got_rows), *x.shape[1:]))
+    if entry is not None:
+        staged_uneven(channel, entry, block, _host(r), got, counts, row, rank)
     elif channel._compiled_round is not None:  # (any C-contiguous writable buffer: got's bytes)
-        channel._compiled_round.rows_into(got, counts, row)
+        channel._compiled_round.rows_into(got, counts, row, rank)
     else:
         got, at = got.reshape(-1).view(np.uint8), 0
-        for rank, n in enumerate(counts):
-            got[at:at + n * row] = carried[rank, :n * row]
+        for k, n in enumerate(got_rows):
+            start = 0 if gathered else sum(counts[k][:rank]) * row
+            got[at:at + n * row] = carried[k, start:start + n * row]
             at += n * row
-    return _done(r, (result, counts))
-
-
-def carried_all_to_all_v(r: Any, channel: Any) -> Any:
-    """The uneven all_to_all's result from ``r.carried``: what each rank sent to this one (or, as
-    :func:`carried_all_gather_v`, through a staged request; None where there is none)."""
-    x, splits, carried, rank = r.x, r.extra, r.carried, channel.rank
-    row = row_bytes(x)
-    staged = max(sum(sent) for sent in splits) * row > channel._carry_bytes
-    block = uneven_block(max(max(sent) for sent in splits) * row)
-    if staged and uneven_stage(channel, r.call, block) is None:
-        return None
-    result, got = _result(r, (sum(sent[rank] for sent in splits), *x.shape[1:]))
-    if staged:
-        staged_uneven(channel, r.call, _host(r), got, splits, row, rank)
-    elif channel._compiled_round is not None:
-        channel._compiled_round.rows_into(got, splits, row, rank)
-    else:
-        got, at = got.reshape(-1).view(np.uint8), 0
-        for peer, sent in enumerate(splits):
-            start, n = sum(sent[:rank]) * row, sent[rank] * row
-            got[at:at + n] = carried[peer, start:start + n]
-            at += n
-    return _done(r, result)
+    return _done(r, (result, counts) if gathered else result)

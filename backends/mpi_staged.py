@@ -115,17 +115,17 @@ def uneven_stage(channel: Any, call: Any, block: int) -> tuple[Any, Any] | None:
     return entry
 
 
-def staged_uneven(channel: Any, call: Any, x: Any, got: Any, counts: list[Any], row: int, rank: int) -> None:
+def staged_uneven(channel: Any, entry: tuple[Any, Any], block: int, x: Any, got: Any, counts: list[Any], row: int,
+                  rank: int) -> None:
     """An uneven call (all_gather_v: ``rank`` -1, ``counts`` every rank's rows; the uneven
     all_to_all: ``rank`` this rank, ``counts`` the splits) whose counts' round said that every
-    rank's x is host memory of at most :data:`UNEVEN_BYTES`, not all of it in the round's blocks, moved
-    through :func:`uneven_stage`'s request (which must exist: see there): x's rows (``x``: its
-    C-contiguous bytes) into the staging array's blocks (all_gather_v: its first block; all_to_all:
-    the rows for peer j into block j), the request run (``MPIChannel._start``), every rank's rows
-    out of the blocks it got, back to back into ``got``. Compiled: backends/_carried_uneven.c."""
-    most = max(counts) if rank < 0 else max(max(sent) for sent in counts)
-    block = uneven_block(most * row)
-    request, stage = uneven_stage(channel, call, block)  # type: ignore[misc]
+    rank's x is host memory of at most :data:`UNEVEN_BYTES`, not all of it in the round's blocks,
+    moved through ``entry``, :func:`uneven_stage`'s request of blocks of ``block`` bytes and its
+    staging array: x's rows (``x``: its C-contiguous bytes) into the staging array's blocks
+    (all_gather_v: its first block; all_to_all: the rows for peer j into block j), the request run
+    (``MPIChannel._start``), every rank's rows out of the blocks it got, back to back into ``got``.
+    Compiled: backends/_carried_uneven.c."""
+    request, stage = entry
     sends = block if rank < 0 else channel.size * block
     data = np.asarray(x).reshape(-1).view(np.uint8)
     if rank < 0:

@@ -43,8 +43,9 @@ METHODS = {"all_reduce": calls.ALL_REDUCE, "broadcast": calls.BROADCAST, "reduce
            "send": calls.SEND, "recv": calls.RECV}
 
 
-#: The rows' ``out_shape`` functions whose out= check of a numpy array the front makes itself (in
-#: this order: OUT_STACKED, ... of collectives/_front.h); another row's goes to checks.check_out.
+#: The rows' ``out_shape`` functions whose out= check of a host array (numpy, or a CPU tensor's
+#: view) the front makes itself (in this order: OUT_STACKED, ... of collectives/_front.h; the
+#: uneven rows' too, OUT_ROWS); another row's goes to checks.check_out.
 OUT_SHAPES = (calls.stacked, calls.block_of_rows, calls.one_row, calls.same_shape)
 
 
