@@ -40,7 +40,7 @@ Front_traverse(Front *self, visitproc visit, void *arg)
 #define VISIT(field) Py_VISIT(self->field);
     FRONT_FIELDS(VISIT)
 #undef VISIT
-    return 0;
+    return front_views_traverse(self, visit, arg);
 }
 
 static int
@@ -49,6 +49,7 @@ Front_clear(Front *self)
 #define CLEAR(field) Py_CLEAR(self->field);
     FRONT_FIELDS(CLEAR)
 #undef CLEAR
+    front_views_clear(self);
     return 0;
 }
 
@@ -194,6 +195,7 @@ Front_repr(Front *self)
 
 static PyMemberDef Front_members[] = {
     {"taken", T_PYSSIZET, offsetof(Front, taken), READONLY, "the calls it ran itself (not handed over)"},
+    {"viewed", T_PYSSIZET, offsetof(Front, viewed), READONLY, "the CPU tensors' views it took from its kept ones"},
     {NULL},
 };
 
@@ -247,7 +249,7 @@ intern_all(void)
 PyMODINIT_FUNC
 PyInit__front(void)
 {
-    if (intern_all() < 0 || PyType_Ready(&FrontType) < 0) return NULL;
+    if (intern_all() < 0 || front_views_ready() < 0 || PyType_Ready(&FrontType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (method_type_ready(m) < 0) {

@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 /* The module's interface, as collectives/front.py expects it (FRONT_VERSION there). */
-#define FRONT_VERSION 8
+#define FRONT_VERSION 9
 
 /* The out= shapes a row's out_shape gives that the front checks itself (Front's out_shapes, in
  * this order; 0: another, or none: checks.check_out runs), and the uneven rows' (OUT_ROWS: any
@@ -22,6 +22,16 @@ typedef struct {
     int in_place, collective, counted, out_kind;
     long tags_below;  /* the check's tags_below (send/recv: see calls.peer_and_tag), else -1 */
 } Row;
+
+/* A CPU tensor's numpy view kept for the next call on it (_front_views.c): at most FRONT_VIEWS of
+ * them, of tensors of at most FRONT_VIEW_BYTES. */
+#define FRONT_VIEWS 4
+#define FRONT_VIEW_BYTES 65536
+typedef struct {
+    PyObject *tensor;       /* compared by address only (not held) */
+    PyObject *view, *dtype, *shape;
+    void *data;
+} Viewed;
 
 typedef struct {
     PyObject_HEAD
@@ -44,6 +54,9 @@ typedef struct {
     Py_ssize_t end, state; /* the record's END and STATE fields */
     Py_ssize_t taken;      /* the calls it ran itself (not handed over) */
     long size, rank;
+    Viewed views[FRONT_VIEWS];
+    int views_next;
+    Py_ssize_t viewed;     /* the calls that took a kept view */
 } Front;
 
 /* Interned attribute names. */
@@ -59,6 +72,14 @@ Row *row_of(Front *self, PyObject *call);
 
 /* front(call, x, op, root, out, async_op, extra=None, timeout=None): Communicator._run (_front_call.c). */
 PyObject *Front_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+/* A CPU tensor's numpy view (x.numpy(), or the one kept from an earlier call while it is still
+ * that), C-contiguous; NULL without an error where x.numpy() fails or is not C-contiguous (then the
+ * plan's check runs). `dtype` is x.dtype where the caller has it, else NULL (_front_views.c). */
+PyObject *front_tensor_view(Front *self, PyObject *x, PyObject *dtype);
+int front_views_ready(void);
+int front_views_traverse(Front *self, visitproc visit, void *arg);
+void front_views_clear(Front *self);
 
 /* The public methods' type, Method (_front_method.c), added to the module. */
 int method_type_ready(PyObject *module);

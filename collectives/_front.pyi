@@ -6,6 +6,7 @@ VERSION: int
 
 class Front:
     taken: int
+    viewed: int
     def __init__(self, comm: Any, python_run: Any, not_taken: Any, started: Any, posted: Any, end: int, state: int,
                  work_type: type, clock: Any, counted: Any, host_view: Any, numpy: Any) -> None: ...
     def __call__(self, call: Any, x: Any, op: Any, root: Any, out: Any, async_op: Any, extra: Any = None,

@@ -100,20 +100,18 @@ set_handled(PyObject *error)
 
 /* NumpyAdapter.host_view(x, in_place) where it returns x (a numpy array, C-contiguous, writable
  * where in_place): x, read through the buffer protocol; TorchAdapter.host_view(x, in_place) where
- * it returns x.numpy() (C-contiguous), called here. NULL without an error where check is another
- * check or x is not such an array (then the check itself runs: its view, None or its error). */
+ * it returns x.numpy() (C-contiguous): that view, made or kept here (front_tensor_view; x's dtype
+ * is `dtype`). NULL without an error where check is another check or x is not such an array (then
+ * the check itself runs: its view, None or its error). */
 static PyObject *
-numpy_view(Front *self, PyObject *check, PyObject *x, int in_place)
+numpy_view(Front *self, PyObject *check, PyObject *x, PyObject *dtype, int in_place)
 {
     if (!PyMethod_Check(check)) return NULL;
     PyObject *function = PyMethod_GET_FUNCTION(check), *adapter = PyMethod_GET_SELF(check), *view;
     if (function == self->host_view && adapter == self->numpy) {
         view = Py_NewRef(x);
     } else if (function == self->torch_host_view && adapter == self->torch) {
-        if ((view = PyObject_CallMethodNoArgs(x, s_numpy)) == NULL) {
-            PyErr_Clear();  /* (the check says why, or takes the general path) */
-            return NULL;
-        }
+        if ((view = front_tensor_view(self, x, dtype)) == NULL) return NULL;
     } else {
         return NULL;
     }
@@ -131,8 +129,8 @@ numpy_view(Front *self, PyObject *check, PyObject *x, int in_place)
 
 /* Whether checks.check_out would pass out= at its first test, for x with a host view (numpy_view:
  * x itself, or a CPU tensor's x.numpy()): an array of x's type whose memory is read the same way
- * (out.numpy() for a tensor refuses what check_out refuses of its device, layout, grad and
- * negative bit), of x's dtype (its buffer's format), C-contiguous and writable, of the result's
+ * (out.numpy() for a tensor, or its kept view, refuses what check_out refuses of its device,
+ * layout, grad and negative bit), of x's dtype (its buffer's format), C-contiguous and writable, of the result's
  * shape (the row's out_kind); 0 where not, or where the row's shape is another (then check_out
  * itself runs: it passes, or names what is wrong). */
 static int
@@ -143,10 +141,7 @@ out_fits(Front *self, Row *row, PyObject *check, PyObject *x, PyObject *view, Py
     if (view == x) {
         out_view = Py_NewRef(out);
     } else if (PyMethod_Check(check) && PyMethod_GET_FUNCTION(check) == self->torch_host_view) {
-        if ((out_view = PyObject_CallMethodNoArgs(out, s_numpy)) == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
+        if ((out_view = front_tensor_view(self, out, NULL)) == NULL) return 0;
     } else {
         return 0;
     }
@@ -217,7 +212,7 @@ usual_tag(Front *self, Row *row, PyObject *tag, PyObject *peer)
 
 /* The steps from the number to the result: Communicator._run after its plan is found. */
 static PyObject *
-run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *root, PyObject *out,
+run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *xdtype, PyObject *root, PyObject *out,
             PyObject *async_op, PyObject *extra, PyObject *plan)
 {
     PyObject *check = PyTuple_GET_ITEM(plan, 0), *fast = PyTuple_GET_ITEM(plan, 1);
@@ -227,7 +222,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *root, 
     PyObject *comm = self->comm, *view = NULL, *record = NULL, *result = NULL, *got;
 
     /* What can differ between two arrays of one kind, checked on every call. */
-    if ((view = numpy_view(self, check, x, row->in_place)) == NULL) {
+    if ((view = numpy_view(self, check, x, xdtype, row->in_place)) == NULL) {
         PyObject *check_args[2] = {x, row->in_place ? Py_True : Py_False};
         if ((view = PyObject_Vectorcall(check, check_args, 2, NULL)) == NULL) return NULL;
     }
@@ -451,24 +446,31 @@ Front_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwna
         return hand_over(self, args, nargsf, kwnames);
     }
     key = PyTuple_Pack(4, call, (PyObject *)Py_TYPE(x), dtype, op);
-    Py_DECREF(dtype);
-    if (key == NULL) return NULL;
+    if (key == NULL) {
+        Py_DECREF(dtype);
+        return NULL;
+    }
     plan = PyDict_GetItemWithError(plans, key);
     Py_DECREF(key);
-    if (plan == NULL) {
+    if (plan == NULL || !PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != 8) {
+        Py_DECREF(dtype);
         if (PyErr_Occurred()) {
             if (!PyErr_ExceptionMatches(PyExc_TypeError)) return NULL;
             PyErr_Clear();
         }
         return hand_over(self, args, nargsf, kwnames);
     }
-    if (!PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != 8) return hand_over(self, args, nargsf, kwnames);
     Row *row = row_of(self, call);
-    if (row == NULL) return NULL;
+    if (row == NULL) {
+        Py_DECREF(dtype);
+        return NULL;
+    }
     Py_INCREF(plan);
     self->taken++;
-    PyObject *result = run_planned(self, row, call, x, args[3], args[4], args[5], nargs > 6 ? args[6] : Py_None, plan);
+    PyObject *result = run_planned(self, row, call, x, dtype, args[3], args[4], args[5], nargs > 6 ? args[6] : Py_None,
+                                   plan);
     Py_DECREF(plan);
+    Py_DECREF(dtype);
     return result;
 }
 

@@ -249,3 +249,110 @@ def test_a_transport_error_inside_the_call_is_mapped_the_same_way(monkeypatch, f
             assert comm._run.taken == 1
     finally:
         comm.close()
+
+
+def changed_tensors(comm):
+    """Calls on tensors changed in place between calls (values, shape, strides, storage, dtype,
+    grad, negative bit, an out= reshaped): what each returned or raised, as plain data."""
+    import torch  # noqa: PLC0415
+
+    seen = []
+
+    def note(label, run):
+        try:
+            seen.append((label, "ok", plain(run())))
+        except Exception as error:  # noqa: BLE001  (what it raised is what the test compares)
+            seen.append((label, type(error).__name__, str(error)))
+
+    x = torch.arange(4, dtype=torch.float32)
+    note("first", lambda: comm.all_gather(x))
+    note("again", lambda: comm.all_gather(x))
+    x.mul_(2)
+    note("values", lambda: comm.all_gather(x))
+    x.unsqueeze_(0)
+    note("unsqueeze_", lambda: comm.all_gather(x))
+    x.resize_(2)  # (the same memory, fewer elements)
+    note("resize_", lambda: comm.all_gather(x))
+    x.set_(torch.arange(10.0, 14.0).reshape(2, 2))
+    note("set_", lambda: comm.all_gather(x))
+    note("set_ again", lambda: comm.all_gather(x))
+    x.t_()  # (the same shape and memory, other strides)
+    note("t_", lambda: comm.all_gather(x))
+    x.t_()
+    note("t_ back", lambda: comm.all_gather(x))
+    x.data = x.view(torch.int32)  # (the same memory and shape, another dtype)
+    note("dtype", lambda: comm.all_gather(x))
+    note("dtype again", lambda: comm.all_gather(x))
+    v = torch.ones(3)
+    note("v", lambda: comm.all_gather(v))
+    v.set_(torch.full((3,), 7.0))  # (another storage, the same shape)
+    note("storage", lambda: comm.all_gather(v))
+    y = torch.ones(3)
+    note("y", lambda: comm.all_reduce(y))
+    note("y again", lambda: comm.all_reduce(y))
+    y.data = y._neg_view()  # (the same memory, shape and dtype, its negative bit set)
+    note("negative bit", lambda: comm.all_reduce(y))
+    z = torch.ones(3)
+    note("z", lambda: comm.all_gather(z))
+    note("z again", lambda: comm.all_gather(z))
+    z.requires_grad_()
+    note("requires grad", lambda: (lambda r: (r.requires_grad, r.detach()))(comm.all_gather(z)))
+    note("requires grad in place", lambda: comm.all_reduce(z))
+    out, w = torch.zeros(comm.size, 3), torch.full((3,), 5.0)
+    note("out", lambda: comm.all_gather(w, out=out))
+    note("out again", lambda: (comm.all_gather(w + 1, out=out), out)[1])
+    out.unsqueeze_(0)
+    note("out reshaped", lambda: comm.all_gather(w, out=out))
+    out.squeeze_(0)
+    out.data = out.view(torch.int32)
+    note("out dtype", lambda: comm.all_gather(w, out=out))
+    many = [torch.full((2,), float(i)) for i in range(6)]  # more tensors than the views kept
+    for _ in range(2):
+        for i, t in enumerate(many):
+            note(f"many {i}", lambda t=t: comm.all_gather(t))
+    return seen
+
+
+def changed_job(comm, form):
+    with split_in_form(comm, form) as sub:
+        seen = changed_tensors(sub)
+        return seen, sub._run.viewed if front.is_compiled(sub) else None
+
+
+@pytest.mark.parametrize("world", [("mpi", 2), ("torch", 2)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
+def test_a_tensor_changed_between_calls_is_read_as_it_is_at_the_call(world):
+    """The compiled front keeps a small CPU tensor's numpy view for its next call: a tensor changed
+    in place between calls (its values, shape, strides, storage, dtype, grad, negative bit; an out=
+    reshaped or of another dtype) is read as it is at each call. Both forms return and raise the
+    same, held against what each tensor held."""
+    python = world.run(changed_job, [("python",)] * world.size, timeout=120)
+    compiled = world.run(changed_job, [("compiled",)] * world.size, timeout=120)
+    for rank in range(world.size):
+        # the kept views taken on MPI (again, values, set_ again, y again, z again, out again); the
+        # torch backend's calls take the general path (no host view)
+        assert python[rank][1] is None and compiled[rank][1] == (6 if world.backend == "mpi" else 0)
+        assert python[rank][0] == compiled[rank][0]
+        got = {label: rest for label, *rest in compiled[rank][0]}
+
+        def rows(*row):
+            return [list(row)] * world.size
+        assert got["again"] == ["ok", ("torch", "torch.float32", (2, 4), rows(0.0, 1.0, 2.0, 3.0))]
+        assert got["values"][1][3] == rows(0.0, 2.0, 4.0, 6.0)
+        assert got["unsqueeze_"][1][2:] == ((2, 1, 4), rows([0.0, 2.0, 4.0, 6.0]))
+        assert got["resize_"][1][2:] == ((2, 2), rows(0.0, 2.0))
+        assert got["set_ again"][1][3] == rows([10.0, 11.0], [12.0, 13.0])
+        assert got["t_"][1][3] == rows([10.0, 12.0], [11.0, 13.0])
+        assert got["t_ back"][1][3] == rows([10.0, 11.0], [12.0, 13.0])
+        assert got["dtype"][1][:3] == ("torch", "torch.int32", (2, 2, 2))
+        bits = np.arange(10.0, 14.0, dtype=np.float32).view(np.int32).reshape(2, 2).tolist()
+        assert got["dtype"][1][3] == rows(*bits)
+        assert got["dtype again"] == got["dtype"]
+        assert got["storage"][1][3] == rows(7.0, 7.0, 7.0)
+        assert got["y again"][1][3] == [4.0] * 3  # (in place, twice)
+        assert got["negative bit"][0] == "ValueError" and "negative" in got["negative bit"][1]
+        assert got["requires grad"][1][1][1] == ("torch", "torch.float32", (2, 3), rows(1.0, 1.0, 1.0))
+        assert got["requires grad in place"][0] == "ValueError" and "requires grad" in got["requires grad in place"][1]
+        assert got["out again"][1][3] == rows(6.0, 6.0, 6.0)
+        assert got["out reshaped"][0] == got["out dtype"][0] == "ValueError"
+        for i in range(6):
+            assert got[f"many {i}"][1][3] == rows(float(i), float(i))
