@@ -42,27 +42,26 @@ is(PyObject *x, PyObject *name, int call, PyObject *want)
     return got == want;
 }
 
-/* Whether the kept view `v` is x.numpy()'s view now (x's dtype is `dtype`). */
+/* Whether x.numpy() would be the view kept of (data, shape) now (x's dtype is the view's). */
 static int
-still(Viewed *v, PyObject *x, PyObject *dtype)
+still(PyObject *x, void *data, PyObject *shape)
 {
-    if (dtype != v->dtype) return 0;
     PyObject *got = PyObject_CallMethodNoArgs(x, s_data_ptr);
     if (got == NULL) {
         PyErr_Clear();
         return 0;
     }
-    void *data = PyLong_AsVoidPtr(got);
+    void *now = PyLong_AsVoidPtr(got);
     Py_DECREF(got);
     if (PyErr_Occurred()) {
         PyErr_Clear();
         return 0;
     }
-    if (data != v->data || (got = PyObject_GetAttr(x, s_shape)) == NULL) {
+    if (now != data || (got = PyObject_GetAttr(x, s_shape)) == NULL) {
         PyErr_Clear();
         return 0;
     }
-    int same = PyObject_RichCompareBool(got, v->shape, Py_EQ);
+    int same = PyObject_RichCompareBool(got, shape, Py_EQ);
     Py_DECREF(got);
     if (same != 1) {
         PyErr_Clear();
@@ -115,12 +114,16 @@ front_tensor_view(Front *self, PyObject *x, PyObject *dtype)
     for (int i = 0; i < FRONT_VIEWS; i++) {
         Viewed *v = &self->views[i];
         if (v->tensor == x && v->view != NULL) {
-            if (still(v, x, dtype)) {
+            /* (held here: the tensor's methods may run Python, which may call this front again) */
+            PyObject *kept = Py_NewRef(v->view), *shape = Py_NewRef(v->shape);
+            if (dtype == v->dtype && still(x, v->data, shape)) {
                 self->viewed++;
-                view = Py_NewRef(v->view);
-            } else {
+                view = Py_NewRef(kept);
+            } else if (v->view == kept) {
                 forget(v);
             }
+            Py_DECREF(kept);
+            Py_DECREF(shape);
             break;
         }
     }
