@@ -155,11 +155,6 @@ class MPIChannel(Transport):
         #: all_to_all, reduce_scatter; see _staged): not where the library's persistent all_gather
         #: is wrong (persistent_allgather_works).
         self._stages_gathers = persistent_allgather_works(library_version(MPI))
-        #: An uneven call's host x of at most this many bytes marks its word in the counts' round
-        #: (bit 63): carried in its block where every rank's fits there, else, every rank's marked,
-        #: moved by a staged request (mpi_staged.staged_uneven).
-        self._uneven_bytes = UNEVEN_BYTES if self._words is not None and self._persistent and \
-            self._stages_gathers else self._carry_bytes
         if self._words is not None and self._persistent and not self._stages_gathers:
             self._word_request.Free()  # (made by every rank alike: freed by every rank alike)
             self._word_request = None
@@ -371,6 +366,16 @@ class MPIChannel(Transport):
 
         return CheckedWord(call_check, call_check._comm, self._compiled_round,
                            config.CHECKS_DEFAULT, call_check._fast_bit)
+
+    @property
+    def _uneven_bytes(self) -> int:  # type: ignore[override]
+        """An uneven call's host x of at most this many bytes marks its word in the counts' round
+        (bit 63): carried in its block where every rank's fits there, else, every rank's marked,
+        moved by a staged request (mpi_staged.staged_uneven), which needs the round's blocks and
+        persistent gathering requests (not MPI < 4, ULFM, or Intel MPI's wrong persistent
+        all_gather): without them, the block's payload."""
+        staged = self._words is not None and self._persistent and self._stages_gathers
+        return UNEVEN_BYTES if staged else self._carry_bytes
 
     def _carry_check(self, call_check: Any) -> Callable[..., Any]:
         """``CallCheck.carry`` compiled (backends/_carried_check.c) where the round is."""

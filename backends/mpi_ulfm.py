@@ -57,8 +57,7 @@ class ULFMTransport(MPITransport):
             # no persistent requests.
             self._word_request.Free()
             self._word_request = None
-        self._persistent = False
-        self._uneven_bytes = self._carry_bytes
+        self._persistent = False  # (and so no staged uneven calls: MPIChannel._uneven_bytes)
         self.generation = generation
         self._failure: RankFailure | None = None
         self._survivors: Any = None  # the shrunk MPI communicator, once a failure was seen
