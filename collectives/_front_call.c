@@ -134,7 +134,7 @@ numpy_view(Front *self, PyObject *check, PyObject *x, PyObject *dtype, int in_pl
  * shape (the row's out_kind); 0 where not, or where the row's shape is another (then check_out
  * itself runs: it passes, or names what is wrong). */
 static int
-out_fits(Front *self, Row *row, PyObject *check, PyObject *x, PyObject *view, PyObject *out)
+out_fits(Front *self, Row *row, PyObject *check, PyObject *x, PyObject *view, PyObject *out, PyObject **out_view_kept)
 {
     if (row->out_kind == OUT_OTHER || view == NULL || view == Py_None || Py_TYPE(out) != Py_TYPE(x)) return 0;
     PyObject *out_view;
@@ -147,8 +147,8 @@ out_fits(Front *self, Row *row, PyObject *check, PyObject *x, PyObject *view, Py
     }
     Py_buffer o, v;
     int got = PyObject_GetBuffer(out_view, &o, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT);
-    Py_DECREF(out_view);  /* (o holds what it needs of it) */
     if (got < 0) {
+        Py_DECREF(out_view);
         PyErr_Clear();
         return 0;
     }
@@ -193,6 +193,8 @@ out_fits(Front *self, Row *row, PyObject *check, PyObject *x, PyObject *view, Py
     for (int i = 0; fits && i < n; i++) fits = o.shape[i] == want[i];
     PyBuffer_Release(&o);
     PyBuffer_Release(&v);
+    if (fits && out_view != out) *out_view_kept = out_view; /* (a tensor's: see run_planned) */
+    else Py_DECREF(out_view);
     return fits;
 }
 
@@ -219,7 +221,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *xdtype
     PyObject *carry = PyTuple_GET_ITEM(plan, 2), *adapter = PyTuple_GET_ITEM(plan, 3);
     PyObject *dtype = PyTuple_GET_ITEM(plan, 4), *reduce_op = PyTuple_GET_ITEM(plan, 5);
     PyObject *request = PyTuple_GET_ITEM(plan, 6), *method = PyTuple_GET_ITEM(plan, 7);
-    PyObject *comm = self->comm, *view = NULL, *record = NULL, *result = NULL, *got;
+    PyObject *comm = self->comm, *view = NULL, *out_view = NULL, *record = NULL, *result = NULL, *got;
 
     /* What can differ between two arrays of one kind, checked on every call. */
     if ((view = numpy_view(self, check, x, xdtype, row->in_place)) == NULL) {
@@ -247,7 +249,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *xdtype
         if (got == NULL) goto fail;
         Py_DECREF(got);
     }
-    if (out != Py_None && !out_fits(self, row, check, x, view, out)) {
+    if (out != Py_None && !out_fits(self, row, check, x, view, out, &out_view)) {
         PyObject *a[7] = {NULL, call, x, adapter, out, extra, root};
         if ((got = call_state_method(self, s_checks, s_check_out, a, 7)) == NULL) goto fail;
         Py_DECREF(got);
@@ -315,8 +317,10 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *xdtype
     if (checking == NULL || (truth = PyObject_IsTrue(checking)) < 0) goto failed;
     if (truth && row->collective) {
         if (on_fast_path && carry != Py_None) { /* (carried where x fits its round) */
-            PyObject *a[8] = {carry, call, reduce_op, root, dtype, view, out, extra};
+            /* an out= tensor goes as its numpy view, written through its buffer; the result is out */
+            PyObject *a[8] = {carry, call, reduce_op, root, dtype, view, out_view != NULL ? out_view : out, extra};
             result = call_state(self, s_carry_call, a, 8);
+            if (result != NULL && result == out_view) Py_SETREF(result, Py_NewRef(out));
         } else {
             PyObject *shape = PyObject_GetAttr(x, s_shape);
             if (shape == NULL) goto failed;
@@ -364,6 +368,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *xdtype
         if (result == NULL) goto failed;
     }
     Py_CLEAR(view);
+    Py_CLEAR(out_view);
 
     if (record != NULL) {
         PyObject *now = PyObject_CallNoArgs(self->clock);
@@ -426,6 +431,7 @@ failed: /* inside the try block: an Exception becomes what the context's raise_f
 fail:
     Py_XDECREF(result);
     Py_XDECREF(view);
+    Py_XDECREF(out_view);
     Py_XDECREF(record);
     return NULL;
 }

@@ -356,3 +356,40 @@ def test_a_tensor_changed_between_calls_is_read_as_it_is_at_the_call(world):
         assert got["out reshaped"][0] == got["out dtype"][0] == "ValueError"
         for i in range(6):
             assert got[f"many {i}"][1][3] == rows(float(i), float(i))
+
+
+def mixed_job(comm):
+    """The compiled call path over the Python carried calls (where the MPI backend's extension is
+    missing or stale): out= tensors and a new result, carried, against numpy."""
+    import torch  # noqa: PLC0415
+    from collectives.backends import mpi_channel  # noqa: PLC0415
+
+    kept = mpi_channel.compiled_module
+    mpi_channel.compiled_module = lambda: None
+    try:
+        with split_in_form(comm, "compiled") as sub:
+            assert front.is_compiled(sub) and sub._transport._compiled_round is None
+            rank, size = sub.rank, sub.size
+            out, scattered, got = torch.zeros(size, 3), torch.zeros(3), []
+            for i in range(3):
+                x = torch.full((3,), float(rank + i))
+                got.append(sub.all_gather(x, out=out) is out and out.tolist())
+                got.append(sub.all_gather(x).tolist())
+                got.append(sub.scatter(torch.arange(3.0 * size).reshape(size, 3) + i, src=0, out=scattered) is scattered
+                           and scattered.tolist())
+            return got, sub._run.viewed
+    finally:
+        mpi_channel.compiled_module = kept
+
+
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
+def test_the_compiled_call_path_over_the_python_carried_calls(world):
+    """An out= tensor goes to the carried call as its kept numpy view and comes back as itself,
+    also where the carried call is the Python one."""
+    for rank, (got, viewed) in enumerate(world.run(mixed_job, [()] * world.size, timeout=120)):
+        size = world.size
+        want = []
+        for i in range(3):
+            rows = [[float(r + i)] * 3 for r in range(size)]
+            want += [rows, rows, (np.arange(3.0 * size) + i)[3 * rank:3 * rank + 3].tolist()]
+        assert got == want and viewed > 0
