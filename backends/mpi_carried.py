@@ -43,7 +43,15 @@ from collectives.work import Work
 
 from ._buffers import row_bytes
 from .mpi_requests import FAST_POLLS
-from .mpi_staged import LEAST_BLOCK, STAGED_BYTES, staged_table, staged_uneven, uneven_block, uneven_stage
+from .mpi_staged import (
+    LEAST_BLOCK,
+    STAGED_BYTES,
+    UNEVEN_STAGED,
+    staged_table,
+    staged_uneven,
+    uneven_block,
+    uneven_stage,
+)
 
 if TYPE_CHECKING:
     from ._carried import Round
@@ -137,7 +145,7 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
 
 
 #: The interface of backends/_carried*.c this module expects (CARRIED_VERSION there).
-COMPILED_VERSION = 8
+COMPILED_VERSION = 9
 
 
 def compiled_module() -> Any:
@@ -157,8 +165,8 @@ def compiled_uneven(channel: Any, call: Any, method: Any) -> Any:
     gathered, comm = call is calls.ALL_GATHER_V, channel._comm
     blocking, nonblocking = (comm.Allgatherv, comm.Iallgatherv) if gathered else (comm.Alltoallv, comm.Ialltoallv)
     return Uneven(channel._compiled_round, method, gathered, arrays.NUMPY, arrays.TORCH, new_result(False),
-                  new_result(True), lambda block: uneven_stage(channel, call, block), LEAST_BLOCK,
-                  blocking, nonblocking, channel._byte)
+                  new_result(True), lambda block: uneven_stage(channel, call, block), channel._staged_tables,
+                  (call, *UNEVEN_STAGED), LEAST_BLOCK, blocking, nonblocking, channel._byte)
 
 
 def compiled_round(channel: Any) -> Round | None:

@@ -95,13 +95,18 @@ def uneven_block(need: int) -> int:
     return -(-need // step) * step
 
 
+#: The dtype and op of an uneven call's table of staged requests (its kind: (call, dtype, op); the
+#: compiled uneven method looks its requests up there, backends/_carried_uneven.c).
+UNEVEN_STAGED = ("uint8", None)
+
+
 def uneven_stage(channel: Any, call: Any, block: int) -> tuple[Any, Any] | None:
     """The staged request of an uneven ``call`` with blocks of ``block`` bytes and its staging
     array (what this rank sends, then what it gets), made now where it is not yet (collective:
     every rank makes it at the same call, as the counts decide it, and every rank has them); None
     where the channel keeps none. all_gather_v: ``MPI_Allgather_init`` of one block a rank; the
     uneven all_to_all: ``MPI_Alltoall_init`` of one block a pair."""
-    table = staged_table(channel, call, "uint8", None)
+    table = staged_table(channel, call, *UNEVEN_STAGED)
     if table is None:
         return None
     entry = table.get(block)

@@ -316,10 +316,24 @@ def uneven_staged_job(comm, kind):
     (its method's Python form, the others' compiled one), each against numpy; whether every rank
     marked its word, per call; the blocks of the staged requests made."""
     import torch
+    from collectives.backends import mpi_carried
 
     wrap = torch.from_numpy if kind == "torch" else np.asarray
     size, rank = comm.size, comm.rank
-    wrong, marked = [], []
+    wrong, marked, staged = [], [], []
+    kept = mpi_carried.uneven_stage  # (counted: the compiled method calls it only to make a request)
+    mpi_carried.uneven_stage = lambda *args: staged.append(args[2]) or kept(*args)
+    try:
+        turns(comm, wrap, size, rank, wrong, marked)
+    finally:
+        mpi_carried.uneven_stage = kept
+    blocks = sorted(block for key, table in comm._transport._staged_tables.items() if key[1] == "uint8"
+                    for block in table)
+    methods = {type(comm._transport._all_gather_v).__name__, type(comm._transport._all_to_all_v).__name__}
+    return wrong, marked, blocks, methods, comm._transport._uneven_bytes, len(staged)
+
+
+def turns(comm, wrap, size, rank, wrong, marked):
     for turn, rows_of in enumerate(UNEVEN_TURNS):
         rows = [rows_of(r) for r in range(size)]  # float64 rows of 2: 640 B a row x 40 and up
         mine = [np.arange(n * 2, dtype=np.float64).reshape(n, 2) + 1000 * r + turn for r, n in enumerate(rows)]
@@ -338,10 +352,6 @@ def uneven_staged_job(comm, kind):
         got = done.wait() if rank == 0 and turn == 1 else done
         if not np.array_equal(np.asarray(got), want):
             wrong.append(("all_to_all_v", turn))
-    blocks = sorted(block for key, table in comm._transport._staged_tables.items() if key[1] == "uint8"
-                    for block in table)
-    methods = {type(comm._transport._all_gather_v).__name__, type(comm._transport._all_to_all_v).__name__}
-    return wrong, marked, blocks, methods, comm._transport._uneven_bytes
 
 
 @WORLDS
@@ -362,7 +372,10 @@ def test_uneven_calls_past_the_block_go_staged_or_through_their_v_collective_and
     for rows_of in UNEVEN_TURNS:
         sizes += [max(rows_of(r) for r in range(size)) * 16] * 2
         sizes.append(max(sum((rows_of(r) + j) // size for j in range(size)) for r in range(size)) * 12)
-    for wrong, marked, blocks, methods, most in results:
+    for wrong, marked, blocks, methods, most, staged in results:
+        # uneven_stage: called by the compiled method only to make a request (it finds a made one
+        # itself), by the Python one for every staged call
+        assert staged == len(blocks) if form == "compiled" or most != UNEVEN_BYTES else staged > len(blocks)
         assert marked == [n <= most for n in sizes], marked
         assert most in (UNEVEN_BYTES, CARRY_BYTES)
         assert methods == ({"Uneven"} if form == "compiled" else {"method"}), methods
