@@ -31,6 +31,7 @@ typedef struct {
     PyObject *tensor;       /* compared by address only (not held) */
     PyObject *view, *dtype, *shape;
     void *data;
+    int readonly;           /* the view's buffer's */
 } Viewed;
 
 typedef struct {
@@ -74,9 +75,10 @@ Row *row_of(Front *self, PyObject *call);
 PyObject *Front_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
 
 /* A CPU tensor's numpy view (x.numpy(), or the one kept from an earlier call while it is still
- * that), C-contiguous; NULL without an error where x.numpy() fails or is not C-contiguous (then the
- * plan's check runs). `dtype` is x.dtype where the caller has it, else NULL (_front_views.c). */
-PyObject *front_tensor_view(Front *self, PyObject *x, PyObject *dtype);
+ * that), C-contiguous, writable where in_place; NULL without an error where x.numpy() fails or is
+ * not such a view (then the plan's check runs). `dtype` is x.dtype where the caller has it, else
+ * NULL (_front_views.c). */
+PyObject *front_tensor_view(Front *self, PyObject *x, PyObject *dtype, int in_place);
 int front_views_ready(void);
 int front_views_traverse(Front *self, visitproc visit, void *arg);
 void front_views_clear(Front *self);

@@ -107,24 +107,17 @@ static PyObject *
 numpy_view(Front *self, PyObject *check, PyObject *x, PyObject *dtype, int in_place)
 {
     if (!PyMethod_Check(check)) return NULL;
-    PyObject *function = PyMethod_GET_FUNCTION(check), *adapter = PyMethod_GET_SELF(check), *view;
-    if (function == self->host_view && adapter == self->numpy) {
-        view = Py_NewRef(x);
-    } else if (function == self->torch_host_view && adapter == self->torch) {
-        if ((view = front_tensor_view(self, x, dtype)) == NULL) return NULL;
-    } else {
-        return NULL;
-    }
+    PyObject *function = PyMethod_GET_FUNCTION(check), *adapter = PyMethod_GET_SELF(check);
+    if (function == self->torch_host_view && adapter == self->torch) return front_tensor_view(self, x, dtype, in_place);
+    if (function != self->host_view || adapter != self->numpy) return NULL;
     Py_buffer buffer;
-    if (PyObject_GetBuffer(view, &buffer, PyBUF_C_CONTIGUOUS) < 0) {
+    if (PyObject_GetBuffer(x, &buffer, PyBUF_C_CONTIGUOUS) < 0) {
         PyErr_Clear();
-        Py_DECREF(view);
         return NULL;
     }
     int usable = !(in_place && buffer.readonly);
     PyBuffer_Release(&buffer);
-    if (!usable) Py_CLEAR(view);
-    return view;
+    return usable ? Py_NewRef(x) : NULL;
 }
 
 /* Whether checks.check_out would pass out= at its first test, for x with a host view (numpy_view:
@@ -141,7 +134,7 @@ out_fits(Front *self, Row *row, PyObject *check, PyObject *x, PyObject *view, Py
     if (view == x) {
         out_view = Py_NewRef(out);
     } else if (PyMethod_Check(check) && PyMethod_GET_FUNCTION(check) == self->torch_host_view) {
-        if ((out_view = front_tensor_view(self, out, NULL)) == NULL) return 0;
+        if ((out_view = front_tensor_view(self, out, NULL, 0)) == NULL) return 0;
     } else {
         return 0;
     }
