@@ -11,18 +11,26 @@
 
 /* The module's interface, as backends/mpi_carried.py expects it (COMPILED_VERSION there): a
  * build left from an older checkout is not used. */
-#define CARRIED_VERSION 9
+#define CARRIED_VERSION 10
 
 /* Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block. */
 #define CARRIED_BIT ((int64_t)1 << 63)
 #define WORD_BITS (~CARRIED_BIT)
 
-/* The round of one MPIChannel (see MPIChannel._round): the blocks it gathers and how it waits. */
+/* The round of one MPIChannel (see MPIChannel._round): the blocks it gathers and how it waits.
+ * Two sizes of block (backends/mpi_round.py): the small one, and a large one that every rank
+ * switches to together where the last rounds say every rank's call wanted it (round_run). */
 typedef struct {
     PyObject_HEAD
     int size, rank, polls;
     char direct;                       /* whether its persistent request is started and tested directly */
-    Py_ssize_t stride, offset, room;   /* a block's bytes; where its payload starts; the payload's bytes */
+    Py_ssize_t stride, offset, room;   /* the last round's: a block's bytes; where its payload starts;
+                                          the payload's bytes (what the round's readers take) */
+    Py_ssize_t strides[2], rooms[2];   /* of the small and the large block (0: no large one) */
+    Py_ssize_t write_room;             /* the next round's payload bytes (what its writers may fill) */
+    int geometry, read_geometry;       /* the next round's block (0 small, 1 large); the last round's */
+    int streak;                        /* rounds in a row that asked to switch (see round_run) */
+    int64_t want;                      /* what this rank says in the next round: 1 (its x wants the large block) */
     Py_buffer block, blocks;           /* this rank's block (written), every rank's (read) */
     PyObject *channel;                 /* the MPIChannel: _word_request, _start_round, _wait_saying, ... */
     PyObject *payloads;                /* the channel's _payloads: every rank's payload, as numpy bytes */
@@ -63,6 +71,20 @@ round_row(Round *self, int rank)
  * else 0. */
 int round_agree(Round *self, int64_t word, const int64_t *values, Py_ssize_t n, PyObject *view,
                 int64_t *reduced);
+
+/* Where a block's want sits (after the word and the row): its last int64 before the payload. */
+static inline Py_ssize_t
+round_want_slot(Round *self)
+{
+    return self->offset / 8 - 1;
+}
+
+/* The large block wanted by a call whose x has n bytes (set before round_run, which sends it). */
+static inline void
+round_wants(Round *self, Py_ssize_t n)
+{
+    self->want = n > self->rooms[0] && n <= self->rooms[1];
+}
 
 static inline const char *
 round_payload(Round *self, int rank)

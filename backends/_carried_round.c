@@ -9,7 +9,7 @@
 #include <structmember.h>
 
 static PyObject *s_word_request, *s_word_args, *s_start_round, *s_Start, *s_Test, *s_wait_saying,
-    *s_everyone_fast, *s_wait;
+    *s_everyone_fast, *s_wait, *s_read_geometry, *s_write_geometry;
 
 /* MPI_Start and MPI_Test of the library mpi4py loaded (see bind_mpi), called on a persistent
  * request's handle where mpi4py keeps it: the round's start and fast polls without mpi4py's
@@ -102,6 +102,52 @@ start_direct(Round *self, PyObject *request, int staged)
     return flag;
 }
 
+/* The round about to run on the block the last one chose (self->geometry): its readers take the
+ * blocks at its stride, its payloads (the channel's _read_geometry(g) sets the Python forms'). */
+static int
+round_read(Round *self)
+{
+    PyObject *g = PyLong_FromLong(self->geometry);
+    PyObject *payloads = g ? PyObject_CallMethodOneArg(self->channel, s_read_geometry, g) : NULL;
+    Py_XDECREF(g);
+    if (payloads == NULL) return -1;
+    Py_SETREF(self->payloads, payloads);
+    self->stride = self->strides[self->geometry];
+    self->room = self->rooms[self->geometry];
+    self->read_geometry = self->geometry;
+    return 0;
+}
+
+/* Rounds in a row whose every block wanted the large one (or, on it, did not) before every rank
+ * switches: a loop that alternates small and larger calls stays on the small block. */
+#define ROUND_STREAK 2
+
+/* After a round: every rank's want, read from the blocks every rank holds alike, so every rank
+ * counts the same streak and switches at the same round (the next round's request and what its
+ * writers may fill; the channel's _write_geometry(g) sets the Python forms'). */
+static int
+round_settle(Round *self)
+{
+    int all = 1;
+    const Py_ssize_t at = round_want_slot(self) * 8;
+    for (int k = 0; k < self->size; k++) {
+        int64_t want;
+        memcpy(&want, (const char *)self->blocks.buf + (Py_ssize_t)k * self->stride + at, sizeof want);
+        all &= want == 1;
+    }
+    self->streak = (self->geometry ? !all : all) ? self->streak + 1 : 0;
+    if (self->streak < ROUND_STREAK) return 0;
+    self->geometry ^= 1;
+    self->streak = 0;
+    self->write_room = self->rooms[self->geometry];
+    PyObject *g = PyLong_FromLong(self->geometry);
+    PyObject *r = g ? PyObject_CallMethodOneArg(self->channel, s_write_geometry, g) : NULL;
+    Py_XDECREF(g);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
 int
 round_run(Round *self, int64_t word, PyObject *waiting, int64_t *reduced)
 {
@@ -109,7 +155,10 @@ round_run(Round *self, int64_t word, PyObject *waiting, int64_t *reduced)
         PyErr_SetString(PyExc_RuntimeError, "the round's channel is gone");
         return -1;
     }
+    if (self->read_geometry != self->geometry && round_read(self) < 0) return -1;
     ((int64_t *)self->block.buf)[0] = word;
+    ((int64_t *)self->block.buf)[round_want_slot(self)] = self->want;
+    self->want = 0;
     PyObject *request = PyObject_GetAttr(self->channel, s_word_request), *r;
     if (request == NULL) return -1;
     int done = 0, direct = request != Py_None && self->direct && mpi_start != NULL;
@@ -158,6 +207,7 @@ round_run(Round *self, int64_t word, PyObject *waiting, int64_t *reduced)
         and &= each;
     }
     *reduced = and;
+    if (self->rooms[1] > 0 && round_settle(self) < 0) return -1;
     return PyObject_SetAttr(self->channel, s_everyone_fast, and < 0 ? Py_True : Py_False);
 failed:
     Py_DECREF(request);
@@ -181,16 +231,16 @@ Round_dealloc(Round *self)
 static int
 Round_init(Round *self, PyObject *args, PyObject *kwds)
 {
-    static char *names[] = {"channel", "block", "blocks", "payloads", "offset", "polls", NULL};
+    static char *names[] = {"channel", "block", "blocks", "payloads", "offset", "polls", "small", NULL};
     PyObject *channel, *block, *blocks, *payloads;
-    Py_ssize_t offset;
+    Py_ssize_t offset, small = 0;
     int polls;
     if (self->channel != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Round is made once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOni", names, &channel, &block, &blocks, &payloads,
-                                     &offset, &polls))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOni|n", names, &channel, &block, &blocks, &payloads,
+                                     &offset, &polls, &small))
         return -1;
     if (PyObject_GetBuffer(block, &self->block, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (PyObject_GetBuffer(blocks, &self->blocks, PyBUF_C_CONTIGUOUS) < 0) return -1;
@@ -201,14 +251,19 @@ Round_init(Round *self, PyObject *args, PyObject *kwds)
     self->rank = v ? (int)PyLong_AsLong(v) : -1;
     Py_XDECREF(v);
     if (PyErr_Occurred()) return -1;
-    if (self->size < 1 || self->blocks.len != self->block.len * self->size || offset < 8 ||
-        offset > self->block.len || polls < 1) {
-        PyErr_SetString(PyExc_ValueError, "blocks must hold size blocks of block's bytes, its payload inside one");
+    if (self->size < 1 || self->blocks.len != self->block.len * self->size || offset < 16 || offset % 8 ||
+        offset > self->block.len || polls < 1 || (small && (small < offset || small >= self->block.len))) {
+        PyErr_SetString(PyExc_ValueError, "blocks must hold size blocks of block's bytes, its payload inside one "
+                        "(small: the small block's bytes, 0 or from offset to less than block's)");
         return -1;
     }
-    self->stride = self->block.len;
+    self->strides[0] = small ? small : self->block.len;
+    self->strides[1] = small ? self->block.len : 0;
+    self->rooms[0] = self->strides[0] - offset;
+    self->rooms[1] = small ? self->strides[1] - offset : 0;
+    self->stride = self->strides[0];
     self->offset = offset;
-    self->room = self->block.len - offset;
+    self->room = self->write_room = self->rooms[0];
     self->polls = polls;
     self->direct = mpi_start != NULL;
     Py_INCREF(channel);
@@ -234,14 +289,14 @@ Round_call(Round *self, PyObject *args, PyObject *kwds)
 int
 round_agree(Round *self, int64_t word, const int64_t *values, Py_ssize_t n, PyObject *view, int64_t *reduced)
 {
-    if (1 + n > self->offset / 8) return 1;
+    if (2 + n > self->offset / 8) return 1;  /* (the word, the row, the want) */
     if (view != Py_None) {
         Py_buffer x;
         if (PyObject_GetBuffer(view, &x, PyBUF_C_CONTIGUOUS) < 0) {
             PyErr_Clear();
             return 1;
         }
-        if (x.len <= self->room)  /* (past the payload: marked alone, MPIChannel._uneven_bytes) */
+        if (x.len <= self->write_room)  /* (past the payload: marked alone, MPIChannel._uneven_bytes) */
             memcpy(round_own_payload(self), x.buf, x.len);
         PyBuffer_Release(&x);
         word |= CARRIED_BIT;
@@ -263,7 +318,7 @@ Round_agree_counts(Round *self, PyObject *const *args, Py_ssize_t nargs)
     long long word = PyLong_AsLongLong(args[0]);
     if (word == -1 && PyErr_Occurred()) return NULL;
     PyObject *row = args[1], *view = args[2];
-    if (!PyList_Check(row) || 1 + PyList_GET_SIZE(row) > self->offset / 8) {
+    if (!PyList_Check(row) || 2 + PyList_GET_SIZE(row) > self->offset / 8) {
         PyErr_SetString(PyExc_ValueError, "row must be a list that fits the block");
         return NULL;
     }
@@ -389,6 +444,8 @@ static PyMemberDef Round_members[] = {
     {"direct", T_BOOL, offsetof(Round, direct), 0,
      "whether the round's persistent request is started and tested by MPI_Start and MPI_Test themselves "
      "(bind_mpi found them), else through mpi4py"},
+    {"geometry", T_INT, offsetof(Round, geometry), READONLY,
+     "the next round's block: 0 the small one, 1 the large one (see backends/mpi_round.py)"},
     {NULL},
 };
 
@@ -406,7 +463,7 @@ static PyMethodDef Round_methods[] = {
 PyTypeObject RoundType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "collectives.backends._carried.Round",
-    .tp_doc = PyDoc_STR("Round(channel, block, blocks, payloads, offset, polls): round(word, waiting=None) -> "
+    .tp_doc = PyDoc_STR("Round(channel, block, blocks, payloads, offset, polls, small=0): round(word, waiting=None) -> "
                         "the AND of every rank's word: MPIChannel._round, compiled"),
     .tp_basicsize = sizeof(Round),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -430,7 +487,9 @@ round_types_ready(PyObject *module)
         (s_Test = PyUnicode_InternFromString("Test")) == NULL ||
         (s_wait_saying = PyUnicode_InternFromString("_wait_saying")) == NULL ||
         (s_everyone_fast = PyUnicode_InternFromString("_everyone_fast")) == NULL ||
-        (s_wait = PyUnicode_InternFromString("_wait")) == NULL)
+        (s_wait = PyUnicode_InternFromString("_wait")) == NULL ||
+        (s_read_geometry = PyUnicode_InternFromString("_read_geometry")) == NULL ||
+        (s_write_geometry = PyUnicode_InternFromString("_write_geometry")) == NULL)
         return -1;
     if (PyType_Ready(&RoundType) < 0) return -1;
     Py_INCREF(&RoundType);

@@ -93,9 +93,7 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
     if channel._words is None:
         return None
     new = new_result(tensors)
-    size, rank, start = channel.size, channel.rank, channel._payload_offset
-    blocks, block = channel._blocks, channel._block
-    stride = block.nbytes
+    size, rank, start, block = channel.size, channel.rank, channel._payload_offset, channel._block
     mpi_type: Any = None
     local: Any = None
     if call.reduces:  # (MPI_Reduce_local: MPI's own arithmetic, where MPI reduces the pair as it is)
@@ -106,18 +104,19 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
     avg = op is ReduceOp.AVG
     shapes: dict[Any, tuple[Any, list[Any], Any]] = {}
 
-    def views(x: Any) -> tuple[Any, list[Any], Any]:
-        """x's place in this rank's block; every rank's x, as a list and as one array (views).
-        Kept per shape, up to CARRIED_SHAPES (then forgotten and made again)."""
-        shape, kind = x.shape, x.dtype
+    def views(x: Any, blocks: Any) -> tuple[Any, list[Any], Any]:
+        """x's place in this rank's block; every rank's x in ``blocks`` (the round's blocks of the
+        size it ran with, backends/mpi_round.py), as a list and as one array (views). Kept per
+        shape and block size, up to CARRIED_SHAPES (then forgotten and made again)."""
+        shape, kind, stride = x.shape, x.dtype, blocks.strides[0]
         if len(shapes) >= CARRIED_SHAPES:
             shapes.clear()
         into = np.ndarray(shape, kind, buffer=block, offset=start)
         rows = np.ndarray((size, *shape), kind, buffer=blocks, offset=start, strides=(stride, *into.strides))
-        found = shapes[shape] = (into, [rows[r, ...] for r in range(size)], rows)  # (views, also of 0-d x)
+        found = shapes[shape, stride] = (into, [rows[r, ...] for r in range(size)], rows)  # (also of 0-d x)
         return found
 
-    round_, room = channel._round, channel._carry_bytes
+    round_ = channel._round
 
     make = _maker(call, size, rank, new, mpi_type, local, avg)
     if make is None:
@@ -125,14 +124,18 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
     on_root = call is calls.BROADCAST or call is calls.SCATTER  # (only the root's x is read)
 
     def carry(view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]:
-        if view.nbytes > room:  # the round of the word alone (every rank of this call has x of this size)
+        # (the payload of the round about to run: every rank's alike, see backends/mpi_round.py)
+        if view.nbytes > channel._carry_bytes:  # the round of the word alone (every rank of this call: x this size)
             return round_(word | CARRIED) & WORD_BITS, NOT_TAKEN
-        into, each, rows = shapes.get(view.shape) or views(view)
+        blocks = channel._blocks  # (the last round's: the one about to run may use the other size)
+        into, each, rows = shapes.get((view.shape, blocks.strides[0])) or views(view, blocks)
         if not on_root or root == rank:
             into[...] = view
         reduced = round_(word | CARRIED)
         if reduced >= 0 or reduced & WORD_BITS != word:  # a rank did not carry, or another call
             return reduced & WORD_BITS, NOT_TAKEN
+        if channel._blocks is not blocks:  # (the round ran on the other size: its readers' views)
+            into, each, rows = shapes.get((view.shape, channel._blocks.strides[0])) or views(view, channel._blocks)
         return word, make(view, root, out, each, rows)
     compiled = channel._compiled_round
     if compiled is None:
@@ -145,7 +148,7 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
 
 
 #: The interface of backends/_carried*.c this module expects (CARRIED_VERSION there).
-COMPILED_VERSION = 9
+COMPILED_VERSION = 10
 
 
 def compiled_module() -> Any:
@@ -178,8 +181,8 @@ def compiled_round(channel: Any) -> Round | None:
     if module is None:
         return None
     module.bind_mpi(channel._MPI)  # (its persistent request started and tested by MPI itself, where found)
-    return module.Round(channel, channel._block, channel._blocks, channel._payloads,  # type: ignore[no-any-return]
-                        channel._payload_offset, FAST_POLLS)
+    return module.Round(channel, channel._block, channel._round_memory, channel._payloads,  # type: ignore[no-any-return]
+                        channel._payload_offset, FAST_POLLS, channel._small_bytes)
 
 
 Make = Callable[[Any, Any, Any, "list[Any]", Any], Any]
@@ -282,7 +285,7 @@ def carried_uneven(r: Any, channel: Any, rank: int) -> Any:
     x, counts, carried = r.x, r.extra, r.carried
     row, gathered = row_bytes(x), rank < 0
     entry = None
-    if (max(counts) if gathered else max(sum(sent) for sent in counts)) * row > channel._carry_bytes:
+    if (max(counts) if gathered else max(sum(sent) for sent in counts)) * row > carried.shape[1]:
         block = uneven_block((max(counts) if gathered else max(max(sent) for sent in counts)) * row)
         if (entry := uneven_stage(channel, r.call, block)) is None:
             return None

@@ -34,10 +34,10 @@ from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.polling import wait_until
 from collectives.transport import Transport
 
-from . import _float_order
+from . import _float_order, mpi_round
 from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
 from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
-from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS, carried_path, compiled_module, compiled_round
+from .mpi_carried import CARRIED, WORD_BITS, carried_path, compiled_module, compiled_round
 from .mpi_library import (
     float16_datatype,
     library_version,
@@ -73,6 +73,18 @@ class MPIChannel(Transport):
 
     backend = "mpi"
     _marks_fast_path = True  # (see _round: every rank on the fast path, for _staged)
+    # The check's round (made by backends/mpi_round.py's make_round; see _round): this rank's block
+    # and every rank's (words, payloads) where it gathers blocks, its request and arguments; and
+    # whether the fast paths may keep persistent requests (see _staged).
+    _block: Any
+    _blocks: Any
+    _words: Any
+    _payload: Any
+    _payloads: Any
+    _word_args: tuple[Any, ...]
+    _word_request: Any
+    _start_round: Any
+    _persistent: bool
     _says_waiting = True  # (_agree_word, _barrier_waiting: after their polls)
 
     def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
@@ -120,44 +132,17 @@ class MPIChannel(Transport):
         self._byte = MPI.BYTE
         # The default check's round (see _round). On up to COUNTS_RANKS ranks an MPI_Allgather of
         # one block per rank: the check word, a row of size + 1 int64 (the uneven collectives'
-        # counts, see _agree_counts) and CARRY_BYTES of payload (a small call's x, see
-        # backends/mpi_carried.py); on more ranks an MPI_Allreduce (BAND) of the word alone. Persistent
-        # (MPI_Allgather_init, MPI_Allreduce_init: collective, every rank makes it here) where the
-        # library has them.
+        # counts, see _agree_counts), the rank's want and a payload (a small call's x, see
+        # backends/mpi_carried.py), in two sizes (backends/mpi_round.py); on more ranks an
+        # MPI_Allreduce (BAND) of the word alone. Persistent (MPI_Allgather_init,
+        # MPI_Allreduce_init: collective, every rank makes it here) where the library has them.
         ranks = self._comm.Get_size()
         self._counts_with_check = 1 < ranks <= COUNTS_RANKS
-        if self._counts_with_check:
-            self._block = np.full(2 + ranks + CARRY_BYTES // 8, -1, dtype=np.int64)
-            self._blocks = np.full((ranks, self._block.size), -1, dtype=np.int64)
-            self._words: Any = self._blocks[:, 0]  # (a view: every rank's word)
-            self._word_args: tuple[Any, ...] = ([self._block, MPI.INT64_T], [self._blocks, MPI.INT64_T])
-            self._start_round, make_round = self._comm.Iallgather, self._comm.Allgather_init
-            self._carry_bytes = CARRY_BYTES
-            # Where a block's payload starts (after the word and the row), in bytes; every rank's
-            # payload and this rank's, as bytes.
-            self._payload_offset = (2 + ranks) * 8
-            self._payloads: Any = self._blocks.view(np.uint8)[:, self._payload_offset:]
-            self._payload: Any = self._block.view(np.uint8)[self._payload_offset:]
-        else:
-            self._block = np.full(1, -1, dtype=np.int64)
-            self._words = self._payloads = self._payload = None
-            self._word_args = (MPI.IN_PLACE, [self._block, MPI.INT64_T], MPI.BAND)
-            self._start_round, make_round = self._comm.Iallreduce, self._comm.Allreduce_init
-            self._carry_bytes = 0
-        #: Whether the fast paths may keep persistent requests (see _staged): the library has
-        #: MPI-4's persistent collectives (ULFMTransport turns them off).
-        self._persistent = True
-        try:
-            self._word_request: Any = make_round(*self._word_args)
-        except (NotImplementedError, AttributeError, MPI.Exception):  # MPI < 4
-            self._word_request, self._persistent = None, False
         #: Whether the fast paths stage their gathering calls too (all_gather, gather, scatter,
         #: all_to_all, reduce_scatter; see _staged): not where the library's persistent all_gather
         #: is wrong (persistent_allgather_works).
         self._stages_gathers = persistent_allgather_works(library_version(MPI))
-        if self._words is not None and self._persistent and not self._stages_gathers:
-            self._word_request.Free()  # (made by every rank alike: freed by every rank alike)
-            self._word_request = None
+        mpi_round.make_round(self, MPI, ranks, self._stages_gathers)
         # The fast paths' persistent requests of small calls (see _staged): one table per kind
         # of call (row, dtype, op), {shape (and root): (request, its staging array)}.
         self._staged_tables: dict[Any, dict[Any, tuple[Any, Any]]] = {}
@@ -346,6 +331,10 @@ class MPIChannel(Transport):
         self._everyone_fast = reduced < 0
         return reduced
 
+    # (the round's two blocks: backends/mpi_round.py)
+    _read_geometry = mpi_round.read_geometry
+    _write_geometry = mpi_round.write_geometry
+
     def _wait_saying(self, request: Any, waiting: Callable[[], None] | None) -> None:
         """:meth:`_wait` for ``request`` once the fast polls did not see it complete; with
         ``waiting`` (the monitored barrier's word to rank 0), WAITING_POLLS more tests first (a
@@ -520,8 +509,7 @@ class MPIChannel(Transport):
         MPI = self._MPI
         if not MPI.Is_finalized() and self._comm != MPI.COMM_NULL:
             if not self.context.broken:  # (an active one stays: MPI may still use it)
-                if self._word_request is not None:
-                    self._word_request.Free()
+                mpi_round.free_requests(self)
                 for table in self._staged_tables.values():
                     for request, _ in table.values():
                         request.Free()

@@ -32,6 +32,7 @@ from collectives.launcher import LaunchInfo
 from .mpi import MPICommunicator, MPITransport
 from .mpi_channel import import_mpi
 from .mpi_library import library_version
+from .mpi_round import free_requests
 
 
 def ulfm_refusal(MPI: Any) -> str | None:
@@ -51,12 +52,10 @@ class ULFMTransport(MPITransport):
 
     def __init__(self, comm: Any = None, local_rank: int | None = None, *, generation: int = 0) -> None:
         super().__init__(comm, local_rank)
-        if self._word_request is not None:
-            # Open MPI's persistent collectives report a dead peer as MPI_ERR_OTHER, not as
-            # MPI_ERR_PROC_FAILED: the check's round takes MPI_Iallgather here, the fast paths
-            # no persistent requests.
-            self._word_request.Free()
-            self._word_request = None
+        # Open MPI's persistent collectives report a dead peer as MPI_ERR_OTHER, not as
+        # MPI_ERR_PROC_FAILED: the check's round takes MPI_Iallgather here, the fast paths
+        # no persistent requests.
+        free_requests(self)
         self._persistent = False  # (and so no staged uneven calls: MPIChannel._uneven_bytes)
         self.generation = generation
         self._failure: RankFailure | None = None

@@ -234,12 +234,20 @@ def staged_mixed_types(comm, sub):
                     expected = sum(np.arange(n, dtype=np.float32) + r + rnd for r in range(c.size))
                     if not np.array_equal(np.asarray(c.all_reduce(x)), expected):
                         wrong.append(("all_reduce", kind, n, np.asarray(x).tolist()))
+                    apart(c)
                     for root in range(c.size):
                         y = wrap(np.full(n, c.rank * 10 + rnd, dtype=np.float32))
                         c.broadcast(y, root)
+                        apart(c)
                         if not (np.asarray(y) == root * 10 + rnd).all():
                             wrong.append(("broadcast", kind, n, root, np.asarray(y).tolist()))
     return wrong
+
+
+def apart(comm):
+    """A call of one element: the check's round stays on its small block (two calls in a row past it
+    would switch every rank to the large one, backends/mpi_round.py, and carry x there)."""
+    comm.all_reduce(np.zeros(1))
 
 
 def staged_job(comm):
@@ -255,11 +263,13 @@ def staged_job(comm):
                 x = np.arange(n, dtype=np.float32) + c.rank + rnd
                 expected = sum(np.arange(n, dtype=np.float32) + r + rnd for r in range(c.size))
                 got = c.all_reduce(x)
+                apart(c)
                 if got is not x or not np.array_equal(x, expected):
                     wrong.append(("all_reduce", n, x.tolist()))
                 for root in range(c.size):
                     y = np.full((n - PAST_CARRIED + CARRY_BYTES // 16, 2), c.rank * 10 + rnd, dtype=np.int64)
                     c.broadcast(y, root)
+                    apart(c)
                     if not (y == root * 10 + rnd).all():
                         wrong.append(("broadcast", n, root, y.tolist()))
     wrong += staged_mixed_types(comm, sub)
