@@ -98,15 +98,18 @@ def loop_job(comm, form):
         again = calls(sub, n, 5)  # (its last two calls, the uneven ones, did not want the large block)
         back = calls(sub, n, 7, "first")  # (right after the switch back: on the small block)
         ahead = calls(sub, n, 8, "first") + calls(sub, n, 9, "uneven")  # (the first switches: the uneven right after)
-        return past, small, alternating, again + back + ahead, made
+        return past, small, alternating, again + back + ahead, made, sub._transport._small_bytes > 0
 
 
 @WORLDS
 def test_a_loop_of_calls_past_the_small_block_switches_every_rank_to_the_large_one_and_back(world):
     results = world.run(loop_job, [("compiled",)] * world.size, timeout=120)
     small_block, large_block = 8 * (3 + world.size) + CARRY_BYTES, 8 * (3 + world.size) + LARGE_CARRY_BYTES
-    for past, small, alternating, again, made in results:
+    for past, small, alternating, again, made, large in results:
         assert [name for name, right, _ in past + small + alternating + again if not right] == []
+        if not large:  # (the library's persistent all_gather is wrong, Intel MPI: the small block alone)
+            assert {s for _, _, s in past + small + alternating + again} == {(0, small_block)}
+            continue
         # the loop's first two calls on the small block (x through staged requests), the second
         # round's end switches every rank: every later call carried in the large block
         # (each turn: the uneven calls at its end switch back to the small block)
@@ -130,12 +133,12 @@ def test_a_loop_of_calls_past_the_small_block_switches_every_rank_to_the_large_o
 @MPI_2
 def test_ranks_of_both_forms_stay_on_the_small_block_and_give_numpys_results(world):
     results = world.run(loop_job, [("compiled",), ("python",)], timeout=120)
-    for rank, (past, small, alternating, again, made) in enumerate(results):
+    for rank, (past, small, alternating, again, made, _) in enumerate(results):
         assert [name for name, right, _ in past + small + alternating + again if not right] == []
         assert {s for _, _, s in past + small + alternating + again} == {(0 if rank == 0 else -1, 40 + CARRY_BYTES)}
         # (every kind of call past the small block staged; the uneven all_to_all's under all_to_all)
-        assert made == ["all_gather", "all_gather_v", "all_reduce", "all_to_all", "broadcast", "gather", "reduce",
-                        "reduce_scatter", "scatter"], made
+        assert made in (["all_gather", "all_gather_v", "all_reduce", "all_to_all", "broadcast", "gather", "reduce",
+                         "reduce_scatter", "scatter"], ["all_reduce", "broadcast", "reduce"]), made  # (or Intel MPI's)
 
 
 def mismatch_job(comm, case):
@@ -158,7 +161,7 @@ def mismatch_job(comm, case):
             return state(sub), len(errors), True, right
         for turn in range(2):
             sub.all_gather(np.full(n, turn, np.float32))
-        before = state(sub)[0]
+        before = state(sub)[0] if sub._transport._small_bytes else 1  # (Intel MPI: the small block alone)
         mine = n // 2 if case == "shape" and sub.rank == 1 else n
         x = np.arange(mine, dtype=np.float32) + sub.rank
         kept = x.copy()
