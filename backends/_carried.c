@@ -492,7 +492,7 @@ Carrier_call(Carrier *self, PyObject *const *args, size_t nargsf, PyObject *kwna
     }
     /* x larger than the block: the round of the word alone (every rank of this call has x of
      * the same size: the word hashes its shape and dtype), the call then runs as usual */
-    int fits = x.len <= self->round->write_room;
+    int fits = x.len <= round_write_room(self->round);
     round_wants(self->round, x.len);
     if (fits && (!reads_root_only(self->kind) || root == self->round->rank))
         memcpy(round_own_payload(self->round), x.buf, x.len);

@@ -27,7 +27,6 @@ typedef struct {
     Py_ssize_t stride, offset, room;   /* the last round's: a block's bytes; where its payload starts;
                                           the payload's bytes (what the round's readers take) */
     Py_ssize_t strides[2], rooms[2];   /* of the small and the large block (0: no large one) */
-    Py_ssize_t write_room;             /* the next round's payload bytes (what its writers may fill) */
     int geometry, read_geometry;       /* the next round's block (0 small, 1 large); the last round's */
     int streak;                        /* rounds in a row that asked to switch (see round_run) */
     int64_t want;                      /* what this rank says in the next round: 1 (its x wants the large block) */
@@ -77,6 +76,13 @@ static inline Py_ssize_t
 round_want_slot(Round *self)
 {
     return self->offset / 8 - 1;
+}
+
+/* The next round's payload bytes: what its writers may fill. */
+static inline Py_ssize_t
+round_write_room(Round *self)
+{
+    return self->rooms[self->geometry];
 }
 
 /* The large block wanted by a call whose x has n bytes (set before round_run, which sends it). */

@@ -139,7 +139,6 @@ round_settle(Round *self)
     if (self->streak < ROUND_STREAK) return 0;
     self->geometry ^= 1;
     self->streak = 0;
-    self->write_room = self->rooms[self->geometry];
     PyObject *g = PyLong_FromLong(self->geometry);
     PyObject *r = g ? PyObject_CallMethodOneArg(self->channel, s_write_geometry, g) : NULL;
     Py_XDECREF(g);
@@ -263,7 +262,7 @@ Round_init(Round *self, PyObject *args, PyObject *kwds)
     self->rooms[1] = small ? self->strides[1] - offset : 0;
     self->stride = self->strides[0];
     self->offset = offset;
-    self->room = self->write_room = self->rooms[0];
+    self->room = self->rooms[0];
     self->polls = polls;
     self->direct = mpi_start != NULL;
     Py_INCREF(channel);
@@ -296,7 +295,7 @@ round_agree(Round *self, int64_t word, const int64_t *values, Py_ssize_t n, PyOb
             PyErr_Clear();
             return 1;
         }
-        if (x.len <= self->write_room)  /* (past the payload: marked alone, MPIChannel._uneven_bytes) */
+        if (x.len <= round_write_room(self))  /* (past the payload: marked alone, MPIChannel._uneven_bytes) */
             memcpy(round_own_payload(self), x.buf, x.len);
         PyBuffer_Release(&x);
         word |= CARRIED_BIT;

@@ -77,6 +77,7 @@ def make_blocks(channel: Any, MPI: Any, ranks: int, large: bool) -> None:
     memory = channel._round_memory = np.full((ranks, n), -1, dtype=np.int64)
     memory[:, header - 1] = 0
     channel._geometries = [_views(channel, MPI, memory.reshape(-1), ranks, k) for k in dict.fromkeys((small, n))]
+    read_geometry(channel, 0)  # (before the requests: free_requests reads _words)
     channel._start_round = channel._comm.Iallgather
     channel._word_requests = []
     for geometry in channel._geometries:
@@ -88,7 +89,6 @@ def make_blocks(channel: Any, MPI: Any, ranks: int, large: bool) -> None:
             del channel._geometries[1:]
             break
     channel._small_bytes = small * 8 if len(channel._geometries) > 1 else 0
-    read_geometry(channel, 0)
     write_geometry(channel, 0)
 
 
