@@ -57,8 +57,11 @@ def _nccl_readers(library: str) -> dict[str, Callable[[], object]]:
         import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
 
-        def torch_runtime() -> object:  # ncclGetVersion of the libnccl torch loaded (torch >= 2.6)
-            return dist.ProcessGroupNCCL.get_runtime_nccl_version()
+        def torch_runtime() -> object:
+            # A static method binding ncclGetVersion of the libnccl torch loaded (torch's stub
+            # declares a `self` it does not take); absent from CPU builds.
+            process_group_nccl: Any = dist.ProcessGroupNCCL
+            return process_group_nccl.get_runtime_nccl_version()
 
         return {"runtime": torch_runtime, "build": torch.cuda.nccl.version}  # build: the NCCL_* macros
     from collectives.backends.cupy_channel import import_cupy_nccl  # noqa: PLC0415
