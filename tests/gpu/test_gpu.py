@@ -49,7 +49,7 @@ MULTI_RANK_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
 MULTI_RANK = {MULTI_RANK_ENV: "1"}
 STAGED = {"COLLECTIVES_MPI_CUDA_AWARE": "0"}
 AWARE = {"COLLECTIVES_MPI_CUDA_AWARE": "1"}
-#: Cycles of torch.cuda._sleep that keep a stream busy (tens of milliseconds on an H200).
+#: Cycles of torch.cuda._sleep that keep a stream busy (tens of milliseconds on an H100 or an H200).
 BUSY_CYCLES = 50_000_000
 #: Seconds a job may take on the ranks: a hung one fails the test within this, not the check's budget.
 JOB_TIMEOUT = 60
@@ -745,8 +745,8 @@ def test_cupy_sends_to_itself_in_one_group(gpu_world, library):
 
 # -- the cupy backend's timeout and debug mode (issue 15) -------------------------------------------
 
-#: Cycles of torch.cuda._sleep that hold the stream well past TIMEOUT_SECONDS (3.5-4 s at an
-#: H200's 1.7-2 GHz).
+#: Cycles of torch.cuda._sleep that hold the stream well past TIMEOUT_SECONDS (3.5-4 s at the
+#: 1.7-2 GHz of an H100 or an H200).
 HOLD_CYCLES = 7_000_000_000
 TIMEOUT_SECONDS = 2.0
 # Communicators a job keeps alive after it returns (a peer may still be waiting on them).
