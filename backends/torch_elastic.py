@@ -344,11 +344,32 @@ def _abort_every_group(dist: Any) -> None:
     import torch  # noqa: PLC0415
 
     device = torch.device("cuda")
-    for group in list(dist.distributed_c10d._world.pg_map):
+    backends = []
+    for group in reversed(list(dist.distributed_c10d._world.pg_map)):  # the newest first, as torch does
         try:
-            group._get_backend(device).abort()
+            backends.append(group._get_backend(device))
         except (RuntimeError, AttributeError, NotImplementedError):
             pass
+    _abort_backends(backends)
+
+
+def _abort_backends(backends: list[Any]) -> None:
+    """Abort each backend, inside one NCCL group where one of them is an NCCL backend: aborts of
+    different NCCL communicators can deadlock each other otherwise (pytorch#119797), so torch's own
+    ``_abort_process_group`` brackets them in ``_group_start()`` / ``_group_end()`` the same way."""
+    bracket = next((backend for backend in backends
+                    if hasattr(backend, "_group_start") and hasattr(backend, "_group_end")), None)
+    if bracket is not None:
+        bracket._group_start()
+    try:
+        for backend in backends:
+            try:
+                backend.abort()
+            except (RuntimeError, AttributeError, NotImplementedError):
+                pass
+    finally:
+        if bracket is not None:
+            bracket._group_end()
 
 
 #: The groups of past generations (see ``ElasticTorchTransport._next``).

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from . import config, front
@@ -24,6 +25,68 @@ from .launcher import detect_launcher
 
 def _version_text(version: tuple[int, ...] | None) -> str:
     return "unknown" if version is None else ".".join(map(str, version))
+
+
+#: An NCCL version: (major, minor, patch).
+NcclVersion = tuple[int, int, int]
+
+
+def _as_nccl_version(value: object) -> NcclVersion | None:
+    """``ncclGetVersion``'s integer, or a tuple that starts (major, minor, patch), as a version."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        from collectives.backends.cupy_plans import decode_nccl_version  # noqa: PLC0415
+
+        return decode_nccl_version(value)
+    if isinstance(value, tuple) and len(value) >= 3 and all(isinstance(part, int) for part in value[:3]):
+        return (value[0], value[1], value[2])
+    return None
+
+
+def _read_nccl_version(read: Callable[[], object]) -> NcclVersion | None:
+    """What ``read`` gives, as a version; None where it raises or gives none."""
+    try:
+        return _as_nccl_version(read())
+    except Exception:  # noqa: BLE001  (an older torch, a CPU build, a CuPy without NCCL)
+        return None
+
+
+def _nccl_readers(library: str) -> dict[str, Callable[[], object]]:
+    """The calls that read ``library``'s NCCL versions: the library it loaded ("runtime", which a
+    libnccl put in place of the wheel's changes) and the headers it was built with ("build")."""
+    if library == "torch":
+        import torch  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+
+        def torch_runtime() -> object:
+            # A static method binding ncclGetVersion of the libnccl torch loaded (torch's stub
+            # declares a `self` it does not take); absent from CPU builds.
+            process_group_nccl: Any = dist.ProcessGroupNCCL
+            return process_group_nccl.get_runtime_nccl_version()
+
+        return {"runtime": torch_runtime, "build": torch.cuda.nccl.version}  # build: the NCCL_* macros
+    from collectives.backends.cupy_channel import import_cupy_nccl  # noqa: PLC0415
+
+    def cupy_nccl() -> Any:
+        return import_cupy_nccl()[1]
+
+    return {"runtime": lambda: cupy_nccl().get_version(), "build": lambda: cupy_nccl().get_build_version()}
+
+
+def nccl_versions(library: str) -> dict[str, Any]:
+    """The NCCL of ``library`` ("torch" or "cupy"): ``runtime`` (the loaded libnccl's), ``build``
+    (the headers'), and ``gate``: the version that decides what NCCL allows (several ranks on one
+    GPU from 2.30), the runtime one where the library can tell it, else the build one; ``gate_source``
+    names which. Every check that gates on NCCL's version reads ``gate`` from here. Each is None
+    where unknown (no NCCL, no such library)."""
+    if library not in ("torch", "cupy"):
+        raise ValueError(f"library must be 'torch' or 'cupy', not {library!r}")
+    try:
+        readers = _nccl_readers(library)
+    except Exception:  # noqa: BLE001  (the library is not installed or does not import)
+        return {"runtime": None, "build": None, "gate": None, "gate_source": ""}
+    runtime, build = _read_nccl_version(readers["runtime"]), _read_nccl_version(readers["build"])
+    gate, source = (runtime, "runtime") if runtime else (build, "build") if build else (None, "")
+    return {"runtime": runtime, "build": build, "gate": gate, "gate_source": source}
 
 
 def torch_report() -> dict[str, Any]:
@@ -44,11 +107,8 @@ def torch_report() -> dict[str, Any]:
     report["nccl_available"] = bool(dist.is_nccl_available())
     report["nccl"] = None
     if dist.is_nccl_available():
-        try:
-            version = torch.cuda.nccl.version()
-            report["nccl"] = tuple(version) if isinstance(version, tuple) else version
-        except Exception as error:  # noqa: BLE001
-            report["nccl_error"] = str(error)
+        versions = nccl_versions("torch")
+        report["nccl"], report["nccl_build"] = versions["gate"], versions["build"]
     transports = ["gloo (CPU tensors)"] if report["gloo"] else []
     if report["nccl_available"] and report["cuda_available"]:
         transports.append("nccl (CUDA tensors)")
@@ -112,9 +172,9 @@ def cupy_report() -> dict[str, Any]:
     report: dict[str, Any] = {"version": cupy.__version__}
     try:
         report["nccl"] = decode_nccl_version(int(nccl.get_version()))
-        report["nccl_build"] = decode_nccl_version(int(nccl.get_build_version()))
     except Exception as error:  # noqa: BLE001
         return {**report, "usable": False, "why": f"CuPy cannot load libnccl: {error}"}
+    report["nccl_build"] = nccl_versions("cupy")["build"]
     try:
         count = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as error:  # noqa: BLE001
@@ -159,7 +219,8 @@ def collect() -> dict[str, Any]:
             "backend_env": os.environ.get(config.BACKEND, ""),
             "call_path_compiled": compiled, "call_path_why": "" if compiled else _not_compiled(),
             "backends": backends, "gpus": gpus_seen(torch_info),
-            "nccl": {"cupy": cupy_info.get("nccl"), "torch": torch_info.get("nccl")}}
+            "nccl": {"cupy": cupy_info.get("nccl"), "torch": torch_info.get("nccl"),
+                     "torch_build": torch_info.get("nccl_build")}}
 
 
 def render(info: dict[str, Any]) -> str:
@@ -186,6 +247,8 @@ def render(info: dict[str, Any]) -> str:
     nccl = info["nccl"]
     cupy_nccl = _version_text(nccl["cupy"]) if nccl["cupy"] else "not loaded (cupy unavailable)"
     torch_nccl = _version_text(nccl["torch"]) if nccl["torch"] else "none (torch has no NCCL here)"
+    if nccl["torch"] and nccl.get("torch_build") and tuple(nccl["torch_build"]) != tuple(nccl["torch"]):
+        torch_nccl += f" (built with {_version_text(nccl['torch_build'])})"
     lines.append(f"NCCL: cupy {cupy_nccl}; torch {torch_nccl}")
     if nccl["cupy"] and nccl["torch"] and tuple(nccl["cupy"]) != tuple(nccl["torch"]):
         lines.append("  note: CuPy and torch loaded different libnccl builds (see README: wheel set)")

@@ -7,7 +7,9 @@
 
 The pre-flight runs in the interpreter the check uses (the device image's python), in one
 process, in seconds: every import the tests need (the project as installed, torch, CuPy,
-mpi4py, pytest), the GPUs CUDA shows, the NCCL of torch and of CuPy and every libnccl mapped
+mpi4py, pytest), which form of each optional compiled module loaded, the GPUs CUDA shows, the NCCL
+of torch and of CuPy (the loaded library's and the build's; collectives.info.nccl_versions, which
+the GPU tests' gates read too) and every libnccl mapped
 into the process, the MPI library and mpiexec, torchrun and collectives-bench (console scripts
 or their ``python -m`` forms), and which GPU worlds the machine cannot run and why. The
 summary needs only the standard library.
@@ -33,6 +35,32 @@ OK, STOP, NO_CUDA = 0, 1, 2
 
 def _version(version: object) -> str:
     return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+
+
+def _nccl_text(library: str) -> str:
+    """collectives.info.nccl_versions(library): the version the gates read, then both."""
+    from collectives.info import nccl_versions  # noqa: PLC0415
+
+    versions = nccl_versions(library)
+    if versions["gate"] is None:
+        raise RuntimeError("no NCCL version readable (no NCCL in this build?)")
+    runtime = _version(versions["runtime"]) if versions["runtime"] else "unknown"
+    build = _version(versions["build"]) if versions["build"] else "unknown"
+    return (f"{_version(versions['gate'])} (runtime {runtime}, build {build}; "
+            f"the gates read the {versions['gate_source']})")
+
+
+def _compiled_forms() -> str:
+    """Which form of each optional compiled module loaded: compiled, or the Python beside it."""
+    from collectives.backends import mpi_carried  # noqa: PLC0415
+
+    from collectives import config, front  # noqa: PLC0415
+
+    why = "off, COLLECTIVES_COMPILED=0" if not config.compiled() else "not built or stale"
+    forms = {"collectives._front (call path)": front.compiled_module(),
+             "collectives.backends._carried (MPI round)": mpi_carried.compiled_module()}
+    return "; ".join(f"{name}: {'compiled' if module is not None else f'Python ({why})'}"
+                     for name, module in forms.items())
 
 
 def preflight() -> int:
@@ -77,6 +105,7 @@ def preflight() -> int:
         except Exception as error:  # noqa: BLE001  (the finding)
             problem(what, error, stop)
 
+    check("compiled modules", _compiled_forms)
     cuda = False
     try:
         import torch  # noqa: PLC0415
@@ -85,7 +114,7 @@ def preflight() -> int:
         gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else []
         found("torch", f"{torch.__version__} (CUDA {torch.version.cuda or 'none'}); "
                        f"GPUs: {', '.join(gpus) if gpus else 'none visible'}")
-        check("torch NCCL", lambda: _version(tuple(torch.cuda.nccl.version())))
+        check("torch NCCL", lambda: _nccl_text("torch"))
     except Exception as error:  # noqa: BLE001
         problem("torch", error, stop=True)
     if importlib.util.find_spec("cupy") is None:
@@ -93,10 +122,8 @@ def preflight() -> int:
     else:
         def cupy_finding() -> str:
             import cupy  # noqa: PLC0415
-            from collectives.backends.cupy_plans import decode_nccl_version  # noqa: PLC0415
-            from cupy.cuda import nccl  # noqa: PLC0415
 
-            return f"{cupy.__version__}; NCCL {_version(decode_nccl_version(int(nccl.get_version())))}"
+            return f"{cupy.__version__}; NCCL {_nccl_text('cupy')}"
 
         check("CuPy", cupy_finding)
         if "cupy" in sys.modules:
@@ -169,6 +196,10 @@ def _cases(paths: list[str]) -> list[tuple[str, str, str]]:
             cases.append((path, "error", "junit XML unreadable (pytest killed?)"))
             continue
         for case in tree.iter("testcase"):
+            if case.get("name") is None:  # what pytest writes for the test a Ctrl-C (timeout -s INT) stopped
+                cases.append((path, "error", "a test was stopped before it ended (pytest interrupted: "
+                                             "its junit entry has no name; see gpu_check.log)"))
+                continue
             name = f"{case.get('classname', '').rpartition('.')[2]}::{case.get('name')}"
             outcome, message = "passed", ""
             for tag in ("failure", "error", "skipped"):

@@ -104,3 +104,40 @@ def test_cuda_fault_tolerance_sets_nccl_error_handling_or_refuses_what_ends_the_
         monkeypatch.setenv(name, ending)
         with pytest.raises(collectives.BackendUnavailable, match=rf"{name}={ending} .*allowed: 0 or 2"):
             torch_elastic._nccl_keeps_the_process()
+
+
+def test_aborts_run_inside_one_nccl_group_as_torchs_abort_process_group_does() -> None:
+    """A shrink aborts every backend of the generation; torch's ``_abort_process_group`` brackets
+    NCCL aborts in ``_group_start()``/``_group_end()`` (aborts of different communicators can deadlock,
+    pytorch#119797), and so must we: the order of the calls on the NCCL-like backends handed to the
+    abort, beside a real Gloo backend (which has no such bracket and is aborted inside it)."""
+    import torch
+    import torch.distributed as dist
+    from collectives.backends import torch_elastic
+
+    calls: list[str] = []
+
+    class NcclLike:  # the backend object torch would hand over on CUDA: only the calls are recorded
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def _group_start(self) -> None:
+            calls.append("group start")
+
+        def _group_end(self) -> None:
+            calls.append("group end")
+
+        def abort(self) -> None:
+            calls.append(f"abort {self.name}")
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        gloo = dist.group.WORLD._get_backend(torch.device("cpu"))
+        assert not hasattr(gloo, "_group_start")
+        torch_elastic._abort_backends([gloo, NcclLike("newest"), NcclLike("oldest")])
+        assert calls == ["group start", "abort newest", "abort oldest", "group end"]
+        calls.clear()
+        torch_elastic._abort_backends([gloo])  # no NCCL backend: no bracket
+        assert calls == []
+    finally:
+        dist.destroy_process_group()

@@ -31,6 +31,7 @@ import pytest
 import torch
 
 from collectives import ALLOWED_OPS, DTYPES, ReduceOp
+from collectives.info import nccl_versions
 from collectives.launcher import without_launcher_variables
 from collectives.testing.launch import launcher_command
 from collectives.testing.pool import RankPool
@@ -44,10 +45,11 @@ pytestmark = [pytest.mark.gpu,
                                                   "False): run scripts/gpu_check.sh on a GPU machine")]
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
-MULTI_RANK = {"NCCL_MULTI_RANK_GPU_ENABLE": "1"}
+MULTI_RANK_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
+MULTI_RANK = {MULTI_RANK_ENV: "1"}
 STAGED = {"COLLECTIVES_MPI_CUDA_AWARE": "0"}
 AWARE = {"COLLECTIVES_MPI_CUDA_AWARE": "1"}
-#: Cycles of torch.cuda._sleep that keep a stream busy (tens of milliseconds on an H200).
+#: Cycles of torch.cuda._sleep that keep a stream busy (tens of milliseconds on an H100 or an H200).
 BUSY_CYCLES = 50_000_000
 #: Seconds a job may take on the ranks: a hung one fails the test within this, not the check's budget.
 JOB_TIMEOUT = 60
@@ -83,7 +85,8 @@ class Machine:
 
     gpus: int
     has_cupy: bool
-    #: The runtime NCCL of "torch" and of "cupy": (major, minor, patch), or None if unknown.
+    #: The NCCL of "torch" and of "cupy" that gates several ranks per GPU: (major, minor, patch), or
+    #: None if unknown (collectives.info.nccl_versions' "gate": the loaded libnccl's where known).
     nccl: dict
     #: Why MPI cannot run here, or None; why MPI cannot take device memory directly, or None.
     mpi_problem: str | None
@@ -95,7 +98,8 @@ class Machine:
     @functools.cache
     def probe(cls):
         return cls(gpus=torch.cuda.device_count(), has_cupy=HAS_CUPY,
-                   nccl={"torch": _torch_nccl_version(), "cupy": _cupy_nccl_version() if HAS_CUPY else None},
+                   nccl={"torch": nccl_versions("torch")["gate"],
+                         "cupy": nccl_versions("cupy")["gate"] if HAS_CUPY else None},
                    mpi_problem=_mpi_problem(False), cuda_aware_problem=_mpi_problem(True),
                    smoke_failed=smoke_failures(os.environ.get(SMOKE_FAILED_ENV, "")))
 
@@ -107,23 +111,6 @@ SMOKE_FAILED_ENV = "GPU_CHECK_SMOKE_FAILED"
 def smoke_failures(text):
     pairs = (item.partition(":") for item in text.split(";") if item.strip())
     return {name.strip(): why.strip() for name, _, why in pairs}
-
-
-def _torch_nccl_version():
-    try:
-        version = torch.cuda.nccl.version()
-    except Exception:  # noqa: BLE001  (a torch without NCCL)
-        return None
-    return tuple(version) if isinstance(version, tuple) else None
-
-
-def _cupy_nccl_version():
-    from collectives.backends.cupy_nccl import nccl_runtime_version
-
-    try:
-        return nccl_runtime_version()
-    except Exception:  # noqa: BLE001  (a CuPy without NCCL: its worlds fail the smoke instead)
-        return None
 
 
 def _mpi_problem(need_cuda_aware):
@@ -162,11 +149,14 @@ def skip_reason(backend, size, launcher, env, machine=None):
             return problem
     if backend in ("torch", "cupy") and size > machine.gpus:
         version = machine.nccl[backend]
+        shown = ".".join(map(str, version)) if version else "unknown"
         if version is None or version < MULTI_RANK_GPU_SINCE:
-            shown = ".".join(map(str, version)) if version else "unknown"
             return (f"{backend}'s NCCL {shown} allows one rank per GPU (several need NCCL >= 2.30 "
                     f"with NCCL_MULTI_RANK_GPU_ENABLE=1), and this machine has {machine.gpus} GPU(s): "
                     f"{size} {backend} ranks not exercised")
+        if {**os.environ, **env}.get(MULTI_RANK_ENV) != "1":
+            return (f"{backend}'s NCCL {shown} puts several ranks on one GPU only with {MULTI_RANK_ENV}=1, "
+                    f"which this world does not set: {size} {backend} ranks on {machine.gpus} GPU(s) not exercised")
     return None
 
 
@@ -755,8 +745,8 @@ def test_cupy_sends_to_itself_in_one_group(gpu_world, library):
 
 # -- the cupy backend's timeout and debug mode (issue 15) -------------------------------------------
 
-#: Cycles of torch.cuda._sleep that hold the stream well past TIMEOUT_SECONDS (3.5-4 s at an
-#: H200's 1.7-2 GHz).
+#: Cycles of torch.cuda._sleep that hold the stream well past TIMEOUT_SECONDS (3.5-4 s at the
+#: 1.7-2 GHz of an H100 or an H200).
 HOLD_CYCLES = 7_000_000_000
 TIMEOUT_SECONDS = 2.0
 # Communicators a job keeps alive after it returns (a peer may still be waiting on them).

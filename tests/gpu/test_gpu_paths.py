@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import types
 
 import numpy as np
@@ -406,6 +407,25 @@ def test_nccl_2_30_or_a_gpu_per_rank_runs_the_two_rank_worlds(nccl, gpus):
 
     reasons = test_gpu.world_skip_reasons(machine(nccl, gpus))
     assert reasons["torch-nccl-2"] is None and reasons["cupy-2-mpi-id"] is None and reasons["c10d-cupy-2"] is None
+
+
+def test_the_probe_gates_on_the_loaded_nccl_not_the_one_torch_was_built_with(monkeypatch):
+    """A libnccl 2.30 put in place of the wheel's 2.28 (scripts/gpu_check.sh GPU_CHECK_NCCL) unlocks
+    the 2-rank worlds on one GPU: the probe reads the runtime version (collectives.info.nccl_versions)."""
+    import test_gpu
+
+    from collectives import info
+
+    readers = {"runtime": lambda: (2, 30, 7), "build": lambda: (2, 28, 9)}
+    monkeypatch.setattr(info, "_nccl_readers", lambda library: readers)
+    probed = test_gpu.Machine.probe.__func__.__wrapped__(test_gpu.Machine)
+    assert probed.nccl["torch"] == (2, 30, 7)
+    reasons = test_gpu.world_skip_reasons(dataclasses.replace(probed, gpus=1, has_cupy=True,
+                                                              nccl={"torch": (2, 30, 7), "cupy": (2, 30, 7)}))
+    assert reasons["torch-nccl-2"] is None and reasons["elastic-torch-nccl-2"] is None
+    # several ranks on one GPU also need NCCL_MULTI_RANK_GPU_ENABLE=1 in the world's environment
+    alone = test_gpu.skip_reason("torch", 2, "torchrun", {}, machine((2, 30, 7)))
+    assert alone and "only with NCCL_MULTI_RANK_GPU_ENABLE=1" in alone
 
 
 def test_a_failed_smoke_skips_that_backends_worlds_with_its_reason():

@@ -128,3 +128,37 @@ def test_require_rejects_an_unknown_backend_listing_the_valid_ones():
     done = run_command("--require", "nccl")
     assert done.returncode == 2
     assert "'nccl' names no backend of: local, torch, mpi, cupy" in done.stderr
+
+
+@pytest.mark.parametrize("runtime, build, gate, source", [
+    ((2, 30, 7), (2, 28, 9), (2, 30, 7), "runtime"),     # a newer libnccl in place of the wheel's
+    (23007, 22809, (2, 30, 7), "runtime"),               # ncclGetVersion's integers (CuPy)
+    (AttributeError, (2, 28, 9, ""), (2, 28, 9), "build"),  # a torch without the runtime call
+    (RuntimeError, RuntimeError, None, ""),              # a CPU build: no NCCL at all
+])
+def test_nccl_versions_gate_on_the_runtime_version_then_the_build_one(monkeypatch, runtime, build, gate, source):
+    from collectives import info
+
+    def reader(value):
+        def read():
+            if isinstance(value, type) and issubclass(value, Exception):
+                raise value("not here")
+            return value
+        return read
+
+    monkeypatch.setattr(info, "_nccl_readers", lambda library: {"runtime": reader(runtime), "build": reader(build)})
+    versions = info.nccl_versions("torch")
+    assert (versions["gate"], versions["gate_source"]) == (gate, source)
+    assert versions["build"] == (None if build is RuntimeError else (2, 28, 9))
+
+
+def test_nccl_versions_of_this_torch_and_an_unknown_library():
+    import torch
+
+    from collectives import info
+
+    versions = info.nccl_versions("torch")
+    if not torch.cuda.is_available():  # the CPU build has no NCCL: nothing known, nothing raised
+        assert versions == {"runtime": None, "build": None, "gate": None, "gate_source": ""}
+    with pytest.raises(ValueError, match="library must be 'torch' or 'cupy'"):
+        info.nccl_versions("gloo")
