@@ -481,21 +481,27 @@ class Communicator:
             self._check_open()
         if timeout is not None:
             return self._context.run_with_timeout(call, x, op, root, out, async_op, extra, timeout)
-        if async_op is not False and async_op is not True:
-            raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
-        try:  # a kind of x (type, dtype, and op) that passed the checks before: its plan
-            check, fast, carry, adapter, dtype, reduce_op, request, method = self._plans[call, type(x), x.dtype, op]
-        except (KeyError, TypeError, AttributeError):  # a new kind: its full checks, its plan
-            check, fast, carry, adapter, dtype, reduce_op, request, method = self._plan(call, x, op)
-        # What can differ between two arrays of one kind, checked on every call; the first
-        # call of a kind runs the same route as the later ones (the backend's fast path too).
-        view = check(x, call.in_place)
-        if call.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
-            self._checks.check_rank(root, call.root)  # (a bool is no rank)
-        if call.check is not None:
-            call.check(self, tuple(x.shape), extra, root)
-        if out is not None:
-            self._checks.check_out(call, x, adapter, out, extra, root)
+        try:
+            if async_op is not False and async_op is not True:
+                raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
+            try:  # a kind of x (type, dtype, and op) that passed the checks before: its plan
+                plan = self._plans[call, type(x), x.dtype, op]
+            except (KeyError, TypeError, AttributeError):  # a new kind: its full checks (below)
+                plan = None
+            check, fast, carry, adapter, dtype, reduce_op, request, method = plan or self._plan(call, x, op)
+            # What can differ between two arrays of one kind, checked on every call; the first
+            # call of a kind runs the same route as the later ones (the backend's fast path too).
+            view = check(x, call.in_place)
+            if call.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
+                self._checks.check_rank(root, call.root)  # (a bool is no rank)
+            if call.check is not None:
+                call.check(self, tuple(x.shape), extra, root)
+            if out is not None:
+                self._checks.check_out(call, x, adapter, out, extra, root)
+        except (TypeError, ValueError) as refusal:  # nothing of it sent: it still takes its number
+            if self._checking and call.collective:  # and check (marked refused), so the peers that
+                self._call_check.refused(call, x, op, root, refusal, self._begin(call))  # made it
+            raise  # raise CollectiveMismatch naming this rank and why, and the next calls line up
         if self._pending:
             self._reap()
         if call.collective:
