@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .calls import FAREWELL_TAG  # noqa: F401  (also importable from here)
 from .diagnostics import _exits, recorder
-from .errors import CollectiveMismatch, PeerLeft  # noqa: F401  (PeerLeft: also importable from here)
+from .errors import PeerLeft as PeerLeft  # (also importable from here, where it used to live)
 
 if TYPE_CHECKING:
     from .transport import Transport

@@ -221,6 +221,7 @@ class CallCheck:
         mine = fingerprint(operation, seq, reduce_op, root, dtype, tuple(shape), self.level, refused)
         everyone = self._exchange(mine)
         refusing = refused_ranks(everyone)
+        found: CollectiveMismatch | None
         if refusing:
             if len(refusing) == len(everyone):
                 return  # every rank refused it: each raises its own error
