@@ -73,12 +73,22 @@ def test_every_refused_pair_names_the_op_s_dtypes_and_what_to_do(dtype):
         assert "cast x to a float dtype" in str(avg.value)
 
 
+def test_every_error_class_a_user_can_meet_is_exported():
+    """Every exception class of collectives.errors (PeerLeft too, also collectives.farewell's) is a
+    public name of the package (and so in the API reference: `make docs` checks that)."""
+    from collectives import errors, farewell
+
+    classes = {name for name, value in vars(errors).items()
+               if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__}
+    assert "PeerLeft" in classes and classes <= set(collectives.__all__), classes - set(collectives.__all__)
+    assert collectives.PeerLeft is farewell.PeerLeft
+    assert issubclass(collectives.PeerLeft, collectives.CollectiveMismatch)
+
+
 @pytest.mark.parametrize("call", ["dtype x op", "op", "src", "dtype", "array type"])
 def test_a_refusal_is_not_chained_under_an_internal_error(call):
     """The user's TypeError/ValueError stands alone: no "During handling of the above exception"
     with the call path's own lookups (a plan's KeyError) above it."""
-    import collectives
-
     comm = collectives.init("local")
     x = np.arange(3, dtype=np.int32)
     thunk = {"dtype x op": lambda: comm.all_reduce(x, "avg"), "op": lambda: comm.all_reduce(x, "add"),
