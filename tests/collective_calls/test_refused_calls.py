@@ -51,10 +51,11 @@ def _attempt(thunk):
 
 
 def refused_job(comm, form, level):
-    """Rank 0 refuses three calls that ranks 1 and 2 make: an all_reduce "avg" of int32 (the
+    """Rank 0 refuses calls that ranks 1 and 2 make: an all_reduce "avg" of int32 (the
     communicator's call #1, and again later), a broadcast from a rank out of range and an all_reduce
     into a read-only array (both after a call of the same kind, so the compiled path's own checks
-    refuse them). After each, a real all_reduce. Returns what each step raised or gave."""
+    refuse them), an all_gather_v of a list. After each, a real all_reduce. Returns what each step
+    raised or gave."""
     sub = _split(comm, form, level)
     rank = sub.rank
     floats = np.arange(3, dtype=np.float32) + rank
@@ -77,6 +78,9 @@ def refused_job(comm, form, level):
     after()
     steps.append(_attempt(lambda: sub.all_reduce(ints if rank == 0 else floats, "avg")))
     after()
+    rows = np.ones((rank + 1, 2))  # an uneven call (its counts travel in MPI's check round)
+    steps.append(_attempt(lambda: sub.all_gather_v(rows.tolist() if rank == 0 else rows)))
+    after()
     untouched = bool((floats == kept[0]).all() and (ints == kept[1]).all() and (read_only == 1).all())
     sub.close()
     return steps, untouched
@@ -86,7 +90,8 @@ def refused_job(comm, form, level):
 REFUSALS = [("all_reduce", 1, "TypeError", "op=AVG is not allowed on dtype int32"),
             ("broadcast", 4, "ValueError", f"src={SIZE + 2} is out of range"),
             ("all_reduce", 7, "ValueError", "read-only"),
-            ("all_reduce", 9, "TypeError", "op=AVG is not allowed on dtype int32")]
+            ("all_reduce", 9, "TypeError", "op=AVG is not allowed on dtype int32"),
+            ("all_gather_v", 11, "TypeError", "x of type builtins.list is not supported")]
 
 
 @pytest.mark.timeout(120)
