@@ -199,13 +199,16 @@ def _host_from_bytes(raw: Any) -> str:
     return host
 
 
-def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Any:
-    """A TCPStore served by rank 0 on a free port of :func:`store_host`.
+def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAULT_TIMEOUT,
+                         port: int = 0, multi_tenant: bool = False) -> Any:
+    """A TCPStore served by rank 0 on a free port of :func:`store_host` (or on ``port``).
 
     Every rank's host name goes to rank 0 (fixed-size bytes over ``MPI_Gather``) so that it
     can pick an address the other hosts reach; rank 0's address (bytes) and port (one int64)
     go back over ``MPI_Bcast``. Nothing is pickled. Rank 0 binds the listening socket itself
-    and hands it to the store, because TCPStore given only a port listens on every interface."""
+    and hands it to the store, because TCPStore given only a port listens on every interface.
+    ``multi_tenant``: rank 0's server is one torch's later stores on its port share (torch's
+    env:// makes its store so)."""
     import numpy as np  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
     from collectives.backends.mpi_channel import import_mpi  # noqa: PLC0415
@@ -216,25 +219,26 @@ def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAU
     me = socket.gethostname()
     names = np.zeros((comm.Get_size(), _HOST_BYTES), dtype=np.uint8) if comm.Get_rank() == 0 else None
     comm.Gather(_host_bytes(me), names, root=0)
-    port = np.zeros(1, dtype=np.int64)
+    chosen, port_word = port, np.zeros(1, dtype=np.int64)
     store = None
     if names is not None:  # rank 0
         peers = list(dict.fromkeys(name for name in map(_host_from_bytes, names) if name != me))
         host = store_host(launch, peers)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         listener = socket.socket(family, socket.SOCK_STREAM)
-        listener.bind((host, 0))
+        listener.bind((host, chosen))
         listener.listen(max(128, launch.size))
-        port[0] = listener.getsockname()[1]
+        port_word[0] = listener.getsockname()[1]
         # detach(): the store serves on the descriptor from now on, not the Python object.
-        store = dist.TCPStore(host, int(port[0]), launch.size, is_master=True, timeout=timeout,
-                              wait_for_workers=False, master_listen_fd=listener.detach())
+        store = dist.TCPStore(host, int(port_word[0]), launch.size, is_master=True, timeout=timeout,
+                              wait_for_workers=False, master_listen_fd=listener.detach(),
+                              multi_tenant=multi_tenant)
         host_raw = _host_bytes(host)
     else:
         host_raw = np.zeros(_HOST_BYTES, dtype=np.uint8)
     comm.Bcast(host_raw, root=0)
-    comm.Bcast(port, root=0)
+    comm.Bcast(port_word, root=0)
     if comm.Get_rank() != 0:
-        store = dist.TCPStore(_host_from_bytes(host_raw), int(port[0]), launch.size, is_master=False,
+        store = dist.TCPStore(_host_from_bytes(host_raw), int(port_word[0]), launch.size, is_master=False,
                               timeout=timeout)
     return store

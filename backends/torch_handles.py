@@ -11,10 +11,11 @@ import functools
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from collectives import arrays
 from collectives.calls import Request
+from collectives.errors import PeerLeft
 from collectives.work import Work
 
 
@@ -42,7 +43,7 @@ class _TorchWork(Work):
                 except RuntimeError as error:
                     if self._transport is None:
                         raise
-                    raise self._transport.context.map_error(error) from error
+                    raise_mapped(self._transport, error)
                 self._work = None
                 if self._finish is not None:
                     self._finish()
@@ -67,8 +68,19 @@ class _TorchWork(Work):
                 return bool(self._work.is_completed())
             if self._transport is None:
                 raise
-            raise self._transport.context.map_error(error) from error
+            raise_mapped(self._transport, error)
         return True
+
+
+def raise_mapped(transport: Any, error: Exception) -> NoReturn:
+    """Raise what torch's ``error`` becomes (the context's ``map_error``). Where it is a peer's
+    farewell (``PeerLeft``), which says why the connection closed, torch's own text (Gloo's
+    "Connection closed by peer ... GLHF!", "typically caused by a remote worker crashing") is left
+    out of the traceback: the peer did not crash, it left."""
+    mapped = transport.context.map_error(error)
+    if isinstance(mapped, PeerLeft):
+        raise mapped from None
+    raise mapped from error
 
 
 # -- asynchronous sends and recvs of CUDA tensors: one batch per thread -----------------------------

@@ -8,7 +8,14 @@ Importing this package imports no transport (no torch, mpi4py or cupy).
 """
 
 from .communicator import Communicator, Work
-from .errors import BackendUnavailable, CollectiveError, CollectiveMismatch, CollectiveTimeout, RankFailure
+from .errors import (
+    BackendUnavailable,
+    CollectiveError,
+    CollectiveMismatch,
+    CollectiveTimeout,
+    PeerLeft,
+    RankFailure,
+)
 from .launcher import LaunchInfo, detect_launcher
 from .ops import ALLOWED_OPS, DTYPES, ReduceOp
 from .registry import BACKENDS, init
@@ -31,6 +38,7 @@ __all__ = [
     "CollectiveTimeout",
     "Communicator",
     "LaunchInfo",
+    "PeerLeft",
     "RankFailure",
     "ReduceOp",
     "Work",

@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 /* The module's interface, as collectives/front.py expects it (FRONT_VERSION there). */
-#define FRONT_VERSION 9
+#define FRONT_VERSION 10
 
 /* The out= shapes a row's out_shape gives that the front checks itself (Front's out_shapes, in
  * this order; 0: another, or none: checks.check_out runs), and the uneven rows' (OUT_ROWS: any

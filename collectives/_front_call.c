@@ -205,10 +205,12 @@ usual_tag(Front *self, Row *row, PyObject *tag, PyObject *peer)
     return 0 <= t && t < row->tags_below && p != self->rank;
 }
 
-/* The steps from the number to the result: Communicator._run after its plan is found. */
+/* The steps from the number to the result: Communicator._run after its plan is found. An argument
+ * the checks refuse (their TypeError or ValueError) sets *refused, the error cleared: the caller hands
+ * the call to the Python form, whose same checks raise it after the refused call's check round. */
 static PyObject *
 run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *xdtype, PyObject *root, PyObject *out,
-            PyObject *async_op, PyObject *extra, PyObject *plan)
+            PyObject *async_op, PyObject *extra, PyObject *plan, int *refused)
 {
     PyObject *check = PyTuple_GET_ITEM(plan, 0), *fast = PyTuple_GET_ITEM(plan, 1);
     PyObject *carry = PyTuple_GET_ITEM(plan, 2), *adapter = PyTuple_GET_ITEM(plan, 3);
@@ -219,32 +221,32 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *xdtype
     /* What can differ between two arrays of one kind, checked on every call. */
     if ((view = numpy_view(self, check, x, xdtype, row->in_place)) == NULL) {
         PyObject *check_args[2] = {x, row->in_place ? Py_True : Py_False};
-        if ((view = PyObject_Vectorcall(check, check_args, 2, NULL)) == NULL) return NULL;
+        if ((view = PyObject_Vectorcall(check, check_args, 2, NULL)) == NULL) goto refuse;
     }
     if (row->root != Py_None) {
         long r = PyLong_CheckExact(root) ? PyLong_AsLong(root) : -1;
         if (r == -1 && PyErr_Occurred()) PyErr_Clear();
         if (!PyLong_CheckExact(root) || r < 0 || r >= self->size) {
             PyObject *a[3] = {NULL, root, row->root};
-            if ((got = call_state_method(self, s_checks, s_check_rank, a, 3)) == NULL) goto fail;
+            if ((got = call_state_method(self, s_checks, s_check_rank, a, 3)) == NULL) goto refuse;
             Py_DECREF(got);
         }
     }
     if (row->check != Py_None && !usual_tag(self, row, extra, root)) {
         PyObject *shape = PyObject_GetAttr(x, s_shape), *tuple;
-        if (shape == NULL) goto fail;
+        if (shape == NULL) goto refuse;
         tuple = PySequence_Tuple(shape);
         Py_DECREF(shape);
-        if (tuple == NULL) goto fail;
+        if (tuple == NULL) goto refuse;
         PyObject *a[4] = {comm, tuple, extra, root};
         got = PyObject_Vectorcall(row->check, a, 4, NULL);
         Py_DECREF(tuple);
-        if (got == NULL) goto fail;
+        if (got == NULL) goto refuse;
         Py_DECREF(got);
     }
     if (out != Py_None && !out_fits(self, row, check, x, view, out, &out_view)) {
         PyObject *a[7] = {NULL, call, x, adapter, out, extra, root};
-        if ((got = call_state_method(self, s_checks, s_check_out, a, 7)) == NULL) goto fail;
+        if ((got = call_state_method(self, s_checks, s_check_out, a, 7)) == NULL) goto refuse;
         Py_DECREF(got);
     }
     PyObject *pending = state(self, s_pending);
@@ -398,6 +400,11 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *xdtype
     }
     return result;
 
+refuse: /* the checks raised: nothing done yet */
+    *refused = PyErr_ExceptionMatches(PyExc_TypeError) || PyErr_ExceptionMatches(PyExc_ValueError);
+    if (*refused) PyErr_Clear();
+    goto fail;
+
 failed: /* inside the try block: an Exception becomes what the context's raise_failed raises */
     Py_XDECREF(result);
     result = NULL;
@@ -466,10 +473,12 @@ Front_call(PyObject *self_, PyObject *const *args, size_t nargsf, PyObject *kwna
     }
     Py_INCREF(plan);
     self->taken++;
+    int refused = 0;
     PyObject *result = run_planned(self, row, call, x, dtype, args[3], args[4], args[5], nargs > 6 ? args[6] : Py_None,
-                                   plan);
+                                   plan, &refused);
     Py_DECREF(plan);
     Py_DECREF(dtype);
+    if (refused) return hand_over(self, args, nargsf, kwnames); /* its checks raise, after the refusal's round */
     return result;
 }
 

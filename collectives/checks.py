@@ -19,7 +19,7 @@ from . import arrays
 from .arrays import ArrayAdapter
 from .calls import NOT_TAKEN, Call, Request, is_int
 from .errors import CollectiveError
-from .ops import ReduceOp, check_reduction
+from .ops import ReduceOp, check_reduction, resolve_op
 from .transport import Transport
 
 # What a communicator remembers per (row, type(x), x.dtype, op as spelled or None) that
@@ -68,6 +68,16 @@ class ArgumentChecks:
             self._transport._check_device(x, adapter)
         reduce_op = check_reduction(dtype, op) if reduces else None
         return adapter, dtype, reduce_op
+
+    def plan_of(self, call: Call, x: Any, op: Any) -> Plan:
+        """The plan of ``x``'s kind (its type and dtype, and ``op``) for ``call``: the one of a
+        kind that passed the checks before, else :meth:`plan`'s (its errors not raised inside
+        the lookup's: a user's TypeError is never chained under a KeyError)."""
+        try:
+            return self.plans[call, type(x), x.dtype, op]
+        except (KeyError, TypeError, AttributeError):
+            pass
+        return self.plan(call, x, op)
 
     def plan(self, call: Call, x: Any, op: Any) -> Plan:
         """The full checks of a kind of ``x`` (and ``op``) not seen before by ``call``, and
@@ -173,6 +183,28 @@ def check_rank(rank: Any, name: str, size: int) -> None:
         raise TypeError(f"{name} must be an int rank; got {type(rank).__name__}")
     if not 0 <= rank < size:
         raise ValueError(f"{name}={rank} is out of range; valid ranks: 0 to {size - 1}")
+
+
+def refused_call(call: Call, x: Any, op: Any, root: Any) -> tuple[ReduceOp | None, int, str | None, tuple[int, ...]]:
+    """What a rank that refused a collective ``call`` of these arguments says of it in its
+    fingerprint (``CallCheck.refused``): the reduce op, root, dtype and shape as far as they are
+    valid (else None, -1, None, ()); an uneven row's dtype and shape as its check leaves them."""
+    reduce_op = dtype = None
+    shape: tuple[int, ...] = ()
+    if call.reduces:
+        try:
+            reduce_op = resolve_op(op)
+        except ValueError:
+            pass
+    if not call.counted:
+        try:
+            dtype = arrays.adapter_for(x).dtype_name(x)
+            shape = tuple(int(n) for n in x.shape)
+        except (TypeError, ValueError, AttributeError):
+            pass
+    if isinstance(root, bool) or not is_int(root) or not -1 <= root < 2**62:
+        root = -1
+    return reduce_op, int(root), dtype, shape
 
 
 def check_split(color: Any, key: Any) -> None:

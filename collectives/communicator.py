@@ -1,11 +1,11 @@
 """The Communicator: the public interface and the one call path. Read this file first.
 
-A :class:`Communicator` holds a :class:`~collectives.transport.Transport` (the backend: it
-moves the data). Every public collective hands its arguments to ONE call path,
-:meth:`Communicator._run`, driven by the table of :mod:`collectives.calls` (one row per
-collective): it checks every argument first (the same ``TypeError``/``ValueError`` on every
-backend, before anything is sent, the input untouched), numbers the call, checks that every
-rank makes it, records it, runs it on the transport and maps its errors; a timeout leaves the
+A :class:`Communicator` holds a :class:`~collectives.transport.Transport` (the backend: it moves
+the data). Every public collective hands its arguments to ONE call path, :meth:`Communicator._run`,
+driven by the table of :mod:`collectives.calls` (one row per collective): it checks every argument
+first (the same ``TypeError``/``ValueError`` on every backend, before any data is sent, the input
+untouched; a refused call still takes part in its check), numbers the call, checks that every rank
+makes it, records it, runs it on the transport and maps its errors; a timeout leaves the
 communicator unusable. Asynchronous handles are kept until they complete.
 
 The communicator has no base class: it HOLDS its parts, each with its own state: kept handles
@@ -119,7 +119,7 @@ class Communicator:
         self._monitored = MonitoredBarrier(transport, rank, size, handles, call_check)
         # The call path's shortcuts into its parts (one attribute read each).
         self._pending, self._reap, self._keep = handles.pending, handles.reap, handles.keep
-        self._plans, self._plan, self._check_call = checks.plans, checks.plan, transport._word_check(call_check)
+        self._plans, self._check_call = checks.plans, transport._word_check(call_check)
         self._carry_call = transport._carry_check(call_check)
         self._check_counts = transport._counts_check(call_check)  # (emulations.counted calls it)
         # What an error raised inside a call becomes (the context's: see raise_failed).
@@ -471,31 +471,29 @@ class Communicator:
 
     def _run(self, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: Any,
              extra: Any = None, timeout: Any = None) -> Any:
-        """Check, number, fingerprint, record, run and map the errors of one call of
-        ``call``'s kind.
-
-        Everything before the backend's method is local: a bad argument raises on this
-        rank with nothing sent and ``x`` untouched.
-        """
+        """Check, number, fingerprint, record, run and map the errors of one call of ``call``'s
+        kind. A bad argument raises with nothing of the call sent and ``x`` untouched."""
         if self._gate != _thread_id():  # closed, unusable, or another thread
             self._check_open()
         if timeout is not None:
             return self._context.run_with_timeout(call, x, op, root, out, async_op, extra, timeout)
-        if async_op is not False and async_op is not True:
-            raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
-        try:  # a kind of x (type, dtype, and op) that passed the checks before: its plan
-            check, fast, carry, adapter, dtype, reduce_op, request, method = self._plans[call, type(x), x.dtype, op]
-        except (KeyError, TypeError, AttributeError):  # a new kind: its full checks, its plan
-            check, fast, carry, adapter, dtype, reduce_op, request, method = self._plan(call, x, op)
-        # What can differ between two arrays of one kind, checked on every call; the first
-        # call of a kind runs the same route as the later ones (the backend's fast path too).
-        view = check(x, call.in_place)
-        if call.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
-            self._checks.check_rank(root, call.root)  # (a bool is no rank)
-        if call.check is not None:
-            call.check(self, tuple(x.shape), extra, root)
-        if out is not None:
-            self._checks.check_out(call, x, adapter, out, extra, root)
+        try:
+            if async_op is not False and async_op is not True:
+                raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
+            check, fast, carry, adapter, dtype, reduce_op, request, method = self._checks.plan_of(call, x, op)
+            # What can differ between two arrays of one kind, checked on every call; the first
+            # call of a kind runs the same route as the later ones (the backend's fast path too).
+            view = check(x, call.in_place)
+            if call.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
+                self._checks.check_rank(root, call.root)  # (a bool is no rank)
+            if call.check is not None:
+                call.check(self, tuple(x.shape), extra, root)
+            if out is not None:
+                self._checks.check_out(call, x, adapter, out, extra, root)
+        except (TypeError, ValueError) as refusal:  # nothing sent; its number and check, marked refused:
+            if self._checking and call.collective:  # the peers name this rank (CallCheck.refused)
+                self._call_check.refused(call, x, op, root, refusal, self._begin(call))
+            raise
         if self._pending:
             self._reap()
         if call.collective:

@@ -24,6 +24,15 @@ class CollectiveMismatch(CollectiveError):
     """Ranks called collectives that do not match (operation, op, root, dtype, shape)."""
 
 
+class PeerLeft(CollectiveMismatch):
+    """A peer rank left the communicator (finished, closed it, or failed) before making the call
+    this rank waits in: raised at once, naming that rank, instead of waiting for the timeout.
+    (Also ``collectives.farewell.PeerLeft``.)"""
+
+    #: (rank, its count of calls, FINISHED or FAILED) of each peer that left.
+    left: list[tuple[int, int, int]]
+
+
 class RankFailure(CollectiveError):
     """A peer rank died (or hung past the timeout) and the communicator can go on without it.
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from .calls import FAREWELL_TAG  # noqa: F401  (also importable from here)
 from .diagnostics import _exits, recorder
-from .errors import CollectiveMismatch
+from .errors import PeerLeft as PeerLeft  # (also importable from here, where it used to live)
 
 if TYPE_CHECKING:
     from .transport import Transport
@@ -45,13 +45,6 @@ _installed: dict[str, Any] = {}
 raised: list[tuple[int, int, int]] = []
 #: (host, pid) of the peers that finished and said where they run (see wait_for_departed).
 departed: list[tuple[str, int]] = []
-
-
-class PeerLeft(CollectiveMismatch):
-    """A peer rank left the communicator (finished or failed) before making the call waited on."""
-
-    #: (rank, its count of calls, FINISHED or FAILED) of each peer that left.
-    left: list[tuple[int, int, int]]
 
 
 #: The reason of the dump a rank that ends normally writes (with COLLECTIVES_TRACE_DIR).

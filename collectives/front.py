@@ -6,7 +6,9 @@ The Python ``_run`` is the reference. The compiled one runs the same steps in th
 calling the same parts (the plan's check and fast path, the carried path, the check, the flight
 recorder, the hooks, the transport's method, the error mapping); it hands every call it does not
 take to the Python one before any step has run (keyword arguments, a call's own ``timeout=``, a
-closed or unusable communicator, another thread, a kind of ``x`` with no plan yet). It saves the
+closed or unusable communicator, another thread, a kind of ``x`` with no plan yet), and a call its
+checks refuse (the Python form's checks raise the same error, after the refused call's check round:
+see ``Communicator._refused``). It saves the
 interpreter's cost of the path's own steps, 0.1-0.5 us a call (docs/performance.md).
 
 Optional: an install without a C compiler has no ``collectives._front``, and
@@ -26,7 +28,7 @@ from .work import Work
 
 #: The interface the module's ``VERSION`` (``FRONT_VERSION`` of collectives/_front.h) must have:
 #: a build left from an older checkout is not used.
-FRONT_VERSION = 9
+FRONT_VERSION = 10
 
 
 def compiled_module() -> Any:

@@ -56,6 +56,30 @@ _OP_CACHE: dict[object, ReduceOp] = {op: op for op in ReduceOp}
 _PAIR_CACHE: dict[tuple[str, object], ReduceOp] = {}
 
 
+# What to do instead, by the kind of pair the table refuses (read from the table itself).
+_INSTEAD = {
+    ReduceOp.AVG: "cast x to a float dtype first (numpy: x.astype(np.float32); torch: x.float()), "
+                  "or reduce with SUM and divide by the communicator's size",
+    ReduceOp.SUM: "for a count, cast x to an integer dtype first (x.astype(np.int32), x.int()); for "
+                  "a logical OR or AND, use MAX or MIN",
+    ReduceOp.PROD: "for a logical AND use MIN (or BAND); or cast x to an integer dtype first",
+}
+_BITWISE_INSTEAD = ("bitwise ops take bool and integer dtypes: reduce the bits through an integer view "
+                    "of x of the same width (float32 as int32; numpy: x.view(np.int32), torch: "
+                    "x.view(torch.int32)), or use MIN/MAX")
+_OTHERWISE = "use an op allowed on this dtype, or cast x to a dtype the op is allowed on"
+
+
+def refusal(dtype: str, op: ReduceOp) -> str:
+    """The message of ``op`` refused on ``dtype`` (the table's answer): the ops allowed on
+    ``dtype``, the dtypes ``op`` is allowed on, and what to do instead."""
+    on_dtype = ", ".join(o.name for o in ReduceOp if o in ALLOWED_OPS[dtype])
+    dtypes = ", ".join(name for name in DTYPES if op in ALLOWED_OPS[name])
+    instead = _BITWISE_INSTEAD if op in _BITWISE else _INSTEAD.get(op, _OTHERWISE)
+    return (f"op={op.name} is not allowed on dtype {dtype}; allowed on {dtype}: {on_dtype}; "
+            f"{op.name} is allowed on: {dtypes}. What to do: {instead}")
+
+
 def resolve_op(op: object) -> ReduceOp:
     """Return the ``ReduceOp`` that ``op`` names; ``ValueError`` listing the valid names."""
     try:
@@ -77,19 +101,16 @@ def resolve_op(op: object) -> ReduceOp:
 def check_reduction(dtype: str, op: object) -> ReduceOp:
     """Return the ``ReduceOp`` for ``op`` if the table allows it on ``dtype``.
 
-    ``TypeError`` names the dtype, the op and the ops allowed on that dtype.
+    ``TypeError`` (:func:`refusal`'s message) names the dtype, the op, the ops allowed on that
+    dtype, the dtypes that op is allowed on, and what to do.
     """
     try:
         return _PAIR_CACHE[(dtype, op)]
     except (KeyError, TypeError):
         pass
     resolved = resolve_op(op)
-    allowed = ALLOWED_OPS[dtype]
-    if resolved not in allowed:
-        names = ", ".join(o.name for o in ReduceOp if o in allowed)
-        raise TypeError(
-            f"op={resolved.name} is not allowed on dtype {dtype}; allowed on {dtype}: {names}"
-        )
+    if resolved not in ALLOWED_OPS[dtype]:
+        raise TypeError(refusal(dtype, resolved))
     try:
         _PAIR_CACHE[(dtype, op)] = resolved
     except TypeError:  # unhashable spelling: valid but not cached

@@ -22,12 +22,13 @@ from typing import Any
 
 from . import config
 from .calls import ALL_GATHER_V, BARRIER_TAG, NOT_TAKEN, Call, Request
-from .context import CommunicatorContext, poll_until
+from .checks import refused_call
+from .context import CommunicatorContext, mark_failed, poll_until
 from .diagnostics import recorder
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .ops import ReduceOp
 from .transport import Transport
-from .wire import FAST_BIT, call_hash
+from .wire import FAST_BIT, REFUSED_WORD, call_hash
 from .work import KeptHandles, Work
 
 _clock = recorder.clock
@@ -183,28 +184,67 @@ class CallCheck:
         self._hashes[call, dtype, reduce_op, root, shape] = h
         return h
 
-    def compare_fingerprints(self, reduce_op: ReduceOp | None, root: int, dtype: str | None,
-                             shape: tuple[int, ...]) -> None:
-        """``CollectiveMismatch`` on every rank unless every rank makes the running call.
+    def refused(self, call: Call, x: Any, op: Any, root: Any, error: Exception, record: list[Any] | None) -> None:
+        """The running collective ``call`` (its number taken, its ``record``), which this rank
+        refused with ``error`` before sending anything: its check, as :meth:`check` makes it, with
+        this rank's word :data:`~collectives.wire.REFUSED_WORD` (it never agrees) and its
+        fingerprint marked refused (what is known of ``x``, ``op`` and ``root``), so that the peers
+        that made the call raise :class:`CollectiveMismatch` naming this rank and ``error``.
+        Returns once every rank has the verdict (the caller raises ``error``); the round's own
+        failure (a timeout, a peer that left) marks ``record`` and is not raised either."""
+        reduce_op, root, dtype, shape = refused_call(call, x, op, root)
+        try:
+            if self.level == config.CHECKS_DEFAULT and self._comm._seq != 1:
+                self._transport._agree_word(REFUSED_WORD)  # (as a rank in another call: never agrees)
+            self.compare_fingerprints(reduce_op, root, dtype, shape, error)
+        except Exception as failure:  # noqa: BLE001  (a timeout has made the communicator unusable)
+            mark_failed(record, failure)
+            return
+        finally:
+            if self.level == config.CHECKS_OFF:
+                self._context.stop_checking()
+        mark_failed(record, error)
 
-        One all_gather of a fixed-size int64 vector over the communicator's own transport.
+    def compare_fingerprints(self, reduce_op: ReduceOp | None, root: int, dtype: str | None,
+                             shape: tuple[int, ...], refused: Exception | None = None) -> None:
+        """``CollectiveMismatch`` on every rank unless every rank makes the running call
+        (``refused``: the error this rank refused it with, see :meth:`refuse`).
+
+        One all_gather of a fixed-size int64 vector over the communicator's own transport; where
+        some ranks refused the call and others did not, a second one of the refusing ranks'
+        reasons (every rank sees the same fingerprints, so every rank makes it).
         """
-        from .wire import fingerprint, mismatch  # noqa: PLC0415
+        from .wire import fingerprint, mismatch, reason_vector, refusal_mismatch, refused_ranks  # noqa: PLC0415
 
         context = self._context
         operation, seq = context.call
-        mine = fingerprint(operation, seq, reduce_op, root, dtype, tuple(shape), self.level)
-        try:
-            everyone = context.exchange_listening(mine)
-        except CollectiveError:
-            raise
-        except Exception as error:
-            raise context.transport_error(error) from error
-        found = mismatch(everyone, context.comm)
+        mine = fingerprint(operation, seq, reduce_op, root, dtype, tuple(shape), self.level, refused)
+        everyone = self._exchange(mine)
+        refusing = refused_ranks(everyone)
+        found: CollectiveMismatch | None
+        if refusing:
+            if len(refusing) == len(everyone):
+                return  # every rank refused it: each raises its own error
+            reasons = self._exchange(reason_vector(refused))
+            if refused is not None:
+                return
+            found = refusal_mismatch(everyone, reasons, context.comm)
+        else:
+            found = mismatch(everyone, context.comm)
         if found is not None:
             context.record_failed(seq, found)
             recorder.dump(f"CollectiveMismatch in {context.call_name()}")
             raise found
+
+    def _exchange(self, vector: Any) -> Any:
+        """Every rank's int64 ``vector``, through the context (a peer that left is heard)."""
+        context = self._context
+        try:
+            return context.exchange_listening(vector)
+        except CollectiveError:
+            raise
+        except Exception as error:
+            raise context.transport_error(error) from error
 
 
 class MonitoredBarrier:

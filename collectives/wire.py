@@ -25,8 +25,19 @@ A rank that makes an extra call, or skips one, is out of step: its next exchange
 different call on the others (a mismatch), a rank that finished (see
 :mod:`collectives.farewell`), or nobody (the timeout).
 
+A rank that refuses a call (a ``TypeError``/``ValueError`` of its arguments, raised before
+anything is sent) still takes part in that call's check, where its peers make one: its word is
+:data:`REFUSED_WORD`, which never agrees, and its fingerprint is marked refused (what it knows of
+the call, and the kind of error). When some ranks refused and others did not, every rank then
+exchanges the refusing ranks' reasons (:func:`reason_vector`, a fixed-size vector); the refusing
+ranks raise their own error, the others :class:`CollectiveMismatch` naming the ranks that refused
+and why (:func:`refusal_mismatch`). Every rank used one sequence number, so the next calls line
+up. With checks off (``COLLECTIVES_DEBUG=0`` after a communicator's first call) a refused call
+sends nothing: the peers meet this rank's next call.
+
 The vector: ``[MAGIC, sequence number, operation, reduce op, root, dtype, ndim,
-dims[0..MAX_DIMS-1] (padded with -1), hash of dims beyond MAX_DIMS, checks level]``.
+dims[0..MAX_DIMS-1] (padded with -1), hash of dims beyond MAX_DIMS, checks level, refused]``
+(refused: 0, else :data:`REFUSALS`' code of the error's kind).
 """
 
 from __future__ import annotations
@@ -43,9 +54,16 @@ from .ops import DTYPES, ReduceOp
 
 MAGIC = 0x436F6C6C  # "Coll": tells a fingerprint from stray data
 MAX_DIMS = 8
-LENGTH = 7 + MAX_DIMS + 2
+LENGTH = 7 + MAX_DIMS + 3
 _TAIL = 7 + MAX_DIMS  # the hash of the dims beyond MAX_DIMS
-_LEVEL = LENGTH - 1
+_LEVEL = _TAIL + 1
+REFUSED = LENGTH - 1  # the refused mark: 0, or the code of the error's kind (REFUSALS)
+#: The kinds of error a rank refuses a call with, by their code in a fingerprint (1, 2).
+REFUSALS = (TypeError, ValueError)
+#: The check word of a refused call: 0 never passes words_agree, whatever the peers' words are.
+REFUSED_WORD = 0
+#: The int64 words of a refusing rank's reason (its error's text, UTF-8, cut to fit).
+REASON_WORDS = 64
 
 # The operations by their code in the fingerprints (each row of collectives.calls has its code).
 _OPERATION_CODES = {row.name: row.code for row in calls.ROWS}
@@ -57,14 +75,16 @@ _DTYPE_CODES = {name: code for code, name in enumerate(DTYPES)}
 # field name -> its slice of the vector, in the order a message lists them.
 FIELDS = {"sequence number": slice(1, 2), "operation": slice(2, 3), "reduce op": slice(3, 4),
           "root": slice(4, 5), "dtype": slice(5, 6), "shape": slice(6, _LEVEL),
-          "checks (COLLECTIVES_DEBUG)": slice(_LEVEL, LENGTH)}
+          "checks (COLLECTIVES_DEBUG)": slice(_LEVEL, REFUSED)}
 _LEVEL_NAMES = {0: "0 (off)", 1: "unset (the default check)", 2: "1 (debug mode)"}
 
 
 def fingerprint(operation: str, seq: int, reduce_op: ReduceOp | None, root: int,
-                dtype: str | None, shape: tuple[int, ...], level: int = 2) -> NDArray[Any]:
+                dtype: str | None, shape: tuple[int, ...], level: int = 2,
+                refused: BaseException | None = None) -> NDArray[Any]:
     """The int64 vector (length :data:`LENGTH`) that describes one call (``level``: the rank's
-    checks level, :func:`collectives.config.check_level`)."""
+    checks level, :func:`collectives.config.check_level`; ``refused``: the error this rank
+    refused the call with, or None)."""
     vector = np.full(LENGTH, -1, dtype=np.int64)
     vector[0] = MAGIC
     vector[1] = seq
@@ -78,7 +98,51 @@ def fingerprint(operation: str, seq: int, reduce_op: ReduceOp | None, root: int,
     if len(shape) > MAX_DIMS:
         vector[_TAIL] = zlib.crc32(repr(shape[MAX_DIMS:]).encode())
     vector[_LEVEL] = level
+    vector[REFUSED] = 0 if refused is None else _refusal_code(refused)
     return vector
+
+
+def _refusal_code(error: BaseException) -> int:
+    for code, kind in enumerate(REFUSALS, 1):
+        if isinstance(error, kind):
+            return code
+    return len(REFUSALS) + 1
+
+
+def reason_vector(error: BaseException | None) -> NDArray[Any]:
+    """A refusing rank's reason as :data:`REASON_WORDS` int64 (zeros for a rank that did not
+    refuse): ``"TypeError: <its message>"`` in UTF-8, cut to fit."""
+    vector = np.zeros(REASON_WORDS, dtype=np.int64)
+    if error is not None:
+        text = f"{type(error).__name__}: {error}".encode()[:REASON_WORDS * 8]
+        vector.view(np.uint8)[:len(text)] = np.frombuffer(text, dtype=np.uint8)
+    return vector
+
+
+def reason_text(row: NDArray[Any]) -> str:
+    """The text of one rank's :func:`reason_vector`."""
+    return bytes(np.ascontiguousarray(row, dtype=np.int64).view(np.uint8)).rstrip(b"\0").decode(errors="replace")
+
+
+def refused_ranks(everyone: NDArray[Any]) -> list[int]:
+    """The ranks whose fingerprint in ``everyone`` is marked refused."""
+    return [rank for rank, row in enumerate(everyone) if row[0] == MAGIC and row[REFUSED] != 0]
+
+
+def refusal_mismatch(everyone: NDArray[Any], reasons: NDArray[Any], comm: Any) -> CollectiveMismatch:
+    """The error of a rank that made the running call while ``refused_ranks(everyone)`` refused
+    it (``reasons``: every rank's :func:`reason_vector`): who refused, and why; how the calls of
+    the ranks that did not refuse differ, if they do."""
+    refused = refused_ranks(everyone)
+    said = "; ".join(f"rank {rank}: {reason_text(reasons[rank])}" for rank in refused)
+    made = [rank for rank in range(len(everyone)) if rank not in refused]
+    differing = mismatch(everyone[made], comm, made) if made else None
+    rest = "" if differing is None else f" The ranks that made it differ too: {differing}"
+    who = f"rank{'s' if len(refused) > 1 else ''} {', '.join(map(str, refused))}"
+    return CollectiveMismatch(
+        f"{who} refused {comm._operation} call #{comm._seq} on {comm!r} (rank {comm.rank} made it) "
+        f"before sending anything: {said}. Nothing of this call was sent on any rank; the ranks "
+        "stay in step, so their next calls line up." + rest)
 
 
 _LOW = 0xFFFFFFFF
@@ -137,8 +201,9 @@ def _describe(field: str, row: NDArray[Any]) -> str:
     return str(tuple(dims))
 
 
-def mismatch(everyone: NDArray[Any], comm: Any) -> CollectiveMismatch | None:
-    """``CollectiveMismatch`` describing how the rows of ``everyone`` differ, or ``None``."""
+def mismatch(everyone: NDArray[Any], comm: Any, ranks: list[int] | None = None) -> CollectiveMismatch | None:
+    """``CollectiveMismatch`` describing how the rows of ``everyone`` (those of ``ranks``,
+    default every rank in order) differ, or ``None``."""
     if (everyone == everyone[0]).all():
         return None
     differences = []
@@ -146,7 +211,7 @@ def mismatch(everyone: NDArray[Any], comm: Any) -> CollectiveMismatch | None:
         if len({tuple(row[columns]) for row in everyone}) == 1:
             continue
         values: dict[str, list[int]] = {}
-        for rank, row in enumerate(everyone):
+        for rank, row in zip(ranks or range(len(everyone)), everyone):
             values.setdefault(_describe(field, row), []).append(rank)
         held = "; ".join(f"{value} on rank{'s' if len(ranks) > 1 else ''} "
                          f"{', '.join(map(str, ranks))}" for value, ranks in values.items())

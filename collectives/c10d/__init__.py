@@ -25,7 +25,7 @@ from collectives.communicator import Communicator
 from collectives.errors import BackendUnavailable
 
 from .process_group import BACKEND_NAME, ProcessGroupCollectives
-from .rendezvous import create_process_group, elastic_communicator, rendezvous_kwargs
+from .rendezvous import create_process_group, elastic_communicator, fill_env_rendezvous, rendezvous_kwargs
 from .worker import CollectivesWork
 
 
@@ -46,6 +46,9 @@ def register() -> None:
 
 
 register()
+# Under an MPI launcher: torch's env:// variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+# MASTER_PORT) where the user has not set them, so that a plain dist.init_process_group() works.
+fill_env_rendezvous()
 
 
 def init_process_group(backend: str = BACKEND_NAME, **kwargs: Any) -> None:

@@ -51,6 +51,16 @@ def reduce_op(op: Any, tensors: list[torch.Tensor]) -> ReduceOp:
     return ours
 
 
+def _refused(call: Callable[[Communicator, torch.Tensor, Any], Any], comm: Communicator, t: torch.Tensor,
+             op: Any) -> None:
+    """``call(comm, t, op)``, which the communicator refuses after its check's round (see
+    ``ProcessGroupCollectives._reduce_op``); its error was raised at the call already."""
+    try:
+        call(comm, t, op)
+    except (TypeError, ValueError):
+        pass
+
+
 def _tensors(args: Any) -> list[torch.Tensor]:
     found: list[torch.Tensor] = []
     for arg in args:
@@ -209,10 +219,26 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return tensors
         return self._submit(tensors, run, name)
 
+    def _reduce_op(self, opts: Any, tensors: list[torch.Tensor],
+                   call: Callable[[Communicator, torch.Tensor, Any], Any]) -> ReduceOp:
+        """:func:`reduce_op` of ``opts``' op on ``tensors``. A rank that refuses it (the op, or
+        the op on a tensor's dtype) raises here, at the call; its worker still makes the call of
+        its one tensor, ``call(comm, t, op)``, which the communicator refuses in the call's check
+        (nothing sent), so the other ranks raise :class:`~collectives.CollectiveMismatch` naming
+        this rank and why, and the group stays in step."""
+        torch_op = _opt(opts, "reduceOp", dist.ReduceOp.SUM)
+        try:
+            return reduce_op(torch_op, tensors)
+        except (TypeError, ValueError):
+            if len(tensors) == 1:
+                t, op = tensors[0], REDUCE_OPS.get(getattr(torch_op, "op", torch_op), torch_op)
+                self._worker.submit(lambda comm: _refused(call, comm, t, op), "refused reduction")
+            raise
+
     @_operation("allreduce")
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
         arguments.allreduce(tensors)
-        op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
+        op = self._reduce_op(opts, tensors, lambda comm, t, op: comm.all_reduce(t, op))
         return self._each_tensor(tensors, lambda comm, t: comm.all_reduce(t, op), "all_reduce")
 
     @_operation("allreduce_coalesced")
@@ -228,8 +254,8 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     @_operation("reduce")
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
         arguments.allreduce(tensors)
-        op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
         root = _opt(opts, "rootRank", 0)
+        op = self._reduce_op(opts, tensors, lambda comm, t, op: comm.reduce(t, op, root))
         return self._each_tensor(tensors, lambda comm, t: comm.reduce(t, op, root), "reduce")
 
     @_operation("allgather")

@@ -68,6 +68,46 @@ def rendezvous_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+#: torch's env:// store of an MPI launcher's job, served by rank 0 (see :func:`fill_env_rendezvous`).
+_ENV_STORES: list[Any] = []
+
+
+def fill_env_rendezvous(env: Any = None) -> bool:
+    """Under an MPI launcher (mpiexec, mpirun, srun; more than one rank): torch's env://
+    variables that the user has not set, so that torch code unchanged works there:
+    ``dist.init_process_group("collectives")`` (or ``"gloo"``...) after ``import collectives.c10d``.
+
+    ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` (and ``LOCAL_WORLD_SIZE`` where the launcher says)
+    are the launcher's; ``MASTER_ADDR``/``MASTER_PORT``, unless both are set, are those of a
+    store rank 0 serves now (on ``MASTER_ADDR``/``MASTER_PORT`` where one is set), its address
+    sent to the other ranks over MPI (this initializes MPI: every rank imports the package).
+    torch's env:// store on rank 0 then shares that server (a multi-tenant TCPStore on its
+    port): no port is chosen twice. Not in a fault-tolerant job (``collectives-elastic``),
+    where no rank may hold the job's store, nor once torch's default group exists. Whether it
+    filled any. ``env``: the variables (default ``os.environ``)."""
+    env = os.environ if env is None else env
+    launch = detect_launcher(env)
+    if not launch.is_mpi_launcher or launch.size == 1 or config.ELASTIC_STORE in env or dist.is_initialized():
+        return False
+    filled = False
+    launcher_says = {"RANK": launch.rank, "WORLD_SIZE": launch.size, "LOCAL_RANK": launch.local_rank,
+                     "LOCAL_WORLD_SIZE": launch.local_size}
+    for name, value in launcher_says.items():
+        if value is not None and name not in env:
+            env[name], filled = str(value), True
+    if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        return filled
+    from collectives.backends.mpi import install_abort_on_uncaught_exception  # noqa: PLC0415
+    from collectives.backends.mpi_channel import import_mpi  # noqa: PLC0415
+    from collectives.backends.torch_bootstrap import mpi_shared_tcp_store  # noqa: PLC0415
+
+    install_abort_on_uncaught_exception(import_mpi())
+    store = mpi_shared_tcp_store(launch, port=int(env.get("MASTER_PORT") or 0), multi_tenant=True)
+    _ENV_STORES.append(store)  # (torch's server lives while a store holds it)
+    env["MASTER_ADDR"], env["MASTER_PORT"] = store.host, str(store.port)
+    return True
+
+
 def transport(launch: LaunchInfo | None = None) -> str:
     """The transport ``collectives.init()`` would choose here, if a group can run on it."""
     launch = launch or detect_launcher()

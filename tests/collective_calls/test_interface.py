@@ -16,7 +16,7 @@ import collectives
 from collectives import ALLOWED_OPS, DTYPES, ReduceOp
 from collectives.arrays import adapter_for
 from collectives.launcher import detect_launcher, without_launcher_variables
-from collectives.ops import check_reduction, resolve_op
+from collectives.ops import INTEGER_DTYPES, check_reduction, resolve_op
 
 # DESIGN.md's table, written out again by hand: the independent reference for ops.py.
 DESIGN_TABLE = """
@@ -57,6 +57,51 @@ def test_a_disallowed_pair_names_dtype_op_and_the_allowed_ops():
     with pytest.raises(TypeError, match="op=AVG is not allowed on dtype int32; allowed on int32: SUM, PROD, MIN, MAX, "
                                         "BAND, BOR, BXOR"):
         check_reduction("int32", "avg")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_refused_pair_names_the_op_s_dtypes_and_what_to_do(dtype):
+    """Read from the table: the ops allowed on the dtype, the dtypes allowed for the op."""
+    for op in set(ReduceOp) - ALLOWED_OPS[dtype]:
+        with pytest.raises(TypeError) as refused:
+            check_reduction(dtype, op.value)
+        message = str(refused.value)
+        dtypes = ", ".join(name for name in DTYPES if op in ALLOWED_OPS[name])
+        assert f"{op.name} is allowed on: {dtypes}. What to do: " in message, message
+    avg = pytest.raises(TypeError, check_reduction, dtype, "avg") if dtype in INTEGER_DTYPES else None
+    if avg is not None:
+        assert "cast x to a float dtype" in str(avg.value)
+
+
+def test_every_error_class_a_user_can_meet_is_exported():
+    """Every exception class of collectives.errors (PeerLeft too, also collectives.farewell's) is a
+    public name of the package (and so in the API reference: `make docs` checks that)."""
+    from collectives import errors, farewell
+
+    classes = {name for name, value in vars(errors).items()
+               if isinstance(value, type) and issubclass(value, Exception) and value.__module__ == errors.__name__}
+    assert "PeerLeft" in classes and classes <= set(collectives.__all__), classes - set(collectives.__all__)
+    assert collectives.PeerLeft is farewell.PeerLeft
+    assert issubclass(collectives.PeerLeft, collectives.CollectiveMismatch)
+
+
+@pytest.mark.parametrize("call", ["dtype x op", "op", "src", "dtype", "array type"])
+def test_a_refusal_is_not_chained_under_an_internal_error(call):
+    """The user's TypeError/ValueError stands alone: no "During handling of the above exception"
+    with the call path's own lookups (a plan's KeyError) above it."""
+    comm = collectives.init("local")
+    x = np.arange(3, dtype=np.int32)
+    thunk = {"dtype x op": lambda: comm.all_reduce(x, "avg"), "op": lambda: comm.all_reduce(x, "add"),
+             "src": lambda: comm.broadcast(x, 3), "dtype": lambda: comm.all_reduce(x.astype(np.complex64)),
+             "array type": lambda: comm.all_reduce([1, 2])}[call]
+    for _ in range(2):  # a new kind, then one whose plan exists (src)
+        with pytest.raises((TypeError, ValueError)) as refused:
+            thunk()
+        assert refused.value.__context__ is None and refused.value.__cause__ is None, repr(refused.value.__context__)
+    comm.broadcast(x, 0)
+    with pytest.raises(ValueError) as refused:
+        comm.broadcast(x, 3)
+    assert refused.value.__context__ is None
 
 
 LAUNCH_ENVIRONMENTS = [

@@ -132,6 +132,30 @@ def test_torch_environment_variables_under_an_mpi_launcher_start_a_collectives_g
     assert rank_lines(result.stdout, "C10D") == [f"C10D rank={r} size=2 sum=3" for r in range(2)]
 
 
+@pytest.mark.parametrize("launcher,mode,port", [("mpiexec", "plain", False), ("mpirun", "plain", False),
+                                               ("mpiexec", "plain-gloo", False), ("mpiexec", "plain", True)])
+def test_plain_init_process_group_works_under_an_mpi_launcher_with_no_variable_set(launcher, mode, port):
+    """torch code unchanged: `import collectives.c10d; dist.init_process_group("collectives")` (or
+    "gloo") on 3 ranks of the MPI launcher (COLLECTIVES_TEST_LAUNCHER's, e.g. srun; or the MPICH
+    wheel's mpirun): the import filled RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/MASTER_PORT (a
+    MASTER_PORT the user set is kept), and the group's all_reduce is the sum of 1, 2, 3."""
+    chosen = free_port() if port else None
+    if launcher == "mpirun":  # (the wheel's own mpirun, whatever COLLECTIVES_TEST_LAUNCHER says)
+        env = {k: v for k, v in without_launcher_variables(os.environ).items() if not k.startswith("COLLECTIVES_")}
+        command = [str(BIN / "mpirun"), "-n", "3", sys.executable, str(SCRIPTS / "c10d_env_check.py"), mode]
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+                                stdin=subprocess.DEVNULL)
+    else:
+        result = launch("mpiexec", 3, "c10d_env_check.py", None, mode, *([str(chosen)] if port else []))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert rank_lines(result.stdout, "C10D") == [f"C10D rank={r} size=3 sum=6" for r in range(3)], result.stdout
+    filled = sorted(re.findall(r"ENV RANK=(\d+) WORLD_SIZE=(\d+) LOCAL_RANK=(\d+) MASTER_PORT=(\d+)", result.stdout))
+    assert [row[:3] for row in filled] == [(str(r), "3", str(r)) for r in range(3)], result.stdout
+    assert len({row[3] for row in filled}) == 1, filled  # one port, agreed
+    if chosen is not None:
+        assert filled[0][3] == str(chosen)
+
+
 @pytest.mark.skipif(not mpi_launcher_name().startswith("srun"), reason="needs COLLECTIVES_TEST_LAUNCHER=srun ...")
 def test_srun_without_mpi_is_refused_on_every_rank_naming_the_flag():
     # Plain `srun -n 3`: MPI cannot reach Slurm's PMI, each task is an MPI job of one rank.

@@ -1,6 +1,7 @@
 """Bad input, on every backend: every row of the one catalogue (bad_input_catalogue.py) with
 the same bad call on every rank. Each rank must raise the documented TypeError/ValueError
-before anything is sent (the sequence number did not move), leave the input untouched, and
+before anything is sent (the sequence number did not move, or moved by the check round a refused
+collective still takes, its record failed with that error), leave the input untouched, and
 the communicator must still work afterwards (a real all_reduce agrees with numpy).
 """
 

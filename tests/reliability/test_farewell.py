@@ -51,6 +51,9 @@ def test_ranks_left_without_a_partner_raise_at_once_and_the_rank_that_finished_e
     lines = {rank: (tmp_path / f"rank-{rank}.txt").read_text() for rank in range(3)
              if (tmp_path / f"rank-{rank}.txt").exists()}
     assert code != 0, text
+    # The farewell says why the connection closed: no transport's own text about it (Gloo's
+    # "Connection closed by peer ... GLHF!") is printed above the PeerLeft.
+    assert "Connection closed by peer" not in text and "GLHF" not in text, text
     assert lines.get(0, "").startswith(f"DONE rank 0 after {FEWER} calls"), (lines, text)
     for rank in (1, 2):
         line = lines.get(rank, "")
@@ -81,6 +84,9 @@ def closed_early_job(comm):
         outcome = "no error"
     except Exception as error:  # noqa: BLE001 - its type and text are what the test reads
         outcome = f"{type(error).__name__}: {error}"
+        inner = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+        if inner is not None:  # what a traceback prints above it (the transport's own text)
+            outcome += f" [above it: {type(inner).__name__}: {inner}]"
     waited = time.monotonic() - start
     try:
         sub.all_reduce(np.ones(2))
@@ -100,6 +106,7 @@ def test_a_peer_that_closed_the_communicator_is_named_by_the_next_call(backend):
     assert closed == "closed" and world0 == [2.0]
     assert outcome.startswith("PeerLeft: all_reduce (call #2)"), outcome
     assert "rank 0 finished (closed this communicator, or ended normally) after 1 collective call" in outcome
+    assert "[above it:" not in outcome, outcome  # (Gloo's "Connection closed by peer ... GLHF!")
     assert after.startswith("CollectiveError") and "is unusable" in after, after
     assert world == [2.0]
     print(f"TIMING closed split -> next call raised [{backend}]: {waited:.3f} s")

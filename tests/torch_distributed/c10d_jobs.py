@@ -323,6 +323,27 @@ def bad_input_job(comm: Any) -> dict[str, str]:
     return errors
 
 
+def refused_reduction_job(comm: Any) -> list[tuple[str, float]]:
+    """Rank 0 refuses an all_reduce (AVG of int32) and a reduce (BAND of float32) that the others
+    make: what each raised, and the sum of ones that follows each (the group still in step)."""
+    ensure_group(comm)
+    rank = dist.get_rank()
+    ints, floats = torch.arange(3, dtype=torch.int32), torch.ones(3)
+    calls = [lambda: dist.all_reduce(ints if rank == 0 else floats, op=dist.ReduceOp.AVG),
+             lambda: dist.reduce(floats if rank == 0 else ints, dst=0, op=dist.ReduceOp.BAND)]
+    found = []
+    for call in calls:
+        try:
+            call()
+            outcome = "no error"
+        except Exception as error:  # noqa: BLE001 - its type and text are what the test reads
+            outcome = f"{type(error).__name__}: {error}"
+        after = torch.ones(1)
+        dist.all_reduce(after)
+        found.append((outcome, float(after[0])))
+    return found
+
+
 def mismatch_job(comm: Any) -> str:
     """Rank 0 all_reduces while the others broadcast (COLLECTIVES_DEBUG=1): every rank raises."""
     ensure_group(comm)

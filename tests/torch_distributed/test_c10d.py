@@ -91,6 +91,20 @@ def test_bad_input_is_the_same_clear_error_on_every_rank(two):
     assert out["after"] == "2.0"
 
 
+def test_a_reduction_one_rank_refuses_is_named_on_the_others(two):
+    """Rank 0's refused all_reduce and reduce (dtype x op) raise its TypeError there; the other rank,
+    which made the calls, raises CollectiveMismatch naming rank 0 and why; the group works after."""
+    results = two.run(jobs.refused_reduction_job, timeout=60)
+    for (outcome, after), (op, dtype) in zip(results[0], [("AVG", "int32"), ("BAND", "float32")]):
+        assert outcome.startswith(f"TypeError: op={op} is not allowed on dtype {dtype}"), outcome
+        assert after == 2.0
+    for (outcome, after), (op, dtype, name) in zip(results[1], [("AVG", "int32", "all_reduce"),
+                                                                ("BAND", "float32", "reduce")]):
+        assert "CollectiveMismatch" in outcome and f"rank 0 refused {name} call #" in outcome, outcome
+        assert f"op={op} is not allowed on dtype {dtype}" in outcome, outcome
+        assert after == 2.0
+
+
 def test_mismatched_calls_raise_on_every_rank_by_default(two):
     """Default settings: shape, dtype, op, root, all_gather shapes, a skipped and an extra call are
     CollectiveMismatch on every rank, naming the difference; the group works after each."""
