@@ -100,7 +100,8 @@ ROOT = Path(__file__).resolve().parents[2]
 GUIDE = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 #: What a user guide does not say: when something was measured or changed, how loaded the machine
-#: was, what was true before, which issue asked for it, or what one teammate should do next.
+#: was, what was true before, which issue asked for it, what one teammate should do next, or a
+#: Makefile's variable in a command a user would paste.
 NOT_FOR_USERS = {
     "a date": r"\b(19|20)\d\d-[01]\d-[0-3]\d\b",
     "a clock time": r"\b[0-2]?\d:[0-5]\d(:[0-5]\d)? ?UTC\b",
@@ -108,6 +109,7 @@ NOT_FOR_USERS = {
     "run history": r"\bfixed since\b|\(before\)|\bbefore the [a-z`]+ merge\b|\bno session so far\b",
     "an issue number": r"\bissues? #?\d+\b",
     "a note to a teammate": r"\bteammate\b|\(for the [a-z ]+ owner\)|\bthe [a-z]+ owner's\b",
+    "a Makefile variable": r"\$\((VENV|PY|PYTHON|STAMP|CURDIR)\)",
 }
 
 
@@ -129,14 +131,15 @@ def test_the_guide_says_nothing_that_is_not_for_users() -> None:
 @pytest.mark.parametrize("line", [
     "measured 2026-12-03 on a quiet machine", "at 16:46 UTC", "load average 5-8.6", "(load 14-15)",
     "5 failed, fixed since", "| mpi, 4 ranks (before) |", "asked by issue 12", "(issue #14)",
-    "Suggestion (for the reliability owner)"])
+    "Suggestion (for the reliability owner)", "COLLECTIVES_BACKEND=mpi $(VENV)/bin/mpiexec -n 4 $(PY) train.py"])
 def test_each_rule_catches_what_it_is_for(line: str) -> None:
     assert findings(line)
 
 
 @pytest.mark.parametrize("line", [
     "`CollectiveTimeout`: all_reduce (call #2) did not complete", "cupy/cupy#8354",
-    "busbw = algbw x 2(n-1)/n", "the default is 1800 s", "MPI_THREAD_MULTIPLE (see the table)"])
+    "busbw = algbw x 2(n-1)/n", "the default is 1800 s", "MPI_THREAD_MULTIPLE (see the table)",
+    "export LD_PRELOAD=$(python -c 'import nvidia.nccl')"])
 def test_the_rules_leave_what_users_need(line: str) -> None:
     assert findings(line) == []
 
