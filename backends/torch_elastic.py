@@ -254,15 +254,14 @@ def _init_group(dist: Any, membership: Membership, generation: int, members: lis
     # Generation 0's members reach this point seconds apart (torch's import): its group is made
     # under a long timeout. A later generation's members said they are ready: the window.
     making = MAX_WINDOW + (seconds or 0) if generation == 0 else membership.window
-    world = dist.distributed_c10d._world
-    count = world.group_count
+    # torch numbers its groups, a failed one too, and their keys in the store carry the number: a
+    # failed attempt must leave no trace, or this member's next group would miss the others'.
+    count = dist.get_pg_count()
     try:
         dist.init_process_group(backend, store=store, rank=members.index(membership.me),
                                 world_size=len(members), timeout=torch_timeout(making))
     except RuntimeError:
-        # torch numbers its groups, a failed one too, and its keys in the store carry the number:
-        # the failed attempt must leave none, or this member's next group would miss the others'.
-        world.group_count = count
+        dist.distributed_c10d._world.group_count = count
         raise
     # torch >= 2.15 names it set_timeout (and deprecates the old name).
     set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
