@@ -176,17 +176,20 @@ def run(train: Callable[[Communicator, State], Any], state: State, comm: Communi
 def _survivors(state: State, comm: Communicator, min_size: int) -> Communicator:
     """After a failure: the last commit restored, and the communicator of the survivors (at
     least ``min_size``, else :class:`RankFailure`). A peer lost inside the shrink is one more
-    failure of the same recovery: the commit is restored again and the shrink made again."""
-    while True:
+    failure of the same recovery: the commit is restored again and the shrink made again (each
+    time one rank fewer at least: at most ``comm.size`` times)."""
+    for _ in range(comm.size):
         state.restore()
         try:
             comm = comm.shrink()
-        except RankFailure:
+        except RankFailure as failure:
+            lost = failure
             continue
         if comm.size < min_size:
             raise RankFailure(f"{comm.size} rank(s) survive, fewer than min_size={min_size}",
                               (), comm.generation) from None
         return comm
+    raise lost
 
 
 def _step(state: State) -> int:
