@@ -150,11 +150,11 @@ test-torch-versions: $(STAMP)
 
 # CI's slice of the two above, after `make test` (.ci/run): Open MPI's mpirun and srun --mpi=pmi2
 # (the launcher contract, small-integer sums, small calls carried in the check's round and its two blocks, the call path's two forms, DDP over "collectives", ULFM jobs that lose ranks
-# to SIGKILL, an exit, an exception and a hang, DDP on ULFM across a shrink, and the refusal of
+# to SIGKILL, an exit, an exception and a hang and at each point of the loop, DDP on ULFM across a shrink, and the refusal of
 # fault tolerance without ULFM), and the newest torch's
 # c10d and elastic tests. As root on a fresh Debian machine it installs what it needs (apt, the wheels).
 TORCH_NEWEST := 2.15.0
-CI_ENVIRONMENT_TESTS := contract or small_integer or carried or round_blocks or both_forms_of_the_call_path or closed_split or (ddp_equals and plain) or ulfm_survivors_of_a or ulfm_torch_ddp or refuses_without_ulfm
+CI_ENVIRONMENT_TESTS := contract or small_integer or carried or round_blocks or both_forms_of_the_call_path or closed_split or (ddp_equals and plain) or ulfm_survivors_of_a or ulfm_a_rank_lost or ulfm_torch_ddp or refuses_without_ulfm
 test-ci-slice: $(STAMP)
 	$(PY) scripts/environments.py test --only openmpi-mpirun,mpich-srun-pmi2 -- -k "$(CI_ENVIRONMENT_TESTS)"
 	$(PY) scripts/torch_versions.py $(TORCH_NEWEST) -- -k "test_c10d or elastic"

@@ -16,8 +16,10 @@ ranks that talk to the dead one, and a rank that waits on a survivor which gave 
 by that survivor's closed connections (the settlement waits at most the communicator's
 timeout for a member that is silent and alive: it is then left out, and the agent ends it).
 ``shrink()`` destroys the broken group and makes the next generation's; replacements that
-registered meanwhile are admitted at the end of it (and by :meth:`admit`, which
-``collectives.elastic`` calls at each commit).
+registered meanwhile are admitted at the end of it (and by ``admit``, which
+``collectives.elastic`` calls at each commit: a failure and an admission meet in the same
+settlement of the next generation). A generation's members say they are ready before its group
+is made; a member lost before or while it is made is left out, and the rest make the next one.
 """
 
 from __future__ import annotations
@@ -31,14 +33,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from collectives import arrays, config
-from collectives.calls import ALL_REDUCE, Request
+from collectives import config
 from collectives.communicator import Communicator
 from collectives.elastic.membership import Membership, Outcome, left_out
 from collectives.errors import BackendUnavailable, CollectiveError, CollectiveMismatch, RankFailure
 from collectives.farewell import PeerLeft
 from collectives.launcher import LaunchInfo
-from collectives.ops import ReduceOp
 
 from .torch_bootstrap import created_groups, device_backend, import_torch_distributed, torch_timeout
 from .torch_dist import TorchTransport
@@ -99,24 +99,33 @@ class ElasticTorchTransport(TorchTransport):
     @classmethod
     def _make(cls, membership: Membership, generation: int,
               seconds: float | None) -> ElasticTorchTransport:
-        """Generation ``generation``'s default group, and its transport."""
+        """Generation ``generation``'s default group, and its transport. A member lost before the
+        group is made (it never says it is ready: it died, or hung past the window) or while it
+        is made (torch's rendezvous fails) is left out: the members that remain settle the next
+        generation, as after a failed call, and make that one instead."""
         dist = import_torch_distributed()
-        members = membership.members(generation)
-        if membership.me not in members:
-            raise left_out(membership.me, generation)
-        store = dist.PrefixStore(f"collectives/elastic/gen/{generation}/", membership.store)
-        backend = device_backend(int(os.environ.get("LOCAL_RANK", 0)))
-        if "nccl" in backend:
-            _nccl_keeps_the_process()
-        # The members reach this point seconds apart (a replacement imports torch first): the
-        # group is made under a long timeout, then takes the communicator's for its calls.
-        dist.init_process_group(backend, store=store, rank=members.index(membership.me),
-                                world_size=len(members), timeout=torch_timeout(MAX_WINDOW + (seconds or 0)))
-        # torch >= 2.15 names it set_timeout (and deprecates the old name).
-        set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
-        set_timeout(torch_timeout(seconds), None)
-        _destroy_at_exit()
-        return cls(membership, generation, members)
+        while True:
+            members = membership.members(generation)
+            if membership.me not in members:
+                raise left_out(membership.me, generation)
+            if generation > 0:  # (generation 0's members start seconds apart: no window for them)
+                ready = membership.settle(f"ready/{generation}", members, "1")
+                if ready.members != members:
+                    membership.publish(generation + 1, ready.members, membership.taken(generation))
+                    generation += 1
+                    continue
+            try:
+                _init_group(dist, membership, generation, members, seconds)
+            except RuntimeError:  # a member died while the group was made (or hung in it)
+                membership.revoke(generation)  # (for the members whose group was made)
+                outcome = membership.settle(f"next/{generation}", members, "1", membership.taken(generation))
+                if membership.me not in outcome.members:
+                    raise left_out(membership.me, generation + 1) from None
+                membership.publish(generation + 1, outcome.members, outcome.joiners_taken)
+                generation += 1
+                continue
+            _destroy_at_exit()
+            return cls(membership, generation, members)
 
     # -- failures -------------------------------------------------------------------------
 
@@ -131,7 +140,7 @@ class ElasticTorchTransport(TorchTransport):
                 isinstance(error, CollectiveMismatch) and not isinstance(error, PeerLeft)):
             return None  # a mismatch of the calls, or not the transport's: what it says
         self._membership.revoke(self.generation)
-        outcome = self._settle_shrink()
+        outcome = self._settle_next()
         failed = [r for r, member in enumerate(self._members) if member not in outcome.votes]
         text = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         who = (f"rank(s) {', '.join(map(str, failed))} failed (died, or hung past the timeout)"
@@ -175,17 +184,20 @@ class ElasticTorchTransport(TorchTransport):
     def _split_transport(self, group: Any, global_ranks: list[int]) -> TorchTransport:
         return ElasticSplitTransport(self, group, global_ranks)
 
-    def _settle_shrink(self) -> Outcome:
+    def _settle_next(self) -> Outcome:
+        """Who forms the next generation: the members that vote (the others failed) and the
+        replacements waiting. One settlement per generation, whether a failure or an admission
+        started it: members that saw a failure and members that admit meet in it."""
         if self._outcome is None:
             membership = self._membership
-            self._outcome = membership.settle(f"shrink/{self.generation}", self._members, "1",
+            self._outcome = membership.settle(f"next/{self.generation}", self._members, "1",
                                               membership.taken(self.generation))
         return self._outcome
 
     # -- shrink, agree, admit ---------------------------------------------------------------
 
     def _shrink(self) -> ElasticTorchTransport:
-        return self._next(self._settle_shrink())
+        return self._next(self._settle_next())
 
     def _next(self, outcome: Outcome) -> ElasticTorchTransport:
         """End this generation's group and make the next one, of ``outcome.members``."""
@@ -209,24 +221,15 @@ class ElasticTorchTransport(TorchTransport):
                                           self._members, "1" if flag else "0")
         return all(vote == "1" for vote in outcome.votes.values())
 
-    def _joiners_waiting(self) -> bool:
-        """Whether a replacement waits to join, the same answer on every rank (one small
-        all_reduce of what each rank saw in the store)."""
-        import numpy as np  # noqa: PLC0415
+    def _joiners_registered(self) -> int:
+        return self._membership.joiners_registered()
 
-        seen = np.array([self._membership.joiners_registered()], dtype=np.int64)
-        self._all_reduce(Request(ALL_REDUCE, seen, arrays.NUMPY, "int64", ReduceOp.MAX))
-        return int(seen[0]) > self._membership.taken(self.generation)
-
-    def _admit(self) -> ElasticTorchTransport | None:
-        if not self._joiners_waiting():
+    def _admit(self, registered: int) -> ElasticTorchTransport | None:
+        if registered <= self._membership.taken(self.generation):
             return None
-        membership = self._membership
-        outcome = membership.settle(f"grow/{self.generation}", self._members, "1",
-                                    membership.taken(self.generation))
-        if outcome.members == self._members:
-            return None
-        return self._next(outcome)
+        # (also when the settlement found the replacement's id not yet written: the
+        # generation's settlement is made, so the same members go on a generation later)
+        return self._next(self._settle_next())
 
     @property
     def member_id(self) -> str:
@@ -238,6 +241,31 @@ class ElasticTorchTransport(TorchTransport):
     def members(self) -> list[str]:
         """The member ids of this generation, in rank order."""
         return list(self._members)
+
+
+def _init_group(dist: Any, membership: Membership, generation: int, members: list[str],
+                seconds: float | None) -> None:
+    """torch's default group of generation ``generation`` (``members``), under the
+    communicator's timeout for its calls."""
+    store = dist.PrefixStore(f"collectives/elastic/gen/{generation}/", membership.store)
+    backend = device_backend(int(os.environ.get("LOCAL_RANK", 0)))
+    if "nccl" in backend:
+        _nccl_keeps_the_process()
+    # Generation 0's members reach this point seconds apart (torch's import): its group is made
+    # under a long timeout. A later generation's members said they are ready: the window.
+    making = MAX_WINDOW + (seconds or 0) if generation == 0 else membership.window
+    # torch numbers its groups, a failed one too, and their keys in the store carry the number: a
+    # failed attempt must leave no trace, or this member's next group would miss the others'.
+    count = dist.get_pg_count()
+    try:
+        dist.init_process_group(backend, store=store, rank=members.index(membership.me),
+                                world_size=len(members), timeout=torch_timeout(making))
+    except RuntimeError:
+        dist.distributed_c10d._world.group_count = count
+        raise
+    # torch >= 2.15 names it set_timeout (and deprecates the old name).
+    set_timeout = getattr(dist, "set_timeout", None) or dist.distributed_c10d._set_pg_timeout
+    set_timeout(torch_timeout(seconds), None)
 
 
 def _again(failure: RankFailure | None, error: Exception | None) -> RankFailure | None:

@@ -438,7 +438,7 @@ class Communicator:
         """
         if self._closed:
             self._check_open()
-        successor: Communicator = self._fault.succeed(self._transport._shrink())
+        successor: Communicator = self._fault.shrink()
         return successor
 
     def agree(self, flag: bool) -> bool:
@@ -448,7 +448,7 @@ class Communicator:
         flag = check_flag(flag)
         if self._closed:
             self._check_open()
-        return self._transport._agree(flag)
+        return self._fault.agree(flag)
 
     @property
     def generation(self) -> int:

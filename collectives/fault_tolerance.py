@@ -10,19 +10,25 @@ this part serves is passed in).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
 
 from .diagnostics import recorder
 from .errors import CollectiveError, RankFailure
 from .transport import Transport
+
+T = TypeVar("T")
 
 
 class FaultTolerance:
     """The fault-tolerance state of one communicator ``comm`` over ``transport``: the
     :class:`RankFailure` it raised, its next generation, an error of another thread.
 
-    Of ``comm`` it uses: ``close()``, ``trace_name``, ``_timeout_arg``, ``_adopt`` (its class's
-    constructor around a transport), ``_broken`` (set: unusable) and ``_say_farewell``'s flag."""
+    Of ``comm`` it uses: ``all_reduce`` (admit's count), ``close()``, ``trace_name``,
+    ``_timeout_arg``, ``_adopt`` (its class's constructor around a transport), ``_broken``
+    (set: unusable) and ``_say_farewell``'s flag."""
 
     __slots__ = ("_comm", "_transport", "failure", "successor", "_elsewhere")
 
@@ -38,9 +44,39 @@ class FaultTolerance:
 
     def admit(self) -> Any:
         """The next generation with the replacements waiting to join, or the communicator when
-        none waits (collective; :meth:`collectives.elastic.State.commit` calls it)."""
-        transport = self._transport._admit()
+        none waits (collective; :meth:`collectives.elastic.State.commit` calls it). A peer lost
+        meanwhile is a :class:`RankFailure`: the count the ranks agree on goes through the
+        call path, the rest through :meth:`settled`."""
+        seen = self._transport._joiners_registered()
+        if seen is None:
+            return self._comm
+        registered = self._comm.all_reduce(np.array([seen], dtype=np.int64), op="max")
+        transport = self.settled(self._transport._admit, int(registered[0]))
         return self._comm if transport is None else self.succeed(transport)
+
+    def shrink(self) -> Any:
+        """The communicator of the survivors (see ``Communicator.shrink``)."""
+        return self.succeed(self.settled(self._transport._shrink))
+
+    def agree(self, flag: bool) -> bool:
+        """The AND of ``flag`` over the survivors (see ``Communicator.agree``)."""
+        return self.settled(self._transport._agree, flag)
+
+    def settled(self, step: Callable[..., T], *args: Any) -> T:
+        """``step(*args)``: a step of the fault-tolerance machinery that talks to the transport
+        outside the call path (a shrink, an agreement, an admission). An error the transport
+        raised there that means a peer is gone (Gloo's closed connection, MPI's failed process)
+        is raised as the :class:`RankFailure` it is, read by :meth:`rank_failure` as the call
+        path reads the errors of calls; the library's own errors go on as they are."""
+        try:
+            return step(*args)
+        except (CollectiveError, TypeError, ValueError, MemoryError):
+            raise
+        except Exception as error:
+            failure = self.rank_failure(error)
+            if failure is None:
+                raise
+            raise failure from error
 
     def succeed(self, transport: Transport) -> Any:
         """Close the communicator; the one of ``transport`` (its next generation) takes over

@@ -415,7 +415,13 @@ class Transport(abc.ABC):
 
         raise refuse(self.backend, "agree()")
 
-    def _admit(self) -> Transport | None:
-        """The next generation with the replacements waiting to join (collective), or ``None``
-        (the default: none waits, or the transport has no replacements)."""
+    def _joiners_registered(self) -> int | None:
+        """How many replacements have asked to join so far, as this rank sees it (local);
+        ``None`` (the default): the transport takes none, and ``admit`` communicates nothing."""
+        return None
+
+    def _admit(self, registered: int) -> Transport | None:
+        """The next generation with the replacements waiting to join, ``registered`` being the
+        most :meth:`_joiners_registered` of any rank (agreed through the call path first);
+        ``None`` when none waits (the default). Collective."""
         return None

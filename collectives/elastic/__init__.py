@@ -20,7 +20,9 @@ communicator to the survivors (admitting the replacements that wait), hands the 
 state from the new rank 0 to every rank (replacements included) and calls ``train`` again
 with the new communicator; ``train`` recomputes its shard from ``comm.rank`` and
 ``comm.size``. A replacement that registers while the job is healthy is admitted at the next
-``commit()``. The step in flight when a rank failed is lost (redone from the commit).
+``commit()``. The step in flight when a rank failed is lost (redone from the commit). A rank
+lost anywhere in the loop (inside ``commit()``, ``restore()`` and the shrink included) is such a
+failure.
 """
 
 from __future__ import annotations
@@ -155,6 +157,7 @@ def run(train: Callable[[Communicator, State], Any], state: State, comm: Communi
             return train(comm, state)
         except MembershipChange as change:
             comm = change.comm
+            continue
         except Exception as error:  # noqa: BLE001 - a RankFailure, or one torch handed on as another error
             failure = error if isinstance(error, RankFailure) else comm._fault.failure_elsewhere()
             if failure is None:
@@ -164,14 +167,29 @@ def run(train: Callable[[Communicator, State], Any], state: State, comm: Communi
                 if failure is error:
                     raise
                 raise failure from error
-            failed = failure.failed_ranks
-            state.restore()
-            comm = comm.shrink()
-            if comm.size < min_size:
-                raise RankFailure(f"{comm.size} rank(s) survive, fewer than min_size={min_size}",
-                                  (), comm.generation) from None
         finally:
             object.__setattr__(state, "comm", None)
+        failed = failure.failed_ranks
+        comm = _survivors(state, comm, min_size)
+
+
+def _survivors(state: State, comm: Communicator, min_size: int) -> Communicator:
+    """After a failure: the last commit restored, and the communicator of the survivors (at
+    least ``min_size``, else :class:`RankFailure`). A peer lost inside the shrink is one more
+    failure of the same recovery: the commit is restored again and the shrink made again (each
+    time one rank fewer at least: at most ``comm.size`` times)."""
+    for _ in range(comm.size):
+        state.restore()
+        try:
+            comm = comm.shrink()
+        except RankFailure as failure:
+            lost = failure
+            continue
+        if comm.size < min_size:
+            raise RankFailure(f"{comm.size} rank(s) survive, fewer than min_size={min_size}",
+                              (), comm.generation) from None
+        return comm
+    raise lost
 
 
 def _step(state: State) -> int:

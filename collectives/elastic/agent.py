@@ -7,8 +7,8 @@ exit reaches ``waitpid`` at once, a clean exit, a crash, SIGKILL or ``os._exit``
 holds no training state, so nothing is lost with a rank. It writes ``dead/<id>`` as a rank
 ends, starts replacements (``--replace``), ends a rank the survivors left out (it hung past
 the timeout: SIGKILL), ends replacements never admitted once the job is done, and ends every
-rank when fewer than ``--min`` remain. Nothing it started outlives it: each rank dies with it
-(``PR_SET_PDEATHSIG``).
+rank when fewer than ``--min`` remain (the replacements started count). Nothing it started
+outlives it: each rank dies with it (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -111,12 +111,15 @@ class Agent:
             self.restarts += 1
             self.start(str(self.size + self.restarts - 1), self.slots[member])  # ids go on: n, n + 1, ...
         running = [m for m in self.latest if m not in self.exits]
+        # Replacements started and not yet admitted count: the survivors admit them.
+        joining = [m for m in self.procs if m not in self.ever_members and m not in self.exits]
         if not running:  # the training is over (or lost): replacements never admitted end
-            self._end([m for m in self.procs if m not in self.exits], signal.SIGTERM)
-        elif len(running) < self.min_size and not self.finished:
-            print(f"collectives-elastic: {len(running)} rank(s) left, fewer than --min "
-                  f"{self.min_size}: ending the job", file=sys.stderr, flush=True)
-            self._end(running, signal.SIGTERM)
+            self._end(joining, signal.SIGTERM)
+        elif len(running) + len(joining) < self.min_size and not self.finished:
+            print(f"collectives-elastic: {len(running) + len(joining)} rank(s) left "
+                  f"({_members(running + joining)}), fewer than --min {self.min_size}: ending "
+                  f"the job; ended: {_ended(self.exits)}", file=sys.stderr, flush=True)
+            self._end(running + joining, signal.SIGTERM)
 
     def _look_at_generations(self) -> None:
         try:
@@ -169,6 +172,16 @@ class Agent:
 
     def close(self) -> None:
         self.store = None
+
+
+def _members(members: list[str]) -> str:
+    return f"member{'s' if len(members) > 1 else ''} {', '.join(members)}"
+
+
+def _ended(exits: dict[str, int]) -> str:
+    """``member 2 (status 9), member 1 (signal 9)``, in the order they ended."""
+    return ", ".join(f"member {m} ({f'signal {-code}' if code < 0 else f'status {code}'})"
+                     for m, code in exits.items())
 
 
 def _die_with_parent() -> None:

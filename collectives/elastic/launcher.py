@@ -39,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-n", "--nproc", type=int, required=True, help="ranks to start")
     p.add_argument("--min", type=int, default=1, dest="min_size",
-                   help="end the job when fewer ranks remain (default 1)")
+                   help="end the job when fewer ranks remain, replacements started included (default 1)")
     p.add_argument("--replace", action="store_true",
                    help="start a replacement for each rank that fails (torch backend)")
     p.add_argument("--max-restarts", type=int, default=3,

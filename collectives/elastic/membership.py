@@ -15,8 +15,9 @@ Keys, under :data:`PREFIX`:
 - ``joiners`` (a counter) and ``joiner/<k>``: the replacements waiting to join, in arrival
   order; ``admitted/<id>``: the generation a replacement joined.
 - ``revoked/<g>``: a member saw a failure in generation ``g`` (the others' waiting calls fail).
-- ``vote/<topic>/<id>`` and ``result/<topic>``: a member's word in a settlement (a shrink, a
-  grow, an agree) and its outcome.
+- ``vote/<topic>/<id>`` and ``result/<topic>``: a member's word in a settlement and its
+  outcome: ``next/<g>`` (who forms generation ``g + 1``: after a failure, or to admit
+  replacements), ``ready/<g>`` (who is there to make generation ``g``'s group), ``agree/...``.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ pytestmark = pytest.mark.timeout(TIMEOUT + 30)
 
 
 def run_job(out: Path, *args: str, faults: str, wait_join: str = "", timeout: float = 4,
-            env: dict[str, str] | None = None) -> dict[str, dict]:
-    command = [sys.executable, "-m", "collectives.elastic.launcher", "-n", "4", "--timeout", str(timeout),
+            env: dict[str, str] | None = None, ranks: int = 4) -> dict[str, dict]:
+    command = [sys.executable, "-m", "collectives.elastic.launcher", "-n", str(ranks), "--timeout", str(timeout),
                *args, sys.executable, JOB, str(out), "--faults", faults, "--wait-join", wait_join]
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("COLLECTIVES_")}, **(env or {})}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT,
@@ -91,6 +91,45 @@ def test_replacements_join_after_an_exception_and_a_hang_and_hold_the_same_weigh
     assert {"4", "5"} <= set(results)  # the two replacements, with the weights of the rest
     # Each replacement runs on the local slot (LOCAL_RANK: its GPU) of the member it replaces.
     assert {m: results[m]["local_rank"] for m in sorted(results)} == {"0": "0", "3": "3", "4": "2", "5": "1"}
+
+
+#: Jobs that lose a rank at each point of the loop (linear_job.POINTS), a few points a job: at 3
+#: ranks between the step and commit() (the survivors wait inside commit's collective) and while
+#: the next generation's group is made; at 4 ranks at the top of a step, inside commit() and
+#: inside restore(), then inside the collective, inside shrink() and inside an admission. The
+#: launcher's count of the ranks left takes in the replacements started (--min 3 of 3 holds).
+KILL_POINTS = [
+    pytest.param(3, ("--min", "3", "--replace"), "2:exit@2/commit,1:exit@2/ready", "6:3", ["0", "3", "4"],
+                 id="3-commit-ready"),
+    pytest.param(4, (), "3:exit@2/incommit,2:exit@2/restore,1:kill@4/top", "", ["0"],
+                 id="4-top-incommit-restore"),
+    pytest.param(4, ("--replace",), "3:kill@2,2:exit@2/shrink,1:exit@0/admit", "9:4", ["0", "4", "5", "6"],
+                 id="4-collective-shrink-admit"),
+]
+
+
+@pytest.mark.parametrize("ranks, args, faults, wait_join, finishers", KILL_POINTS)
+def test_a_rank_lost_at_any_point_of_the_loop_is_a_rank_failure_and_the_survivors_match_the_reference(
+        tmp_path: Path, ranks: int, args: tuple[str, ...], faults: str, wait_join: str, finishers: list[str]) -> None:
+    results = run_job(tmp_path, *args, faults=faults, wait_join=wait_join, ranks=ranks)
+    check_final(results, len(finishers))
+    assert sorted(results) == finishers  # every member that was to fail did, and no other
+
+
+def test_the_launcher_names_the_ranks_left_and_those_that_ended_when_too_few_remain() -> None:
+    """Members 1 and 2 end (status 1 and 9) while member 0 waits: 1 rank left, fewer than --min 2."""
+    code = ("import os, signal, sys\n"
+            "member = int(os.environ['COLLECTIVES_ELASTIC_ID'])\n"
+            "if member:\n    os._exit({1: 1, 2: 9}[member])\n"
+            "signal.pause()\n")
+    command = [sys.executable, "-m", "collectives.elastic.launcher", "-n", "3", "--min", "2",
+               sys.executable, "-c", code]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 128 + 15, done.stderr  # member 0's SIGTERM
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("collectives-elastic: 1 rank(s) left (member 0), fewer than --min 2: ending the job; "
+                           "ended: member "), line
+    assert "member 1 (status 1)" in line and "member 2 (status 9)" in line, line
 
 
 def run_torch_job(job: str, out: Path, faults: str, *args: str, ranks: int = 4) -> list[dict]:

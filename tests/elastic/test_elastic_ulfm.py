@@ -4,7 +4,8 @@ weights of the float64 numpy replay), and the clear refusal where the MPI cannot
 wheel; Open MPI started without ``--with-ft ulfm``).
 
 The ULFM jobs run in the Open MPI environment (``make test-environments``; one in
-``make test-ci-slice``: ~10 s and ~25 s); elsewhere they skip, saying why."""
+``make test-ci-slice``: ~10 s and ~25 s, and the kill points' two: ~6 s); elsewhere they skip,
+saying why."""
 
 from __future__ import annotations
 
@@ -37,12 +38,13 @@ def clean_env() -> dict[str, str]:
     return {**env, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
-def run_ulfm_job(out: Path, faults: str, job: str = JOB, detector: float = 2) -> tuple[int, dict[str, dict]]:
+def run_ulfm_job(out: Path, faults: str, job: str = JOB, detector: float = 2,
+                 ranks: int = 4) -> tuple[int, dict[str, dict]]:
     """``job`` under ``collectives-elastic --mpi``, 4 ranks; ``detector``: the heartbeat detector's
     timeout (a job whose faults are SIGKILLs, which Open MPI sees without it, takes a long one:
     on a machine loaded by other jobs a rank starved of CPU for 2 s is taken for dead)."""
     command = [sys.executable, "-m", "collectives.elastic.launcher", "--mpi", "--launcher",
-               " ".join(mpi_launcher()), "-n", "4", "--timeout", "20", "--detector-timeout", f"{detector:g}",
+               " ".join(mpi_launcher()), "-n", str(ranks), "--timeout", "20", "--detector-timeout", f"{detector:g}",
                sys.executable, job, str(out), "--faults", faults]
     done = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT,
                           stdin=subprocess.DEVNULL)
@@ -71,6 +73,26 @@ def test_ulfm_survivors_of_an_exception_and_a_hang_match_the_reference(tmp_path:
     sizes = check_final(results, 2)
     assert sizes == [4] * 3 + [3] * 5 + [2] * 4
     assert sorted(results) == ["1", "3"]
+
+
+#: A rank lost at each point of the loop that ULFM has (linear_job.POINTS; its commit() sends
+#: nothing, it admits no replacements, and its shrink is MPIX_Comm_shrink at the failure): the
+#: survivors' shrink() meets the rank that died after MPIX_Comm_shrink counted it in
+#: (MPI_ERR_PROC_FAILED in the new communicator's making) and shrinks again. SIGKILLs: Open MPI
+#: 5.0.11 ends the last survivor when the ranks before it left by os._exit (its detector).
+KILL_POINTS = [
+    pytest.param(3, "2:kill@2/commit,1:kill@2/shrink", id="3-commit-shrink"),
+    pytest.param(4, "3:kill@2/incommit,2:kill@2/restore,1:kill@4/top", id="4-top-incommit-restore"),
+]
+
+
+@needs_ulfm
+@pytest.mark.parametrize("ranks, faults", KILL_POINTS)
+def test_ulfm_a_rank_lost_at_any_point_of_the_loop_leaves_survivors_that_match_the_reference(
+        tmp_path: Path, ranks: int, faults: str) -> None:
+    _, results = run_ulfm_job(tmp_path, faults, ranks=ranks, detector=30)
+    check_final(results, 1)
+    assert sorted(results) == ["0"]
 
 
 @needs_ulfm
