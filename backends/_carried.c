@@ -556,7 +556,7 @@ PyTypeObject CarrierType = {
 
 static PyMethodDef module_functions[] = {
     {"bind_mpi", bind_mpi, METH_O,
-     PyDoc_STR("bind_mpi(MPI) -> whether the round calls MPI_Start and MPI_Test of mpi4py's library itself")},
+     PyDoc_STR("bind_mpi(MPI) -> whether the round calls MPI_Start and MPI_Test itself (the process's, else mpi4py's library's)")},
     {NULL},
 };
 
