@@ -47,7 +47,7 @@ from .mpi_library import (
     wrapping_wire,
 )
 from .mpi_requests import FAST_POLLS, POLL, _Request, poll_policy
-from .mpi_staged import STAGED_BYTES, UNEVEN_BYTES  # noqa: F401  (also importable from here)
+from .mpi_staged import UNEVEN_BYTES
 
 
 def import_mpi() -> Any:
