@@ -575,6 +575,13 @@ PyInit__carried(void)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+#ifdef Py_GIL_DISABLED
+    /* (free-threaded CPython: it needs the GIL, which loading it turns on) */
+    if (PyUnstable_Module_SetGIL(m, Py_MOD_GIL_USED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     if (round_types_ready(m) < 0 || check_types_ready(m) < 0 || p2p_types_ready(m) < 0 ||
         uneven_types_ready(m) < 0) {
         Py_DECREF(m);

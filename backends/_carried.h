@@ -14,7 +14,7 @@
 #define CARRIED_VERSION 10
 
 /* Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block. */
-#define CARRIED_BIT ((int64_t)1 << 63)
+#define CARRIED_BIT INT64_MIN  /* (not (int64_t)1 << 63: a shift into the sign bit is undefined) */
 #define WORD_BITS (~CARRIED_BIT)
 
 /* The round of one MPIChannel (see MPIChannel._round): the blocks it gathers and how it waits.
