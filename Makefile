@@ -25,7 +25,7 @@ PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
 PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
 .PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite fuzz-c10d test-environments test-torch-versions \
-	test-ci-slice typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
+	test-ci-slice test-python-forms typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
 
 # backends/_carried*.c and collectives/_front*.c are compiled by the install: a change to them installs again.
 $(STAMP): pyproject.toml $(wildcard backends/_carried*.[ch] collectives/_front*.[ch])
@@ -155,6 +155,11 @@ test-torch-versions: $(STAMP)
 # c10d and elastic tests. As root on a fresh Debian machine it installs what it needs (apt, the wheels).
 TORCH_NEWEST := 2.15.0
 CI_ENVIRONMENT_TESTS := contract or small_integer or carried or round_blocks or both_forms_of_the_call_path or closed_split or (ddp_equals and plain) or ulfm_survivors_of_a or ulfm_a_rank_lost or ulfm_torch_ddp or refuses_without_ulfm
+# The collective grid and the reliability tests on the Python forms (COLLECTIVES_COMPILED=0), which
+# an install without a C compiler runs; `make test` runs the compiled forms. About 6.5 min on 2 cores.
+test-python-forms: $(STAMP)
+	COLLECTIVES_COMPILED=0 PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest tests/collective_calls tests/reliability $(PYTEST_ARGS)
+
 test-ci-slice: $(STAMP)
 	$(PY) scripts/environments.py test --only openmpi-mpirun,mpich-srun-pmi2 -- -k "$(CI_ENVIRONMENT_TESTS)"
 	$(PY) scripts/torch_versions.py $(TORCH_NEWEST) -- -k "test_c10d or elastic"

@@ -556,7 +556,7 @@ PyTypeObject CarrierType = {
 
 static PyMethodDef module_functions[] = {
     {"bind_mpi", bind_mpi, METH_O,
-     PyDoc_STR("bind_mpi(MPI) -> whether the round calls MPI_Start and MPI_Test of mpi4py's library itself")},
+     PyDoc_STR("bind_mpi(MPI) -> whether the round calls MPI_Start and MPI_Test itself (the process's, else mpi4py's library's)")},
     {NULL},
 };
 
@@ -575,6 +575,13 @@ PyInit__carried(void)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+#ifdef Py_GIL_DISABLED
+    /* (free-threaded CPython: it needs the GIL, which loading it turns on) */
+    if (PyUnstable_Module_SetGIL(m, Py_MOD_GIL_USED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     if (round_types_ready(m) < 0 || check_types_ready(m) < 0 || p2p_types_ready(m) < 0 ||
         uneven_types_ready(m) < 0) {
         Py_DECREF(m);

@@ -14,7 +14,7 @@
 #define CARRIED_VERSION 10
 
 /* Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block. */
-#define CARRIED_BIT ((int64_t)1 << 63)
+#define CARRIED_BIT INT64_MIN  /* (not (int64_t)1 << 63: a shift into the sign bit is undefined) */
 #define WORD_BITS (~CARRIED_BIT)
 
 /* The round of one MPIChannel (see MPIChannel._round): the blocks it gathers and how it waits.
@@ -115,8 +115,9 @@ int payload_rows_into(Round *round, PyObject *counts, int rank, const Py_buffer 
  * backends/_carried.c). */
 PyObject *tensor_memory(PyObject *tensor);
 
-/* bind_mpi(MPI): MPI_Start and MPI_Test looked up in the library of mpi4py's module MPI (where it
- * has them), for the round's direct calls; whether they were found. */
+/* bind_mpi(MPI): MPI_Start and MPI_Test looked up in the process's global symbols first (a PMPI
+ * tool's), else in the library of mpi4py's module MPI, for the round's direct calls; whether they
+ * were found. */
 PyObject *bind_mpi(PyObject *module, PyObject *MPI);
 
 /* A type's tp_traverse and tp_clear (Type_traverse, Type_clear) from the list of its object

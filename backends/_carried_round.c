@@ -11,7 +11,7 @@
 static PyObject *s_word_request, *s_word_args, *s_start_round, *s_Start, *s_Test, *s_wait_saying,
     *s_everyone_fast, *s_wait, *s_read_geometry, *s_write_geometry;
 
-/* MPI_Start and MPI_Test of the library mpi4py loaded (see bind_mpi), called on a persistent
+/* MPI_Start and MPI_Test as the process resolves them (see bind_mpi), called on a persistent
  * request's handle where mpi4py keeps it: the round's start and fast polls without mpi4py's
  * Python-level calls (0.5 us a round). NULL where not bound: mpi4py's Start and Test. */
 typedef int (*mpi_start_fn)(void *request);
@@ -20,21 +20,39 @@ static mpi_start_fn mpi_start;
 static mpi_test_fn mpi_test;
 static PyObject *mpi_exception, *mpi_addressof;  /* MPI.Exception and MPI._addressof */
 
+/* The process's global MPI_Start and MPI_Test first: a PMPI tool (mpiP, Score-P, Darshan, MUST)
+ * preloaded with LD_PRELOAD defines them and sees the round's calls as it sees mpi4py's. Where
+ * libmpi is not global (mpi4py's module loads it RTLD_LOCAL), those of the library mpi4py's module
+ * loaded (it links libmpi). 0 where neither is found (mpi4py's Start and Test then). */
+static int
+find_mpi(PyObject *MPI, mpi_start_fn *start, mpi_test_fn *test)
+{
+    *start = (mpi_start_fn)dlsym(RTLD_DEFAULT, "MPI_Start");
+    *test = (mpi_test_fn)dlsym(RTLD_DEFAULT, "MPI_Test");
+    if (*start != NULL && *test != NULL) return 1;
+    PyObject *file = PyObject_GetAttrString(MPI, "__file__");
+    if (file == NULL) {  /* (a module without a file: mpi4py's calls) */
+        PyErr_Clear();
+        return 0;
+    }
+    const char *path = PyUnicode_AsUTF8(file);
+    void *library = path ? dlopen(path, RTLD_NOLOAD | RTLD_LAZY) : NULL;  /* (mpi4py loaded it) */
+    Py_DECREF(file);
+    PyErr_Clear();
+    if (library == NULL) return 0;
+    *start = (mpi_start_fn)dlsym(library, "MPI_Start");  /* (in libmpi, which it links) */
+    *test = (mpi_test_fn)dlsym(library, "MPI_Test");
+    dlclose(library);  /* (a reference more of a library that stays loaded with mpi4py) */
+    return *start != NULL && *test != NULL;
+}
+
 PyObject *
 bind_mpi(PyObject *module, PyObject *MPI)
 {
     if (mpi_start != NULL) Py_RETURN_TRUE;
-    PyObject *file = PyObject_GetAttrString(MPI, "__file__");
-    if (file == NULL) return NULL;
-    const char *path = PyUnicode_AsUTF8(file);
-    void *library = path ? dlopen(path, RTLD_NOLOAD | RTLD_LAZY) : NULL;  /* (mpi4py loaded it) */
-    Py_DECREF(file);
-    if (PyErr_Occurred()) return NULL;
-    if (library == NULL) Py_RETURN_FALSE;
-    mpi_start_fn start = (mpi_start_fn)dlsym(library, "MPI_Start");  /* (in libmpi, which it links) */
-    mpi_test_fn test = (mpi_test_fn)dlsym(library, "MPI_Test");
-    dlclose(library);  /* (a reference more of a library that stays loaded with mpi4py) */
-    if (start == NULL || test == NULL) Py_RETURN_FALSE;
+    mpi_start_fn start;
+    mpi_test_fn test;
+    if (!find_mpi(MPI, &start, &test)) Py_RETURN_FALSE;
     PyObject *exception = PyObject_GetAttrString(MPI, "Exception");
     PyObject *addressof = exception ? PyObject_GetAttrString(MPI, "_addressof") : NULL;
     if (addressof == NULL) {

@@ -64,30 +64,12 @@ from collectives.ops import ReduceOp
 from collectives.work import Work
 
 from ._buffers import count, divide_, fold_bitwise, nbytes, row_bytes, stage
-from .cupy_channel import (  # noqa: F401  (INSTALL_HINT: also importable from here)
-    INSTALL_HINT,
+from .cupy_channel import (
     CupyNcclChannel,
     bind_device,
-    check_cuda_array,
     import_cupy_nccl,
-    nccl_runtime_version,
 )
-from .cupy_handles import (  # noqa: F401  (wait_for and the poll constants: also importable from here)
-    _GROUP,
-    BUSY_POLL_SECONDS,
-    FAST_POLLS,
-    POLL,
-    POLL_MAX_SECONDS,
-    POLL_MIN_SECONDS,
-    _CupyStreams,
-    _launch_group,
-    _open_group,
-    _StreamWork,
-    _TorchStreams,
-    wait_for,
-)
-from .cupy_plans import (  # noqa: F401  (the plans: also importable from here)
-    BFLOAT16_SINCE,
+from .cupy_plans import (
     NCCL_DTYPES,
     NCCL_OPS,
     P2PPlan,
@@ -95,7 +77,6 @@ from .cupy_plans import (  # noqa: F401  (the plans: also importable from here)
     all_gather_v_plan,
     all_to_all_plan,
     all_to_all_v_plan,
-    decode_nccl_version,
     from_order_keys,
     gather_plan,
     order_keys,

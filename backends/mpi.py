@@ -65,26 +65,16 @@ from ._buffers import (
     nbytes,
     row_bytes,
 )
-from .mpi_buffers import (  # noqa: F401  (cupyx_empty_pinned: also importable from here)
+from .mpi_buffers import (
     bind_device,
-    cupyx_empty_pinned,
-    device_buffer,
     hand_over,
-    host_view,
-    mpi_cuda_aware,
     tensor_address,
 )
 from .mpi_carried import carried_uneven, compiled_uneven
 from .mpi_channel import MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
-from .mpi_requests import (  # noqa: F401  (the poll constants: also importable from here)
-    BUSY_POLL_SECONDS,
+from .mpi_requests import (
     FAST_POLLS,
-    POLL,
-    POLL_INTERVAL,
-    SPIN_POLL,
-    SPIN_SECONDS,
     _Request,
-    poll_policy,
 )
 from .mpi_staged import staged_or, staged_table
 

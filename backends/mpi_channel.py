@@ -30,6 +30,7 @@ from collectives import arrays, config, farewell
 from collectives.arrays import ArrayAdapter
 from collectives.calls import ALL_GATHER_V, BARRIER_TAG, FAREWELL_TAG
 from collectives.errors import BackendUnavailable, CollectiveError
+from collectives.info import warn_if_not_compiled
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.polling import wait_until
 from collectives.transport import Transport
@@ -46,7 +47,7 @@ from .mpi_library import (
     wrapping_wire,
 )
 from .mpi_requests import FAST_POLLS, POLL, _Request, poll_policy
-from .mpi_staged import STAGED_BYTES, UNEVEN_BYTES  # noqa: F401  (also importable from here)
+from .mpi_staged import UNEVEN_BYTES
 
 
 def import_mpi() -> Any:
@@ -155,6 +156,7 @@ class MPIChannel(Transport):
         # below are the reference.
         self._compiled = compiled_module()
         self._compiled_round = compiled_round(self)
+        warn_if_not_compiled()  # (once per process, where they were not built)
 
     @property
     def mpi_comm(self) -> Any:

@@ -26,7 +26,7 @@ from typing import Any
 
 from collectives.elastic.support import refuse
 from collectives.errors import CollectiveTimeout, RankFailure
-from collectives.farewell import PeerLeft
+from collectives.errors import PeerLeft
 from collectives.launcher import LaunchInfo
 
 from .mpi import MPICommunicator, MPITransport

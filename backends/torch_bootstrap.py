@@ -116,7 +116,7 @@ def bootstrap_process_group(dist: Any, launch: LaunchInfo,
         return
     # MPI launcher: rank 0's store address travels over MPI. (collectives.init() installed
     # the MPI abort hook before, and installs it again around torch's after: see
-    # collectives/process_hooks.py.)
+    # collectives/diagnostics/process_hooks.py.)
     store = mpi_shared_tcp_store(launch, timeout)
     _choose_gloo_interface(launch, store.host)
     dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.size,

@@ -48,14 +48,10 @@ from collectives.work import Work, deliver
 
 from . import _float_order
 from ._buffers import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
-from .torch_bootstrap import (  # noqa: F401  (mpi_shared_tcp_store, store_host: also importable from here)
-    DEFAULT_TIMEOUT,
-    NO_TIMEOUT,
+from .torch_bootstrap import (
     bootstrap_process_group,
     created_groups,
     import_torch_distributed,
-    mpi_shared_tcp_store,
-    store_host,
     torch_timeout,
 )
 from .torch_group import TorchGroup, _group_named

@@ -22,7 +22,7 @@ from .registry import BACKENDS, init
 
 __version__ = "0.1.0"
 
-# The one process-wide hook that cannot wait for init() (collectives/process_hooks.py): under
+# The one process-wide hook that cannot wait for init() (collectives/diagnostics/process_hooks.py): under
 # an MPI launcher sys.exit records its status, since `sys.exit(main())` looks it up first.
 from .diagnostics import process_hooks as _process_hooks  # noqa: E402
 

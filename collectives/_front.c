@@ -252,6 +252,13 @@ PyInit__front(void)
     if (intern_all() < 0 || front_views_ready() < 0 || PyType_Ready(&FrontType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+#ifdef Py_GIL_DISABLED
+    /* (free-threaded CPython: it needs the GIL, which loading it turns on) */
+    if (PyUnstable_Module_SetGIL(m, Py_MOD_GIL_USED) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+#endif
     if (method_type_ready(m) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -141,7 +141,7 @@ class Communicator:
         self.trace_name = name or f"comm{next(_ROOTS)}"
         self._trace_order = next(_ORDER)
         self._trace_splits = 0
-        # The flight recorder (collectives/recorder.py): the last calls, None when turned off.
+        # The flight recorder (collectives/diagnostics/recorder.py): the last calls, None when turned off.
         self._ring = recorder.new_ring(self)
         self._hooks: list[Callable[[CallRecord], Any]] = []
         # The call path, compiled where it was built (collectives/front.py): this instance's _run.
@@ -500,7 +500,7 @@ class Communicator:
             self._seq += 1
         self._operation = call.name
         ring = self._ring
-        if ring is not None:  # the flight recorder (collectives/recorder.py): a call with an end time
+        if ring is not None:  # the flight recorder (collectives/diagnostics/recorder.py): a call with an end time
             # and no error has completed; the fast path's view's shape is a plain tuple (cheaper)
             record = [self._seq, call, dtype, (x if view is None else view).shape, root, STARTED,
                       _clock(), 0.0, None, None, reduce_op]

@@ -34,7 +34,7 @@ TRACE_CALLSITE = "COLLECTIVES_TRACE_CALLSITE"
 #: 1 prints a table of calls, time, algbw and busbw per op and size range at exit (rank 0).
 PROFILE = "COLLECTIVES_PROFILE"
 #: 0 installs none of the process-wide hooks (exit, excepthook, signal handlers, the SIGINT
-#: watcher; see collectives/process_hooks.py) for programs that manage exits and signals.
+#: watcher; see collectives/diagnostics/process_hooks.py) for programs that manage exits and signals.
 PROCESS_HOOKS = "COLLECTIVES_PROCESS_HOOKS"
 #: 1: ``init()`` makes a fault-tolerant communicator (a dead peer raises RankFailure, and
 #: ``shrink()``/``agree()`` go on without it; see collectives.elastic), as ``init(fault_tolerant=True)``.

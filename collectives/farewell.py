@@ -25,7 +25,6 @@ import weakref
 import zlib
 from typing import TYPE_CHECKING, Any
 
-from .calls import FAREWELL_TAG  # noqa: F401  (also importable from here)
 from .diagnostics import _exits, recorder
 from .errors import PeerLeft as PeerLeft  # (also importable from here, where it used to live)
 

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -151,10 +152,43 @@ def mpi_report() -> dict[str, Any]:
             "compiled": compiled, "compiled_why": "" if compiled else _not_compiled()}
 
 
+#: Why a compiled form that ``COLLECTIVES_COMPILED`` leaves on does not run, and what to do:
+#: said by ``collectives-info`` and by the warning of :func:`warn_if_not_compiled`.
+NOT_BUILT = ("not built (no C compiler or Python headers at install) or built from other sources: the Python "
+             "form runs, a small call 2-3 times slower; install a C compiler and the Python headers "
+             "(Debian: gcc python3-dev) and reinstall without pip's cache (pip install --no-cache-dir "
+             f"--force-reinstall pycollectives), or set {config.COMPILED}=0 to choose the Python form")
+
+
 def _not_compiled() -> str:
     """Why a compiled form does not run (``COLLECTIVES_COMPILED=0``, or it was not built)."""
-    return (f"off ({config.COMPILED}=0)" if not config.compiled() else
-            "not built (no C compiler or Python headers at install) or built from other sources: the Python form runs")
+    return f"off ({config.COMPILED}=0)" if not config.compiled() else NOT_BUILT
+
+
+class NotCompiledWarning(RuntimeWarning):
+    """The compiled forms were not built: the Python form runs (see :func:`warn_if_not_compiled`)."""
+
+
+_warned = False
+
+
+def warn_if_not_compiled() -> None:
+    """A :class:`NotCompiledWarning`, once per process, where a compiled form of the MPI backend's
+    calls (the call path, collectives._front; the check round and small calls,
+    collectives.backends._carried) is missing though ``COLLECTIVES_COMPILED`` leaves them on.
+    Called when an MPI transport is made; ``COLLECTIVES_COMPILED=0`` silences it."""
+    global _warned
+    if _warned or not config.compiled():
+        return
+    from collectives.backends.mpi_carried import compiled_module  # noqa: PLC0415
+
+    missing = [name for name, module in (("the call path (collectives._front)", front.compiled_module()),
+                                         ("the MPI check round (collectives.backends._carried)", compiled_module()))
+               if module is None]
+    _warned = True
+    if missing:
+        warnings.warn(f"collectives: the compiled forms of {' and '.join(missing)} are {NOT_BUILT}",
+                      NotCompiledWarning, stacklevel=2)
 
 
 def cupy_report() -> dict[str, Any]:

@@ -123,7 +123,7 @@ def init(backend: str | None = None, *, timeout: Any = None,
             _default.trace_name = "world"
             return _default
         cls = backend_class(name)
-        # The process-wide hooks (collectives/process_hooks.py): before the backend starts, so
+        # The process-wide hooks (collectives/diagnostics/process_hooks.py): before the backend starts, so
         # a failing bootstrap ends the job, and after, around what the transport installed.
         process_hooks.install(launch)
         _default = cls.from_launcher(launch, timeout=timeout)

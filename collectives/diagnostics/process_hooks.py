@@ -226,7 +226,7 @@ def _abort_mpi_on_uncaught_exception(describe: str = "") -> None:
         return
     # An uncaught SystemExit skips the excepthook, and MPI_Finalize at exit would then wait
     # for peers that wait for this rank: a hang. At exit, abort when the process is really
-    # ending through an exit with a non-zero code (collectives/_exits.py tells; an exit that
+    # ending through an exit with a non-zero code (collectives/diagnostics/_exits.py tells; an exit that
     # the program caught before finishing normally does not count).
     # (Registered after mpi4py's finalizer, so it runs before it.)
     watch = _exits.ExitWatch()

@@ -155,7 +155,7 @@ def ddp_process_group(comm: Communicator, which: str) -> Any:
 
     if comm.backend == "torch":
         return dist.new_group(backend="gloo") if which == "new" else comm.process_group
-    from collectives.backends import torch_dist  # noqa: PLC0415
+    from collectives.backends import torch_bootstrap  # noqa: PLC0415
 
     from collectives.launcher import detect_launcher  # noqa: PLC0415
 
@@ -165,7 +165,7 @@ def ddp_process_group(comm: Communicator, which: str) -> Any:
     else:
         if launch.local_size == launch.size and "GLOO_SOCKET_IFNAME" not in os.environ:
             os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # one node: loopback, as the torch backend does
-        store = torch_dist.mpi_shared_tcp_store(launch)
+        store = torch_bootstrap.mpi_shared_tcp_store(launch)
     dist.init_process_group("gloo", store=store, rank=comm.rank, world_size=comm.size)
     return None  # the default group
 

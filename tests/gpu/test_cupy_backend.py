@@ -16,8 +16,9 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from collectives.backends import cupy_id, cupy_nccl
-from collectives.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS, check_cuda_array, reduce_plan
+from collectives.backends import cupy_channel, cupy_handles, cupy_id, cupy_nccl, cupy_plans
+from collectives.backends.cupy_channel import check_cuda_array
+from collectives.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS, reduce_plan
 
 import collectives
 from collectives import ALLOWED_OPS, DTYPES, BackendUnavailable, CollectiveError, ReduceOp, arrays
@@ -42,7 +43,7 @@ def test_missing_cupy_is_backend_unavailable_with_install_hint():
     with pytest.raises(BackendUnavailable, match=r"backend 'cupy' needs CuPy.*pip install 'pycollectives\[cupy\]'"):
         backend_class("cupy").from_launcher(SINGLE)
     with pytest.raises(BackendUnavailable, match="cupy-cuda13x"):
-        cupy_nccl.nccl_runtime_version()
+        cupy_channel.nccl_runtime_version()
 
 
 @pytest.mark.parametrize("x", [np.arange(4, dtype=np.float32), torch.arange(4, dtype=torch.float32)],
@@ -156,9 +157,9 @@ def test_plan_keeps_nan_in_float_min_max_as_the_quiet_nan(dtype, op, size):
 
 
 def test_nccl_version_codes_decode_both_layouts():
-    assert cupy_nccl.decode_nccl_version(21803) == (2, 18, 3)
-    assert cupy_nccl.decode_nccl_version(23000) == (2, 30, 0)
-    assert cupy_nccl.decode_nccl_version(2304) == (2, 3, 4)  # before 2.9: major*1000
+    assert cupy_plans.decode_nccl_version(21803) == (2, 18, 3)
+    assert cupy_plans.decode_nccl_version(23000) == (2, 30, 0)
+    assert cupy_plans.decode_nccl_version(2304) == (2, 3, 4)  # before 2.9: major*1000
 
 
 # -- timeout: the deadline on a collective's CUDA event -------------------------------------------
@@ -205,20 +206,20 @@ class Event:
 
 def test_wait_for_returns_at_once_when_the_event_is_done_in_the_tight_polls():
     clock, event = FakeClock(), Event(3)
-    assert cupy_nccl.wait_for(lambda: event.done, 5.0, clock=clock, pause=clock.pause)
+    assert cupy_handles.wait_for(lambda: event.done, 5.0, clock=clock, pause=clock.pause)
     assert clock.pauses == []
 
 
 def test_wait_for_gives_up_at_the_deadline_and_backs_off_first():
     clock, checks = FakeClock(), []
-    assert not cupy_nccl.wait_for(lambda: False, 2.0, check=lambda: checks.append(clock.now),
+    assert not cupy_handles.wait_for(lambda: False, 2.0, check=lambda: checks.append(clock.now),
                                   clock=clock, pause=clock.pause)
-    assert 2.0 <= clock.now < 2.0 + cupy_nccl.POLL_MAX_SECONDS + 1e-3
+    assert 2.0 <= clock.now < 2.0 + cupy_handles.POLL_MAX_SECONDS + 1e-3
     sleeps = [p for p in clock.pauses if p > 0]
-    assert sleeps[0] == cupy_nccl.POLL_MIN_SECONDS and max(sleeps) == cupy_nccl.POLL_MAX_SECONDS
+    assert sleeps[0] == cupy_handles.POLL_MIN_SECONDS and max(sleeps) == cupy_handles.POLL_MAX_SECONDS
     assert sleeps == sorted(sleeps[:-1]) + sleeps[-1:]  # doubling, the last cut to the deadline
     assert len(sleeps) < 250  # a hung collective polls about 100 times a second, not in a spin
-    assert checks and checks[0] >= cupy_nccl.BUSY_POLL_SECONDS  # async errors once it backs off
+    assert checks and checks[0] >= cupy_handles.BUSY_POLL_SECONDS  # async errors once it backs off
 
 
 def test_wait_for_raises_what_the_error_check_raises():
@@ -228,12 +229,12 @@ def test_wait_for_raises_what_the_error_check_raises():
         raise CollectiveError("NCCL reported an asynchronous error")
 
     with pytest.raises(CollectiveError, match="asynchronous"):
-        cupy_nccl.wait_for(lambda: False, 10.0, check=check, clock=clock, pause=clock.pause)
+        cupy_handles.wait_for(lambda: False, 10.0, check=check, clock=clock, pause=clock.pause)
 
 
 def test_wait_for_sees_an_event_that_completes_while_it_sleeps():
     clock, event = FakeClock(), Event(5000)
-    assert cupy_nccl.wait_for(lambda: event.done, 60.0, clock=clock, pause=clock.pause)
+    assert cupy_handles.wait_for(lambda: event.done, 60.0, clock=clock, pause=clock.pause)
     assert clock.now < 60.0
 
 
@@ -265,9 +266,9 @@ def _grouped_works(nccl, count):
     comm = LocalCommunicator()._transport  # (a transport: its context names the call)
     works = []
     for n in range(count):
-        work = cupy_nccl._StreamWork(n, Library(), None, comm)
+        work = cupy_handles._StreamWork(n, Library(), None, comm)
         work._stream = f"stream {n}"
-        cupy_nccl._open_group(nccl).append(work)
+        cupy_handles._open_group(nccl).append(work)
         works.append(work)
     return works
 
@@ -277,22 +278,22 @@ def test_async_sends_and_recvs_share_one_group_launched_once():
     works = _grouped_works(nccl, 3)
     assert nccl.calls == ["start"]  # one group for all three
     assert not any(work.is_completed() for work in works)  # not launched: never done
-    cupy_nccl._launch_group(nccl)
+    cupy_handles._launch_group(nccl)
     assert nccl.calls == ["start", "end"]
     assert [work._event for work in works] == ["event on stream 0", "event on stream 1", "event on stream 2"]
-    assert getattr(cupy_nccl._GROUP, "works", None) is None  # the next call opens a new group
+    assert getattr(cupy_handles._GROUP, "works", None) is None  # the next call opens a new group
 
 
 def test_a_failed_group_fails_every_handle_in_it_with_a_collective_error():
     nccl = GroupCalls(fail=True)
     works = _grouped_works(nccl, 2)
     with pytest.raises(CollectiveError, match="INVALID_USAGE"):
-        cupy_nccl._launch_group(nccl)
+        cupy_handles._launch_group(nccl)
     for work in works:
         assert work.is_completed()
         with pytest.raises(CollectiveError, match="INVALID_USAGE"):
             work.wait()
-    assert getattr(cupy_nccl._GROUP, "works", None) is None
+    assert getattr(cupy_handles._GROUP, "works", None) is None
 
 
 # -- the collectives built from grouped send/recv: their plans against numpy ------------------------

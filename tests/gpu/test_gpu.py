@@ -120,7 +120,7 @@ def _mpi_problem(need_cuda_aware):
     if not report["usable"]:
         return f"MPI is unavailable: {report['why']}"
     if need_cuda_aware:
-        from collectives.backends.mpi import mpi_cuda_aware
+        from collectives.backends.mpi_buffers import mpi_cuda_aware
         from mpi4py import MPI
 
         saved = os.environ.pop("COLLECTIVES_MPI_CUDA_AWARE", None)

@@ -134,12 +134,12 @@ def test_each_backends_channel_is_below_its_collectives():
 
 
 def test_the_diagnostics_old_module_names_are_the_moved_modules():
-    """``collectives.recorder``, ``trace``, ``process_hooks`` and ``_exits`` moved into
+    """``collectives.recorder``, ``trace`` and ``process_hooks`` (public names) moved into
     ``collectives.diagnostics``; code that imported the old names gets the same module objects
     (so a monkeypatch or a flag set through either name is seen by both)."""
     import importlib  # noqa: PLC0415
 
-    for name in ("recorder", "trace", "process_hooks", "_exits"):
+    for name in ("recorder", "trace", "process_hooks"):
         old = importlib.import_module(f"collectives.{name}")
         assert old is importlib.import_module(f"collectives.diagnostics.{name}"), name
 
