@@ -25,8 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from collectives.elastic.support import refuse
-from collectives.errors import CollectiveTimeout, RankFailure
-from collectives.errors import PeerLeft
+from collectives.errors import CollectiveTimeout, PeerLeft, RankFailure
 from collectives.launcher import LaunchInfo
 
 from .mpi import MPICommunicator, MPITransport

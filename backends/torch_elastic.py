@@ -36,8 +36,7 @@ from typing import Any
 from collectives import config
 from collectives.communicator import Communicator
 from collectives.elastic.membership import Membership, Outcome, left_out
-from collectives.errors import BackendUnavailable, CollectiveError, CollectiveMismatch, RankFailure
-from collectives.errors import PeerLeft
+from collectives.errors import BackendUnavailable, CollectiveError, CollectiveMismatch, PeerLeft, RankFailure
 from collectives.launcher import LaunchInfo
 
 from .torch_bootstrap import created_groups, device_backend, import_torch_distributed, torch_timeout
