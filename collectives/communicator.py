@@ -328,7 +328,7 @@ class Communicator:
             if seconds is None or self.size == 1:
                 self._synchronize()
             else:
-                self._monitored.run(seconds, self._seq, self._synchronize)
+                self._monitored.run(seconds, self._seq, self._synchronize, self._checking)
         except Exception as error:
             self._raise_failed(record, error)
         finally:

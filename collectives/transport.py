@@ -382,10 +382,12 @@ class Transport(abc.ABC):
         that died. ``None``: the default. Never called for ``TypeError``/``ValueError``."""
         return None
 
-    def _native_monitored_barrier(self, seconds: float) -> bool:
+    def _native_monitored_barrier(self, seconds: float, check: Callable[[], None] | None = None) -> bool:
         """The barrier under a timeout of ``seconds``, where the transport has one that names
         the ranks that never arrived (``True``: done); ``False`` (the default): the call
-        path's own (a word from every rank to rank 0 ahead of the barrier)."""
+        path's own (a word from every rank to rank 0 ahead of the barrier). ``check``: where
+        checks are on, the call's check, which is then the barrier (a barrier against another
+        call raises its mismatch on every rank)."""
         return False
 
     # -- fault tolerance (collectives.init(fault_tolerant=True)): hooks that a transport able

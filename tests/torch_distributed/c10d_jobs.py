@@ -354,12 +354,14 @@ def _mismatched_calls(case: str, rank: int) -> Any:
     if case == "skipped call":  # rank 1 skips the all_reduce that rank 0 makes before the broadcast
         return (lambda: (dist.all_reduce(t), dist.broadcast(t, 0))) if rank == 0 else \
             (lambda: dist.broadcast(t, 0))
+    if case == "barrier":  # rank 0's barrier against rank 1's all_reduce
+        return dist.barrier if rank == 0 else (lambda: dist.all_reduce(t))
     assert case == "extra call"  # rank 1 makes one all_reduce more
     return (lambda: (dist.all_reduce(t), dist.broadcast(t, 0))) if rank == 0 else \
         (lambda: (dist.all_reduce(t), dist.all_reduce(t), dist.broadcast(t, 0)))
 
 
-MISMATCH_CASES = ["shape", "dtype", "op", "root", "all_gather shape", "skipped call", "extra call"]
+MISMATCH_CASES = ["shape", "dtype", "op", "root", "all_gather shape", "skipped call", "extra call", "barrier"]
 
 
 def default_mismatch_job(comm: Any) -> dict[str, tuple[str, float]]:

@@ -92,7 +92,8 @@ def test_bad_input_is_the_same_clear_error_on_every_rank(two):
 
 
 def test_mismatched_calls_raise_on_every_rank_by_default(two):
-    """Default settings: shape, dtype, op, root, all_gather shapes, a skipped and an extra call are
+    """Default settings: shape, dtype, op, root, all_gather shapes, a skipped and an extra call, a
+    barrier against an all_reduce are
     CollectiveMismatch on every rank, naming the difference; the group works after each."""
     fields = {"shape": "shape differs: (3,) on rank 0; (4,) on rank 1",
               "dtype": "dtype differs: float32 on rank 0; float64 on rank 1",
@@ -100,7 +101,8 @@ def test_mismatched_calls_raise_on_every_rank_by_default(two):
               "root": "root differs: 0 on rank 0; 1 on rank 1",
               "all_gather shape": "shape differs: (2,) on rank 0; (3,) on rank 1",
               "skipped call": "operation differs: all_reduce on rank 0; broadcast on rank 1",
-              "extra call": "operation differs: broadcast on rank 0; all_reduce on rank 1"}
+              "extra call": "operation differs: broadcast on rank 0; all_reduce on rank 1",
+              "barrier": "operation differs: barrier on rank 0; all_reduce on rank 1"}
     for rank, found in enumerate(two.run(jobs.default_mismatch_job, timeout=120)):
         for case, (outcome, after) in found.items():
             assert outcome.startswith("CollectiveMismatch") and fields[case] in outcome, (rank, case, outcome)
