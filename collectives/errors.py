@@ -19,7 +19,7 @@ class BackendUnavailable(CollectiveError):
 class CollectiveTimeout(CollectiveError, TimeoutError):
     """A blocking collective did not complete within the communicator's timeout.
 
-    Its message starts with :func:`timed_out`'s words."""
+    Its message starts with the words of :func:`collectives.errors.timed_out`."""
 
 
 def timed_out(call: str, limit: str) -> str:

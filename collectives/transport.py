@@ -382,6 +382,11 @@ class Transport(abc.ABC):
         that died. ``None``: the default. Never called for ``TypeError``/``ValueError``."""
         return None
 
+    #: Whether :meth:`_recv` takes a request whose ``root`` is ``None`` (a recv from any source,
+    #: the handle's ``source`` set to the sender); where not, the call path refuses ``src=None``
+    #: before anything is sent.
+    _recv_any_source: bool = False
+
     def _native_monitored_barrier(self, seconds: float, check: Callable[[], None] | None = None) -> bool:
         """The barrier under a timeout of ``seconds``, where the transport has one that names
         the ranks that never arrived (``True``: done); ``False`` (the default): the call

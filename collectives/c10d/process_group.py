@@ -21,7 +21,7 @@ from collectives import arrays
 from collectives.communicator import Communicator
 from collectives.errors import CollectiveMismatch
 from collectives.ops import ReduceOp, check_reduction
-from collectives.work import AllOf
+from collectives.work import AllOf, Work
 
 from . import arguments
 from .agreement import agree, agree_splits
@@ -415,7 +415,19 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         return self._submit(tensors, run, name)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> CollectivesWork:
-        raise ValueError("the 'collectives' backend has no recv from any source; name the src rank")
+        """A recv from any source (``dist.recv(t)`` without ``src``): the work's ``_source_rank()``
+        is the group rank that sent, as Gloo's (one tensor, as Gloo takes)."""
+        if len(tensors) != 1:
+            raise ValueError(f"recv from any source takes one tensor; got {len(tensors)}")
+        name = f"recv from any source (tag {tag})"
+        received: list[Work] = []
+
+        def run(comm: Communicator) -> Any:
+            received.append(comm.recv(tensors[0], None, tag=tag, async_op=True))
+            return Started(received[0], tensors, name)
+        work = self._submit(tensors, run, name)
+        work.received = received
+        return work
 
     def barrier(self, opts: Any = None) -> CollectivesWork:
         def run(comm: Communicator) -> Any:

@@ -85,6 +85,17 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
         super().__init__()
         self._outcome = outcome
         self._future = outcome.source.then(_unwrap)
+        #: A recv from any source's handle, once the worker made it (see ``_source_rank``).
+        self.received: list[Work] = []
+
+    def _source_rank(self) -> int:
+        """The group rank a recv from any source received from (torch's ``dist.recv`` with no
+        ``src`` returns it, as Gloo's handle says it), once the recv completed."""
+        self.wait()
+        source = self.received[0].source if self.received else None
+        if source is None:
+            raise ValueError(f"{self._outcome.name} is no recv from any source: it has no source rank")
+        return source
 
     def wait(self, timeout: Any = None) -> bool:
         seconds = _seconds(timeout)

@@ -553,3 +553,21 @@ def c10d_sum_job(comm: Any) -> list[float]:
     t = torch.full((2,), float(dist.get_rank() + 1))
     dist.all_reduce(t)
     return t.tolist()
+
+
+def recv_any_source_job(comm: Any) -> list[tuple[int, list[float]]] | None:
+    """Ranks 1.. send rank 0 their rank; rank 0's ``dist.recv(t)`` without ``src`` takes each,
+    over "collectives" then over Gloo (the reference): what each returned (the sender's rank)
+    and what it received, per group."""
+    ensure_group(comm)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    found = []
+    for group in (None, _GLOO["world"]):
+        if rank:
+            dist.send(torch.full((3,), float(rank)), 0, group=group, tag=4)
+        else:
+            for _ in range(size - 1):
+                t = torch.full((3,), -1.0)
+                found.append((dist.recv(t, group=group, tag=4), t.tolist()))
+        dist.barrier()
+    return found if rank == 0 else None

@@ -208,3 +208,11 @@ def test_a_failed_c10d_job_leaves_the_next_one_a_working_group():
         with pytest.raises(RankError, match="rank 1 fails on purpose"):
             pool.run(jobs.failing_c10d_job, timeout=30)
         assert pool.run(jobs.c10d_sum_job, timeout=30) == [[3.0, 3.0], [3.0, 3.0]]
+
+
+def test_recv_without_src_returns_the_senders_rank_as_gloo_does():
+    with RankPool("mpi", 3) as pool:
+        found = pool.run(jobs.recv_any_source_job, timeout=60)[0]
+    ours, gloo = found[:2], found[2:]
+    for received in (ours, gloo):
+        assert sorted(received) == [(1, [1.0] * 3), (2, [2.0] * 3)], found
