@@ -211,6 +211,14 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     @_operation("allreduce")
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
+        if any(t.layout == torch.sparse_coo for t in tensors):
+            arguments.sparse_allreduce(tensors, _opt(opts, "reduceOp", dist.ReduceOp.SUM))
+
+            def run(comm: Communicator) -> Any:
+                for t in tensors:
+                    _sparse_all_reduce(comm, t)
+                return tensors
+            return self._submit([t._values() for t in tensors], run, "all_reduce")  # (their devices, dtypes)
         arguments.allreduce(tensors)
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), tensors)
         return self._each_tensor(tensors, lambda comm, t: comm.all_reduce(t, op), "all_reduce")
@@ -437,6 +445,15 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
 
 # -- the operations' bodies (run on the worker) ------------------------------------------------
+
+def _sparse_all_reduce(comm: Communicator, t: torch.Tensor) -> None:
+    """The sum of every rank's sparse COO ``t``, into ``t``, as Gloo's: every rank's indices and
+    values gathered (in rank order), then coalesced (duplicates summed)."""
+    local = t.coalesce()
+    indices, _ = comm.all_gather_v(local.indices().t().contiguous())
+    values, _ = comm.all_gather_v(local.values().contiguous())
+    t.copy_(torch.sparse_coo_tensor(indices.t(), values, t.shape).coalesce())
+
 
 def _opt(opts: Any, name: str, default: Any) -> Any:
     return default if opts is None else getattr(opts, name, default)

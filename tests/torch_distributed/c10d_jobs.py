@@ -571,3 +571,34 @@ def recv_any_source_job(comm: Any) -> list[tuple[int, list[float]]] | None:
                 found.append((dist.recv(t, group=group, tag=4), t.tolist()))
         dist.barrier()
     return found if rank == 0 else None
+
+
+def sparse_all_reduce_job(comm: Any) -> dict[str, Any]:
+    """Sparse COO all_reduce (SUM) over "collectives" and over Gloo (the reference), on tensors
+    of 1-3 sparse and 0-2 dense dimensions whose entries overlap between ranks (and an empty
+    one on rank 0); then the refusals: MAX, and a sparse broadcast."""
+    ensure_group(comm)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(rank)
+    found: dict[str, Any] = {}
+    for sparse_dims, dense_dims in ((1, 0), (2, 1), (3, 2)):
+        nnz = 0 if rank == 0 and sparse_dims == 1 else 2 + rank
+        shape = [size + 1] * sparse_dims + [2] * dense_dims
+        indices = torch.randint(0, size + 1, (sparse_dims, nnz), generator=g)
+        values = torch.randint(-4, 5, (nnz, *[2] * dense_dims), generator=g).to(torch.float32) / 4
+        results = []
+        for group in (None, _GLOO["world"]):
+            t = torch.sparse_coo_tensor(indices, values, shape)
+            dist.all_reduce(t, group=group)
+            t = t.coalesce()
+            results.append((t.indices().tolist(), t.values().tolist(), list(t.shape)))
+        found[f"{sparse_dims}-{dense_dims}"] = results
+    t = torch.sparse_coo_tensor(torch.zeros(1, 1, dtype=torch.int64), torch.ones(1), [2])
+    for name, call in (("max", lambda: dist.all_reduce(t, dist.ReduceOp.MAX)),
+                       ("broadcast", lambda: dist.broadcast(t, 0))):
+        try:
+            call()
+            found[name] = "no error"
+        except (TypeError, ValueError) as error:
+            found[name] = f"{type(error).__name__}: {error}"
+    return found

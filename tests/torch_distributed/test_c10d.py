@@ -216,3 +216,13 @@ def test_recv_without_src_returns_the_senders_rank_as_gloo_does():
     ours, gloo = found[:2], found[2:]
     for received in (ours, gloo):
         assert sorted(received) == [(1, [1.0] * 3), (2, [2.0] * 3)], found
+
+
+def test_sparse_all_reduce_sums_as_gloo_and_other_sparse_calls_are_refused(group):
+    for found in group.run(jobs.sparse_all_reduce_job, timeout=120):
+        for case in ("1-0", "2-1", "3-2"):
+            ours, gloo = found[case]
+            assert ours == gloo, (case, ours, gloo)
+        assert found["max"].startswith("ValueError") and "ReduceOp.SUM alone" in found["max"], found["max"]
+        assert found["broadcast"].startswith("TypeError") and "sparse COO tensors: all_reduce with SUM" in \
+            found["broadcast"], found["broadcast"]
