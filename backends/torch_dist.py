@@ -398,7 +398,8 @@ class TorchTransport(TorchGroup):
 
     @_torch_call
     def _recv(self, r: Request) -> Work | None:
-        x, adapter, src, tag, async_op = r.x, r.adapter, r.root, r.extra, r.async_op
+        x, adapter, tag, async_op = r.x, r.adapter, r.extra, r.async_op
+        src: int | None = r.root  # (None: from any source)
         t = self._as_tensor(x, adapter)
         if src is None and t.is_cuda:  # (checked before anything is sent)
             raise ValueError("recv(src=None), from any source, takes CPU tensors on the torch backend: "

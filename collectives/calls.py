@@ -108,9 +108,10 @@ class Request:
     #: The :class:`~collectives.ReduceOp`, allowed on ``dtype`` (the rows that reduce); ``None``
     #: for the others.
     op: Any
-    #: The root (``src``/``dst``) or the peer of a send/recv, a valid rank; -1: none; ``None``:
-    #: a recv from any source (its handle's ``source`` says which rank sent).
-    root: int | None
+    #: The root (``src``/``dst``) or the peer of a send/recv, a valid rank; -1: none. A recv from
+    #: any source has ``None`` (only on a transport with ``_recv_any_source``; its handle's
+    #: ``source`` says which rank sent), typed as a rank for the other calls' sake.
+    root: int
     #: Where the result goes (checked shape and dtype), or ``None``: a new array.
     out: Any
     #: Return a :class:`~collectives.Work` (a handle) instead of waiting.

@@ -38,7 +38,8 @@ class _CheckedRecv(Work):
         # From any source (src None), the payload's recv is posted once the header said who sent,
         # and the header's once the previous recv from any source has posted its payload (else
         # this header's recv could take that sender's payload: same tag, any source).
-        self._before, self._header_work = None, None
+        self._before: _CheckedRecv | None = None
+        self._header_work: Work | None = None
         if src is None:
             self._before, p2p.last_any = p2p.last_any, self
         self._payload: Work | None = None
@@ -153,6 +154,7 @@ class CheckedPointToPoint:
 
         header = p2p_header(dtype, tuple(x.shape), tag, _nbytes(x))
         if call is SEND:
+            assert peer is not None  # (a send names its peer)
             sent = self.transport._send_small(header, peer, tag)
             payload = self.transport._send(Request(SEND, x, adapter, dtype, root=peer, async_op=async_op,
                                                     extra=tag))

@@ -362,10 +362,10 @@ class Transport(abc.ABC):
         return self._send(Request(SEND, vector, arrays.NUMPY, "int64", root=dst, async_op=True,
                                   extra=tag)) or Work(vector)
 
-    def _recv_small(self, vector: Any, src: int, tag: int) -> Work:
-        """Receive into a small int64 numpy vector from ``src``, nonblocking."""
-        return self._recv(Request(RECV, vector, arrays.NUMPY, "int64", root=src, async_op=True,
-                                  extra=tag)) or Work(vector)
+    def _recv_small(self, vector: Any, src: int | None, tag: int) -> Work:
+        """Receive into a small int64 numpy vector from ``src`` (``None``: any source), nonblocking."""
+        return self._recv(Request(RECV, vector, arrays.NUMPY, "int64", root=src,  # type: ignore[arg-type]
+                                  async_op=True, extra=tag)) or Work(vector)  # (None: see Request.root)
 
     def _scratch_bytes(self, x: Any, adapter: ArrayAdapter, nbytes: int) -> Any:
         """``nbytes`` of uninitialized uint8 memory of x's kind and device (where a debug-mode
