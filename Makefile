@@ -80,13 +80,15 @@ bench-train: $(STAMP)
 
 # torch's own distributed tests (torch.testing._internal.distributed.distributed_test) against the
 # backend "collectives" and against Gloo, in the same harness under mpiexec: counts side by side
-# (docs/torch_distributed.md). SUITE_ARGS=-k PATTERN for a part of it.
+# (docs/torch_distributed.md), then side by side. SUITE_ARGS=-k PATTERN for a part of it.
 SUITE_RANKS ?= 3
 test-torch-suite: $(STAMP)
 	for b in collectives gloo; do \
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/torch_suite.py --backend $$b -n $(SUITE_RANKS) \
 	    --json docs/bench/torch-suite-$$b-$(SUITE_RANKS).json $(SUITE_ARGS) || exit 1; \
 	done
+	$(PY) scripts/torch_suite.py --compare docs/bench/torch-suite-collectives-$(SUITE_RANKS).json \
+	  docs/bench/torch-suite-gloo-$(SUITE_RANKS).json
 
 # tests/collective_calls/test_many_ranks.py (5 and 8 ranks in `make test`) at MANY_RANKS ranks: the
 # collective grid, the check's mismatches, SyncBN and DDP over "collectives" on mpi and torch. On
