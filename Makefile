@@ -24,7 +24,7 @@ endif
 PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
 PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
-.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite fuzz-c10d test-environments test-torch-versions \
+.PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite test-many-ranks fuzz-c10d test-environments test-torch-versions \
 	test-ci-slice test-python-forms typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
 
 # backends/_carried*.c and collectives/_front*.c are compiled by the install: a change to them installs again.
@@ -80,13 +80,23 @@ bench-train: $(STAMP)
 
 # torch's own distributed tests (torch.testing._internal.distributed.distributed_test) against the
 # backend "collectives" and against Gloo, in the same harness under mpiexec: counts side by side
-# (docs/torch_distributed.md). SUITE_ARGS=-k PATTERN for a part of it.
+# (docs/torch_distributed.md), then side by side. SUITE_ARGS=-k PATTERN for a part of it.
 SUITE_RANKS ?= 3
 test-torch-suite: $(STAMP)
 	for b in collectives gloo; do \
 	  PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) scripts/torch_suite.py --backend $$b -n $(SUITE_RANKS) \
 	    --json docs/bench/torch-suite-$$b-$(SUITE_RANKS).json $(SUITE_ARGS) || exit 1; \
 	done
+	$(PY) scripts/torch_suite.py --compare docs/bench/torch-suite-collectives-$(SUITE_RANKS).json \
+	  docs/bench/torch-suite-gloo-$(SUITE_RANKS).json
+
+# tests/collective_calls/test_many_ranks.py (5 and 8 ranks in `make test`) at MANY_RANKS ranks: the
+# collective grid, the check's mismatches, SyncBN and DDP over "collectives" on mpi and torch. On
+# 2 cores 16 and 32 ranks load the machine for minutes (docs/testing.md says how long).
+MANY_RANKS ?= 16 32
+test-many-ranks: $(STAMP)
+	COLLECTIVES_MANY_RANKS="$(MANY_RANKS)" PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest \
+	  tests/collective_calls/test_many_ranks.py $(PYTEST_ARGS)
 
 # The differential fuzz of the torch backend "collectives" against Gloo (scripts/fuzz_c10d.py): FUZZ_TRIALS
 # random calls, valid and not, at 3 and at 4 ranks; FUZZ_ARGS=--debug adds the mismatches only

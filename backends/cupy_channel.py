@@ -220,7 +220,7 @@ class CupyNcclChannel(Transport):
                 lambda ptr: self._comm.send(device.data.ptr, device.nbytes, NCCL_DTYPES["uint8"],
                                             dst, ptr), keep=device)
 
-    def _recv_small(self, vector: Any, src: int, tag: int) -> Work:
+    def _recv_small(self, vector: Any, src: int | None, tag: int) -> Work:
         cupy = self._cupy
         with cupy.cuda.Device(self.device):
             stream = cupy.cuda.get_current_stream()

@@ -102,6 +102,8 @@ class MPITransport(MPIChannel):
     """The transport over an ``mpi4py.MPI.Comm`` (by default a duplicate of COMM_WORLD): the
     collectives, send/recv and split, over :class:`~.mpi_channel.MPIChannel`."""
 
+    _recv_any_source = True  # (MPI_ANY_SOURCE; the status says who sent)
+
     def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
         super().__init__(comm, local_rank)
         # The uneven methods compiled where the round is (backends/_carried_uneven.c): instance
@@ -463,13 +465,14 @@ class MPITransport(MPIChannel):
         spec = [data, self._byte]
         if self._device_memory:
             ((spec,),) = hand_over([(spec,)])
-        request = self._comm.Irecv(spec, src, tag)
+        request = self._comm.Irecv(spec, self._MPI.ANY_SOURCE if src is None else src, tag)
 
         def finish() -> None:
+            work.source = sender = status.Get_source()  # (any source: MPI's status says who sent)
             # MPI refuses a longer message (MPI_ERR_TRUNCATE) but takes a shorter one.
             got, holds = status.Get_count(self._byte), len(data)
             if got != holds:
-                raise _short_message(src, tag, got, holds, x.shape, dtype)
+                raise _short_message(sender, tag, got, holds, x.shape, dtype)
             if writeback is not None:
                 writeback()
 

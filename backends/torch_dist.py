@@ -63,6 +63,8 @@ class TorchTransport(TorchGroup):
     tensors the collectives take, the collectives, send/recv and split, over
     :class:`~.torch_group.TorchGroup`."""
 
+    _recv_any_source = True  # (Gloo's recvAnysource; NCCL's CUDA tensors are refused in _recv)
+
     @classmethod
     def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> TorchTransport:
         """The world transport; ``timeout`` (else ``COLLECTIVES_TIMEOUT``) becomes the
@@ -392,15 +394,31 @@ class TorchTransport(TorchGroup):
 
     @_torch_call
     def _recv(self, r: Request) -> Work | None:
-        x, adapter, src, tag, async_op = r.x, r.adapter, r.root, r.extra, r.async_op
+        x, adapter, tag, async_op = r.x, r.adapter, r.extra, r.async_op
+        src: int | None = r.root  # (None: from any source)
         t = self._as_tensor(x, adapter)
+        if src is None and t.is_cuda:  # (checked before anything is sent)
+            raise ValueError("recv(src=None), from any source, takes CPU tensors on the torch backend: "
+                             "Gloo has it (recvAnysource), NCCL (CUDA tensors) has not; name the src rank")
         staged = t if t.is_contiguous() else t.contiguous()
-        peer = self._global_ranks[src]
 
         def finish() -> None:
             if staged is not t:
                 t.copy_(staged)
 
+        if src is None:  # Gloo's recvAnysource; its handle says which (global) rank sent
+            received = self._dist.irecv(flat_bytes(staged), None, self._group, tag)
+
+            def finish_any() -> None:
+                handle.source = self._global_ranks.index(received._source_rank())
+                finish()
+
+            handle = _TorchWork(x, received, finish_any, self)
+            if async_op:
+                return handle
+            handle.wait()
+            return None
+        peer = self._global_ranks[src]
         if async_op:
             if batches(staged):
                 return _BatchedP2P(x, self._dist.P2POp(self._dist.irecv, flat_bytes(staged), peer, self._group,

@@ -19,11 +19,12 @@ import math
 import os
 import re
 import socket
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from collectives import farewell
-from collectives.errors import BackendUnavailable, CollectiveError
+from collectives.errors import BackendUnavailable, CollectiveError, CollectiveTimeout
 from collectives.ops import ReduceOp
 from collectives.transport import Transport
 
@@ -171,12 +172,16 @@ class TorchGroup(Transport):
         flag = self._torch.zeros(1, dtype=self._torch.int32)
         self._dist.all_reduce(flag, group=self._group)
 
-    def _native_monitored_barrier(self, seconds: float) -> bool:
+    def _native_monitored_barrier(self, seconds: float, check: Callable[[], None] | None = None) -> bool:
         """Gloo's own monitored barrier: a Gloo recv's handle says it completed only once
-        waited for, so the call path's polled one cannot see who arrived."""
+        waited for, so the call path's polled one cannot see who arrived. With checks on, the
+        check is the barrier (see :meth:`_checked_barrier`)."""
         launch_batch()
         if self._dist.get_backend(self._group) != "gloo":
             return False
+        if check is not None:
+            self._checked_barrier(seconds, check)
+            return True
         try:
             self._dist.monitored_barrier(self._group, timeout=torch_timeout(seconds), wait_all_ranks=True)
         except RuntimeError as error:
@@ -191,6 +196,32 @@ class TorchGroup(Transport):
             raise self.context.timeout_error(
                 detail=f"rank(s) {', '.join(map(str, missing))} never arrived at the barrier") from error
         return True
+
+    def _checked_barrier(self, seconds: float, check: Callable[[], None]) -> None:
+        """The barrier as the check (a barrier against another call: CollectiveMismatch on every
+        rank at once). At its timeout every rank that took part says so in torch's store; rank 0
+        names the peers that did not say so within ``seconds`` more, and the others wait for it
+        to have done so (a rank that ends first may end the job under its launcher)."""
+        try:
+            check()
+        except CollectiveTimeout as error:
+            store, seq = self._store(), self.context.call[1]
+            if store is None:
+                raise
+            key = f"collectives/barrier/{self._name}/{seq}"
+            store.set(f"{key}/{self.rank}", "1")
+            deadline = time.monotonic() + seconds
+            if self.rank:
+                _said(store, f"{key}/named", deadline + seconds)
+                raise CollectiveTimeout(
+                    f"{error} (rank 0 did not release the barrier: its CollectiveTimeout, or its dump "
+                    "with COLLECTIVES_TRACE_DIR, names the ranks that never arrived)") from error
+            missing = [peer for peer in range(1, self.size) if not _said(store, f"{key}/{peer}", deadline)]
+            store.set(f"{key}/named", "1")
+            if not missing:
+                raise
+            raise CollectiveTimeout(
+                f"{error} (rank(s) {', '.join(map(str, missing))} never arrived at the barrier)") from error
 
     def _close(self) -> None:
         launch_batch()
@@ -221,3 +252,12 @@ def _group_named(name: str) -> Iterator[None]:
         yield
     finally:
         c10d._process_group_name = original
+
+
+def _said(store: Any, key: str, deadline: float) -> bool:
+    """Whether ``key`` is set in torch's ``store`` by ``deadline`` (``time.monotonic()``)."""
+    try:
+        store.wait([key], torch_timeout(max(deadline - time.monotonic(), 0.001)))
+    except Exception:  # noqa: BLE001 - torch's store raises its own error at the timeout
+        return False
+    return True

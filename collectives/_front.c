@@ -112,6 +112,10 @@ row_of(Front *self, PyObject *call)
         return NULL;
     }
     if (row->counted) row->out_kind = OUT_ROWS;
+    PyObject *any_root = PyObject_GetAttrString(call, "any_root");
+    row->any_root = any_root == Py_True;
+    Py_XDECREF(any_root);
+    PyErr_Clear();
     PyObject *below = PyObject_GetAttrString(row->check, "tags_below");
     row->tags_below = below != NULL && PyLong_CheckExact(below) ? PyLong_AsLong(below) : -1;
     Py_XDECREF(below);

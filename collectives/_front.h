@@ -19,7 +19,7 @@ enum { OUT_OTHER, OUT_STACKED, OUT_BLOCK_OF_ROWS, OUT_ONE_ROW, OUT_SAME_SHAPE, O
 /* A Call row's fields the steps read (collectives/calls.py; its rows are frozen). */
 typedef struct {
     PyObject *name, *root, *check;
-    int in_place, collective, counted, out_kind;
+    int in_place, collective, counted, out_kind, any_root; /* any_root: a root of None is any rank (recv) */
     long tags_below;  /* the check's tags_below (send/recv: see calls.peer_and_tag), else -1 */
 } Row;
 

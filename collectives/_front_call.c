@@ -223,7 +223,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *xdtype
         PyObject *check_args[2] = {x, row->in_place ? Py_True : Py_False};
         if ((view = PyObject_Vectorcall(check, check_args, 2, NULL)) == NULL) goto refuse;
     }
-    if (row->root != Py_None) {
+    if (row->root != Py_None && !(root == Py_None && row->any_root)) {
         long r = PyLong_CheckExact(root) ? PyLong_AsLong(root) : -1;
         if (r == -1 && PyErr_Occurred()) PyErr_Clear();
         if (!PyLong_CheckExact(root) || r < 0 || r >= self->size) {
@@ -307,7 +307,7 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *xdtype
     }
 
     /* The try block: an Exception raised here goes through the context's raise_failed. */
-    int on_fast_path = view != Py_None && async_op == Py_False && !row->counted;
+    int on_fast_path = view != Py_None && async_op == Py_False && !row->counted && root != Py_None;
     PyObject *checking = state(self, s_checking);
     if (checking == NULL || (truth = PyObject_IsTrue(checking)) < 0) goto failed;
     if (truth && row->collective) {

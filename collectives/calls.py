@@ -42,6 +42,8 @@ class Call:
     in_place: bool = False
     #: The name of the root argument ("src" or "dst"), checked as a rank; ``None``: no root.
     root: str | None = None
+    #: The root may be ``None``: any rank (recv from any source; the row's ``check`` checks it).
+    any_root: bool = False
     #: ``False`` for point-to-point calls: they take no part in the communicator's
     #: sequence numbers or fingerprints (only two ranks make them).
     collective: bool = True
@@ -106,7 +108,9 @@ class Request:
     #: The :class:`~collectives.ReduceOp`, allowed on ``dtype`` (the rows that reduce); ``None``
     #: for the others.
     op: Any
-    #: The root (``src``/``dst``) or the peer of a send/recv, a valid rank; -1: none.
+    #: The root (``src``/``dst``) or the peer of a send/recv, a valid rank; -1: none. A recv from
+    #: any source has ``None`` (only on a transport with ``_recv_any_source``; its handle's
+    #: ``source`` says which rank sent), typed as a rank for the other calls' sake.
     root: int
     #: Where the result goes (checked shape and dtype), or ``None``: a new array.
     out: Any
@@ -200,10 +204,13 @@ RESERVED_TAGS = (BARRIER_TAG, FAREWELL_TAG)
 
 
 def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
-    """send/recv: the peer is another rank; ``tag`` a non-negative int other than BARRIER_TAG."""
+    """send/recv: the peer is another rank (a recv's may be ``None``: any source, where the
+    communicator has another rank); ``tag`` a non-negative int other than BARRIER_TAG."""
     def check(comm: Any, shape: Shape, tag: Any, peer: Any) -> None:
-        if type(tag) is int and 0 <= tag < FAREWELL_TAG and peer != comm.rank:  # noqa: E721
+        if type(tag) is int and 0 <= tag < FAREWELL_TAG and peer != comm.rank and peer is not None:  # noqa: E721
             return  # (the usual tags, below the reserved ones: one test)
+        if peer is None:
+            comm._checks.check_any_source()
         if peer == comm.rank:
             raise ValueError(f"{name}={peer} is this rank; point-to-point calls go to another "
                              f"rank (valid: 0 to {comm.size - 1} except {comm.rank})")
@@ -277,7 +284,8 @@ ALL_TO_ALL_V = Call(
 SEND = Call(
     "send", root="dst", collective=False, check=peer_and_tag("dst"), code=11, method="_send")
 RECV = Call(
-    "recv", in_place=True, root="src", collective=False, check=peer_and_tag("src"), code=12, method="_recv")
+    "recv", in_place=True, root="src", any_root=True, collective=False, check=peer_and_tag("src"), code=12,
+    method="_recv")
 BARRIER = Call("barrier", code=4)
 SPLIT = Call("split", code=5)
 

@@ -176,6 +176,15 @@ class ArgumentChecks:
         """``rank`` (the argument ``name``) is a rank of this communicator."""
         check_rank(rank, name, self.size)
 
+    def check_any_source(self) -> None:
+        """recv(src=None): ``ValueError`` where the transport has no recv from any source, or no
+        other rank can send (before anything is sent)."""
+        if self.size == 1:
+            raise ValueError("src=None (any source) on a communicator of one rank: no other rank can send")
+        if not self._transport._recv_any_source:
+            raise ValueError(f"recv(src=None), from any source, is not available on the "
+                             f"{self._transport.backend} backend (MPI has it, and torch's Gloo); name the src rank")
+
 
 def check_rank(rank: Any, name: str, size: int) -> None:
     """``rank`` (the argument ``name``) is an int from 0 to ``size - 1``."""

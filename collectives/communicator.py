@@ -283,11 +283,12 @@ class Communicator:
         """
         return self._run(SEND, x, None, dst, None, async_op, tag, timeout)
 
-    def recv(self, x: Any, src: int, *, tag: int = 0, async_op: bool = False, timeout: Any = None) -> Any:
+    def recv(self, x: Any, src: int | None, *, tag: int = 0, async_op: bool = False, timeout: Any = None) -> Any:
         """Receive into ``x``, in place, what rank ``src`` sent with ``tag``; returns ``x``.
 
         ``x`` must have the shape and dtype of the sender's array (in debug mode a
-        difference is :class:`CollectiveMismatch`; otherwise the transport's error).
+        difference is :class:`CollectiveMismatch`; otherwise the transport's error). ``src=None``:
+        any source (mpi, torch's Gloo); the handle's ``source`` (``async_op=True``) says who sent.
         """
         return self._run(RECV, x, None, src, None, async_op, tag, timeout)
 
@@ -328,7 +329,7 @@ class Communicator:
             if seconds is None or self.size == 1:
                 self._synchronize()
             else:
-                self._monitored.run(seconds, self._seq, self._synchronize)
+                self._monitored.run(seconds, self._seq, self._synchronize, self._checking)
         except Exception as error:
             self._raise_failed(record, error)
         finally:
@@ -485,7 +486,8 @@ class Communicator:
             # call of a kind runs the same route as the later ones (the backend's fast path too).
             view = check(x, call.in_place)
             if call.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
-                self._checks.check_rank(root, call.root)  # (a bool is no rank)
+                if root is not None or not call.any_root:  # (None: a recv from any source)
+                    self._checks.check_rank(root, call.root)  # (a bool is no rank)
             if call.check is not None:
                 call.check(self, tuple(x.shape), extra, root)
             if out is not None:
@@ -508,7 +510,7 @@ class Communicator:
         else:
             record = None
         try:
-            result, on_fast_path = NOT_TAKEN, view is not None and not async_op and not call.counted
+            result, on_fast_path = NOT_TAKEN, view is not None and not (async_op or call.counted or root is None)
             if self._checking and call.collective:
                 if on_fast_path and carry is not None:  # (carried where x fits its round)
                     result = self._carry_call(carry, call, reduce_op, root, dtype, view, out, extra)

@@ -146,6 +146,8 @@ TEST_BACKEND = "COLLECTIVES_TEST_BACKEND"
 TEST_LAUNCHER = "COLLECTIVES_TEST_LAUNCHER"
 #: Size of the ``world`` fixture when a test does not parametrize it (default 2).
 TEST_SIZE = "COLLECTIVES_TEST_SIZE"
+#: The rank counts of tests/collective_calls/test_many_ranks.py (default "5 8"; `make test-many-ranks`: "16 32").
+MANY_RANKS = "COLLECTIVES_MANY_RANKS"
 #: Seconds a pool waits for its ranks to start and connect (default 120).
 POOL_START_TIMEOUT = "COLLECTIVES_POOL_START_TIMEOUT"
 #: Seconds one pool job may take before the pool is killed (default 60).

@@ -20,7 +20,7 @@ from . import config, farewell
 from .config import TIMEOUT
 from .diagnostics import recorder
 from .diagnostics.recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE
-from .errors import CollectiveError, CollectiveTimeout, RankFailure
+from .errors import CollectiveError, CollectiveTimeout, RankFailure, timed_out
 from .polling import SPIN_YIELD_EVERY, PollPolicy, wait_until
 from .transport import CallContext, Transport
 from .work import Work
@@ -111,7 +111,7 @@ class CommunicatorContext(CallContext):
         comm, backend = self.comm, self._transport.backend
         call_name = self.call_name(call)
         seq = call[1] if call is not None else comm._seq
-        self.record_failed(seq, CollectiveTimeout(f"did not complete within {comm.timeout}s"))
+        self.record_failed(seq, CollectiveTimeout(timed_out(call_name, f"timeout={comm.timeout:g}s")))
         recorder.dump(f"CollectiveTimeout in {call_name}")
         comm._broken = (f"{comm!r} is unusable: {call_name} timed out, and the transport cannot "
                         "take it back (some ranks may still be inside it); create a new "
@@ -122,9 +122,9 @@ class CommunicatorContext(CallContext):
                     f"{sibling!r} is unusable: {call_name} timed out, and this communicator "
                     f"shares the {backend} transport with it (a rank that timed out on "
                     "another communicator may have left a call behind on this one); end the job")
-        source = f"timeout={comm.timeout:g}s" if comm.timeout is not None else "the transport's timeout"
+        source = f"timeout={comm.timeout:g}s" if comm.timeout is not None else "the transport's"
         return CollectiveTimeout(
-            f"{call_name} did not complete within {source} ({TIMEOUT}): another rank "
+            f"{timed_out(call_name, source)} ({TIMEOUT}): another rank "
             f"skipped this call, called a different collective, or is stuck or dead"
             f"{'; ' + detail if detail else ''}. This communicator is now unusable: "
             "every later call on it raises."

@@ -30,30 +30,70 @@ class _CheckedRecv(Work):
     header and copies the payload into ``x`` only when it matches."""
 
     def __init__(self, p2p: CheckedPointToPoint, x: Any, adapter: ArrayAdapter, dtype: str,
-                 src: int, tag: int, header: Any) -> None:
+                 src: int | None, tag: int, header: Any) -> None:
         super().__init__(x)
-        self._p2p, self._adapter, self._src, self._tag = p2p, adapter, src, tag
+        self._p2p, self._adapter, self._dtype, self._src, self._tag = p2p, adapter, dtype, src, tag
         self._header, self._theirs = header, header.copy()
-        transport = p2p.transport
-        self._header_work = transport._recv_small(self._theirs, src, tag)
         self._staging = adapter.empty(x, tuple(x.shape))
-        self._payload = transport._recv(Request(RECV, self._staging, adapter, dtype, root=src, async_op=True,
-                                                 extra=tag)) or Work(self._staging)
+        # From any source (src None), the payload's recv is posted once the header said who sent,
+        # and the header's once the previous recv from any source has posted its payload (else
+        # this header's recv could take that sender's payload: same tag, any source).
+        self._before: _CheckedRecv | None = None
+        self._header_work: Work | None = None
+        if src is None:
+            self._before, p2p.last_any = p2p.last_any, self
+        self._payload: Work | None = None
+        self._header_posted(block=False)
+        if src is not None:
+            self._payload = self._post_payload(src)
         self._done = False
         self._error: Exception | None = None
         # An error the payload's handle raised while polled (it raises it only once).
         self._payload_error: Exception | None = None
 
+    def _post_payload(self, src: int) -> Work:
+        self.source = src
+        return self._p2p.transport._recv(Request(RECV, self._staging, self._adapter, self._dtype, root=src,
+                                                 async_op=True, extra=self._tag)) or Work(self._staging)
+
+    def _header_posted(self, block: bool) -> Work | None:
+        """The header's recv, posted now where the recv before it from any source has posted its
+        payload (with ``block``, after waiting for that recv's header); None where not yet."""
+        if self._header_work is None:
+            before = self._before
+            if before is not None and before._payload is None:
+                header = before._header_posted(block)
+                if not block and (header is None or not header.is_completed()):
+                    return None
+                before.payload_posted()
+            self._before = None
+            self._header_work = self._p2p.transport._recv_small(self._theirs, self._src, self._tag)
+        return self._header_work
+
+    def payload_posted(self) -> Work:
+        """The payload's recv (posted now, from the header's sender, where it came from any source)."""
+        if self._payload is None:
+            header = self._header_posted(block=True)
+            assert header is not None
+            header.wait()
+            self._payload = self._post_payload(_sender(header, None))
+            if self._p2p.last_any is self:
+                self._p2p.last_any = None
+        return self._payload
+
     def wait(self) -> Any:
         if not self._done:
             from .wire import p2p_mismatch  # noqa: PLC0415  (debug mode only)
 
-            self._header_work.wait()
-            error = p2p_mismatch(self._header, self._theirs, self._p2p.comm, self._src, self._tag)
+            payload = self.payload_posted()
+            header = self._header_posted(block=True)
+            assert header is not None
+            header.wait()
+            error = p2p_mismatch(self._header, self._theirs, self._p2p.comm, _sender(header, self._src), self._tag)
             try:
                 if self._payload_error is not None:
                     raise self._payload_error
-                self._payload.wait()
+                payload.wait()
             except CollectiveError:
                 raise
             except Exception as transport:  # the sizes differ: the transport refused it
@@ -78,7 +118,8 @@ class _CheckedRecv(Work):
         if self._done or self._payload_error is not None:
             return True
         try:
-            return self._header_work.is_completed() and self._payload.is_completed()
+            header = self._header_posted(block=False)
+            return header is not None and header.is_completed() and self.payload_posted().is_completed()
         except CollectiveError:
             raise
         except Exception as error:  # kept for wait(), which says what it means
@@ -91,12 +132,14 @@ class CheckedPointToPoint:
     send's header handle that completes later is kept in ``handles``; ``comm`` is the
     communicator as a mismatch's message names it (its ``repr`` and ``rank``)."""
 
-    __slots__ = ("transport", "handles", "comm")
+    __slots__ = ("transport", "handles", "comm", "last_any")
 
     def __init__(self, transport: Transport, handles: KeptHandles, comm: Any) -> None:
         self.transport, self.handles, self.comm = transport, handles, comm
+        #: The latest asynchronous recv from any source whose payload's recv is not posted yet.
+        self.last_any: _CheckedRecv | None = None
 
-    def run(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, peer: int,
+    def run(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, peer: int | None,
                      async_op: bool, tag: int) -> Any:
         """Debug mode: a send sends a small header (dtype, shape, tag, bytes) ahead of its
         payload, without blocking; a recv receives the header first and compares it. On a
@@ -111,6 +154,7 @@ class CheckedPointToPoint:
 
         header = p2p_header(dtype, tuple(x.shape), tag, _nbytes(x))
         if call is SEND:
+            assert peer is not None  # (a send names its peer)
             sent = self.transport._send_small(header, peer, tag)
             payload = self.transport._send(Request(SEND, x, adapter, dtype, root=peer, async_op=async_op,
                                                     extra=tag))
@@ -124,7 +168,11 @@ class CheckedPointToPoint:
         from .wire import p2p_mismatch, p2p_nbytes  # noqa: PLC0415
 
         theirs = header.copy()
-        self.transport._recv_small(theirs, peer, tag).wait()
+        if peer is None and self.last_any is not None:  # (see _CheckedRecv: headers in order)
+            self.last_any.payload_posted()
+        header_work = self.transport._recv_small(theirs, peer, tag)
+        header_work.wait()
+        peer = _sender(header_work, peer)  # (from any source: the header's sender sends the payload)
         error = p2p_mismatch(header, theirs, self.comm, peer, tag)
         if error is None:
             self.transport._recv(Request(RECV, x, adapter, dtype, root=peer, extra=tag))
@@ -134,6 +182,14 @@ class CheckedPointToPoint:
         scratch = self.transport._scratch_bytes(x, adapter, p2p_nbytes(theirs))
         self.transport._recv(Request(RECV, scratch, adapter, "uint8", root=peer, extra=tag))
         raise error
+
+
+def _sender(header_work: Work, src: int | None) -> int:
+    """The rank a completed header's recv from ``src`` received from: ``src``, or from any source
+    (``None``) the sender its transport's handle names."""
+    source = header_work.source if src is None else src
+    assert source is not None, "a transport that receives from any source names the sender"
+    return source
 
 
 def _nbytes(x: Any) -> int:

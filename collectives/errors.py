@@ -17,7 +17,17 @@ class BackendUnavailable(CollectiveError):
 
 
 class CollectiveTimeout(CollectiveError, TimeoutError):
-    """A blocking collective did not complete within the communicator's timeout."""
+    """A blocking collective did not complete within the communicator's timeout.
+
+    Its message starts with the words of :func:`collectives.errors.timed_out`."""
+
+
+def timed_out(call: str, limit: str) -> str:
+    """The start of every :class:`CollectiveTimeout`'s message: ``call`` (the call and where)
+    ``timed out``, and ``limit`` (e.g. "timeout=3s"), the timeout it did not complete within.
+    "timed out" and " timeout " are what torch's callers match (its own suite: " (Timed
+    out|closed|timeout) "), as for Gloo's and NCCL's timeouts."""
+    return f"{call} timed out: it did not complete within its timeout ({limit})"
 
 
 class CollectiveMismatch(CollectiveError):

@@ -283,11 +283,15 @@ class MonitoredBarrier:
         self._native = type(transport)._native_monitored_barrier is not Transport._native_monitored_barrier
         self._waiting = self._send_word if rank else None  # (bound once)
 
-    def run(self, seconds: float, seq: int, synchronize: Callable[[Callable[[], None] | None], None]) -> None:
+    def run(self, seconds: float, seq: int, synchronize: Callable[[Callable[[], None] | None], None],
+            checked: bool = False) -> None:
         """Barrier number ``seq``: ``synchronize(waiting)`` (the barrier itself, under the
         deadline of ``seconds``; ``waiting()`` is run once this rank waits for its peers, or
-        first where the transport cannot tell), with the words."""
-        if self._native and self._transport._native_monitored_barrier(seconds):
+        first where the transport cannot tell), with the words. ``checked``: whether
+        ``synchronize`` is the check (a transport's own monitored barrier then runs it too, so
+        that a barrier against another call is a mismatch on every rank, as everywhere)."""
+        if self._native and self._transport._native_monitored_barrier(
+                seconds, (lambda: synchronize(None)) if checked else None):
             return
         self._seq = seq
         if self._rank != 0:

@@ -362,10 +362,10 @@ class Transport(abc.ABC):
         return self._send(Request(SEND, vector, arrays.NUMPY, "int64", root=dst, async_op=True,
                                   extra=tag)) or Work(vector)
 
-    def _recv_small(self, vector: Any, src: int, tag: int) -> Work:
-        """Receive into a small int64 numpy vector from ``src``, nonblocking."""
-        return self._recv(Request(RECV, vector, arrays.NUMPY, "int64", root=src, async_op=True,
-                                  extra=tag)) or Work(vector)
+    def _recv_small(self, vector: Any, src: int | None, tag: int) -> Work:
+        """Receive into a small int64 numpy vector from ``src`` (``None``: any source), nonblocking."""
+        return self._recv(Request(RECV, vector, arrays.NUMPY, "int64", root=src,  # type: ignore[arg-type]
+                                  async_op=True, extra=tag)) or Work(vector)  # (None: see Request.root)
 
     def _scratch_bytes(self, x: Any, adapter: ArrayAdapter, nbytes: int) -> Any:
         """``nbytes`` of uninitialized uint8 memory of x's kind and device (where a debug-mode
@@ -382,10 +382,17 @@ class Transport(abc.ABC):
         that died. ``None``: the default. Never called for ``TypeError``/``ValueError``."""
         return None
 
-    def _native_monitored_barrier(self, seconds: float) -> bool:
+    #: Whether :meth:`_recv` takes a request whose ``root`` is ``None`` (a recv from any source,
+    #: the handle's ``source`` set to the sender); where not, the call path refuses ``src=None``
+    #: before anything is sent.
+    _recv_any_source: bool = False
+
+    def _native_monitored_barrier(self, seconds: float, check: Callable[[], None] | None = None) -> bool:
         """The barrier under a timeout of ``seconds``, where the transport has one that names
         the ranks that never arrived (``True``: done); ``False`` (the default): the call
-        path's own (a word from every rank to rank 0 ahead of the barrier)."""
+        path's own (a word from every rank to rank 0 ahead of the barrier). ``check``: where
+        checks are on, the call's check, which is then the barrier (a barrier against another
+        call raises its mismatch on every rank)."""
         return False
 
     # -- fault tolerance (collectives.init(fault_tolerant=True)): hooks that a transport able

@@ -30,7 +30,14 @@ _POLL = PollPolicy(fast_polls=0, busy_seconds=0.002, sleep_min=1e-4, sleep_max=1
 
 class Work:
     """Handle of an asynchronous collective. ``wait()`` completes it and returns the result
-    (``x`` for the in-place collectives, the new array for the others)."""
+    (``x`` for the in-place collectives, the new array for the others).
+
+    ``source``: a recv's sender, the rank (of the communicator) whose message it received, once
+    completed (for a recv from any source, ``src=None``, how the receiver learns it, as MPI's
+    status and torch's ``dist.recv`` tell it); ``None`` for the other calls."""
+
+    #: A recv's sender, once completed (see the class); ``None`` for the other calls.
+    source: int | None = None
 
     def __init__(self, x: Any) -> None:
         self._x = x

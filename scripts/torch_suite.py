@@ -81,6 +81,11 @@ def rank_main(backend: str, names: list[str], out_dir: Path) -> None:
         set_rng_seed(SEED)  # as torch's TestCase.setUp: every rank draws the same "random" data
         start = time.monotonic()
         outcome, detail = "passed", ""
+        # A test torch restricts to backends by name (skip_but_pass_in_sandcastle_if,
+        # require_backend_is_available: unittest's skip flag, which torch's own runner reads before
+        # it spawns ranks) runs here all the same, its restriction recorded beside its outcome.
+        body = getattr(Suite, name)
+        restricted = getattr(body, "__unittest_skip_why__", "") if getattr(body, "__unittest_skip__", False) else ""
         try:
             timeout = datetime.timedelta(seconds=dt.CUSTOM_PG_TIMEOUT.get(name, dt.default_pg_timeout))
             collectives.c10d.init_process_group(backend=backend, timeout=timeout)
@@ -94,7 +99,7 @@ def rank_main(backend: str, names: list[str], out_dir: Path) -> None:
             outcome, detail = ("skipped", skip_codes[code]) if code in skip_codes else ("failed", f"exit {code}")
         except BaseException as error:  # noqa: BLE001 - recorded; the job then ends
             outcome, detail = "failed", f"{type(error).__name__}: {str(error)[:400]}"
-        log.write(json.dumps({"test": name, "outcome": outcome, "detail": detail,
+        log.write(json.dumps({"test": name, "outcome": outcome, "detail": detail, "restricted": restricted,
                               "seconds": round(time.monotonic() - start, 2)}) + "\n")
         if outcome == "failed":
             os._exit(1)  # peers may be waiting inside the test: the driver starts a new job
@@ -171,6 +176,21 @@ def _lines(out: Path, size: int) -> list[list[dict]]:
     return rows
 
 
+def compare(a: dict, b: dict) -> None:
+    """Two runs (``--json``) side by side: their counts, then every test whose outcome differs."""
+    left, right = a["backend"], b["backend"]
+    width = max(len(name) for name in {*a["results"], *b["results"], "test"})
+    print(f"{'':{width}}  {left:>11}  {right:>11}")
+    for kind in ("passed", "skipped", "failed"):
+        print(f"{kind:{width}}  {a['counts'][kind]:>11}  {b['counts'][kind]:>11}")
+    print(f"\n{'test (outcomes that differ)':{width}}  {left:>11}  {right:>11}")
+    for name in sorted({*a["results"], *b["results"]}):
+        ours, theirs = (run["results"].get(name, {}).get("outcome", "-") for run in (a, b))
+        restricted = a["results"].get(name, {}).get("restricted") or b["results"].get(name, {}).get("restricted")
+        if ours != theirs:
+            print(f"{name:{width}}  {ours:>11}  {theirs:>11}" + (f"  (torch: {restricted})" if restricted else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", default="collectives", help="collectives (default) or gloo")
@@ -180,12 +200,17 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="only the first N tests (after -k)")
     parser.add_argument("--hang", type=float, default=120, help="seconds without progress before a job is ended")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
+                        help="print two runs' counts side by side and the tests whose outcomes differ")
     parser.add_argument("--rank-side", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--names", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_side:
         rank_main(args.backend, Path(args.names).read_text().split(), Path(args.out))
+        return
+    if args.compare:
+        compare(*(json.loads(Path(path).read_text()) for path in args.compare))
         return
     names = test_names(args.patterns, args.n)[:args.limit]
     started = time.time()
@@ -195,7 +220,8 @@ def main() -> None:
           f"{counts['failed']} failed of {len(results)} ({time.time() - started:.0f} s)")
     for name, r in sorted(results.items()):
         if r["outcome"] == "failed":
-            print(f"  FAILED {name}: {r['detail'][:200]}")
+            restricted = f" (torch: {r['restricted']})" if r.get("restricted") else ""
+            print(f"  FAILED {name}: {r['detail'][:200]}{restricted}")
     if args.json:
         import datetime
 

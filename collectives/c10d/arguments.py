@@ -14,8 +14,10 @@ different sizes, and ``int16`` tensors.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+import torch.distributed
 
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
@@ -41,8 +43,8 @@ def _same_shape(name: str, index: int | None, t: torch.Tensor, like: torch.Tenso
 def _dense(tensors: Sequence[torch.Tensor]) -> None:
     for t in tensors:
         if t.layout != torch.strided:
-            raise TypeError(f"the 'collectives' backend takes dense (strided) tensors; got a {t.layout} "
-                            "tensor (call .to_dense() first)")
+            raise TypeError(f"the 'collectives' backend takes dense (strided) tensors here; got a {t.layout} "
+                            "tensor (call .to_dense() first; sparse COO tensors: all_reduce with SUM alone, as Gloo)")
 
 
 def _one(name: str, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -62,6 +64,18 @@ def allreduce(tensors: Sequence[torch.Tensor]) -> None:
     if not tensors:
         raise ValueError("all_reduce: the tensor list is empty")
     _dense(tensors)
+
+
+def sparse_allreduce(tensors: Sequence[torch.Tensor], op: Any) -> None:
+    """all_reduce of sparse COO tensors (Gloo's rules): SUM (torch's ``op``), every tensor sparse COO."""
+    kind = getattr(op, "op", op)
+    if kind != torch.distributed.ReduceOp.SUM:
+        raise ValueError(f"all_reduce of sparse tensors takes ReduceOp.SUM alone (as Gloo); got "
+                         f"ReduceOp.{getattr(kind, 'name', kind)}")
+    for t in tensors:
+        if t.layout != torch.sparse_coo:
+            raise TypeError(f"all_reduce of sparse tensors takes sparse COO tensors alone; got a {t.layout} tensor "
+                            "beside one")
 
 
 def _paired(op: str, singles: Sequence[torch.Tensor], lists: Sequence[Sequence[torch.Tensor]], single: str,

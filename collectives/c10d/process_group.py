@@ -21,7 +21,7 @@ from collectives import arrays
 from collectives.communicator import Communicator
 from collectives.errors import CollectiveMismatch
 from collectives.ops import ReduceOp, check_reduction
-from collectives.work import AllOf
+from collectives.work import AllOf, Work
 
 from . import arguments
 from .agreement import agree, agree_splits
@@ -237,6 +237,14 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     @_operation("allreduce")
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
+        if any(t.layout == torch.sparse_coo for t in tensors):
+            arguments.sparse_allreduce(tensors, _opt(opts, "reduceOp", dist.ReduceOp.SUM))
+
+            def run(comm: Communicator) -> Any:
+                for t in tensors:
+                    _sparse_all_reduce(comm, t)
+                return tensors
+            return self._submit([t._values() for t in tensors], run, "all_reduce")  # (their devices, dtypes)
         arguments.allreduce(tensors)
         op = self._reduce_op(opts, tensors, lambda comm, t, op: comm.all_reduce(t, op))
         return self._each_tensor(tensors, lambda comm, t: comm.all_reduce(t, op), "all_reduce")
@@ -441,7 +449,19 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         return self._submit(tensors, run, name)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> CollectivesWork:
-        raise ValueError("the 'collectives' backend has no recv from any source; name the src rank")
+        """A recv from any source (``dist.recv(t)`` without ``src``): the work's ``_source_rank()``
+        is the group rank that sent, as Gloo's (one tensor, as Gloo takes)."""
+        if len(tensors) != 1:
+            raise ValueError(f"recv from any source takes one tensor; got {len(tensors)}")
+        name = f"recv from any source (tag {tag})"
+        received: list[Work] = []
+
+        def run(comm: Communicator) -> Any:
+            received.append(comm.recv(tensors[0], None, tag=tag, async_op=True))
+            return Started(received[0], tensors, name)
+        work = self._submit(tensors, run, name)
+        work.received = received
+        return work
 
     def barrier(self, opts: Any = None) -> CollectivesWork:
         def run(comm: Communicator) -> Any:
@@ -451,6 +471,15 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
 
 # -- the operations' bodies (run on the worker) ------------------------------------------------
+
+def _sparse_all_reduce(comm: Communicator, t: torch.Tensor) -> None:
+    """The sum of every rank's sparse COO ``t``, into ``t``, as Gloo's: every rank's indices and
+    values gathered (in rank order), then coalesced (duplicates summed)."""
+    local = t.coalesce()
+    indices, _ = comm.all_gather_v(local.indices().t().contiguous())
+    values, _ = comm.all_gather_v(local.values().contiguous())
+    t.copy_(torch.sparse_coo_tensor(indices.t(), values, t.shape).coalesce())
+
 
 def _opt(opts: Any, name: str, default: Any) -> Any:
     return default if opts is None else getattr(opts, name, default)

@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 
 from collectives.communicator import Communicator, Work
-from collectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
+from collectives.errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, timed_out
 from collectives.work import MAX_PENDING
 
 #: Seconds between polls of in-flight point-to-point operations while no other operation waits.
@@ -85,13 +85,24 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
         super().__init__()
         self._outcome = outcome
         self._future = outcome.source.then(_unwrap)
+        #: A recv from any source's handle, once the worker made it (see ``_source_rank``).
+        self.received: list[Work] = []
+
+    def _source_rank(self) -> int:
+        """The group rank a recv from any source received from (torch's ``dist.recv`` with no
+        ``src`` returns it, as Gloo's handle says it), once the recv completed."""
+        self.wait()
+        source = self.received[0].source if self.received else None
+        if source is None:
+            raise ValueError(f"{self._outcome.name} is no recv from any source: it has no source rank")
+        return source
 
     def wait(self, timeout: Any = None) -> bool:
         seconds = _seconds(timeout)
         if not self._outcome.done.wait(seconds):
             raise CollectiveTimeout(
-                f"{self._outcome.name} on {self._outcome.where} did not complete within "
-                f"wait(timeout={seconds:g}s): a rank has not made the matching call, or is stuck or dead. "
+                f"{timed_out(f'{self._outcome.name} on {self._outcome.where}', f'wait(timeout={seconds:g}s)')}"
+                ": a rank has not made the matching call, or is stuck or dead. "
                 "The operation stays queued on the group: it completes if the other ranks arrive, or "
                 "fails at the group's own timeout; the group's later operations run after it")
         if isinstance(self._outcome.value, _Failure):
@@ -397,8 +408,8 @@ class Worker:
                 if now >= pending.deadline:
                     self._in_flight.remove(pending)
                     self._finish(pending.outcome, _failure(CollectiveTimeout(
-                        f"{pending.name} on {self.comm!r} did not complete within "
-                        f"timeout={self.comm.timeout:g}s (COLLECTIVES_TIMEOUT): the peer never made "
+                        f"{timed_out(f'{pending.name} on {self.comm!r}', f'timeout={self.comm.timeout:g}s')}"
+                        " (COLLECTIVES_TIMEOUT): the peer never made "
                         "the matching call, or is stuck or dead")))
 
 

@@ -190,7 +190,7 @@ class RankPool:
         authkey = secrets.token_bytes(32)
         self._authkey = authkey.hex()
         _authkeys.add(self._authkey)
-        self._listener = Listener(("127.0.0.1", 0), authkey=authkey)
+        self._listener = Listener(("127.0.0.1", 0), authkey=authkey, backlog=1024)  # (every rank connects at once)
         host, port = self._listener.address
         env = {**os.environ, **self.env,
                POOL_ADDRESS_ENV: f"{host}:{port}", POOL_AUTHKEY_ENV: self._authkey,

@@ -115,8 +115,8 @@ def _case_uneven_operation(comm, x):
 
 
 def _case_uneven_kinds(comm, x):
-    y = np.ones((2, 3))
-    return (lambda: comm.all_to_all(y, [1, 1])) if comm.rank == 0 else (lambda: comm.all_gather_v(y))
+    y = np.ones((comm.size, 3))
+    return (lambda: comm.all_to_all(y, [1] * comm.size)) if comm.rank == 0 else (lambda: comm.all_gather_v(y))
 
 
 MISMATCHES = {  # case -> (this rank's calls, the field reported, rank 0's and rank 1's value)
@@ -147,7 +147,7 @@ def mismatch_job(comm, case):
     elapsed = time.perf_counter() - start
     ok = None
     if case != "sequence_number":  # still in step: a real collective works
-        ok = sub.all_reduce(np.ones(1)).tolist() == [2.0]
+        ok = sub.all_reduce(np.ones(1)).tolist() == [float(sub.size)]
     sub.close()
     return outcome, elapsed, ok
 
@@ -184,13 +184,22 @@ def barrier_mismatch_job(comm):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("size", [2, 3])
-def test_a_barrier_met_by_another_call_is_a_mismatch_on_every_rank(size):
-    """MPI's barrier under a timeout is the call's check word (an agreement is a barrier): a rank
-    in another call is a mismatch on every rank, not a hang."""
+@pytest.mark.parametrize(("backend", "size"), [("mpi", 2), ("mpi", 3), ("torch", 3)])
+def test_a_barrier_met_by_another_call_is_a_mismatch_on_every_rank(backend, size):
+    """The barrier under a timeout is the call's check word (an agreement is a barrier), on MPI
+    and on torch's Gloo (whose own monitored barrier runs only with checks off): a rank in
+    another call is a mismatch on every rank, not a hang."""
     from collectives.testing import get_pool
 
-    results = get_pool("mpi", size).run(barrier_mismatch_job, timeout=20)
+    assert_barrier_mismatch(get_pool(backend, size).run(barrier_mismatch_job, timeout=20), size)
+
+
+@pytest.mark.timeout(60)
+def test_a_barrier_met_by_another_call_is_a_mismatch_in_debug_mode(debug_world):
+    assert_barrier_mismatch(debug_world.run(barrier_mismatch_job, timeout=20), 2)
+
+
+def assert_barrier_mismatch(results, size):
     for rank, ((kind, message), ok) in enumerate(results):
         assert kind == "CollectiveMismatch", f"rank {rank}: {kind} {message}"
         assert "operation differs: barrier on rank" in message and f"all_reduce on rank {size - 1}" in message, message
@@ -295,6 +304,8 @@ def test_collective_that_never_completes_times_out(timeout_world, explicit):
     backend = timeout_world.backend
     assert "all_reduce (call #1) on <" in message and f"backend={backend}" in message, message
     assert f"timeout={seconds:g}s" in message and "now unusable" in message, message
+    # what torch's callers match in a timeout's message (its own suite: test_barrier_timeout_*)
+    assert re.search(" (Timed out|closed|timeout) ", message) and " timed out" in message, message
     assert seconds <= elapsed < seconds + 5
     assert after_kind == "CollectiveError" and "is unusable" in after, after
     _timing(f"timeout {seconds:g} s [{backend}, {'argument' if explicit else 'env'}]", elapsed)

@@ -375,12 +375,14 @@ def _mismatched_calls(case: str, rank: int) -> Any:
     if case == "skipped call":  # rank 1 skips the all_reduce that rank 0 makes before the broadcast
         return (lambda: (dist.all_reduce(t), dist.broadcast(t, 0))) if rank == 0 else \
             (lambda: dist.broadcast(t, 0))
+    if case == "barrier":  # rank 0's barrier against rank 1's all_reduce
+        return dist.barrier if rank == 0 else (lambda: dist.all_reduce(t))
     assert case == "extra call"  # rank 1 makes one all_reduce more
     return (lambda: (dist.all_reduce(t), dist.broadcast(t, 0))) if rank == 0 else \
         (lambda: (dist.all_reduce(t), dist.all_reduce(t), dist.broadcast(t, 0)))
 
 
-MISMATCH_CASES = ["shape", "dtype", "op", "root", "all_gather shape", "skipped call", "extra call"]
+MISMATCH_CASES = ["shape", "dtype", "op", "root", "all_gather shape", "skipped call", "extra call", "barrier"]
 
 
 def default_mismatch_job(comm: Any) -> dict[str, tuple[str, float]]:
@@ -572,3 +574,52 @@ def c10d_sum_job(comm: Any) -> list[float]:
     t = torch.full((2,), float(dist.get_rank() + 1))
     dist.all_reduce(t)
     return t.tolist()
+
+
+def recv_any_source_job(comm: Any) -> list[tuple[int, list[float]]] | None:
+    """Ranks 1.. send rank 0 their rank; rank 0's ``dist.recv(t)`` without ``src`` takes each,
+    over "collectives" then over Gloo (the reference): what each returned (the sender's rank)
+    and what it received, per group."""
+    ensure_group(comm)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    found = []
+    for group in (None, _GLOO["world"]):
+        if rank:
+            dist.send(torch.full((3,), float(rank)), 0, group=group, tag=4)
+        else:
+            for _ in range(size - 1):
+                t = torch.full((3,), -1.0)
+                found.append((dist.recv(t, group=group, tag=4), t.tolist()))
+        dist.barrier()
+    return found if rank == 0 else None
+
+
+def sparse_all_reduce_job(comm: Any) -> dict[str, Any]:
+    """Sparse COO all_reduce (SUM) over "collectives" and over Gloo (the reference), on tensors
+    of 1-3 sparse and 0-2 dense dimensions whose entries overlap between ranks (and an empty
+    one on rank 0); then the refusals: MAX, and a sparse broadcast."""
+    ensure_group(comm)
+    rank, size = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(rank)
+    found: dict[str, Any] = {}
+    for sparse_dims, dense_dims in ((1, 0), (2, 1), (3, 2)):
+        nnz = 0 if rank == 0 and sparse_dims == 1 else 2 + rank
+        shape = [size + 1] * sparse_dims + [2] * dense_dims
+        indices = torch.randint(0, size + 1, (sparse_dims, nnz), generator=g)
+        values = torch.randint(-4, 5, (nnz, *[2] * dense_dims), generator=g).to(torch.float32) / 4
+        results = []
+        for group in (None, _GLOO["world"]):
+            t = torch.sparse_coo_tensor(indices, values, shape)
+            dist.all_reduce(t, group=group)
+            t = t.coalesce()
+            results.append((t.indices().tolist(), t.values().tolist(), list(t.shape)))
+        found[f"{sparse_dims}-{dense_dims}"] = results
+    t = torch.sparse_coo_tensor(torch.zeros(1, 1, dtype=torch.int64), torch.ones(1), [2])
+    for name, call in (("max", lambda: dist.all_reduce(t, dist.ReduceOp.MAX)),
+                       ("broadcast", lambda: dist.broadcast(t, 0))):
+        try:
+            call()
+            found[name] = "no error"
+        except (TypeError, ValueError) as error:
+            found[name] = f"{type(error).__name__}: {error}"
+    return found

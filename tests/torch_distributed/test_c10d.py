@@ -106,7 +106,8 @@ def test_a_reduction_one_rank_refuses_is_named_on_the_others(two):
 
 
 def test_mismatched_calls_raise_on_every_rank_by_default(two):
-    """Default settings: shape, dtype, op, root, all_gather shapes, a skipped and an extra call are
+    """Default settings: shape, dtype, op, root, all_gather shapes, a skipped and an extra call, a
+    barrier against an all_reduce are
     CollectiveMismatch on every rank, naming the difference; the group works after each."""
     fields = {"shape": "shape differs: (3,) on rank 0; (4,) on rank 1",
               "dtype": "dtype differs: float32 on rank 0; float64 on rank 1",
@@ -114,7 +115,8 @@ def test_mismatched_calls_raise_on_every_rank_by_default(two):
               "root": "root differs: 0 on rank 0; 1 on rank 1",
               "all_gather shape": "shape differs: (2,) on rank 0; (3,) on rank 1",
               "skipped call": "operation differs: all_reduce on rank 0; broadcast on rank 1",
-              "extra call": "operation differs: broadcast on rank 0; all_reduce on rank 1"}
+              "extra call": "operation differs: broadcast on rank 0; all_reduce on rank 1",
+              "barrier": "operation differs: barrier on rank 0; all_reduce on rank 1"}
     for rank, found in enumerate(two.run(jobs.default_mismatch_job, timeout=120)):
         for case, (outcome, after) in found.items():
             assert outcome.startswith("CollectiveMismatch") and fields[case] in outcome, (rank, case, outcome)
@@ -220,3 +222,21 @@ def test_a_failed_c10d_job_leaves_the_next_one_a_working_group():
         with pytest.raises(RankError, match="rank 1 fails on purpose"):
             pool.run(jobs.failing_c10d_job, timeout=30)
         assert pool.run(jobs.c10d_sum_job, timeout=30) == [[3.0, 3.0], [3.0, 3.0]]
+
+
+def test_recv_without_src_returns_the_senders_rank_as_gloo_does():
+    with RankPool("mpi", 3) as pool:
+        found = pool.run(jobs.recv_any_source_job, timeout=60)[0]
+    ours, gloo = found[:2], found[2:]
+    for received in (ours, gloo):
+        assert sorted(received) == [(1, [1.0] * 3), (2, [2.0] * 3)], found
+
+
+def test_sparse_all_reduce_sums_as_gloo_and_other_sparse_calls_are_refused(group):
+    for found in group.run(jobs.sparse_all_reduce_job, timeout=120):
+        for case in ("1-0", "2-1", "3-2"):
+            ours, gloo = found[case]
+            assert ours == gloo, (case, ours, gloo)
+        assert found["max"].startswith("ValueError") and "ReduceOp.SUM alone" in found["max"], found["max"]
+        assert found["broadcast"].startswith("TypeError") and "sparse COO tensors: all_reduce with SUM" in \
+            found["broadcast"], found["broadcast"]
