@@ -67,31 +67,29 @@ _ORDER = itertools.count()
 class Communicator:
     """A group of ranks that run collectives together.
 
-    Attributes: ``rank`` (0 .. size-1 within this communicator), ``size``,
-    ``local_rank`` (this process's rank on its node, used to pick a GPU) and
-    ``backend`` (the backend's name: "local", "torch", "mpi" or "cupy").
+    Attributes: ``rank`` (0 .. size-1 within this communicator), ``size``, ``local_rank`` (this
+    process's rank on its node, used to pick a GPU) and ``backend`` (the backend's name: "local",
+    "torch", "mpi" or "cupy").
 
-    Arrays may be ``torch.Tensor`` (CPU or CUDA), ``numpy.ndarray`` or
-    ``cupy.ndarray``, as far as the backend takes them; results have the input's
-    type, device and dtype. Every rank must call the same collectives in the
-    same order with the same dtype, shape, op and root. Non-contiguous inputs are
-    handled through a contiguous copy (results are written back into ``x``).
+    Arrays may be ``torch.Tensor`` (CPU or CUDA), ``numpy.ndarray`` or ``cupy.ndarray``, as far as
+    the backend takes them; results have the input's type, device and dtype. Every rank must call
+    the same collectives in the same order with the same dtype, shape, op and root. Non-contiguous
+    inputs are handled through a contiguous copy (results are written back into ``x``).
 
     ``timeout`` is the seconds a blocking collective may take before it raises
-    :class:`CollectiveTimeout` (``None``: no timeout); it comes from the
-    constructor's ``timeout`` argument, else ``COLLECTIVES_TIMEOUT``, else 1800 s,
-    and a ``split`` inherits it. ``debug`` is whether calls are fingerprinted
-    (``COLLECTIVES_DEBUG=1``).
+    :class:`CollectiveTimeout` (``None``: no timeout); it comes from the constructor's ``timeout``
+    argument, else ``COLLECTIVES_TIMEOUT``, else 1800 s, and a ``split`` inherits it. ``debug`` is
+    whether calls are fingerprinted (``COLLECTIVES_DEBUG=1``).
 
-    Every collective (and ``barrier``) takes ``timeout=``: seconds (or a timedelta) for this
-    call, overriding the communicator's ``timeout`` (0: none); bad values are the same errors
-    as the constructor's. Every call is remembered by the flight recorder
+    Every collective (and ``barrier``) takes ``timeout=``: seconds (or a timedelta) for this call,
+    overriding the communicator's ``timeout`` (0: none); bad values are the same errors as the
+    constructor's. Every call is remembered by the flight recorder
     (:mod:`collectives.diagnostics.recorder`; ``register_hook``, ``dump_trace``).
 
-    Every collective takes ``async_op=True``: it then returns a :class:`Work` whose
-    ``wait()`` returns what the call would have returned. The collectives that return
-    an array take ``out=``: an array of the result's type, dtype, device and shape
-    (contiguous, writable) that the result is written into and returned.
+    Every collective takes ``async_op=True``: it then returns a :class:`Work` whose ``wait()``
+    returns what the call would have returned. The collectives that return an array take
+    ``out=``: an array of the result's type, dtype, device and shape (contiguous, writable) that
+    the result is written into and returned.
     """
 
     #: The backend's transport class (a public subclass sets it: ``from_launcher`` builds one).
@@ -104,9 +102,7 @@ class Communicator:
         if not isinstance(transport, Transport):
             raise TypeError(f"transport must be a collectives.transport.Transport; got {type(transport).__name__}")
         self._transport = transport
-        self.rank = rank = transport.rank
-        self.size = size = transport.size
-        self.local_rank = transport.local_rank
+        self.rank, self.size, self.local_rank = rank, size, _ = transport.rank, transport.size, transport.local_rank
         # The parts, each with its own state (see the module's text).
         self._handles = handles = KeptHandles()
         self._checks = checks = ArgumentChecks(transport, size)
@@ -339,13 +335,18 @@ class Communicator:
     def split(self, color: int | None, key: int | None = None) -> Communicator | None:
         """A new communicator over the ranks that passed the same ``color``.
 
-        Collective over this communicator: every rank must call it. ``color`` is
-        a non-negative int, or ``None`` to take part without joining any group
-        (that rank gets ``None`` back). Ranks of the new communicator are ordered
-        by ``key`` (default: this rank), ties broken by rank here.
+        Collective over this communicator: every rank must call it. ``color`` is a non-negative
+        int, or ``None`` to take part without joining any group (that rank gets ``None`` back).
+        Ranks of the new communicator are ordered by ``key`` (default: this rank), ties broken by
+        rank here. A rank whose arguments are refused still takes part in the call's check.
         """
         self._check_open()
-        check_split(color, key)
+        try:
+            check_split(color, key)
+        except (TypeError, ValueError) as refusal:  # the peers name this rank (CallCheck.refused)
+            if self._checking:
+                self._call_check.refused(SPLIT, None, None, -1, refusal, self._begin(SPLIT))
+            raise
         record = self._begin(SPLIT)
         name = f"{self.trace_name}/{self._trace_splits}:{color}"
         self._trace_splits += 1
@@ -597,4 +598,3 @@ class Communicator:
             raise wrong_thread(self)
 
 __all__ = ["Communicator", "Work", "CollectiveError", "deliver"]
-# Also importable from here, where they used to live: MAX_PENDING, the rows (ALL_REDUCE, ...).

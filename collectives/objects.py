@@ -10,9 +10,10 @@ every rank of the communicator, as torch's and mpi4py's object collectives do.
 
 A rank whose own argument is bad (an object that does not pickle, ``objs`` of the wrong
 length) sends a size of -1 in the first exchange, so that every rank raises, not only
-that one, and none waits for bytes that never come.
+that one, and none waits for bytes that never come. A root out of range is refused by the
+first call that takes it (a refused call: the peers are told which rank refused it and why).
 
-Imports: checks, errors and numpy (CuPy when used); the communicator is passed in.
+Imports: errors and numpy (CuPy when used); the communicator is passed in.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from .checks import check_rank
 from .errors import CollectiveError
 
 #: The size a rank sends when its own argument failed (see the module docstring).
@@ -31,7 +31,6 @@ _FAILED = -1
 
 
 def broadcast_object(comm: Any, obj: Any, src: int = 0) -> Any:
-    check_rank(src, "src", comm.size)
     payload, problem = _pickled(obj) if comm.rank == src else (b"", None)
     size = np.array([_FAILED if problem else len(payload)], dtype=np.int64)
     size = _host(comm, comm.broadcast(_wire(comm, size), src))
@@ -52,7 +51,6 @@ def all_gather_object(comm: Any, obj: Any) -> list[Any]:
 
 
 def gather_object(comm: Any, obj: Any, dst: int = 0) -> list[Any] | None:
-    check_rank(dst, "dst", comm.size)
     payload, problem = _pickled(obj)
     sizes = _everyones_size(comm, payload, problem, "gather_object")
     padded = np.zeros(max(sizes), dtype=np.uint8)
@@ -65,7 +63,6 @@ def gather_object(comm: Any, obj: Any, dst: int = 0) -> list[Any] | None:
 
 
 def scatter_object(comm: Any, objs: Sequence[Any] | None, src: int = 0) -> Any:
-    check_rank(src, "src", comm.size)
     payloads: list[bytes] = []
     problem: str | None = None
     if comm.rank == src:

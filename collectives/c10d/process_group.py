@@ -329,7 +329,8 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                        opts: Any = None) -> CollectivesWork:
         arguments.reduce_scatter(output_tensors, input_tensors, self.size())
-        op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), output_tensors)
+        op = self._reduce_op(opts, output_tensors,
+                             lambda comm, t, op: _reduce_scatter_single(comm, t, torch.stack(input_tensors[0]), op))
 
         def run(comm: Communicator) -> Any:
             for output, inputs in zip(output_tensors, input_tensors):
@@ -340,7 +341,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     @_operation("_reduce_scatter_base")
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> CollectivesWork:
         arguments.reduce_scatter_tensor(output, input, self.size())
-        op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), [output])
+        op = self._reduce_op(opts, [output], lambda comm, t, op: _reduce_scatter_single(comm, t, input, op))
 
         def run(comm: Communicator) -> Any:
             _reduce_scatter_single(comm, output, input, op)

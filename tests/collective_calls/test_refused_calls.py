@@ -54,8 +54,9 @@ def refused_job(comm, form, level):
     """Rank 0 refuses calls that ranks 1 and 2 make: an all_reduce "avg" of int32 (the
     communicator's call #1, and again later), a broadcast from a rank out of range and an all_reduce
     into a read-only array (both after a call of the same kind, so the compiled path's own checks
-    refuse them), an all_gather_v of a list. After each, a real all_reduce. Returns what each step
-    raised or gave."""
+    refuse them), an all_gather_v of a list, a split with a color of the wrong type, a broadcast_object
+    from a rank out of range and a gather_object to one. After each, a real all_reduce. Returns what
+    each step raised or gave."""
     sub = _split(comm, form, level)
     rank = sub.rank
     floats = np.arange(3, dtype=np.float32) + rank
@@ -81,6 +82,12 @@ def refused_job(comm, form, level):
     rows = np.ones((rank + 1, 2))  # an uneven call (its counts travel in MPI's check round)
     steps.append(_attempt(lambda: sub.all_gather_v(rows.tolist() if rank == 0 else rows)))
     after()
+    steps.append(_attempt(lambda: sub.split("a" if rank == 0 else 0)))  # (the peers' split never starts)
+    after()
+    steps.append(_attempt(lambda: sub.broadcast_object({"from": rank}, SIZE + 2 if rank == 0 else 0)))
+    after()
+    steps.append(_attempt(lambda: sub.gather_object(rank, -1 if rank == 0 else 0)))  # (after its sizes' round)
+    after()
     untouched = bool((floats == kept[0]).all() and (ints == kept[1]).all() and (read_only == 1).all())
     sub.close()
     return steps, untouched
@@ -91,7 +98,10 @@ REFUSALS = [("all_reduce", 1, "TypeError", "op=AVG is not allowed on dtype int32
             ("broadcast", 4, "ValueError", f"src={SIZE + 2} is out of range"),
             ("all_reduce", 7, "ValueError", "read-only"),
             ("all_reduce", 9, "TypeError", "op=AVG is not allowed on dtype int32"),
-            ("all_gather_v", 11, "TypeError", "x of type builtins.list is not supported")]
+            ("all_gather_v", 11, "TypeError", "x of type builtins.list is not supported"),
+            ("split", 13, "TypeError", "color must be an int or None; got str"),
+            ("broadcast", 15, "ValueError", f"src={SIZE + 2} is out of range"),  # broadcast_object's first call
+            ("gather", 18, "ValueError", "dst=-1 is out of range")]  # gather_object's, after its sizes
 
 
 @pytest.mark.timeout(120)

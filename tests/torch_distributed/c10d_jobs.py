@@ -324,13 +324,17 @@ def bad_input_job(comm: Any) -> dict[str, str]:
 
 
 def refused_reduction_job(comm: Any) -> list[tuple[str, float]]:
-    """Rank 0 refuses an all_reduce (AVG of int32) and a reduce (BAND of float32) that the others
-    make: what each raised, and the sum of ones that follows each (the group still in step)."""
+    """Rank 0 refuses an all_reduce (AVG of int32), a reduce and a reduce_scatter_tensor (BAND of
+    float32) that the others make: what each raised, and the sum of ones that follows each (the group still in step)."""
     ensure_group(comm)
     rank = dist.get_rank()
     ints, floats = torch.arange(3, dtype=torch.int32), torch.ones(3)
+    size = dist.get_world_size()
+    rows, row = (torch.ones(size), torch.empty(1)) if rank == 0 else (torch.ones(size, dtype=torch.int32),
+                                                                        torch.empty(1, dtype=torch.int32))
     calls = [lambda: dist.all_reduce(ints if rank == 0 else floats, op=dist.ReduceOp.AVG),
-             lambda: dist.reduce(floats if rank == 0 else ints, dst=0, op=dist.ReduceOp.BAND)]
+             lambda: dist.reduce(floats if rank == 0 else ints, dst=0, op=dist.ReduceOp.BAND),
+             lambda: dist.reduce_scatter_tensor(row, rows, op=dist.ReduceOp.BAND)]
     found = []
     for call in calls:
         try:

@@ -92,14 +92,17 @@ def test_bad_input_is_the_same_clear_error_on_every_rank(two):
 
 
 def test_a_reduction_one_rank_refuses_is_named_on_the_others(two):
-    """Rank 0's refused all_reduce and reduce (dtype x op) raise its TypeError there; the other rank,
-    which made the calls, raises CollectiveMismatch naming rank 0 and why; the group works after."""
+    """Rank 0's refused all_reduce, reduce and reduce_scatter_tensor (dtype x op) raise its TypeError
+    there; the other rank, which made the calls, raises CollectiveMismatch naming rank 0 and why; the
+    group works after."""
     results = two.run(jobs.refused_reduction_job, timeout=60)
-    for (outcome, after), (op, dtype) in zip(results[0], [("AVG", "int32"), ("BAND", "float32")]):
+    assert len(results[0]) == len(results[1]) == 3
+    for (outcome, after), (op, dtype) in zip(results[0], [("AVG", "int32"), ("BAND", "float32"), ("BAND", "float32")]):
         assert outcome.startswith(f"TypeError: op={op} is not allowed on dtype {dtype}"), outcome
         assert after == 2.0
     for (outcome, after), (op, dtype, name) in zip(results[1], [("AVG", "int32", "all_reduce"),
-                                                                ("BAND", "float32", "reduce")]):
+                                                                ("BAND", "float32", "reduce"),
+                                                                ("BAND", "float32", "reduce_scatter")]):
         assert "CollectiveMismatch" in outcome and f"rank 0 refused {name} call #" in outcome, outcome
         assert f"op={op} is not allowed on dtype {dtype}" in outcome, outcome
         assert after == 2.0
