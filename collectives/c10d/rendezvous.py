@@ -54,7 +54,7 @@ def rendezvous_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
         return kwargs
     launch = detect_launcher()
     if launch.launcher == "torchrun" or (os.environ.get("MASTER_ADDR") and os.environ.get("RANK")
-                                         and os.environ.get("WORLD_SIZE")):
+                                         and os.environ.get("WORLD_SIZE") and not _filled_here()):
         return kwargs  # env:// as torch reads it (MASTER_ADDR alone: the store's address, below)
     timeout = kwargs.get("timeout") or datetime.timedelta(minutes=30)
     if launch.size == 1:
@@ -70,6 +70,15 @@ def rendezvous_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 #: torch's env:// store of an MPI launcher's job, served by rank 0 (see :func:`fill_env_rendezvous`).
 _ENV_STORES: list[Any] = []
+#: The variables :func:`fill_env_rendezvous` set, and their values. Where they still hold,
+#: :func:`init_process_group` makes a store of its own over MPI as without them: a group made
+#: again after ``destroy_process_group`` must not meet the keys the one before it left on the
+#: filled store (torch's prefixes start again; a rank could read the old ranks' addresses).
+_FILLED: dict[str, str] = {}
+
+
+def _filled_here() -> bool:
+    return any(os.environ.get(name) == value for name, value in _FILLED.items())
 
 
 def fill_env_rendezvous(env: Any = None) -> bool:
@@ -95,6 +104,7 @@ def fill_env_rendezvous(env: Any = None) -> bool:
     for name, value in launcher_says.items():
         if value is not None and name not in env:
             env[name], filled = str(value), True
+            _FILLED[name] = env[name]
     if env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
         return filled
     from collectives.backends.mpi import install_abort_on_uncaught_exception  # noqa: PLC0415
@@ -104,7 +114,9 @@ def fill_env_rendezvous(env: Any = None) -> bool:
     install_abort_on_uncaught_exception(import_mpi())
     store = mpi_shared_tcp_store(launch, port=int(env.get("MASTER_PORT") or 0), multi_tenant=True)
     _ENV_STORES.append(store)  # (torch's server lives while a store holds it)
-    env["MASTER_ADDR"], env["MASTER_PORT"] = store.host, str(store.port)
+    for name, value in (("MASTER_ADDR", store.host), ("MASTER_PORT", str(store.port))):
+        if not env.get(name):
+            env[name] = _FILLED[name] = value
     return True
 
 
