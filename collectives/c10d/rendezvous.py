@@ -114,9 +114,9 @@ def fill_env_rendezvous(env: Any = None) -> bool:
     install_abort_on_uncaught_exception(import_mpi())
     store = mpi_shared_tcp_store(launch, port=int(env.get("MASTER_PORT") or 0), multi_tenant=True)
     _ENV_STORES.append(store)  # (torch's server lives while a store holds it)
-    for name, value in (("MASTER_ADDR", store.host), ("MASTER_PORT", str(store.port))):
+    for name, address in (("MASTER_ADDR", str(store.host)), ("MASTER_PORT", str(store.port))):
         if not env.get(name):
-            env[name] = _FILLED[name] = value
+            env[name] = _FILLED[name] = address
     return True
 
 
