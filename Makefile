@@ -30,7 +30,7 @@ PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
 PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
 .PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite test-many-ranks fuzz-c10d test-environments test-torch-versions \
-	test-ci-slice test-python-forms wheels typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
+	test-ci-slice test-python-forms wheels test-free-threaded typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
 
 # backends/_carried*.c and collectives/_front*.c are compiled by the install: a change to them installs again.
 $(STAMP): pyproject.toml $(wildcard backends/_carried*.[ch] collectives/_front*.[ch])
@@ -141,6 +141,13 @@ wheels:
 	  pythons="$$pythons $$py"; \
 	done; \
 	$(PYTHON) scripts/wheels.py --out dist $$pythons
+
+# The library on a free-threaded CPython, FT_PYTHON=/path/to/python3.13t (docs/contributing.md says how
+# to build one here): a 2-rank job, in the main thread and from 4 threads at once, as installed, with
+# PYTHON_GIL=0 and on the Python forms (scripts/free_threaded.py). About 2 minutes.
+test-free-threaded:
+	@test -n "$(FT_PYTHON)" || { echo "set FT_PYTHON=/path/to/python3.13t (docs/contributing.md: Free-threaded Python)"; exit 1; }
+	$(PYTHON) scripts/free_threaded.py $(FT_PYTHON)
 
 # `make test` with the oldest release of every floor pyproject.toml claims (scripts/floors.py pins
 # them), on CI's Python, in .venv-oldest.
