@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The job each rank runs (the GIL's state, then the checked calls).
+#: The job each rank runs (the GIL's state, then the checked calls); make wheels runs it on each wheel too.
 JOB = r'''
 import sys, threading, warnings
 warnings.simplefilter("always")

@@ -12,8 +12,10 @@ which; the tag stays the glibc the build targets).
 Whatever setup.py declares is built, so nothing here lists the extensions; an extension that
 fails to build is an error here (a plain install leaves it out, with a pure wheel).
 
-Each wheel is then installed into a fresh venv of its interpreter (numpy from the index), every
-compiled module in it imported, and ``collectives-info`` asked whether the call path is compiled.
+Each wheel is then installed into a fresh venv of its interpreter (numpy, mpi4py and the MPICH
+wheel from the index), every compiled module in it imported, ``collectives-info`` asked whether
+the call path and the MPI check round run compiled, and a 2-rank job runs the collectives against
+numpy's results (scripts/free_threaded.py's, in the main thread and from 4 threads at once).
 Then ``twine check --strict`` over them all, and a table: each wheel's tag and size, and the glibc
 versions each of its .so files needs.
 The tools live in ``build/wheel-tools``, made on first use.
@@ -33,6 +35,9 @@ import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from free_threaded import JOB  # noqa: E402  (the 2-rank job of collectives checked against numpy)
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "build" / "wheel-tools"
@@ -122,19 +127,27 @@ def glibc_needed(library: bytes, work: Path) -> list[str]:
 
 
 def check_installed(python: str, wheel: Path, modules: list[str], work: Path) -> str:
-    """Installs ``wheel`` into a fresh venv of ``python``, imports its compiled modules there and
-    returns collectives-info's line about the call path (an error where it is not compiled)."""
+    """Installs ``wheel`` (with mpi4py and the MPICH wheel) into a fresh venv of ``python``, imports
+    its compiled modules there and returns what collectives-info says of the call path and the MPI
+    check round (an error where either is not compiled)."""
     venv = work / "venv"
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(wheel)], check=True)
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--only-binary", ":all:",
+                    f"{wheel}[mpi,mpich]"], check=True)
     imports = "; ".join(f"import {name}" for name in modules)
     subprocess.run([str(venv / "bin" / "python"), "-c", imports], check=True, cwd=work)
     done = subprocess.run([str(venv / "bin" / "collectives-info"), "--json"], check=True, capture_output=True,
                           text=True, cwd=work)
     info = json.loads(done.stdout)
-    if not info["call_path_compiled"]:
-        raise SystemExit(f"wheels: {wheel.name} installed, but the call path is not compiled: {info['call_path_why']}")
-    return "call path compiled: yes"
+    mpi = info["backends"]["mpi"]
+    if not info["call_path_compiled"] or not mpi.get("compiled"):
+        raise SystemExit(f"wheels: {wheel.name} installed, but not compiled: {info['call_path_why']} "
+                         f"{mpi.get('compiled_why') or mpi.get('why', '')}")
+    job = subprocess.run([str(venv / "bin" / "mpiexec"), "-n", "2", str(venv / "bin" / "python"), "-c", JOB],
+                         capture_output=True, text=True, timeout=300, cwd=work)
+    if job.returncode != 0 or job.stdout.count("call path compiled: True") != 2:
+        raise SystemExit(f"wheels: {wheel.name}: the 2-rank job failed:\n{job.stdout}{job.stderr[-3000:]}")
+    return "call path compiled: yes; check round compiled: yes; 2 ranks x 1,500 calls right"
 
 
 def verdict(bin_dir: Path, wheel: Path) -> str:
