@@ -150,17 +150,12 @@ class ElasticTorchTransport(TorchTransport):
             failed, self.generation)
         return self._failure
 
-    #: The uneven collectives exchange their counts after the check (polled as the check is).
-    _counts_with_check = False
-
     def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
-        """The default check's round (:meth:`TorchGroup._round`'s all_gather of the blocks, so a
-        rank in another call meets it), polled (``is_completed`` and short sleeps) rather than
+        """The default check's all_reduce, polled (``is_completed`` and short sleeps) rather than
         waited for: Gloo's wait with a timeout does not return before the call's own timeout,
         and a survivor waiting here must see the revocation (:meth:`_peers_left`) at once."""
-        block, blocks, flag, everyone = self._blocks or self._make_blocks()
-        block[0] = word
-        work = self._all_gather_single(everyone, flag, group=self._group, async_op=True)
+        flag = self._word_flag(word)
+        work = self._dist.all_reduce(flag, op=self._band, group=self._group, async_op=True)
         look = time.monotonic() + REVOKE_LOOK
         pause = 0.0
         if waiting is not None:  # (first: see Transport._says_waiting)
@@ -170,17 +165,14 @@ class ElasticTorchTransport(TorchTransport):
                 try:
                     self.context.hear_farewells()
                 except CollectiveError:
-                    self._abandoned.append((work, everyone))  # Gloo may still write the blocks
-                    self._blocks = None
+                    self._abandoned.append((work, flag))  # Gloo may still write flag
+                    self._word_flag_abandoned()
                     raise
                 look = time.monotonic() + REVOKE_LOOK
             time.sleep(pause)
             pause = min(pause + 50e-6, 1e-3)
         work.wait()
-        reduced = -1
-        for other in blocks[:, 0].tolist():
-            reduced &= other
-        return reduced
+        return int(self._word[0])
 
     def _peers_left(self) -> list[tuple[int, int, int]]:
         """Also the revocation: while a call waits (the call path looks every 50 ms), a survivor
@@ -306,7 +298,6 @@ class ElasticSplitTransport(TorchTransport):
         self.generation = generation.generation
 
     _agree_word = ElasticTorchTransport._agree_word
-    _counts_with_check = False
 
     def _split_transport(self, group: Any, global_ranks: list[int]) -> TorchTransport:
         return ElasticSplitTransport(self._generation, group, global_ranks)

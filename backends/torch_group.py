@@ -76,7 +76,8 @@ class TorchGroup(Transport):
         # communicator's when it takes the transport (see attach).
         self._group_timeout: float | None = None
         self._farewells_seen = 0  # the count of farewells in the store at the last look
-        self._blocks: tuple[Any, Any, Any, Any] | None = None  # the check round's (see _make_blocks)
+        self._word: Any = None  # the check's word and its tensor (see _word_flag)
+        self._word_tensor: Any = None
         self._barrier_flag: Any = None  # the barrier's zero (see _barrier)
         self._band = dist.ReduceOp.BAND
         self._name = "world"  # unique among communicators; split derives its children's
@@ -123,62 +124,42 @@ class TorchGroup(Transport):
         """The torch ProcessGroup (None means the default group)."""
         return self._group
 
-    #: The uneven collectives' counts travel in the check's round (:meth:`_agree_counts`): one
-    #: round where a raw program exchanges its counts, so the default check adds none to them.
-    _counts_with_check = True
-
     def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
-        """The BAND of every rank's ``word``, from one :meth:`_round`. ``waiting()`` runs first."""
-        return self._round(word, (), waiting)[0]
-
-    def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
-        """:meth:`_agree_word` with this rank's ``row`` in its block: every rank's row, in rank
-        order, from the same round. No rank's x travels in it (``view`` is not used)."""
-        reduced, rows = self._round(word, row)
-        return reduced, rows, None
-
-    def _round(self, word: int, row: Any, waiting: Callable[[], None] | None = None) -> tuple[int, list[list[int]]]:
-        """The default check's one small collective: an all_gather of every rank's block of
-        ``size + 2`` int64 (the word, then the uneven collectives' row of counts, at most
-        ``size + 1``), polled: a peer's farewell is heard while it waits, and a call's own
-        ``timeout=`` (shorter than the group's, which torch enforces) is kept. Every call's check
-        makes this same collective, so a rank in another call meets it (its word differs).
-        Returns the BAND of the words and every rank's ``row``."""
+        """One all_reduce (BAND) of the transport's one int64 CPU tensor (:meth:`_word_flag`),
+        polled: a peer's farewell is heard while it waits, and a call's own ``timeout=``
+        (shorter than the group's, which torch enforces) is kept. ``waiting()`` runs first."""
         if waiting is not None:
             waiting()
-        block, blocks, block_tensor, blocks_tensor = self._blocks or self._make_blocks()
-        block[0] = word
-        block[1:1 + len(row)] = row
-        work = _TorchWork(blocks, self._all_gather_single(blocks_tensor, block_tensor, group=self._group,
-                                                          async_op=True), transport=self)
+        flag = self._word_flag(word)
+        work = _TorchWork(flag, self._dist.all_reduce(flag, op=self._band, group=self._group,
+                                                      async_op=True), transport=self)
         try:
             self.context.await_work(work, math.inf if self.timeout is None or self.timeout == self._group_timeout
                                     else self.timeout)
             work.wait()
         except BaseException:
-            self._blocks = None  # torch may still write them: the next round takes new ones
+            self._word_flag_abandoned()
             raise
-        words = blocks[:, 0].tolist()
-        reduced = words[0]
-        for other in words[1:]:
-            reduced &= other
-        if not len(row):
-            return reduced, []
-        rows = blocks[:, 1:1 + len(row)].tolist()  # (in torch's rank order: put in ours)
-        return reduced, [rows[theirs] for theirs in self._torch_rank] if self._reordered else rows
+        return int(self._word[0])
 
-    def _make_blocks(self) -> tuple[Any, Any, Any, Any]:
-        """The check round's blocks, made once per transport (a new tensor each round made it about
-        half a raw Gloo round slower): this rank's block and every rank's, as numpy arrays that
-        write and read them in nanoseconds and the CPU tensors that share their memory. The calls
-        of a communicator run one at a time and the round completes before the call goes on, so
-        no two rounds share them."""
-        import numpy as np  # noqa: PLC0415
+    def _word_flag(self, word: int) -> Any:
+        """The check's int64 CPU tensor, holding ``word``: one tensor per transport, made once
+        (a new tensor each call made the check's round about half a raw round slower on Gloo),
+        shared with a numpy array that writes and reads it in nanoseconds. The calls of a
+        communicator run one at a time and the check's round completes before the call
+        returns, so no two rounds share it."""
+        if self._word is None:
+            import numpy as np  # noqa: PLC0415
 
-        blocks = np.zeros((self.size, self.size + 2), dtype=np.int64)
-        block = np.zeros(self.size + 2, dtype=np.int64)
-        self._blocks = (block, blocks, self._torch.from_numpy(block), self._torch.from_numpy(blocks).view(-1))
-        return self._blocks
+            self._word = np.zeros(1, dtype=np.int64)
+            self._word_tensor = self._torch.from_numpy(self._word)
+        self._word[0] = word
+        return self._word_tensor
+
+    def _word_flag_abandoned(self) -> None:
+        """The check's round failed or timed out while torch may still write its tensor: the
+        next round takes a new one."""
+        self._word = self._word_tensor = None
 
     def _store(self) -> Any:
         try:
