@@ -334,10 +334,14 @@ class TorchTransport(TorchGroup):
 
     def _reduce_scatter(self, r: Request) -> Any:
         x, adapter, dtype, op, out, async_op = r.x, r.adapter, r.dtype, r.op, r.out, r.async_op
-        return deliver(adapter, self._reduce_scatter_new(x, adapter, dtype, op), out, async_op)
+        return deliver(adapter, self._reduce_scatter_new(x, adapter, dtype, op, out), out, async_op)
 
     @_torch_call
-    def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+    def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                            out: Any = None) -> Any:
+        """This rank's reduced rows of x: into the caller's ``out`` where x is a tensor torch
+        reduces as it is (no staging, no copy: the call raw torch.distributed makes), else a
+        new array that the caller's ``out`` then receives."""
         torch = self._torch
         if self._reordered:  # torch hands block i to torch's rank i: x's blocks in its order
             if adapter is _TORCH:
@@ -347,9 +351,12 @@ class TorchTransport(TorchGroup):
             for ours, theirs in enumerate(self._torch_rank):
                 order[theirs] = ours
             x = x.reshape(self.size, rows, *x.shape[1:])[order].reshape(x.shape)
-        if (adapter is _TORCH and x.dim() == 1 and not x.requires_grad
+        if (adapter is _TORCH and not x.requires_grad
                 and _DIRECT[dtype].get(op) is not None and x.is_contiguous()):
-            out = torch.empty((x.shape[0] // self.size,), dtype=x.dtype, device=x.device)
+            # x's blocks of rows are its flat blocks: torch reduces them straight into the
+            # result (out= is contiguous, of x's dtype and device: the call path checked it).
+            if out is None:
+                out = torch.empty((x.shape[0] // self.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
             self._reduce_scatter_single(out, x, self._ops[op], group=self._group)
             if op is _AVG:
                 out.div_(self.size)
