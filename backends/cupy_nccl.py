@@ -9,15 +9,14 @@ pointers. Every NCCL call and every local step runs on the caller's current stre
 (``torch.cuda.current_stream()`` for tensors, CuPy's current stream for CuPy
 arrays), so results are ordered with the caller's kernels.
 
-Timeouts: NCCL has none of its own for a blocking communicator, so with a timeout set (the
-default) the host polls a CUDA event recorded after each blocking call (:func:`wait_for`:
-tight polls, then yielding polls, then sleeps backing off to 10 ms, with NCCL's asynchronous
-error query at each sleep); past the deadline it aborts the communicator's NCCL calls
-(``ncclCommAbort``) and raises ``CollectiveTimeout``, and the communicator is unusable. A
-handle's ``wait()`` does the same for its call; with no timeout (``COLLECTIVES_TIMEOUT=0``)
-blocking calls return once enqueued and ``wait()`` only makes the then-current stream wait
-for the call's event. What the deadline cannot reach: ``ncclCommInitRank`` and
-``ncclCommSplit`` (host calls that wait for every rank), and an NCCL call that blocks on the
+Blocking calls return once enqueued, as on NCCL. Timeouts: NCCL has none of its own for a
+blocking communicator, so with a timeout set (the default) each call records a pooled CUDA event
+after itself, and the process's watchdog thread (backends/stream_watch.py) looks at the calls in
+flight (and NCCL's asynchronous error query) every 50 ms; past a call's deadline it aborts the
+communicator's NCCL calls (``ncclCommAbort``), and the rank's next call or ``wait()`` raises the
+``CollectiveTimeout`` naming that call; the communicator is unusable. ``wait()`` only makes the
+then-current stream wait for the call's event. What the deadline cannot reach: ``ncclCommInitRank``
+and ``ncclCommSplit`` (host calls that wait for every rank), and an NCCL call that blocks on the
 host while it connects to a peer for the first time.
 
 What NCCL lacks is emulated, as on the torch backend (:func:`reduce_plan` is the table):

@@ -263,7 +263,7 @@ class Library:
 def _grouped_works(nccl, count):
     from collectives.backends.local import LocalCommunicator
 
-    comm = LocalCommunicator()._transport  # (a transport: its context names the call)
+    comm = LocalCommunicator(timeout=0)._transport  # (a transport: its context names the call)
     works = []
     for n in range(count):
         work = cupy_handles._StreamWork(n, Library(), None, comm)
