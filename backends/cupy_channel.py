@@ -29,7 +29,7 @@ from collectives.work import Work
 
 from ._buffers import nbytes
 from .cupy_handles import _GROUP, _CupyStreams, _launch_group, _open_group, _StreamWork, _TorchStreams, wait_for
-from .cupy_plans import BFLOAT16_SINCE, NCCL_DTYPES, NCCL_OPS, decode_nccl_version
+from .cupy_plans import BFLOAT16_SINCE, NCCL_DTYPES, NCCL_OPS, KindPlan, decode_nccl_version
 from .stream_watch import StreamWatch, unwatch, watch
 
 log = logging.getLogger("collectives")
@@ -92,6 +92,7 @@ class CupyNcclChannel(Transport):
         self.nccl_version = decode_nccl_version(int(nccl.get_version()))
         self._bfloat16_native = self.nccl_version >= BFLOAT16_SINCE
         self._libraries: dict[ArrayAdapter, Any] = {}
+        self._kinds: dict[tuple[ArrayAdapter, str, Any], KindPlan] = {}  # see _kind
         # The calls in flight under a timeout, looked at by the watchdog thread (made at the
         # first such call; see backends/stream_watch.py).
         self._stream_watch: StreamWatch | None = None
@@ -103,6 +104,13 @@ class CupyNcclChannel(Transport):
         return self._comm
 
     def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
+        # One test for an array on this device (CuPy's device id; torch's get_device(), an int,
+        # where x.device would make a torch.device), else the checks that name the fault.
+        if adapter is arrays.CUPY:
+            if x.device.id == self.device:
+                return
+        elif adapter is arrays.TORCH and x.get_device() == self.device:  # (-1 on the CPU)
+            return
         check_cuda_array(x, adapter, self.device)
 
     def _enter(self, x: Any, adapter: ArrayAdapter, flush: bool = True) -> tuple[Any, Any]:
@@ -115,10 +123,19 @@ class CupyNcclChannel(Transport):
             self._flush_group()
         return lib, stream
 
+    def _kind(self, adapter: ArrayAdapter, dtype: str, op: Any) -> KindPlan:
+        """The plan of a kind of call (array library, dtype, reduce op or ``None``), made at
+        its first call: what its later calls reuse."""
+        kind = self._kinds.get((adapter, dtype, op))
+        if kind is None:
+            kind = self._kinds[adapter, dtype, op] = KindPlan(self._library(adapter), dtype, op,
+                                                              self._bfloat16_native)
+        return kind
+
     def _library(self, adapter: ArrayAdapter) -> Any:
         library = self._libraries.get(adapter)
         if library is None:
-            library = _TorchStreams() if adapter is arrays.TORCH else _CupyStreams()
+            library = (_TorchStreams if adapter is arrays.TORCH else _CupyStreams)(self.device)
             self._libraries[adapter] = library
         return library
 
@@ -237,7 +254,7 @@ class CupyNcclChannel(Transport):
         """Launch this thread's open group of asynchronous sends/recvs, if there is one. Every
         NCCL call of this backend does this first: an NCCL group is per thread, and a call
         made while one is open would only be queued in it."""
-        if getattr(_GROUP, "works", None) is not None:
+        if _GROUP.works is not None:
             _launch_group(self._nccl_module)
 
     def _exchange_small(self, vector: Any) -> Any:

@@ -30,12 +30,14 @@ POLL = PollPolicy(FAST_POLLS, BUSY_POLL_SECONDS, POLL_MIN_SECONDS, POLL_MAX_SECO
 class _TorchStreams:
     """torch CUDA tensors: torch's current stream and events."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: int) -> None:
         self.torch = sys.modules["torch"]
+        self.device = device  # the communicator's, which the call path checked x is on
         self.pool: list[Any] = []  # completed events for the next calls (stream_watch)
 
     def stream(self, x: Any) -> Any:
-        return self.torch.cuda.current_stream(x.device)
+        # (the device's ordinal: x.device would make a torch.device per call)
+        return self.torch.cuda.current_stream(self.device)
 
     def use(self, stream: Any) -> Any:
         """A context in which ``stream`` is torch's current stream (and its device current)."""
@@ -68,7 +70,7 @@ class _TorchStreams:
 class _CupyStreams:
     """CuPy arrays: CuPy's current stream and events."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: int) -> None:
         self.cupy = sys.modules["cupy"]
         self.pool: list[Any] = []  # completed events for the next calls (stream_watch)
 
@@ -122,12 +124,20 @@ def wait_for(done: Callable[[], bool], timeout: float, check: Callable[[], None]
 
 # -- the open NCCL group of asynchronous sends/recvs (NCCL groups are per thread) -------------------
 
-_GROUP = threading.local()
+class _ThreadGroup(threading.local):
+    """This thread's open group: ``works``, its handles (``None``: no group open). A class
+    attribute gives every thread ``None`` without the raised AttributeError of a missing one,
+    which each NCCL call of this backend would otherwise pay."""
+
+    works: list[_StreamWork] | None = None
+
+
+_GROUP = _ThreadGroup()
 
 
 def _open_group(nccl: Any) -> list[_StreamWork]:
     """This thread's open group's handles, after ``ncclGroupStart`` if none was open."""
-    works = getattr(_GROUP, "works", None)
+    works = _GROUP.works
     if works is None:
         nccl.groupStart()
         works = _GROUP.works = []

@@ -64,6 +64,7 @@ from collectives.work import Work
 
 from ._buffers import count, divide_, fold_bitwise, nbytes, row_bytes, stage
 from .cupy_channel import (
+    _GROUP,
     CupyNcclChannel,
     bind_device,
     import_cupy_nccl,
@@ -79,7 +80,6 @@ from .cupy_plans import (
     from_order_keys,
     gather_plan,
     order_keys,
-    reduce_plan,
     scatter_plan,
 )
 
@@ -118,7 +118,17 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _all_reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
-        plan = reduce_plan(dtype, op, self._bfloat16_native)
+        kind = self._kinds.get((adapter, dtype, op)) or self._kind(adapter, dtype, op)
+        if kind.direct and adapter.is_contiguous(x):  # the common case: NCCL on x, nothing else
+            lib = kind.library
+            stream = lib.stream(x)
+            if _GROUP.works is not None:
+                self._flush_group()
+            ptr = lib.ptr(x)
+            self._comm.allReduce(ptr, ptr, count(x), kind.nccl_dtype, kind.nccl_op, lib.stream_ptr(stream))
+            return self._done(lib, stream, async_op, x)
+        plan = kind.reduce
+        assert plan is not None
         lib, stream = self._enter(x, adapter)
         buf, writeback = _wire_buffer(x, adapter, dtype, op, plan)
         if plan.nccl_op is None:
@@ -133,7 +143,8 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, dst, async_op = r.x, r.adapter, r.dtype, r.op, r.root, r.async_op
-        plan = reduce_plan(dtype, op, self._bfloat16_native)
+        plan = self._kind(adapter, dtype, op).reduce
+        assert plan is not None
         if plan.nccl_op is None:  # bitwise ops: all_gather and fold, kept on dst
             return super()._reduce(r)
         lib, stream = self._enter(x, adapter)
@@ -166,7 +177,8 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _reduce_scatter(self, r: Request) -> Any:
         x, adapter, dtype, op, out, async_op = r.x, r.adapter, r.dtype, r.op, r.out, r.async_op
-        plan = reduce_plan(dtype, op, self._bfloat16_native)
+        plan = self._kind(adapter, dtype, op).reduce
+        assert plan is not None
         lib, stream = self._enter(x, adapter)
         buf, _ = _wire_buffer(x, adapter, dtype, op, plan)  # only read: x stays as it is
         rows = int(x.shape[0]) // self.size

@@ -57,20 +57,15 @@ class _CudaDevice:
 
 
 class ndarray:  # noqa: N801  (CuPy's name)
-    """A CuPy-like array over a numpy array (``host``)."""
+    """A CuPy-like array over a numpy array (``host``); its attributes are read once (plain
+    attributes cost what CuPy's own do: a benchmark counts our code, not the stand-in's)."""
 
     def __init__(self, host: np.ndarray) -> None:
         self.host = host
         self.device = _CudaDevice(0)
-
-    shape = property(lambda self: self.host.shape)
-    dtype = property(lambda self: self.host.dtype)
-    strides = property(lambda self: self.host.strides)
-    nbytes = property(lambda self: self.host.nbytes)
-    size = property(lambda self: self.host.size)
-    itemsize = property(lambda self: self.host.itemsize)
-    flags = property(lambda self: self.host.flags)
-    data = property(lambda self: _Pointer(self.host.ctypes.data))
+        self.shape, self.dtype, self.strides = host.shape, host.dtype, host.strides
+        self.nbytes, self.size, self.itemsize, self.flags = host.nbytes, host.size, host.itemsize, host.flags
+        self.data = _Pointer(host.ctypes.data)
 
     def view(self, dtype: Any) -> ndarray:
         return ndarray(self.host.view(dtype))
@@ -79,14 +74,41 @@ class ndarray:  # noqa: N801  (CuPy's name)
         return ndarray(self.host.astype(dtype, order=order, copy=copy))
 
     def __getitem__(self, key: Any) -> ndarray:
-        return ndarray(self.host[key])
+        return ndarray(self.host[_unwrap(key)])
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        self.host[key] = value.host if isinstance(value, ndarray) else value
+        self.host[_unwrap(key)] = _unwrap(value)
 
     def get(self, stream: Any = None) -> np.ndarray:
         _DEVICE.host_waits += 1
         return self.host.copy()
+
+
+def _unwrap(value: Any) -> Any:
+    return value.host if isinstance(value, ndarray) else value
+
+
+def _operator(name: str) -> Any:
+    """numpy's ``name`` dunder on the arrays' memory: in place on x's own, else a new array."""
+    def apply(self: ndarray, *args: Any) -> Any:
+        result = getattr(self.host, name)(*map(_unwrap, args))
+        if result is self.host:
+            return self
+        return ndarray(result) if isinstance(result, np.ndarray) else result
+    return apply
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "and", "or", "xor", "lshift", "rshift",
+              "lt", "le", "gt", "ge", "eq", "ne"):
+    setattr(ndarray, f"__{_name}__", _operator(f"__{_name}__"))
+    if _name not in ("lt", "le", "gt", "ge", "eq", "ne"):
+        setattr(ndarray, f"__i{_name}__", _operator(f"__i{_name}__"))
+for _name in ("__invert__", "__neg__"):
+    setattr(ndarray, _name, _operator(_name))
+
+
+def _copyto(dst: ndarray, src: Any, casting: str = "same_kind") -> None:
+    np.copyto(dst.host, _unwrap(src), casting=casting)  # type: ignore[arg-type]
 
 
 class Event:
@@ -120,11 +142,13 @@ class Stream:
 
 
 class NcclCommunicator:
-    """``cupy.cuda.nccl.NcclCommunicator`` at world size 1: ``calls`` logs every call by name."""
+    """``cupy.cuda.nccl.NcclCommunicator`` at world size 1: ``calls`` logs every call by name,
+    ``reductions`` the (ncclDataType_t, ncclRedOp_t, count) of every ``allReduce``."""
 
     def __init__(self, size: int = 1, unique_id: Any = None, rank: int = 0) -> None:
         self._size, self._rank = size, rank
         self.calls: list[str] = []
+        self.reductions: list[tuple[int, int, int]] = []
         self.aborted = threading.Event()
         self.destroyed = False
 
@@ -141,6 +165,7 @@ class NcclCommunicator:
 
     def allReduce(self, send: int, recv: int, count: int, dtype: int, op: int, stream: int) -> None:  # noqa: N802
         self._call("allReduce")
+        self.reductions.append((dtype, op, count))
 
     def reduce(self, send: int, recv: int, count: int, dtype: int, op: int, root: int, stream: int) -> None:
         self._call("reduce")
@@ -174,6 +199,10 @@ def device() -> Device:
     return _DEVICE
 
 
+def _current_stream() -> Stream:
+    return _STREAM
+
+
 def _module() -> types.ModuleType:
     cupy = types.ModuleType("cupy")
     cupy.__version__ = "14.0.0"
@@ -181,6 +210,8 @@ def _module() -> types.ModuleType:
     cupy.asarray = lambda values, dtype=None: ndarray(np.ascontiguousarray(values, dtype=dtype))
     cupy.zeros = lambda shape, dtype=None: ndarray(np.zeros(shape, dtype=dtype))
     cupy.empty = lambda shape, dtype=None: ndarray(np.empty(shape, dtype=dtype))
+    cupy.copyto = _copyto
+    cupy.where = lambda condition, a, b: ndarray(np.where(*map(_unwrap, (condition, a, b))))
     nccl = types.ModuleType("cupy.cuda.nccl")
     nccl.available = True
     nccl.get_version = lambda: 22703
@@ -190,7 +221,7 @@ def _module() -> types.ModuleType:
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 1)
     cuda = types.ModuleType("cupy.cuda")
     cuda.Device, cuda.Event, cuda.nccl, cuda.runtime = _CudaDevice, Event, nccl, runtime
-    cuda.get_current_stream = lambda: _STREAM
+    cuda.get_current_stream = _current_stream
     cupy.cuda = cuda
     return cupy
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from collectives.backends import cupy_channel, cupy_handles, cupy_id, cupy_nccl, cupy_plans
 from collectives.backends.cupy_channel import check_cuda_array
-from collectives.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS, reduce_plan
+from collectives.backends.cupy_plans import NCCL_DTYPES, NCCL_OPS, reduce_plan
 
 import collectives
 from collectives import ALLOWED_OPS, DTYPES, BackendUnavailable, CollectiveError, ReduceOp, arrays

@@ -126,3 +126,38 @@ def test_every_rank_gets_the_timeout_of_a_stalled_call_at_its_next_call(world):
         assert aborted and host_waits == 0, rank
         named = f"all_reduce (call #1) on <CupyNcclCommunicator backend=cupy rank={rank} size=2>"
         assert raised is not None and named in raised, raised
+
+
+# -- the plan of a kind of call: what NCCL is handed -------------------------------------------------
+
+NCCL_TYPES = {"int8": 0, "uint8": 1, "int32": 2, "int64": 4, "float16": 6, "float32": 7, "float64": 8,
+              "bfloat16": 9}
+
+
+@pytest.mark.parametrize("op", ["sum", "prod", "min", "max", "avg"])
+@pytest.mark.parametrize("dtype", ["int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64"])
+def test_every_kind_hands_nccl_the_type_and_op_of_its_wire_twice_over(dtype, op):
+    """The first call of a kind builds its plan, the second reuses it: both hand NCCL the same
+    call, NCCL's own type for x's dtype only where x goes as it is (int16 travels in int32, float
+    MIN/MAX as integer order keys, AVG as SUM then a division)."""
+    if op == "avg" and not dtype.startswith("float"):
+        pytest.skip("AVG is for floats")
+    with fake_cupy.installed():
+        import cupy
+
+        nccl_comm = cupy.cuda.nccl.NcclCommunicator(1, None, 0)
+        comm = _communicator(nccl_comm, timeout=0)
+        values = np.arange(-3, 5).astype(dtype)
+        x = cupy.asarray(values)
+        comm.all_reduce(x, op)
+        comm.all_reduce(x, op)
+        np.testing.assert_array_equal(x.host, values)  # one rank: every op leaves x as it is
+        first, second = nccl_comm.reductions
+        assert first == second
+        nccl_type, nccl_op, count = first
+        keys = op in ("min", "max") and dtype.startswith("float")
+        want_type = {"int16": 2, "float16": 2, "float32": 2, "float64": 4}.get(dtype) if keys else \
+            NCCL_TYPES.get(dtype, 2)  # int16: in int32
+        assert (nccl_type, count) == (want_type, 8)
+        assert nccl_op == {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 0}[op]
+        comm.close()
