@@ -146,7 +146,7 @@ def _open_group(nccl: Any) -> list[_StreamWork]:
 
 def _launch_group(nccl: Any) -> None:
     """``ncclGroupEnd`` of this thread's open group; then each of its calls finishes on its stream."""
-    works, _GROUP.works = _GROUP.works, None
+    works, _GROUP.works = _GROUP.works or [], None
     try:
         nccl.groupEnd()
     except Exception as error:

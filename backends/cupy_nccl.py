@@ -64,11 +64,11 @@ from collectives.work import Work
 
 from ._buffers import count, divide_, fold_bitwise, nbytes, row_bytes, stage
 from .cupy_channel import (
-    _GROUP,
     CupyNcclChannel,
     bind_device,
     import_cupy_nccl,
 )
+from .cupy_handles import _GROUP
 from .cupy_plans import (
     NCCL_DTYPES,
     NCCL_OPS,

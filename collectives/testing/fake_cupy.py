@@ -70,7 +70,7 @@ class ndarray:  # noqa: N801  (CuPy's name)
     def view(self, dtype: Any) -> ndarray:
         return ndarray(self.host.view(dtype))
 
-    def astype(self, dtype: Any, order: str = "C", copy: bool = True) -> ndarray:
+    def astype(self, dtype: Any, order: Any = "C", copy: bool = True) -> ndarray:
         return ndarray(self.host.astype(dtype, order=order, copy=copy))
 
     def __getitem__(self, key: Any) -> ndarray:
@@ -79,7 +79,7 @@ class ndarray:  # noqa: N801  (CuPy's name)
     def __setitem__(self, key: Any, value: Any) -> None:
         self.host[_unwrap(key)] = _unwrap(value)
 
-    def get(self, stream: Any = None) -> np.ndarray:
+    def get(self, stream: Any = None) -> Any:
         _DEVICE.host_waits += 1
         return self.host.copy()
 
@@ -126,6 +126,9 @@ class Event:
         ident = threading.get_ident()
         _DEVICE.queries[ident] = _DEVICE.queries.get(ident, 0) + 1
         return self._complete
+
+    def query(self) -> bool:  # (torch.cuda.Event's name for it)
+        return bool(self.done)
 
     def synchronize(self) -> None:
         _DEVICE.host_waits += 1
@@ -203,8 +206,8 @@ def _current_stream() -> Stream:
     return _STREAM
 
 
-def _module() -> types.ModuleType:
-    cupy = types.ModuleType("cupy")
+def _module() -> Any:
+    cupy: Any = types.ModuleType("cupy")
     cupy.__version__ = "14.0.0"
     cupy.ndarray = ndarray
     cupy.asarray = lambda values, dtype=None: ndarray(np.ascontiguousarray(values, dtype=dtype))
@@ -212,14 +215,14 @@ def _module() -> types.ModuleType:
     cupy.empty = lambda shape, dtype=None: ndarray(np.empty(shape, dtype=dtype))
     cupy.copyto = _copyto
     cupy.where = lambda condition, a, b: ndarray(np.where(*map(_unwrap, (condition, a, b))))
-    nccl = types.ModuleType("cupy.cuda.nccl")
+    nccl: Any = types.ModuleType("cupy.cuda.nccl")
     nccl.available = True
     nccl.get_version = lambda: 22703
     nccl.get_unique_id = lambda: tuple(range(128))
     nccl.groupStart = nccl.groupEnd = lambda: None
     nccl.NcclCommunicator = NcclCommunicator
     runtime = types.SimpleNamespace(getDeviceCount=lambda: 1)
-    cuda = types.ModuleType("cupy.cuda")
+    cuda: Any = types.ModuleType("cupy.cuda")
     cuda.Device, cuda.Event, cuda.nccl, cuda.runtime = _CudaDevice, Event, nccl, runtime
     cuda.get_current_stream = _current_stream
     cupy.cuda = cuda
