@@ -92,7 +92,9 @@ class CupyNcclChannel(Transport):
         self.nccl_version = decode_nccl_version(int(nccl.get_version()))
         self._bfloat16_native = self.nccl_version >= BFLOAT16_SINCE
         self._libraries: dict[ArrayAdapter, Any] = {}
-        self._kinds: dict[tuple[ArrayAdapter, str, Any], KindPlan] = {}  # see _kind
+        # The plans of the kinds of call seen (see _kind), by (adapter, dtype, id(op)): a ReduceOp
+        # member is a singleton, and its hash is Enum's, Python code.
+        self._kinds: dict[tuple[ArrayAdapter, str, int], KindPlan] = {}
         # The calls in flight under a timeout, looked at by the watchdog thread (made at the
         # first such call; see backends/stream_watch.py).
         self._stream_watch: StreamWatch | None = None
@@ -126,9 +128,9 @@ class CupyNcclChannel(Transport):
     def _kind(self, adapter: ArrayAdapter, dtype: str, op: Any) -> KindPlan:
         """The plan of a kind of call (array library, dtype, reduce op or ``None``), made at
         its first call: what its later calls reuse."""
-        kind = self._kinds.get((adapter, dtype, op))
+        kind = self._kinds.get((adapter, dtype, id(op)))
         if kind is None:
-            kind = self._kinds[adapter, dtype, op] = KindPlan(self._library(adapter), dtype, op,
+            kind = self._kinds[adapter, dtype, id(op)] = KindPlan(self._library(adapter), dtype, op,
                                                               self._bfloat16_native)
         return kind
 

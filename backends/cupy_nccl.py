@@ -118,7 +118,7 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _all_reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
-        kind = self._kinds.get((adapter, dtype, op)) or self._kind(adapter, dtype, op)
+        kind = self._kinds.get((adapter, dtype, id(op))) or self._kind(adapter, dtype, op)
         if kind.direct and adapter.is_contiguous(x):  # the common case: NCCL on x, nothing else
             lib = kind.library
             stream = lib.stream(x)
