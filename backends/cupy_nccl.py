@@ -126,7 +126,12 @@ class CupyNcclTransport(CupyNcclChannel):
                 self._flush_group()
             ptr = lib.ptr(x)
             self._comm.allReduce(ptr, ptr, count(x), kind.nccl_dtype, kind.nccl_op, lib.stream_ptr(stream))
-            return self._done(lib, stream, async_op, x)
+            timeout = self.timeout
+            if async_op or timeout is None:
+                return self._done(lib, stream, async_op, x)
+            # (_done's blocking case, written out: the event after the call on the watch)
+            (self._stream_watch or self._start_watch()).post(lib, stream, self.context.call, timeout)
+            return x
         plan = kind.reduce
         assert plan is not None
         lib, stream = self._enter(x, adapter)
