@@ -153,6 +153,19 @@ class CommunicatorContext(CallContext):
     def mark_broken(self, why: str) -> None:
         self.comm._broken = f"{self.comm!r} is unusable: {why}"
 
+    def fail_later(self, error: Exception) -> None:
+        comm = self.comm
+        comm._failure = error  # (before _broken: the call that sees the gate closed finds it)
+        if not comm._broken:
+            comm._broken = f"{comm!r} is unusable: {error}"
+
+    def failure(self) -> Exception:
+        comm = self.comm
+        found: Exception | None = comm._failure
+        if found is not None:  # a new one each time: a raised exception keeps its traceback
+            return type(found)(*found.args)
+        return CollectiveError(comm._broken or f"{comm!r} is unusable")
+
     def has_left(self, rank: int) -> bool:
         return rank in self.farewells.left
 

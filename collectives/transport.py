@@ -80,6 +80,17 @@ class CallContext(abc.ABC):
         transport failed in a way it cannot recover from."""
 
     @abc.abstractmethod
+    def fail_later(self, error: Exception) -> None:
+        """A failure the transport found off the call path (its watchdog thread, any thread):
+        the communicator becomes unusable, and ``error`` is raised at its next call or handle
+        ``wait()`` on this rank (and at every later one)."""
+
+    @abc.abstractmethod
+    def failure(self) -> Exception:
+        """What a call or a handle's ``wait()`` on the unusable communicator raises: the failure
+        given to :meth:`fail_later`, else a :class:`~collectives.CollectiveError` saying why."""
+
+    @abc.abstractmethod
     def has_left(self, rank: int) -> bool:
         """Whether ``rank`` is known to have left the communicator."""
 

@@ -60,7 +60,14 @@ def child(calls: int, world: int, rank: int) -> None:
     names = {"torch": torch, "dist": dist, "comm": comm, "pg": pg, "opts": opts,
              "t": torch.ones(ELEMENTS), "gathered": torch.empty(world, ELEMENTS),
              "rows": torch.ones(world, ELEMENTS), "mine": torch.empty(1, ELEMENTS)}
-    statements = [FLOOR[1]] + [s for _, ours, raw in CASES for s in (ours, raw)]
+    run_loops([FLOOR[1]] + [s for _, ours, raw in CASES for s in (ours, raw)], names, calls)
+    comm.close()
+    dist.destroy_process_group()
+
+
+def run_loops(statements: list[str], names: dict, calls: int) -> None:
+    """Warm every statement, then a no-op loop and one loop of ``calls`` of each statement, each
+    inside ``functools.reduce`` (what callgrind collects and dumps after)."""
     steps = []
     for statement in statements:
         code = compile(statement, statement, "eval")
@@ -70,8 +77,6 @@ def child(calls: int, world: int, rank: int) -> None:
     functools.reduce(_noop, range(calls), None)
     for step in steps:
         functools.reduce(step, range(calls), None)
-    comm.close()
-    dist.destroy_process_group()
 
 
 def _noop(acc: object, _: int) -> object:
