@@ -28,7 +28,7 @@ from .diagnostics import recorder
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .ops import ReduceOp
 from .transport import Transport
-from .wire import FAST_BIT, REFUSED_WORD, call_hash
+from .wire import FAST_BIT, REFUSED_WORD, call_hash, check_word, words_agree
 from .work import KeptHandles, Work
 
 _clock = recorder.clock
@@ -112,10 +112,9 @@ class CallCheck:
             h = self.hashes[call, dtype, reduce_op, root, shape]
         except KeyError:
             h = self._hash_call(call, reduce_op, root, dtype, shape)
-        # check_word(h, seq) and words_agree, written out: this runs on every call
-        h = (h ^ seq) & 0x7FFFFFFF
-        reduced = self._transport._agree_word((h << 32) | (h ^ 0xFFFFFFFF) | (self.fast_bit if fast else 0), waiting)
-        if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
+        # (the check word: wire.py's, the one place that says its format)
+        reduced = self._transport._agree_word(check_word(h, seq) | (self.fast_bit if fast else 0), waiting)
+        if not words_agree(reduced):
             self.disagreed(reduce_op, root, dtype, shape)
 
     def carry(self, carry: Callable[[Any, Any, Any, Any, int], tuple[int, Any]], call: Call,
@@ -133,9 +132,8 @@ class CallCheck:
             h = self.hashes[call, dtype, reduce_op, root, shape]
         except KeyError:
             h = self._hash_call(call, reduce_op, root, dtype, shape)
-        h = (h ^ seq) & 0x7FFFFFFF
-        reduced, result = carry(view, root, out, extra, (h << 32) | (h ^ 0xFFFFFFFF))
-        if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
+        reduced, result = carry(view, root, out, extra, check_word(h, seq))
+        if not words_agree(reduced):
             self.disagreed(reduce_op, root, dtype, shape)
         return result
 
@@ -165,13 +163,12 @@ class CallCheck:
             h = self.hashes[call, r.dtype, None, -1, rest]
         except KeyError:
             h = self._hash_call(call, None, -1, r.dtype, rest)
-        h = (h ^ seq) & 0x7FFFFFFF
         gathered = call is ALL_GATHER_V
         row = [int(x.shape[0])] if gathered else [int(n) for n in r.extra]
         row.append(-1 if r.out is None else int(r.out.shape[0]))
         view = r.view if x.nbytes <= self._transport._uneven_bytes else None  # (the call path's host view)
-        reduced, rows, carried = self._transport._agree_counts((h << 32) | (h ^ 0xFFFFFFFF), row, view)
-        if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
+        reduced, rows, carried = self._transport._agree_counts(check_word(h, seq), row, view)
+        if not words_agree(reduced):
             self.compare_fingerprints(None, -1, None, ())  # another call: the mismatch
             return False  # the same call, another dtype or x.shape[1:]: the exchange says which
         if gathered:
