@@ -95,7 +95,6 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
         return None
     new = new_result(tensors)
     size, rank, start, block = channel.size, channel.rank, state.payload_offset, state.block
-    small, large = state.rooms
     mpi_type: Any = None
     local: Any = None
     if call.reduces:  # (MPI_Reduce_local: MPI's own arithmetic, where MPI reduces the pair as it is)
@@ -135,7 +134,7 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
     def carry(view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]:
         # (the payload of the round about to run: every rank's alike, see backends/mpi_round.py)
         n = view.nbytes
-        state.want = small < n <= large  # (Round.wants, written out: this runs on every call)
+        state.wants(n)
         if n > state.carry_bytes:  # the round of the word alone (every rank of this call: x this size)
             return round_(word | CARRIED) & WORD_BITS, NOT_TAKEN
         if not on_root or root == rank:

@@ -53,9 +53,9 @@ class Round:
     """The check's round of the mpi4py communicator ``comm`` of ``ranks`` ranks (``MPI``: mpi4py's
     module): every rank's block where ``gathers`` (up to COUNTS_RANKS ranks), with the large one
     where ``large`` (the library's persistent all_gather is right) and the library has persistent
-    collectives, else a one-word MPI_Allreduce;
-    ``wait`` completes a round the fast polls did not (see :data:`Wait`). Made collectively (every
-    rank makes its persistent requests here), freed collectively (:meth:`free`)."""
+    collectives; else a one-word MPI_Allreduce. ``wait`` completes a round the fast polls did not
+    (see :data:`Wait`). Made collectively (every rank makes its persistent requests here), freed
+    collectively (:meth:`free`)."""
 
     block: Any  # this rank's block
     payload: Any  # its payload (None: the one word)
