@@ -115,9 +115,9 @@ class Communicator:
         self._monitored = MonitoredBarrier(transport, rank, size, handles, call_check)
         # The call path's shortcuts into its parts (one attribute read each).
         self._pending, self._reap, self._keep = handles.pending, handles.reap, handles.keep
-        self._plans, self._check_call = checks.plans, transport._word_check(call_check)
-        self._carry_call = transport._carry_check(call_check)
-        self._check_counts = transport._counts_check(call_check)  # (emulations.counted calls it)
+        self._plans = checks.plans
+        # (_check_counts: emulations.counted calls it)
+        self._check_call, self._carry_call, self._check_counts = call_check.forms()
         # What an error raised inside a call becomes (the context's: see raise_failed).
         self._raise_failed = context.raise_failed
         # Debug mode (COLLECTIVES_DEBUG=1): full fingerprints, and headers ahead of send/recv.

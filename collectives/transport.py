@@ -272,23 +272,13 @@ class Transport(abc.ABC):
     #: most (at least :attr:`_carry_bytes`; past it, x does not travel: its word is marked).
     _uneven_bytes: int = 0
 
-    def _word_check(self, call_check: Any) -> Callable[..., None]:
-        """What the call path calls for the default check of a call whose data does not travel in
-        it (a barrier, a split, a call off the fast path): ``call_check.check`` (``CallCheck.check``,
-        collectives/reliability.py), or a compiled form of it with the same arguments."""
-        return call_check.check  # type: ignore[no-any-return]
-
-    def _carry_check(self, call_check: Any) -> Callable[..., Any]:
-        """What the call path calls for a call whose x a carried path carries: ``call_check.carry``
-        (``CallCheck.carry``, collectives/reliability.py), or a compiled form of it with the same
-        arguments and results."""
-        return call_check.carry  # type: ignore[no-any-return]
-
-    def _counts_check(self, call_check: Any) -> Callable[[Any], bool]:
-        """What the call path calls for an uneven call's counts exchange (``emulations.counted``):
-        ``call_check.check_counts`` (``CallCheck.check_counts``), or a compiled form of it with the
-        same argument and result."""
-        return call_check.check_counts  # type: ignore[no-any-return]
+    def _compiled_checks(self) -> tuple[Any, Any, int] | None:
+        """Where this transport's check round is compiled: ``(module, round, uneven_bytes)``, the
+        compiled module whose ``CheckedWord``, ``CheckedCarry`` and ``CheckedCounts`` the
+        communicator's :class:`~collectives.reliability.CallCheck` makes its compiled forms from
+        (:meth:`~collectives.reliability.CallCheck.forms`), the round they run and
+        :attr:`_uneven_bytes`; ``None`` (the default): the Python forms."""
+        return None
 
     #: Whether the default check's words mark the ranks on the fast path (``wire.FAST_BIT``):
     #: :meth:`_agree_word` then gets words with bit 63 set, and may learn that every rank runs
