@@ -121,11 +121,10 @@ def fast_path(transport: Any, call: Any, dtype: str, op: ReduceOp | None,
         options = _Options(c10d.AllgatherOptions)
 
         def start(t: Any, root: Any, out: Any, async_op: bool) -> tuple[Any, Any]:
-            # Gloo takes the rows concatenated (it splits the result along its first dimension,
-            # each part of x's shape): both go flat (a 1-d x is its own flat view).
+            # Gloo splits the result along its first dimension into parts of x's shape: x goes
+            # as x[None], of a row's shape (one view of x, the cheapest: none of the result).
             result = out if out is not None else empty((size, *t.shape), dtype=t.dtype)
-            return result, gather(result.flatten(), t.flatten(),
-                                  options.asynchronous if async_op else options.blocking)
+            return result, gather(result, t[None], options.asynchronous if async_op else options.blocking)
     else:
         return None
     return _planned(transport, start, divide, size, getattr(transport, call.method))
