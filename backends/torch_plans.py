@@ -37,12 +37,13 @@ _check_array = arrays.TORCH.check_array
 def tensor_check(torch: Any) -> Callable[[Any, bool], Any]:
     """The per-array check of the planned kinds (see ``Transport._array_check``): ``x`` itself
     where the plan's process-group call takes it as it is (a plain CPU tensor, dense, contiguous,
-    without a negative bit, and for an in-place call not requiring grad), else
-    ``TorchAdapter.check_array``'s verdict (its error, or ``None``: the row's method takes x)."""
+    without a negative bit, not requiring grad: autograd would track the views torch's call makes
+    of it), else ``TorchAdapter.check_array``'s verdict (its error, or ``None``: the row's method
+    takes x, detached)."""
     tensor, strided = torch.Tensor, torch.strided
 
     def check(x: Any, in_place: bool) -> Any:
-        if type(x) is tensor and x.is_cpu and x.is_contiguous() and not (in_place and x.requires_grad) \
+        if type(x) is tensor and x.is_cpu and x.is_contiguous() and not x.requires_grad \
                 and x.layout is strided and not x.is_nested and not x.is_neg():
             return x
         _check_array(x, in_place)

@@ -94,6 +94,11 @@ def plans_job(comm):
     got["scatter async"] = comm.reduce_scatter(_t(50, r, rows), async_op=True).wait().numpy().copy()
     got["scatter async avg"] = comm.reduce_scatter(_t(51, r, rows), "avg", async_op=True).wait().numpy().copy()
     got["scatter strided"] = comm.reduce_scatter(_t(52, r, rows[::-1]).t()).numpy().copy()
+    # x requiring grad, read only (all_gather, reduce_scatter): the row's method takes it detached
+    gathered = comm.all_gather(_t(40, r, (2, 3)).requires_grad_())
+    scattered = comm.reduce_scatter(_t(50, r, rows).requires_grad_())
+    assert not gathered.requires_grad and not scattered.requires_grad
+    got["gather grad"], got["scatter grad"] = gathered.numpy().copy(), scattered.numpy().copy()
     return got
 
 
@@ -121,7 +126,7 @@ def _expected(n):
         want["broadcast", root] = _data(20 + root, root, (3,))
         want["async broadcast", root] = _data(30 + root, root, (2, 2))
     gathered = np.stack(every(40, (2, 3)))
-    for name in ("gather out", "gather", "gather async", "gather async out"):
+    for name in ("gather out", "gather", "gather async", "gather async out", "gather grad"):
         want[name] = gathered
     want["gather 0-d"] = np.stack(every(41, ()))
     want["gather strided"] = np.stack([x.T for x in every(42, (3, 2))])
