@@ -15,6 +15,8 @@ What the transports lack is emulated, never approximated:
 - AVG is SUM, then a division by size, on every transport.
 - float MIN/MAX reduce integer order keys (backends/_float_order.py): NaN propagates.
 Broadcast and all_gather move raw bytes (uint8 views), so they need no staging.
+A contiguous CPU tensor of a kind every transport takes as it is goes straight to the process
+group's own call, bound with its options when the kind is first seen (backends/torch_plans.py).
 Asynchronous sends and recvs of CUDA tensors go out together, in ``batch_isend_irecv``
 (:class:`~.torch_handles._BatchedP2P`).
 
@@ -46,7 +48,7 @@ from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.work import Work, deliver
 
-from . import _float_order
+from . import _float_order, torch_plans
 from ._buffers import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
 from .torch_bootstrap import (
     bootstrap_process_group,
@@ -81,6 +83,42 @@ class TorchTransport(TorchGroup):
     def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
         if adapter is arrays.CUPY and not self._torch.cuda.is_available():
             raise ValueError("x is a CuPy array but this torch build has no CUDA")
+
+    # -- the plans of the kinds of CPU tensors (backends/torch_plans.py) ------------------
+
+    _check_device_per_array = False  # (_check_device refuses a kind: CuPy arrays without CUDA)
+    _tensor_check: Callable[[Any, bool], Any] | None = None
+    _kind_plans: dict[tuple[Any, ...], Any] | None = None
+
+    def _array_check(self, adapter: ArrayAdapter) -> Callable[[Any, bool], Any] | None:
+        if adapter is not _TORCH:
+            return None
+        if self._tensor_check is None:
+            self._tensor_check = torch_plans.tensor_check(self._torch)
+        return self._tensor_check
+
+    def _fast_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
+                   reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any], Any] | None:
+        plan = self._kind_plan(call, adapter, dtype, reduce_op)
+        return None if plan is None else plan[0]
+
+    def _method_of(self, call: Any, adapter: ArrayAdapter, dtype: str,
+                   reduce_op: ReduceOp | None) -> Callable[[Request], Any]:
+        plan = self._kind_plan(call, adapter, dtype, reduce_op)
+        return super()._method_of(call, adapter, dtype, reduce_op) if plan is None else plan[1]
+
+    def _kind_plan(self, call: Any, adapter: ArrayAdapter, dtype: str, reduce_op: ReduceOp | None) -> Any:
+        """The fast path and method of a planned kind of tensors (``torch_plans.fast_path``),
+        made once; ``None`` for a kind not planned."""
+        if adapter is not _TORCH:
+            return None
+        if self._kind_plans is None:
+            self._kind_plans = {}
+        key = (call, dtype, reduce_op)
+        if key not in self._kind_plans:
+            self._kind_plans[key] = torch_plans.fast_path(self, call, dtype, reduce_op, _DIRECT, _GATHER_DIRECT,
+                                                          NARROW_WIRE)
+        return self._kind_plans[key]
 
     def _as_tensor(self, x: Any, adapter: ArrayAdapter) -> Any:
         """``x`` as a torch tensor sharing its memory (a copy only when x is read-only

@@ -5,11 +5,10 @@ CuPy's current stream (:func:`_torch_call`)."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import sys
-import threading
+from _thread import get_ident
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -24,7 +23,7 @@ class _TorchWork(Work):
     whose communicator's context maps a failure (``None``: raised as torch raised it)."""
 
     def __init__(self, x: Any, work: Any, finish: Any = None, transport: Any = None) -> None:
-        super().__init__(x)
+        self._x = x  # (Work's own __init__, without its call)
         self._work = work
         self._finish = finish
         self._transport = transport
@@ -35,19 +34,24 @@ class _TorchWork(Work):
 
     def wait(self) -> Any:
         if self._work is not None:
-            torch = sys.modules["torch"]
-            stream = self.stream_at_wait() if self.stream_at_wait is not None else None
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                try:
-                    self._work.wait()
-                except RuntimeError as error:
-                    if self._transport is None:
-                        raise
-                    raise_mapped(self._transport, error)
-                self._work = None
-                if self._finish is not None:
-                    self._finish()
+            if self.stream_at_wait is None:
+                self._complete()
+            else:
+                with sys.modules["torch"].cuda.stream(self.stream_at_wait()):
+                    self._complete()
         return self._x
+
+    def _complete(self) -> None:
+        """Wait for torch's handle (its error mapped), then run ``finish``."""
+        try:
+            self._work.wait()
+        except RuntimeError as error:
+            if self._transport is None:
+                raise
+            raise_mapped(self._transport, error)
+        self._work = None
+        if self._finish is not None:
+            self._finish()
 
     def is_completed(self) -> bool:
         return self._work is None or bool(self._work.is_completed())
@@ -85,7 +89,10 @@ def raise_mapped(transport: Any, error: Exception) -> NoReturn:
 
 # -- asynchronous sends and recvs of CUDA tensors: one batch per thread -----------------------------
 
-_BATCH = threading.local()
+#: Each thread's batch of asynchronous sends/recvs of CUDA tensors not issued yet, by thread id:
+#: where no thread has one, the test a call of this backend makes (``if pending_batches:``) is
+#: all it pays.
+pending_batches: dict[int, list[_BatchedP2P]] = {}
 
 
 def batches(t: Any) -> bool:
@@ -116,10 +123,7 @@ class _BatchedP2P(_TorchWork):
             torch = sys.modules["torch"]
             self._ready = torch.cuda.Event()
             self._ready.record(torch.cuda.current_stream(tensor.device))
-        pending = getattr(_BATCH, "pending", None)
-        if pending is None:
-            pending = _BATCH.pending = []
-        pending.append(self)
+        pending_batches.setdefault(get_ident(), []).append(self)
 
     def wait(self) -> Any:
         launch_batch()
@@ -153,10 +157,11 @@ def launch_batch() -> None:
     """Issue this thread's batch of asynchronous sends/recvs, if there is one: one
     ``batch_isend_irecv`` per process group, in the order they were called. A batch that fails
     fails its handles (their ``wait()`` raises), and those of the batches after it."""
-    pending: list[_BatchedP2P] | None = getattr(_BATCH, "pending", None)
+    if not pending_batches:
+        return
+    pending = pending_batches.pop(get_ident(), None)
     if not pending:
         return
-    _BATCH.pending = []
     groups: list[tuple[Any, list[_BatchedP2P]]] = []
     for work in pending:
         for group, members in groups:

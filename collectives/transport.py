@@ -240,11 +240,36 @@ class Transport(abc.ABC):
     def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
         """``TypeError``/``ValueError`` if this backend cannot take ``x`` (device, kind)."""
 
+    #: Whether :meth:`_check_device` must see every array (two arrays of one kind may lie on
+    #: different devices); False where its verdict depends on the kind of array alone: then the
+    #: first call of each kind makes it, and later ones skip it.
+    _check_device_per_array: bool = True
+
+    def _array_check(self, adapter: ArrayAdapter) -> Callable[[Any, bool], Any] | None:
+        """For backends whose fast paths take the array itself rather than its host view: the
+        per-array check ``(x, in_place)`` of a kind of ``adapter``'s arrays that has a fast
+        path. It makes ``adapter.check_array``'s checks (raising its errors; and
+        :meth:`_check_device`'s where ``_check_device_per_array``) and returns what the fast path
+        and the kind's method (:meth:`_method_of`, as ``Request.view``) then take, or ``None``
+        (x is taken by the row's method as usual). ``None``: ``adapter.host_view``, a numpy view
+        of the memory of a C-contiguous host array."""
+        return None
+
+    def _method_of(self, call: Call, adapter: ArrayAdapter, dtype: str,
+                   reduce_op: ReduceOp | None) -> Callable[[Request], Any]:
+        """The method that runs the calls of this kind (row, adapter, dtype, op) that do not take
+        the fast path (asynchronous ones, an array the fast path does not take, the uneven rows):
+        the row's method (:attr:`~collectives.calls.Call.method`) unless the backend binds one of
+        its own for the kind once (its constants made then), which gives a call it does not take
+        to the row's method. Called once per kind, after the kind's first checks passed."""
+        return getattr(self, call.method)  # type: ignore[no-any-return]
+
     def _fast_path(self, call: Call, adapter: ArrayAdapter, dtype: str,
                    reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any], Any] | None:
         """For backends: a callable ``(view, root, out, extra)`` that runs the call ``call``
         (a collective of even shapes, send or recv: not the uneven rows) on ``view``, the
-        C-contiguous numpy array of a host ``x`` of this kind (``adapter.host_view``),
+        C-contiguous numpy array of a host ``x`` of this kind (``adapter.host_view``; or what
+        the backend's :meth:`_array_check` returned),
         blocking, and returns the call's result (an in-place call's is ignored: ``x`` is
         returned), or :data:`collectives.calls.NOT_TAKEN` when it cannot take that array (the
         transport's method of the row then does). ``root`` is the root or peer, ``out`` the

@@ -1,0 +1,215 @@
+"""The torch backend's plans (backends/torch_plans.py): the first call of a kind of CPU tensors
+binds the process group's own call, and later calls of that kind make one check of the tensor and
+that call. A plan made for one kind never serves another (dtype, op, out=, async, a tensor that
+is not contiguous, a subclass, a numpy array), and what it does not take runs the row's method.
+
+The reference for every result is numpy (exact small integers, float64 for averages) on the
+inputs of every rank, computed here in the test process.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+ROWS = 2  # rows of x per rank in reduce_scatter
+
+
+def _data(seed, rank, shape, dtype="float32"):
+    """Rank ``rank``'s input number ``seed``: small integers, so every sum is exact."""
+    return np.random.default_rng([seed, rank]).integers(-4, 5, shape).astype(dtype)
+
+
+def _t(seed, rank, shape, dtype="float32"):
+    return torch.from_numpy(_data(seed, rank, shape, dtype))
+
+
+def plans_job(comm):
+    """Calls of many kinds on one communicator, planned kinds first: the results, by name."""
+    r, n = comm.rank, comm.size
+    got = {}
+    for attempt in range(3):  # the first call of a kind makes its plan; the others use it
+        x = _t(1, r, (4, 3))
+        assert comm.all_reduce(x) is x
+        got["sum", attempt] = x.numpy().copy()
+    x64 = _t(2, r, (5,), "float64")  # another dtype after the first
+    comm.all_reduce(x64)
+    got["sum float64"] = x64.numpy().copy()
+    avg = _t(3, r, (4,))  # another op, then AVG
+    comm.all_reduce(avg, "avg")
+    got["avg"] = avg.numpy().copy()
+    high = _t(4, r, (4,))
+    if r == 0:
+        high[1] = float("nan")
+    comm.all_reduce(high, "max")  # float MAX: order keys, NaN propagated (not planned)
+    got["max"] = high.numpy().copy()
+    wide = _t(5, r, (8,))
+    strided = wide[::2]  # same kind (float32 tensor, sum), not contiguous: the row's method
+    assert comm.all_reduce(strided) is strided
+    got["strided"] = wide.numpy().copy()
+    got["int16"] = comm.all_reduce(_t(6, r, (3,), "int16")).numpy().copy()
+    plain = _data(7, r, (3,))
+    comm.all_reduce(plain)  # a numpy array on the same communicator
+    got["numpy"] = plain.copy()
+    parameter = torch.nn.Parameter(_t(8, r, (3,)), requires_grad=False)  # a subclass
+    comm.all_reduce(parameter)
+    got["parameter"] = parameter.detach().numpy().copy()
+    with pytest.raises(ValueError, match="requires grad"):
+        comm.all_reduce(torch.zeros(3, requires_grad=True))
+    # asynchronous calls of a planned kind, a blocking one between post and wait
+    first, second = _t(9, r, (4,)), _t(10, r, (4,))
+    handle = comm.all_reduce(first, async_op=True)
+    averaged = comm.all_reduce(second, "avg", async_op=True)
+    between = _t(11, r, (4,))
+    comm.all_reduce(between)
+    assert handle.wait() is first
+    averaged.wait()
+    got["async sum"], got["async avg"] = first.numpy().copy(), second.numpy().copy()
+    got["between"] = between.numpy().copy()
+    # broadcast from every root (the plan's options are per root), blocking and asynchronous
+    for root in range(n):
+        y = _t(20 + root, r, (3,))
+        assert comm.broadcast(y, root) is y
+        got["broadcast", root] = y.numpy().copy()
+        z = _t(30 + root, r, (2, 2))
+        assert comm.broadcast(z, root, async_op=True).wait() is z
+        got["async broadcast", root] = z.numpy().copy()
+    # all_gather: out= and new results, 2-d and 0-d, async, a non-contiguous x, another dtype
+    out = torch.full((n, 2, 3), -1.0)
+    assert comm.all_gather(_t(40, r, (2, 3)), out=out) is out
+    got["gather out"] = out.numpy().copy()
+    got["gather"] = comm.all_gather(_t(40, r, (2, 3))).numpy().copy()
+    got["gather 0-d"] = comm.all_gather(_t(41, r, ())).numpy().copy()
+    got["gather async"] = comm.all_gather(_t(40, r, (2, 3)), async_op=True).wait().numpy().copy()
+    out = torch.zeros(n, 2, 3)
+    got["gather async out"] = comm.all_gather(_t(40, r, (2, 3)), out=out, async_op=True).wait().numpy().copy()
+    got["gather strided"] = comm.all_gather(_t(42, r, (3, 2)).t()).numpy().copy()
+    got["gather int16"] = comm.all_gather(_t(43, r, (3,), "int16")).numpy().copy()
+    # reduce_scatter: out=, new, AVG, async, a non-contiguous x
+    rows = (ROWS * n, 3)
+    mine = torch.full((ROWS, 3), -1.0)
+    assert comm.reduce_scatter(_t(50, r, rows), out=mine) is mine
+    got["scatter out"] = mine.numpy().copy()
+    got["scatter"] = comm.reduce_scatter(_t(50, r, rows)).numpy().copy()
+    got["scatter avg"] = comm.reduce_scatter(_t(51, r, rows), "avg").numpy().copy()
+    got["scatter async"] = comm.reduce_scatter(_t(50, r, rows), async_op=True).wait().numpy().copy()
+    got["scatter async avg"] = comm.reduce_scatter(_t(51, r, rows), "avg", async_op=True).wait().numpy().copy()
+    got["scatter strided"] = comm.reduce_scatter(_t(52, r, rows[::-1]).t()).numpy().copy()
+    # x requiring grad, read only (all_gather, reduce_scatter): the row's method takes it detached
+    gathered = comm.all_gather(_t(40, r, (2, 3)).requires_grad_())
+    scattered = comm.reduce_scatter(_t(50, r, rows).requires_grad_())
+    assert not gathered.requires_grad and not scattered.requires_grad
+    got["gather grad"], got["scatter grad"] = gathered.numpy().copy(), scattered.numpy().copy()
+    return got
+
+
+def _expected(n):
+    def every(seed, shape, dtype="float32"):
+        return [_data(seed, rank, shape, dtype) for rank in range(n)]
+
+    def total(seed, shape, dtype="float32"):
+        return np.sum(every(seed, shape, dtype), axis=0, dtype=dtype)
+
+    def mean(seed, shape):
+        return (np.sum(every(seed, shape, "float64"), axis=0) / n).astype("float32")
+
+    want = {("sum", attempt): total(1, (4, 3)) for attempt in range(3)}
+    want["sum float64"] = total(2, (5,), "float64")
+    want["avg"] = mean(3, (4,))
+    want["max"] = np.max(every(4, (4,)), axis=0)
+    want["max"][1] = np.nan
+    want["strided"] = total(5, (8,))[::2]  # (each rank's odd elements stay as they were)
+    want["int16"] = total(6, (3,), "int16")
+    want["numpy"] = total(7, (3,))
+    want["parameter"] = total(8, (3,))
+    want["async sum"], want["async avg"], want["between"] = total(9, (4,)), mean(10, (4,)), total(11, (4,))
+    for root in range(n):
+        want["broadcast", root] = _data(20 + root, root, (3,))
+        want["async broadcast", root] = _data(30 + root, root, (2, 2))
+    gathered = np.stack(every(40, (2, 3)))
+    for name in ("gather out", "gather", "gather async", "gather async out", "gather grad"):
+        want[name] = gathered
+    want["gather 0-d"] = np.stack(every(41, ()))
+    want["gather strided"] = np.stack([x.T for x in every(42, (3, 2))])
+    want["gather int16"] = np.stack(every(43, (3,), "int16"))
+    return want
+
+
+def _rows_of(rank, full):
+    return full[ROWS * rank:ROWS * (rank + 1)]
+
+
+@pytest.mark.parametrize("world", [("torch", 2)], indirect=True)
+def test_a_plan_serves_only_its_own_kind_and_results_match_numpy(world):
+    n = world.size
+    want = _expected(n)
+    rows = (ROWS * n, 3)
+    every = {seed: [_data(seed, rank, rows) for rank in range(n)] for seed in (50, 51)}
+    strided = [_data(52, rank, rows[::-1]).T for rank in range(n)]
+    for rank, got in enumerate(world.run(plans_job, [()] * n)):
+        for key, value in got.items():
+            if key == "strided":
+                expect = _data(5, rank, (8,))
+                expect[::2] = want["strided"]
+            elif isinstance(key, str) and key.startswith("scatter"):
+                seed = 51 if "avg" in key else 50
+                if key == "scatter strided":
+                    full = np.sum(strided, axis=0)
+                elif "avg" in key:
+                    full = (np.sum(np.array(every[seed], "float64"), axis=0) / n).astype("float32")
+                else:
+                    full = np.sum(every[seed], axis=0)
+                expect = _rows_of(rank, full)
+            else:
+                expect = want[key]
+            np.testing.assert_array_equal(value, expect, err_msg=f"{key} on rank {rank}")
+
+
+def planned_route_job(comm):
+    """On a new communicator whose row methods for the planned collectives raise on a tensor:
+    the planned kinds (blocking and asynchronous) run without them; a tensor the plan does not
+    take (not contiguous) goes to the row's method. (Debug mode's fingerprints, numpy arrays,
+    still go through the all_gather row's method.)"""
+    sub = comm.split(0)
+    try:
+        transport = sub._transport
+
+        def row_method(name):
+            original = getattr(transport, name)
+
+            def method(request):
+                if isinstance(request.x, torch.Tensor):
+                    raise AssertionError(f"the row's method ran {request.call.name}")
+                return original(request)
+            return method
+
+        for name in ("_all_reduce", "_broadcast", "_all_gather", "_reduce_scatter"):
+            setattr(transport, name, row_method(name))
+        r, n = sub.rank, sub.size
+        x, y = _t(1, r, (4,)), _t(2, r, (4,))
+        sub.all_reduce(x)
+        sub.all_reduce(y, "avg", async_op=True).wait()
+        z = _t(3, r, (3,))
+        sub.broadcast(z, n - 1)
+        gathered = sub.all_gather(_t(4, r, (2,)), async_op=True).wait()
+        mine = sub.reduce_scatter(_t(5, r, (n,)))
+        with pytest.raises(Exception, match="failed") as refused:
+            sub.all_reduce(_t(6, r, (8,))[::2])
+        assert isinstance(refused.value.__cause__, AssertionError)
+        return x.numpy(), y.numpy(), z.numpy(), gathered.numpy(), mine.numpy()
+    finally:
+        sub.close()
+
+
+@pytest.mark.parametrize("world", [("torch", 2)], indirect=True)
+def test_a_planned_kind_runs_the_process_groups_call_not_the_rows_method(world):
+    n = world.size
+
+    def every(seed, shape):
+        return [_data(seed, rank, shape) for rank in range(n)]
+
+    for rank, (x, y, z, gathered, mine) in enumerate(world.run(planned_route_job, [()] * n)):
+        np.testing.assert_array_equal(x, np.sum(every(1, (4,)), axis=0))
+        np.testing.assert_array_equal(y, (np.sum(np.array(every(2, (4,)), "float64"), axis=0) / n).astype("float32"))
+        np.testing.assert_array_equal(z, _data(3, n - 1, (3,)))
+        np.testing.assert_array_equal(gathered, np.stack(every(4, (2,))))
+        np.testing.assert_array_equal(mine, np.sum(every(5, (n,)), axis=0)[rank:rank + 1])
