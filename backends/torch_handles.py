@@ -54,8 +54,9 @@ class _TorchWork(Work):
                 raise
             raise_mapped(self._transport, error)
         self._work = None
-        if self._finish is not None:
-            self._finish()
+        finish, self._finish = self._finish, None  # (taken first: once, whoever completes it)
+        if finish is not None:
+            finish()
 
     def is_completed(self) -> bool:
         """Whether the call has completed; once torch's handle has, ``finish`` runs here (the

@@ -119,12 +119,15 @@ class _CheckedRecv(Work):
             return True
         try:
             header = self._header_posted(block=False)
-            return header is not None and header.is_completed() and self.payload_posted().is_completed()
+            if not (header is not None and header.is_completed() and self.payload_posted().is_completed()):
+                return False
         except CollectiveError:
             raise
         except Exception as error:  # kept for wait(), which says what it means
             self._payload_error = error
             return True
+        self.wait()  # both arrived: the header compared and the payload copied into x, at once
+        return True
 
 
 class CheckedPointToPoint:

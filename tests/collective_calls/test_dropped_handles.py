@@ -150,3 +150,47 @@ def test_a_dropped_handle_leaves_the_finished_result(world):
         assert pending == 0, rank
         for case, got in zip(FINISHED_CASES, results):
             assert got == _expected(*case[:3], world.size), (rank, case)
+
+
+def dropped_debug_recv_job(comm):
+    import os
+
+    from collectives.config import DEBUG
+
+    kept = os.environ.get(DEBUG)
+    os.environ[DEBUG] = "1"  # (a communicator reads it when it is made)
+    try:
+        sub = comm.split(0)
+    finally:
+        os.environ.pop(DEBUG) if kept is None else os.environ.__setitem__(DEBUG, kept)
+    sent = np.arange(5, dtype=np.float64) + 10
+    x = np.zeros(5)
+    handles = sub._handles.pending_p2p
+    if sub.rank == 0:
+        sub.send(sent, 1)
+        dropped = None
+    else:
+        sub.recv(x, 0, async_op=True)  # the handle dropped: never waited
+        dropped = handles[-1] if handles else None  # (None: reaped already, at its keeping)
+    # Async sends and recvs until the dropped recv's handle is reaped (at the next one kept).
+    token = np.zeros(1)
+    for _ in range(1000):
+        if not sub.all_reduce(np.array([dropped is not None and dropped in handles]), "max")[0]:
+            break
+        if sub.rank == 0:
+            sub.send(token, 1, async_op=True)
+        else:
+            sub.recv(token, 0, async_op=True)
+    received = x.tolist()
+    sub.close()
+    return sent.tolist(), received, sub.debug
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True, ids=["mpi"])
+def test_a_dropped_debug_mode_recv_leaves_the_payload_in_x(world):
+    """(mpi only: a Gloo recv's handle says it completed only once waited, so torch reaps a
+    dropped one at close(), whose wait() copies the payload.)"""
+    (sent, _, debug), (_, received, _) = world.run(dropped_debug_recv_job, [()] * world.size, timeout=60)
+    assert debug
+    assert received == sent
