@@ -126,7 +126,13 @@ class _CheckedRecv(Work):
         except Exception as error:  # kept for wait(), which says what it means
             self._payload_error = error
             return True
-        self.wait()  # both arrived: the header compared and the payload copied into x, at once
+        try:  # both arrived: the header compared and the payload copied into x, at once
+            self.wait()
+        except CollectiveError:
+            if self._error is None:
+                raise
+            # A mismatch stays this handle's: its wait() raises it (x untouched), not the call
+            # whose reaping found it.
         return True
 
 
