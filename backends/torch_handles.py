@@ -34,15 +34,19 @@ class _TorchWork(Work):
 
     def wait(self) -> Any:
         if self._work is not None:
-            if self.stream_at_wait is None:
-                self._complete()
-            else:
-                with sys.modules["torch"].cuda.stream(self.stream_at_wait()):
-                    self._complete()
+            self._complete_on_stream()
         return self._x
 
+    def _complete_on_stream(self) -> None:
+        """:meth:`_complete`, for a CuPy array on the stream that is CuPy's current one now."""
+        if self.stream_at_wait is None:
+            self._complete()
+        else:
+            with sys.modules["torch"].cuda.stream(self.stream_at_wait()):
+                self._complete()
+
     def _complete(self) -> None:
-        """Wait for torch's handle (its error mapped), then run ``finish``."""
+        """Wait for torch's handle (its error mapped), then run ``finish`` (once)."""
         try:
             self._work.wait()
         except RuntimeError as error:
@@ -50,11 +54,21 @@ class _TorchWork(Work):
                 raise
             raise_mapped(self._transport, error)
         self._work = None
-        if self._finish is not None:
-            self._finish()
+        finish, self._finish = self._finish, None  # (taken first: once, whoever completes it)
+        if finish is not None:
+            finish()
 
     def is_completed(self) -> bool:
-        return self._work is None or bool(self._work.is_completed())
+        """Whether the call has completed; once torch's handle has, ``finish`` runs here (the
+        division of AVG, a staged result's copy back...), so a handle that is never waited (the
+        communicator reaps the dropped ones with this) still leaves the result in place. A
+        failure raises here, as from ``wait()``."""
+        if self._work is None:
+            return True
+        if not self._work.is_completed():
+            return False
+        self._complete_on_stream()
+        return True
 
     def wait_for(self, seconds: float) -> bool:
         """torch's own wait with a timeout (a condition variable: no polling, which holds the GIL

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from . import config, farewell
 from .config import TIMEOUT
 from .diagnostics import recorder
-from .diagnostics.recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE
+from .diagnostics.recorder import END, OP, SEQ, STARTED, STATE, mark_failed
 from .errors import CollectiveError, CollectiveTimeout, RankFailure, timed_out
 from .polling import SPIN_YIELD_EVERY, PollPolicy, wait_until
 from .transport import CallContext, Transport
@@ -257,10 +257,3 @@ def find_record(ring: Any, seq: int) -> list[Any] | None:
             found: list[Any] = record
             return found
     return None
-
-
-def mark_failed(record: list[Any] | None, error: BaseException) -> None:
-    """Mark ``record`` (``None``: the recorder is off) failed with ``error`` (once)."""
-    if record is not None and record[STATE] is not FAILED:
-        record[STATE], record[END] = FAILED, _clock()
-        record[ERROR] = f"{type(error).__name__}: {str(error)[:300]}"

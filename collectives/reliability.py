@@ -23,8 +23,9 @@ from typing import Any
 from . import config
 from .calls import ALL_GATHER_V, BARRIER_TAG, NOT_TAKEN, Call, Request
 from .checks import refused_call
-from .context import CommunicatorContext, mark_failed, poll_until
+from .context import CommunicatorContext, poll_until
 from .diagnostics import recorder
+from .diagnostics.recorder import mark_failed
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .ops import ReduceOp
 from .transport import Transport

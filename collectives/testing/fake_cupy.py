@@ -4,7 +4,8 @@ paths (tests/gpu/test_stream_watch.py) and the stub under scripts/bench/host_cos
 :func:`installed` puts a module named ``cupy`` in ``sys.modules`` for the time of a ``with``:
 arrays (:class:`ndarray`, numpy memory behind a CuPy-like face), one device, streams, events
 whose completion the test decides (:class:`Device`: ``stalled`` keeps the events recorded from
-then on from completing, as a stream stuck behind a collective a peer never joins), and
+then on from completing, as a stream stuck behind a collective a peer never joins, until
+``resume()``), and
 ``cupy.cuda.nccl`` with a :class:`NcclCommunicator` that runs at world size 1 (a reduction of one
 rank's data leaves it as it is) and keeps a log of its calls, its abort and its destruction.
 
@@ -33,6 +34,14 @@ class Device:
         self.host_waits = 0
         self.queries: dict[int, int] = {}  # thread id -> event queries made there
         self.events_made = 0
+        self.stuck: list[Event] = []  # events recorded while stalled, not completed yet
+
+    def resume(self) -> None:
+        """The stream moves on: every event recorded while stalled completes, later ones too."""
+        self.stalled = False
+        for event in self.stuck:
+            event._complete = True
+        self.stuck.clear()
 
 
 class _Pointer:
@@ -120,6 +129,8 @@ class Event:
 
     def record(self, stream: Any = None) -> None:
         self._complete = not _DEVICE.stalled
+        if _DEVICE.stalled:
+            _DEVICE.stuck.append(self)
 
     @property
     def done(self) -> bool:

@@ -96,6 +96,33 @@ def test_a_cupy_call_past_its_timeout_aborts_nccl_and_the_next_call_raises_namin
     assert nccl_comm.destroyed
 
 
+def test_past_max_pending_a_dropped_cupy_handle_stays_kept_until_its_event_completes(monkeypatch):
+    """A cupy handle's wait() only makes the caller's stream wait for the call: the communicator
+    keeping more than MAX_PENDING dropped handles keeps the oldest (its record "posted") until its
+    event has completed, not once waited."""
+    from collectives import work
+    from collectives.diagnostics.recorder import END, POSTED, STARTED, STATE
+
+    monkeypatch.setattr(work, "MAX_PENDING", 8)
+    with fake_cupy.installed() as device:
+        import cupy
+
+        comm = _communicator(cupy.cuda.nccl.NcclCommunicator(1, None, 0), timeout=0)
+        x = cupy.asarray(np.ones(4, dtype=np.float32))
+        device.stalled = True
+        for _ in range(12):
+            comm.all_reduce(x, async_op=True)  # dropped, and still running on the stalled stream
+        assert len(comm._pending) == 12  # (before: 8, the oldest forgotten as if complete)
+        assert [record[STATE] for record in comm._handles.posted] == [POSTED] * 12
+        assert device.host_waits == 0
+        records = list(comm._handles.posted)
+        device.resume()
+        comm.all_reduce(x)  # reaps them all
+        assert len(comm._pending) == 0
+        assert all(record[STATE] is STARTED and record[END] for record in records)
+        comm.close()
+
+
 def stalled_call_job(comm, timeout):
     """Every rank: a cupy communicator over the fake NCCL, one call that never completes; what
     its next call raises."""
