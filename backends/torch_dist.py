@@ -347,8 +347,10 @@ class TorchTransport(TorchGroup):
             return super()._reduce(r)
         t = self._as_tensor(x, adapter)
         here = self.rank == dst
-        # Off dst the transport may use its buffer as scratch: it gets a copy (x stays as it was).
-        staged = t if here and t.is_contiguous() else t.contiguous() if here else t.clone()
+        # Off dst the transport may use its buffer as scratch: it gets a copy (x stays as it was),
+        # contiguous (a clone keeps a transposed x's strides, and Gloo reads the memory in order).
+        staged = t if here and t.is_contiguous() else t.contiguous() if here \
+            else t.clone(memory_format=self._torch.contiguous_format)
         work = self._dist.reduce(staged, self._global_ranks[dst], self._ops[op], self._group, async_op)
 
         def finish() -> None:

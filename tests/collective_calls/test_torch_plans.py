@@ -164,6 +164,85 @@ def test_a_plan_serves_only_its_own_kind_and_results_match_numpy(world):
             np.testing.assert_array_equal(value, expect, err_msg=f"{key} on rank {rank}")
 
 
+def rooted_job(comm):
+    """reduce, gather, scatter and all_to_all of planned kinds from every root, blocking and
+    asynchronous, with and without out=, then of kinds the plan does not take (not contiguous,
+    empty): the results, by name."""
+    r, n = comm.rank, comm.size
+    got = {}
+    for root in range(n):
+        for mode in ("blocking", "async"):
+            wait = (lambda h: h.wait()) if mode == "async" else (lambda h: h)
+            kw = {"async_op": True} if mode == "async" else {}
+            x = _t(60 + root, r, (2, 3))
+            assert wait(comm.reduce(x, "sum", root, **kw)) is x  # off dst: x as it was (Gloo's scratch)
+            got["reduce", root, mode] = x.numpy().copy()
+            y = _t(61 + root, r, (4,))
+            wait(comm.reduce(y, "avg", root, **kw))
+            got["reduce avg", root, mode] = y.numpy().copy()
+            gathered = wait(comm.gather(_t(62, r, (2, 3)), root, **kw))
+            got["gather", root, mode] = None if gathered is None else gathered.numpy().copy()
+            out = torch.full((n, 2, 3), -1.0)
+            gathered = wait(comm.gather(_t(62, r, (2, 3)), root, out=out if r == root else None, **kw))
+            got["gather out", root, mode] = None if gathered is None else out.numpy().copy()
+            got["scatter", root, mode] = wait(comm.scatter(_t(63 + root, r, (n, 2)), root, **kw)).numpy().copy()
+            mine = torch.full((2,), -1.0)
+            assert wait(comm.scatter(_t(63 + root, r, (n, 2)), root, out=mine, **kw)) is mine
+            got["scatter out", root, mode] = mine.numpy().copy()
+        got["scatter 0-d", root] = comm.scatter(_t(65 + root, r, (n,)), root).numpy().copy()
+        got["reduce strided", root] = comm.reduce(_t(66, r, (3, 2)).t(), "sum", root).numpy().copy()
+        got["gather strided", root] = _copy(comm.gather(_t(67, r, (3, 2)).t(), root))
+        got["gather empty", root] = _copy(comm.gather(torch.zeros(0, 2), root))
+    got["all_to_all"] = comm.all_to_all(_t(70, r, (n, 3))).numpy().copy()
+    out = torch.full((n, 3), -1.0)
+    assert comm.all_to_all(_t(70, r, (n, 3)), out=out, async_op=True).wait() is out
+    got["all_to_all async out"] = out.numpy().copy()
+    got["all_to_all strided"] = comm.all_to_all(_t(71, r, (3, n)).t()).numpy().copy()
+    got["all_to_all int64"] = comm.all_to_all(_t(72, r, (n,), "int64")).numpy().copy()
+    return got
+
+
+def _copy(result):
+    return None if result is None else result.numpy().copy()
+
+
+def _rooted_expected(n, rank):
+    def every(seed, shape, dtype="float32"):
+        return [_data(seed, r, shape, dtype) for r in range(n)]
+
+    want = {}
+    for root in range(n):
+        here = rank == root
+        for mode in ("blocking", "async"):
+            want["reduce", root, mode] = np.sum(every(60 + root, (2, 3)), axis=0) if here \
+                else _data(60 + root, rank, (2, 3))
+            want["reduce avg", root, mode] = (np.sum(every(61 + root, (4,), "float64"), axis=0) / n).astype(
+                "float32") if here else _data(61 + root, rank, (4,))
+            want["gather", root, mode] = want["gather out", root, mode] = np.stack(every(62, (2, 3))) if here else None
+            want["scatter", root, mode] = want["scatter out", root, mode] = _data(63 + root, root, (n, 2))[rank]
+        want["scatter 0-d", root] = _data(65 + root, root, (n,))[rank]
+        want["reduce strided", root] = np.sum(every(66, (3, 2)), axis=0).T if here else _data(66, rank, (3, 2)).T
+        want["gather strided", root] = np.stack([x.T for x in every(67, (3, 2))]) if here else None
+        want["gather empty", root] = np.zeros((n, 0, 2), "float32") if here else None
+    want["all_to_all"] = want["all_to_all async out"] = np.stack([x[rank] for x in every(70, (n, 3))])
+    want["all_to_all strided"] = np.stack([x.T[rank] for x in every(71, (3, n))])
+    want["all_to_all int64"] = np.stack([x[rank] for x in every(72, (n,), "int64")])
+    return want
+
+
+@pytest.mark.parametrize("world", [("torch", 2)], indirect=True)
+def test_planned_rooted_and_all_to_all_results_match_numpy(world):
+    n = world.size
+    for rank, got in enumerate(world.run(rooted_job, [()] * n)):
+        want = _rooted_expected(n, rank)
+        assert got.keys() == want.keys()
+        for key, value in got.items():
+            if want[key] is None:
+                assert value is None, f"{key} on rank {rank}"
+            else:
+                np.testing.assert_array_equal(value, want[key], err_msg=f"{key} on rank {rank}")
+
+
 def planned_route_job(comm):
     """On a new communicator whose row methods for the planned collectives raise on a tensor:
     the planned kinds (blocking and asynchronous) run without them; a tensor the plan does not
@@ -182,7 +261,8 @@ def planned_route_job(comm):
                 return original(request)
             return method
 
-        for name in ("_all_reduce", "_broadcast", "_all_gather", "_reduce_scatter"):
+        for name in ("_all_reduce", "_broadcast", "_all_gather", "_reduce_scatter", "_reduce", "_gather",
+                     "_scatter", "_all_to_all"):
             setattr(transport, name, row_method(name))
         r, n = sub.rank, sub.size
         x, y = _t(1, r, (4,)), _t(2, r, (4,))
@@ -192,10 +272,18 @@ def planned_route_job(comm):
         sub.broadcast(z, n - 1)
         gathered = sub.all_gather(_t(4, r, (2,)), async_op=True).wait()
         mine = sub.reduce_scatter(_t(5, r, (n,)))
+        reduced = _t(7, r, (3,))
+        sub.reduce(reduced, "sum", 0)
+        sub.reduce(_t(8, r, (3,)), "sum", n - 1, async_op=True).wait()
+        gathered_at_0 = sub.gather(_t(9, r, (2,)), 0)
+        row = sub.scatter(_t(10, r, (n, 2)), n - 1, async_op=True).wait()
+        exchanged = sub.all_to_all(_t(11, r, (n, 2)))
         with pytest.raises(Exception, match="failed") as refused:
             sub.all_reduce(_t(6, r, (8,))[::2])
         assert isinstance(refused.value.__cause__, AssertionError)
-        return x.numpy(), y.numpy(), z.numpy(), gathered.numpy(), mine.numpy()
+        rooted = (reduced.numpy(), None if gathered_at_0 is None else gathered_at_0.numpy(), row.numpy(),
+                  exchanged.numpy())
+        return x.numpy(), y.numpy(), z.numpy(), gathered.numpy(), mine.numpy(), rooted
     finally:
         sub.close()
 
@@ -207,9 +295,17 @@ def test_a_planned_kind_runs_the_process_groups_call_not_the_rows_method(world):
     def every(seed, shape):
         return [_data(seed, rank, shape) for rank in range(n)]
 
-    for rank, (x, y, z, gathered, mine) in enumerate(world.run(planned_route_job, [()] * n)):
+    for rank, (x, y, z, gathered, mine, rooted) in enumerate(world.run(planned_route_job, [()] * n)):
         np.testing.assert_array_equal(x, np.sum(every(1, (4,)), axis=0))
         np.testing.assert_array_equal(y, (np.sum(np.array(every(2, (4,)), "float64"), axis=0) / n).astype("float32"))
         np.testing.assert_array_equal(z, _data(3, n - 1, (3,)))
         np.testing.assert_array_equal(gathered, np.stack(every(4, (2,))))
         np.testing.assert_array_equal(mine, np.sum(every(5, (n,)), axis=0)[rank:rank + 1])
+        reduced, gathered_at_0, row, exchanged = rooted
+        np.testing.assert_array_equal(reduced, np.sum(every(7, (3,)), axis=0) if rank == 0 else _data(7, rank, (3,)))
+        if rank == 0:
+            np.testing.assert_array_equal(gathered_at_0, np.stack(every(9, (2,))))
+        else:
+            assert gathered_at_0 is None
+        np.testing.assert_array_equal(row, _data(10, n - 1, (n, 2))[rank])
+        np.testing.assert_array_equal(exchanged, np.stack([x[rank] for x in every(11, (n, 2))]))
