@@ -158,14 +158,12 @@ class CupyNcclChannel(Transport):
         call): no host wait; past the deadline the watchdog aborts the communicator."""
         if writeback is not None:
             writeback()
-        timeout = self.timeout
         if async_op:
             work = _StreamWork(result, lib, lib.record(stream), self, like=like, keep=keep)
-            if timeout is not None:
-                self._watch_event(lib, work._event, work._call)
+            self._watch_event(lib, work._event, work._call)
             return work
-        if timeout is not None:
-            (self._stream_watch or self._start_watch()).post(lib, stream, self.context.call, timeout)
+        if self.timeout is not None:
+            (self._stream_watch or self._start_watch()).post(lib, stream, self.context.call, self.timeout)
         return result
 
     def _watch_event(self, lib: Any, event: Any, call: tuple[str, int]) -> None:

@@ -118,7 +118,7 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _all_reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
-        kind = self._kinds.get((adapter, dtype, id(op))) or self._kind(adapter, dtype, op)
+        kind = self._kind(adapter, dtype, op)
         if kind.direct and adapter.is_contiguous(x):  # the common case: NCCL on x, nothing else
             lib = kind.library
             stream = lib.stream(x)
@@ -126,12 +126,7 @@ class CupyNcclTransport(CupyNcclChannel):
                 self._flush_group()
             ptr = lib.ptr(x)
             self._comm.allReduce(ptr, ptr, count(x), kind.nccl_dtype, kind.nccl_op, lib.stream_ptr(stream))
-            timeout = self.timeout
-            if async_op or timeout is None:
-                return self._done(lib, stream, async_op, x)
-            # (_done's blocking case, written out: the event after the call on the watch)
-            (self._stream_watch or self._start_watch()).post(lib, stream, self.context.call, timeout)
-            return x
+            return self._done(lib, stream, async_op, x)
         plan = kind.reduce
         assert plan is not None
         lib, stream = self._enter(x, adapter)

@@ -23,7 +23,7 @@ class _TorchWork(Work):
     whose communicator's context maps a failure (``None``: raised as torch raised it)."""
 
     def __init__(self, x: Any, work: Any, finish: Any = None, transport: Any = None) -> None:
-        self._x = x  # (Work's own __init__, without its call)
+        super().__init__(x)
         self._work = work
         self._finish = finish
         self._transport = transport

@@ -78,7 +78,7 @@ class _Options:
         """The options of a rooted call whose root is torch's group rank ``root``."""
         options = self.rooted.get((root, async_op))
         if options is None:
-            fields = {"rootRank": root, "rootTensor": 0} if hasattr(self.make(), "rootTensor") else {"rootRank": root}
+            fields = {"rootRank": root, "rootTensor": 0} if hasattr(self.blocking, "rootTensor") else {"rootRank": root}
             options = self.rooted[root, async_op] = self.new(async_op, **fields)
         return options
 
