@@ -54,6 +54,7 @@ from .torch_bootstrap import (
     bootstrap_process_group,
     created_groups,
     import_torch_distributed,
+    planning,
     torch_timeout,
 )
 from .torch_group import TorchGroup, _group_named
@@ -114,11 +115,20 @@ class TorchTransport(TorchGroup):
             return None
         if self._kind_plans is None:
             self._kind_plans = {}
+            planning.add(self)
         key = (call, dtype, reduce_op)
         if key not in self._kind_plans:
             self._kind_plans[key] = torch_plans.fast_path(self, call, dtype, reduce_op, _DIRECT, _GATHER_DIRECT,
                                                           NARROW_WIRE)
         return self._kind_plans[key]
+
+    def _forget_plans(self) -> None:
+        """Drop the plans (they hold the group's bound methods), here and the communicator's
+        (see ``CallContext.forget_plans``): before the group is destroyed."""
+        if self._kind_plans is not None:
+            self._kind_plans = None
+            planning.discard(self)
+            self.context.forget_plans()
 
     def _as_tensor(self, x: Any, adapter: ArrayAdapter) -> Any:
         """``x`` as a torch tensor sharing its memory (a copy only when x is read-only

@@ -252,8 +252,12 @@ class TorchGroup(Transport):
             raise CollectiveTimeout(
                 f"{error} (rank(s) {', '.join(map(str, missing))} never arrived at the barrier)") from error
 
+    def _forget_plans(self) -> None:
+        """Drop what holds the group besides ``_group`` (a subclass's plans)."""
+
     def _close(self) -> None:
         launch_batch()
+        self._forget_plans()
         if self._group is not None and self._dist.is_initialized():
             if self._group in created_groups:
                 created_groups.remove(self._group)

@@ -51,7 +51,8 @@ class CommunicatorContext(CallContext):
     ``timeout``, why it is unusable (``_why_broken``), its flight-recorder ring (``_ring``), its
     fault tolerance (``_fault``) and ``repr``; it sets ``comm._broken`` (unusable), ``comm._checking`` (see
     :meth:`stop_checking`) and ``comm.timeout`` (for a call's own ``timeout=``: see
-    :meth:`run_with_timeout`, which runs the call through ``comm._run``), and nothing else."""
+    :meth:`run_with_timeout`, which runs the call through ``comm._run``) and clears the plans of
+    its argument checks (``comm._checks.plans``: see :meth:`forget_plans`), and nothing else."""
 
     __slots__ = ("comm", "_transport", "farewells", "_abandoned")
 
@@ -165,6 +166,9 @@ class CommunicatorContext(CallContext):
         if found is not None:  # a new one each time: a raised exception keeps its traceback
             return type(found)(*found.args)
         return CollectiveError(comm._broken or f"{comm!r} is unusable")
+
+    def forget_plans(self) -> None:
+        self.comm._checks.plans.clear()
 
     def has_left(self, rank: int) -> bool:
         return rank in self.farewells.left

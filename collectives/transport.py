@@ -91,6 +91,13 @@ class CallContext(abc.ABC):
         given to :meth:`fail_later`, else a :class:`~collectives.CollectiveError` saying why."""
 
     @abc.abstractmethod
+    def forget_plans(self) -> None:
+        """Forget the plans of the kinds of arrays the communicator remembers (their fast
+        paths and methods, which the transport bound): it is about to release what they hold
+        (a process group that must die before the interpreter does). A later call of a kind
+        plans it again."""
+
+    @abc.abstractmethod
     def has_left(self, rank: int) -> bool:
         """Whether ``rank`` is known to have left the communicator."""
 

@@ -7,6 +7,12 @@ The reference for every result is numpy (exact small integers, float64 for avera
 inputs of every rank, computed here in the test process.
 """
 
+import gc
+import os
+import subprocess
+import sys
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -309,3 +315,60 @@ def test_a_planned_kind_runs_the_process_groups_call_not_the_rows_method(world):
             assert gathered_at_0 is None
         np.testing.assert_array_equal(row, _data(10, n - 1, (n, 2))[rank])
         np.testing.assert_array_equal(exchanged, np.stack([x[rank] for x in every(11, (n, 2))]))
+
+
+def _bound_to(group):
+    """The bound methods of ``group`` still alive (a plan's ``pg.allreduce`` ...)."""
+    gc.collect()
+    return [r for r in gc.get_referrers(group) if isinstance(r, types.MethodType)]
+
+
+def closed_plans_job(comm):
+    """Planned calls on a split communicator, then its close: what still holds its group."""
+    from collectives.backends.torch_bootstrap import planning
+
+    sub = comm.split(0)
+    transport = sub._transport
+    x = _t(1, sub.rank, (sub.size, 2))
+    sub.all_reduce(x)
+    sub.broadcast(x, 0)
+    sub.reduce_scatter(x)
+    sub.all_to_all(x)
+    held = (transport in planning, len(_bound_to(transport._group)) > 0)
+    group = transport._group
+    sub.close()
+    return held, (transport in planning, len(_bound_to(group)), len(sub._checks.plans))
+
+
+@pytest.mark.parametrize("world", [("torch", 2)], indirect=True)
+def test_closing_a_communicator_drops_the_plans_that_hold_its_process_group(world):
+    # A group still alive when the interpreter ends aborts the process ("terminate called
+    # without an active exception"): destroy_process_group must free it, so nothing else may
+    # hold it, and the plans hold its bound methods.
+    for before, after in world.run(closed_plans_job, [()] * world.size):
+        assert before == (True, True)
+        assert after == (False, 0, 0)
+
+
+AT_EXIT = """
+import gc, types, torch, collectives
+import torch.distributed as dist
+from collectives.backends import torch_bootstrap
+comm = collectives.init()
+comm.all_reduce(torch.ones(4))
+comm.broadcast(torch.ones(4), 0)
+group = dist.group.WORLD
+print(len(torch_bootstrap.planning), len(comm._checks.plans))
+torch_bootstrap._destroy_created_groups()  # what runs at exit
+gc.collect()
+print(len([r for r in gc.get_referrers(group) if isinstance(r, types.MethodType)]), len(comm._checks.plans))
+"""
+
+
+def test_the_exit_hook_drops_the_plans_before_it_destroys_the_default_group():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COLLECTIVES_", "MASTER_", "RANK",
+                                                                     "WORLD_SIZE", "LOCAL_", "PMI", "OMPI"))}
+    env["COLLECTIVES_BACKEND"] = "torch"
+    done = subprocess.run([sys.executable, "-c", AT_EXIT], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "2", "0", "0"], done.stdout
