@@ -5,17 +5,18 @@ group's own call.
 torch.distributed's functions (``dist.all_reduce`` ...) rebuild the same things on every call: an
 options object, the group looked up, the tensor checked again. A plan makes them once: the
 process group's bound method (``ProcessGroup.allreduce``, ``broadcast``, ``reduce``,
-``all_gather_single``, ``reduce_scatter_single``, ``gather``, ``scatter``, ``alltoall_base``), its
-options objects (one blocking, one asynchronous, with the reduce op or root set) and torch's
-reduce op. What ``dist.*`` does besides is done once too (the group is
+``all_gather_single``, ``reduce_scatter_single``, ``gather``, ``scatter``, ``alltoall_base``,
+``send``, ``recv``), its options objects (one blocking, one asynchronous, with the reduce op or
+root set) and torch's reduce op. What ``dist.*`` does besides is done once too (the group is
 this transport's, its rank in it); its coalescing manager (``dist._coalescing_manager``) and its
 torch-function modes are for torch's own calls, not for a communicator's.
 
 The kinds planned: all_reduce, reduce and reduce_scatter where every torch transport reduces the
 dtype x op as it is (``torch_dist._DIRECT``; off dst, reduce sends a copy of x: Gloo uses the
 buffer as scratch), broadcast of every dtype it moves as it is, all_gather, gather, scatter and
-the even all_to_all of the dtypes every transport gathers as they are; all of these but
-all_reduce, broadcast and reduce only where this communicator's rank order is torch's. Every
+the even all_to_all of the dtypes every transport gathers as they are (all of these but
+all_reduce, broadcast and reduce only where this communicator's rank order is torch's), and send
+and recv from a named rank of those dtypes (``ProcessGroup.send``/``recv``). Every
 other kind, array and tensor (CUDA tensors, numpy and CuPy arrays, a non-contiguous or read-only
 tensor, a tensor subclass, an empty x of gather, scatter or all_to_all) takes the row's method.
 
@@ -104,22 +105,26 @@ def fast_path(transport: Any, call: Any, dtype: str, op: ReduceOp | None,
         broadcast, options, torch_rank = process_group(transport).broadcast, \
             _Options(transport._dist.distributed_c10d.BroadcastOptions), transport._torch_rank
 
-        def start(t: Any, root: Any, out: Any, async_op: bool) -> Started:
+        def start(t: Any, root: Any, out: Any, extra: Any, async_op: bool) -> Started:
             return t, broadcast([t], options.root(torch_rank[root], async_op)), None
     elif (call is calls.ALL_GATHER or call in _MOVING) and dtype in gather_direct and not transport._reordered:
         start = _moving(transport, call)
+    elif (call is calls.SEND or call is calls.RECV) and dtype in gather_direct:
+        start = _point_to_point(transport, call)
     else:
         return None
     return _planned(transport, start, getattr(transport, call.method))
 
 
-#: What a plan's ``start(t, root, out, async_op)`` returns: the call's result, torch's handle
+#: What a plan's ``start(t, root, out, extra, async_op)`` returns: the call's result, torch's handle
 #: (``None`` where the backend completed the call inside it) and the tensor that AVG divides by
 #: the size once the call completed (``None``: none); or ``None`` where it does not take ``t``.
+#: (``extra``: the call's, as the call path passes it: send's and recv's tag.)
 Started = tuple[Any, Any, Any] | None
+Start = Callable[[Any, Any, Any, Any, bool], Started]
 
 
-def _reducing(transport: Any, call: Any, op: ReduceOp) -> Callable[[Any, Any, Any, bool], Started]:
+def _reducing(transport: Any, call: Any, op: ReduceOp) -> Start:
     """``start`` of all_reduce, reduce_scatter and reduce of a kind torch reduces as it is."""
     c10d, pg, size, empty = transport._dist.distributed_c10d, process_group(transport), transport.size, \
         transport._torch.empty
@@ -127,13 +132,13 @@ def _reducing(transport: Any, call: Any, op: ReduceOp) -> Callable[[Any, Any, An
     if call is calls.ALL_REDUCE:
         allreduce, options = pg.allreduce, _Options(c10d.AllreduceOptions, reduceOp=torch_op)
 
-        def start(t: Any, root: Any, out: Any, async_op: bool) -> Started:
+        def start(t: Any, root: Any, out: Any, extra: Any, async_op: bool) -> Started:
             return t, allreduce([t], options.asynchronous if async_op else options.blocking), t if divide else None
     elif call is calls.REDUCE_SCATTER:
         scatter = getattr(pg, "reduce_scatter_single", None) or pg._reduce_scatter_base
         options = _Options(c10d.ReduceScatterOptions, reduceOp=torch_op)
 
-        def start(t: Any, root: Any, out: Any, async_op: bool) -> Started:
+        def start(t: Any, root: Any, out: Any, extra: Any, async_op: bool) -> Started:
             shape = t.shape
             result = out if out is not None else empty((shape[0] // size, *shape[1:]), dtype=t.dtype)
             return result, scatter(result, t, options.asynchronous if async_op else options.blocking), \
@@ -142,7 +147,7 @@ def _reducing(transport: Any, call: Any, op: ReduceOp) -> Callable[[Any, Any, An
         reduce, options, torch_rank, rank = pg.reduce, _Options(c10d.ReduceOptions, reduceOp=torch_op), \
             transport._torch_rank, transport.rank
 
-        def start(t: Any, root: Any, out: Any, async_op: bool) -> Started:
+        def start(t: Any, root: Any, out: Any, extra: Any, async_op: bool) -> Started:
             if root == rank:
                 return t, reduce([t], options.root(torch_rank[root], async_op)), t if divide else None
             # Off dst the transport may use its buffer as scratch (Gloo does): a copy goes, x stays.
@@ -153,7 +158,7 @@ def _reducing(transport: Any, call: Any, op: ReduceOp) -> Callable[[Any, Any, An
 _MOVING = (calls.GATHER, calls.SCATTER, calls.ALL_TO_ALL)
 
 
-def _moving(transport: Any, call: Any) -> Callable[[Any, Any, Any, bool], Started]:
+def _moving(transport: Any, call: Any) -> Start:
     """``start`` of all_gather, gather, scatter and all_to_all (even) of a dtype every transport
     moves as it is; an empty x of the last three takes the row's method (Gloo refuses zero-byte
     lists)."""
@@ -164,7 +169,7 @@ def _moving(transport: Any, call: Any) -> Callable[[Any, Any, Any, bool], Starte
         all_gather = getattr(pg, "all_gather_single", None) or pg._allgather_base
         options = _Options(c10d.AllgatherOptions)
 
-        def start(t: Any, root: Any, out: Any, async_op: bool) -> Started:
+        def start(t: Any, root: Any, out: Any, extra: Any, async_op: bool) -> Started:
             # Gloo splits the result along its first dimension into parts of x's shape: x goes
             # as x[None], of a row's shape (one view of x, the cheapest: none of the result).
             result = out if out is not None else empty((size, *t.shape), dtype=t.dtype)
@@ -172,7 +177,7 @@ def _moving(transport: Any, call: Any) -> Callable[[Any, Any, Any, bool], Starte
     elif call is calls.GATHER:
         gather, options = pg.gather, _Options(c10d.GatherOptions)
 
-        def start(t: Any, root: Any, out: Any, async_op: bool) -> Started:
+        def start(t: Any, root: Any, out: Any, extra: Any, async_op: bool) -> Started:
             if not t.numel():
                 return None
             if root != rank:
@@ -182,7 +187,7 @@ def _moving(transport: Any, call: Any) -> Callable[[Any, Any, Any, bool], Starte
     elif call is calls.SCATTER:
         scatter, options = pg.scatter, _Options(c10d.ScatterOptions)
 
-        def start(t: Any, root: Any, out: Any, async_op: bool) -> Started:
+        def start(t: Any, root: Any, out: Any, extra: Any, async_op: bool) -> Started:
             if not t.numel():
                 return None
             result = out if out is not None else empty(t.shape[1:], dtype=t.dtype)
@@ -192,7 +197,7 @@ def _moving(transport: Any, call: Any) -> Callable[[Any, Any, Any, bool], Starte
         alltoall, options = pg.alltoall_base, _Options(c10d.AllToAllOptions)
         no_splits: list[int] = []  # (even splits)
 
-        def start(t: Any, root: Any, out: Any, async_op: bool) -> Started:
+        def start(t: Any, root: Any, out: Any, extra: Any, async_op: bool) -> Started:
             if not t.numel():
                 return None
             result = out if out is not None else empty(t.shape, dtype=t.dtype)
@@ -201,7 +206,22 @@ def _moving(transport: Any, call: Any) -> Callable[[Any, Any, Any, bool], Starte
     return start
 
 
-def _planned(transport: Any, start: Callable[[Any, Any, Any, bool], Started],
+def _point_to_point(transport: Any, call: Any) -> Start:
+    """``start`` of send and recv (``root``: the peer, ``extra``: the tag) of a dtype every
+    transport moves as it is; a recv from any source takes the row's method (it learns the
+    sender from torch's handle)."""
+    pg, torch_rank, receives = process_group(transport), transport._torch_rank, call is calls.RECV
+    move = pg.recv if receives else pg.send
+
+    def start(t: Any, root: Any, out: Any, extra: Any, async_op: bool) -> Started:
+        if root is None:
+            return None
+        # (a blocking send returns None; send's handle, like recv's, gives x back)
+        return t if receives or async_op else None, move([t], torch_rank[root], extra), None
+    return start
+
+
+def _planned(transport: Any, start: Start,
              fallback: Callable[[Request], Any]) -> tuple[Callable[..., Any], Callable[[Request], Any]]:
     """A planned kind's fast path (blocking: the call path handed it a checked tensor ``t`` and a
     checked ``out=`` or ``None``) and method (an asynchronous call; a tensor the check did not
@@ -214,7 +234,7 @@ def _planned(transport: Any, start: Callable[[Any, Any, Any, bool], Started],
     def fast(t: Any, root: Any, out: Any, extra: Any) -> Any:
         if pending_batches:
             launch_batch()
-        started = start(t, root, out, False)
+        started = start(t, root, out, extra, False)
         if started is None:
             return NOT_TAKEN
         result, work, quotient = started
@@ -230,7 +250,7 @@ def _planned(transport: Any, start: Callable[[Any, Any, Any, bool], Started],
             return fallback(r)
         if pending_batches:
             launch_batch()
-        started = start(t, r.root, r.out, True)
+        started = start(t, r.root, r.out, r.extra, True)
         if started is None:
             return fallback(r)
         result, work, quotient = started

@@ -47,7 +47,10 @@ CASES = [
     ("all_gather(out=)", "comm.all_gather(t, out=gathered)", "dist.all_gather_into_tensor(gathered, t)"),
     ("reduce_scatter(out=)", "comm.reduce_scatter(rows, out=mine)", "dist.reduce_scatter_tensor(mine, rows)"),
     ("broadcast", "comm.broadcast(t, 0)", "dist.broadcast(t, 0)"),
+    ("send", "comm.send(t, peer)", "dist.send(t, peer)"),
+    ("recv", "comm.recv(t, peer)", "dist.recv(t, peer)"),
 ]
+P2P = ("send", "recv")  # (counted at --world 2 and more: ``peer`` is the next rank)
 FLOOR = ("torch's floor: pg.allreduce([t], opts).wait()", "pg.allreduce([t], opts).wait()")
 ELEMENTS = 1024  # 4 KiB of float32
 
@@ -66,7 +69,7 @@ def child(calls: int, world: int, rank: int, cases: list[tuple[str, str, str]]) 
     opts = dist.AllreduceOptions()
     names = {"torch": torch, "dist": dist, "comm": comm, "pg": pg, "opts": opts,
              "t": torch.ones(ELEMENTS), "gathered": torch.empty(world, ELEMENTS),
-             "rows": torch.ones(world, ELEMENTS), "mine": torch.empty(1, ELEMENTS)}
+             "rows": torch.ones(world, ELEMENTS), "mine": torch.empty(1, ELEMENTS), "peer": (rank + 1) % world}
     run_loops([FLOOR[1]] + [s for _, ours, raw in cases for s in (ours, raw)], names, calls)
     comm.close()
     dist.destroy_process_group()
@@ -148,7 +151,8 @@ def main() -> None:
     parser.add_argument("--json", help="write the counts here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    cases = [case for case in CASES if args.cases is None or any(case[0].startswith(n) for n in args.cases)]
+    cases = [case for case in CASES if (args.cases is None or any(case[0].startswith(n) for n in args.cases))
+             and (args.world > 1 or case[0] not in P2P)]
     if not cases:
         raise SystemExit(f"host_cost: no case starts with {args.cases}; cases: {[case for case, _, _ in CASES]}")
     if args.child:

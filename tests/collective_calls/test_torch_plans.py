@@ -268,7 +268,7 @@ def planned_route_job(comm):
             return method
 
         for name in ("_all_reduce", "_broadcast", "_all_gather", "_reduce_scatter", "_reduce", "_gather",
-                     "_scatter", "_all_to_all"):
+                     "_scatter", "_all_to_all", "_send", "_recv"):
             setattr(transport, name, row_method(name))
         r, n = sub.rank, sub.size
         x, y = _t(1, r, (4,)), _t(2, r, (4,))
@@ -284,11 +284,22 @@ def planned_route_job(comm):
         gathered_at_0 = sub.gather(_t(9, r, (2,)), 0)
         row = sub.scatter(_t(10, r, (n, 2)), n - 1, async_op=True).wait()
         exchanged = sub.all_to_all(_t(11, r, (n, 2)))
+        # send and recv around the ring, blocking (even ranks send first) and asynchronous, tagged
+        dst, src = (r + 1) % n, (r - 1) % n
+        got, got_async = torch.empty(3), torch.empty(3, dtype=torch.int32)
+        for turn in (r % 2, 1 - r % 2):
+            if turn == 0:
+                sub.send(_t(12, r, (3,)), dst, tag=7)
+            else:
+                assert sub.recv(got, src, tag=7) is got
+        receiving = sub.recv(got_async, src, tag=8, async_op=True)
+        sub.send(_t(13, r, (3,), "int32"), dst, tag=8, async_op=True).wait()
+        assert receiving.wait() is got_async
         with pytest.raises(Exception, match="failed") as refused:
             sub.all_reduce(_t(6, r, (8,))[::2])
         assert isinstance(refused.value.__cause__, AssertionError)
         rooted = (reduced.numpy(), None if gathered_at_0 is None else gathered_at_0.numpy(), row.numpy(),
-                  exchanged.numpy())
+                  exchanged.numpy(), got.numpy(), got_async.numpy())
         return x.numpy(), y.numpy(), z.numpy(), gathered.numpy(), mine.numpy(), rooted
     finally:
         sub.close()
@@ -307,7 +318,9 @@ def test_a_planned_kind_runs_the_process_groups_call_not_the_rows_method(world):
         np.testing.assert_array_equal(z, _data(3, n - 1, (3,)))
         np.testing.assert_array_equal(gathered, np.stack(every(4, (2,))))
         np.testing.assert_array_equal(mine, np.sum(every(5, (n,)), axis=0)[rank:rank + 1])
-        reduced, gathered_at_0, row, exchanged = rooted
+        reduced, gathered_at_0, row, exchanged, got, got_async = rooted
+        np.testing.assert_array_equal(got, _data(12, (rank - 1) % n, (3,)))
+        np.testing.assert_array_equal(got_async, _data(13, (rank - 1) % n, (3,), "int32"))
         np.testing.assert_array_equal(reduced, np.sum(every(7, (3,)), axis=0) if rank == 0 else _data(7, rank, (3,)))
         if rank == 0:
             np.testing.assert_array_equal(gathered_at_0, np.stack(every(9, (2,))))
