@@ -15,6 +15,9 @@ thread never queries an event.
 
 A call's timeout is thus seen between its deadline and :data:`PERIOD_SECONDS` after it.
 
+The same thread looks at anything else with a ``tick()`` (:class:`Ticking`, :func:`look_after`):
+the torch transport's checks of CUDA calls, compared beside the calls (backends/torch_checks.py).
+
 Imports: nothing of the library but the recorder's clock (no transport).
 """
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from collectives.diagnostics.recorder import clock
 
@@ -95,17 +98,26 @@ class StreamWatch:
             self.look()
 
 
+class Ticking(Protocol):
+    """What the watchdog thread looks at every :data:`PERIOD_SECONDS`: a :class:`StreamWatch`,
+    or a transport's posted checks (backends/torch_checks.py). ``tick()`` must not block long
+    and reports its failures itself."""
+
+    def tick(self) -> None: ...
+
+
 class _Watchdog:
-    """The process's one watchdog thread over every live :class:`StreamWatch`; it runs while
-    there is one (started by the first, it ends when the last is given up)."""
+    """The process's one watchdog thread over every live :class:`Ticking` (each
+    :class:`StreamWatch`...); it runs while there is one (started by the first, it ends when the
+    last is given up)."""
 
     def __init__(self) -> None:
-        self._watches: list[StreamWatch] = []
+        self._watches: list[Ticking] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self, watch: StreamWatch) -> None:
+    def start(self, watch: Ticking) -> None:
         with self._lock:
             self._watches.append(watch)
             if self._thread is None:
@@ -114,7 +126,7 @@ class _Watchdog:
                                                 daemon=True)
                 self._thread.start()
 
-    def stop(self, watch: StreamWatch) -> None:
+    def stop(self, watch: Ticking) -> None:
         with self._lock:
             if watch in self._watches:
                 self._watches.remove(watch)
@@ -146,6 +158,11 @@ def watch(expired: Callable[[tuple[str, int]], None], check: Callable[[], None] 
     return made
 
 
-def unwatch(watch: StreamWatch) -> None:
+def unwatch(watch: Ticking) -> None:
     """The watchdog stops looking at ``watch`` (its thread ends with the last watch)."""
     _WATCHDOG.stop(watch)
+
+
+def look_after(ticking: Ticking) -> None:
+    """The watchdog thread calls ``ticking.tick()`` every period until :func:`unwatch`."""
+    _WATCHDOG.start(ticking)

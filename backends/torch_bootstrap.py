@@ -82,6 +82,9 @@ _created_default = False
 # The transports whose plans hold a group's bound methods (backends/torch_plans.py): each
 # forgets them first, or the group outlives destroy_process_group into the interpreter's end.
 planning: weakref.WeakSet[Any] = weakref.WeakSet()
+# The transports whose checks of CUDA calls are compared by the watchdog thread over a group of
+# their own (backends/torch_checks.py): the watchdog stops before that group is destroyed.
+posting: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @atexit.register
@@ -91,6 +94,8 @@ def _destroy_created_groups() -> None:
         return
     for transport in list(planning):
         transport._forget_plans()
+    for transport in list(posting):
+        transport._stop_posting(settle=False)
     while created_groups:
         group = created_groups.pop()
         try:

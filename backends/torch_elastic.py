@@ -56,6 +56,9 @@ class ElasticTorchTransport(TorchTransport):
 
     def __init__(self, membership: Membership, generation: int, members: list[str]) -> None:
         super().__init__(None, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
+        # A failure is settled in the check's round (the revocation is seen there): the check of
+        # a CUDA call stays before it, never posted beside it (backends/torch_checks.py).
+        self._posts_checks = False
         self._membership = membership
         self._members = members
         self._failure: RankFailure | None = None
@@ -291,6 +294,7 @@ class ElasticSplitTransport(TorchTransport):
 
     def __init__(self, generation: ElasticTorchTransport, group: Any, global_ranks: list[int]) -> None:
         super().__init__(group, ranks=global_ranks, local_rank=generation.local_rank)
+        self._posts_checks = False  # (as its generation's: see ElasticTorchTransport)
         self._generation = generation
         self._failure: RankFailure | None = None
         self._abandoned: list[Any] = []

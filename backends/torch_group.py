@@ -3,13 +3,13 @@
 
 :class:`TorchGroup` holds the torch.distributed process group, the map between this
 transport's rank order (a split's key) and torch's, and torch's reduce ops; it maps torch's
-errors (its timeouts, a peer's closed connection), carries the default check's word, the
-farewells (keys in torch's store), the barrier, Gloo's monitored barrier and the group's
-release. The collectives, the tensors they take and the split are the subclass's, in
-backends/torch_dist.py.
+errors (its timeouts, a peer's closed connection), carries the default check's word (and posts
+that of a call on a CUDA stream, compared beside it: backends/torch_checks.py), the farewells
+(keys in torch's store), the barrier, Gloo's monitored barrier and the group's release. The
+collectives, the tensors they take and the split are the subclass's, in backends/torch_dist.py.
 
 Imports: the interface (errors, farewell, launcher, ops, transport) and the torch backend's
-helper modules (torch_bootstrap, torch_handles); never backends/torch_dist.py.
+helper modules (torch_bootstrap, torch_checks, torch_handles); never backends/torch_dist.py.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from collectives.errors import BackendUnavailable, CollectiveError, CollectiveTi
 from collectives.ops import ReduceOp
 from collectives.transport import Transport
 
-from .torch_bootstrap import created_groups, import_torch_distributed, torch_timeout
+from .torch_bootstrap import created_groups, import_torch_distributed, posting, torch_timeout
+from .torch_checks import PostedChecks
 from .torch_handles import _TorchWork, launch_batch
 
 
@@ -62,8 +63,14 @@ class TorchGroup(Transport):
         # collectives whose rows go to or come from given ranks take the emulations.
         self._reordered = self._torch_rank != list(range(len(self._torch_rank)))
         # The default check is a CPU all_reduce: a group with no CPU transport (NCCL alone)
-        # checks only with COLLECTIVES_DEBUG=1.
-        self._checks_by_default = str(dist.get_backend(group)).lower() != "nccl"
+        # checks only with COLLECTIVES_DEBUG=1. On a group with NCCL beside Gloo, the check of
+        # a call on a CUDA stream goes beside it (backends/torch_checks.py).
+        backend = str(dist.get_backend(group)).lower()
+        self._checks_by_default = backend != "nccl"
+        self._has_nccl = "nccl" in backend
+        self._posts_checks = self._has_nccl and self._checks_by_default
+        self._posted: PostedChecks | None = None  # the checks posted (made by the first)
+        self._posting_group: Any = None  # the Gloo group they travel over
         me = self._global_ranks.index(dist.get_rank())
         if local_rank is None:
             local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
@@ -95,6 +102,8 @@ class TorchGroup(Transport):
         """torch's timeout errors become ``CollectiveTimeout``, its transport failures
         (a peer's connection closed: it died) ``CollectiveError``; the rest take the
         default mapping."""
+        if self._posted is not None and self._posted.failed:  # (the NCCL backend aborted)
+            return self.context.failure()
         if not isinstance(error, RuntimeError):
             return None
         text = str(error)
@@ -141,6 +150,68 @@ class TorchGroup(Transport):
             self._word_flag_abandoned()
             raise
         return int(self._word[0])
+
+    # -- the check of a call on a CUDA stream, beside it (backends/torch_checks.py) ------------
+
+    #: The torch backend of the group the posted checks travel over (a CPU one).
+    _posting_backend = "gloo"
+
+    def _stream_ordered(self, x: Any) -> bool:
+        """A CUDA tensor, or a CuPy array (anything with ``__cuda_array_interface__``)."""
+        cuda = getattr(x, "is_cuda", None)
+        if cuda is None:
+            return hasattr(x, "__cuda_array_interface__")
+        return cuda is True
+
+    def _post_check(self, word: int, operation: str, seq: int, reduce_op: ReduceOp | None,
+                    root: int, dtype: str | None, shape: tuple[int, ...],
+                    refused: Exception | None = None) -> None:
+        posted = self._posted or self._start_posting()
+        posted.post((word, operation, seq, reduce_op, root, dtype, shape, refused))
+
+    def _start_posting(self) -> PostedChecks:
+        """The Gloo group of this transport's ranks that the posted checks travel over (made by
+        every rank at its first posted check, the same call on every rank) and the watch."""
+        count = _posting_groups[self._name] = _posting_groups.get(self._name, 0) + 1
+        with _group_named(f"collectives/{self._name}/checks/{count}"):
+            group = self._dist.new_group(sorted(self._global_ranks), backend=self._posting_backend,
+                                         use_local_synchronization=True, timeout=torch_timeout(self.timeout))
+        created_groups.append(group)
+        self._posted = posted = PostedChecks(self._dist, self._torch, group, self.size,
+                                             self.context.posted_mismatch, self._posted_failed)
+        self._posting_group = group
+        posting.add(self)
+        posted.start()
+        return posted
+
+    def _posted_failed(self, error: Exception) -> None:
+        """(The watchdog's thread.) A posted check found ``error``: the communicator's next call
+        or wait raises it; the NCCL backend is aborted (the mismatched calls may never end)."""
+        self.context.fail_later(error)
+        if self._has_nccl:
+            group = self._group or self._dist.distributed_c10d._get_default_group()
+            try:
+                group._get_backend(self._torch.device("cuda")).abort()
+            except Exception:  # noqa: BLE001  (a torch without it: the calls end at their timeout)
+                pass
+
+    def _stop_posting(self, settle: bool) -> None:
+        """Stop comparing posted checks (``settle``: once those posted are compared, within the
+        timeout) and destroy their group, before the transport's own."""
+        posted, self._posted = self._posted, None
+        if posted is None:
+            return
+        try:
+            if settle and not self.context.broken:
+                posted.settle(math.inf if self.timeout is None else self.timeout)
+        finally:
+            posted.stop()
+            posting.discard(self)
+            group, self._posting_group = self._posting_group, None
+            if group in created_groups:
+                created_groups.remove(group)
+                with contextlib.suppress(ValueError, RuntimeError):
+                    self._dist.destroy_process_group(group)
 
     def _word_flag(self, word: int) -> Any:
         """The check's int64 CPU tensor, holding ``word``: one tensor per transport, made once
@@ -258,10 +329,15 @@ class TorchGroup(Transport):
     def _close(self) -> None:
         launch_batch()
         self._forget_plans()
+        self._stop_posting(settle=True)
         if self._group is not None and self._dist.is_initialized():
             if self._group in created_groups:
                 created_groups.remove(self._group)
             self._dist.destroy_process_group(self._group)
+
+
+#: How many groups of posted checks this process made per transport name (their names differ).
+_posting_groups: dict[str, int] = {}
 
 
 @contextlib.contextmanager

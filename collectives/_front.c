@@ -28,7 +28,8 @@ PyObject *s_gate, *s_plans, *s_dtype, *s_checks, *s_check_rank, *s_check_out, *s
     *s_pending, *s_reap, *s_seq, *s_operation, *s_ring, *s_append, *s_checking,
     *s_carry_call, *s_check_call, *s_debug, *s_p2p, *s_run, *s_x, *s_root, *s_out,
     *s_async_op, *s_extra, *s_carried, *s_view, *s_hooks, *s_call_hooks, *s_keep, *s_handles, *s_keep_p2p,
-    *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted, *s_out_shape, *s_numpy;
+    *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted, *s_out_shape, *s_numpy,
+    *s_posting, *s_stream_ordered, *s_post_call;
 PyObject *front_zero, *front_one;
 
 #define FRONT_FIELDS(X) X(comm) X(dict) X(python_run) X(not_taken) X(started) X(posted) \
@@ -243,6 +244,7 @@ intern_all(void)
         {&s_call_hooks, "_call_hooks"}, {&s_keep, "_keep"}, {&s_handles, "_handles"}, {&s_keep_p2p, "keep_p2p"},
         {&s_raise_failed, "_raise_failed"}, {&s_name, "name"}, {&s_check, "check"}, {&s_in_place, "in_place"},
         {&s_collective, "collective"}, {&s_counted, "counted"}, {&s_out_shape, "out_shape"}, {&s_numpy, "numpy"},
+        {&s_posting, "_posting"}, {&s_stream_ordered, "_stream_ordered"}, {&s_post_call, "_post_call"},
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if ((*names[i].slot = PyUnicode_InternFromString(names[i].text)) == NULL) return -1;

@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 /* The module's interface, as collectives/front.py expects it (FRONT_VERSION there). */
-#define FRONT_VERSION 10
+#define FRONT_VERSION 11
 
 /* The out= shapes a row's out_shape gives that the front checks itself (Front's out_shapes, in
  * this order; 0: another, or none: checks.check_out runs), and the uneven rows' (OUT_ROWS: any
@@ -65,7 +65,8 @@ extern PyObject *s_gate, *s_plans, *s_dtype, *s_checks, *s_check_rank, *s_check_
     *s_pending, *s_reap, *s_seq, *s_operation, *s_ring, *s_append, *s_checking,
     *s_carry_call, *s_check_call, *s_debug, *s_p2p, *s_run, *s_x, *s_root, *s_out,
     *s_async_op, *s_extra, *s_carried, *s_view, *s_hooks, *s_call_hooks, *s_keep, *s_handles, *s_keep_p2p,
-    *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted, *s_out_shape, *s_numpy;
+    *s_raise_failed, *s_name, *s_check, *s_in_place, *s_collective, *s_counted, *s_out_shape, *s_numpy,
+    *s_posting, *s_stream_ordered, *s_post_call;
 extern PyObject *front_zero, *front_one;
 
 /* The row of `call` (its fields read the first time), or NULL with an error (_front.c). */

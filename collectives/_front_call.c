@@ -317,10 +317,26 @@ run_planned(Front *self, Row *row, PyObject *call, PyObject *x, PyObject *xdtype
             result = call_state(self, s_carry_call, a, 8);
             if (result != NULL && result == out_view) Py_SETREF(result, Py_NewRef(out));
         } else {
+            /* (beside a call on a device stream where the transport posts checks: CallCheck.post) */
+            int posts = 0;
+            PyObject *posting = state(self, s_posting);
+            if (posting == NULL || (posts = PyObject_IsTrue(posting)) < 0) goto failed;
+            if (posts) {
+                PyObject *a[1] = {x};
+                if ((got = call_state(self, s_stream_ordered, a, 1)) == NULL) goto failed;
+                posts = PyObject_IsTrue(got);
+                Py_DECREF(got);
+                if (posts < 0) goto failed;
+            }
             PyObject *shape = PyObject_GetAttr(x, s_shape);
             if (shape == NULL) goto failed;
-            PyObject *a[7] = {call, reduce_op, root, dtype, shape, Py_None, on_fast_path ? Py_True : Py_False};
-            got = call_state(self, s_check_call, a, 7);
+            if (posts) {
+                PyObject *a[5] = {call, reduce_op, root, dtype, shape};
+                got = call_state(self, s_post_call, a, 5);
+            } else {
+                PyObject *a[7] = {call, reduce_op, root, dtype, shape, Py_None, on_fast_path ? Py_True : Py_False};
+                got = call_state(self, s_check_call, a, 7);
+            }
             Py_DECREF(shape);
             if (got == NULL) goto failed;
             Py_DECREF(got);

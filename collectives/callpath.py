@@ -64,6 +64,8 @@ def run(self: Any, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: A
         if self._checking and call.collective:
             if on_fast_path and carry is not None:  # (carried where x fits its round)
                 result = self._carry_call(carry, call, reduce_op, root, dtype, view, out, extra)
+            elif self._posting and self._stream_ordered(x):  # (beside a call on a device stream)
+                self._post_call(call, reduce_op, root, dtype, x.shape)
             else:
                 self._check_call(call, reduce_op, root, dtype, x.shape, None, on_fast_path)
         if result is not NOT_TAKEN:

@@ -123,6 +123,9 @@ class Communicator:
         # Debug mode (COLLECTIVES_DEBUG=1): full fingerprints, and headers ahead of send/recv.
         self.debug = checks.debug = call_check.level == config.CHECKS_FULL
         self._checking = call_check.first_checked  # (turned off after it at COLLECTIVES_DEBUG=0)
+        # Whether the check of a call on a device stream goes beside it (CallCheck.post).
+        self._posting, self._stream_ordered, self._post_call = call_check.posts, transport._stream_ordered, \
+            call_check.post
         if size > 1:
             process_hooks.install_farewell()
         self._closed = False

@@ -20,7 +20,7 @@ from . import config, farewell
 from .config import TIMEOUT
 from .diagnostics import recorder
 from .diagnostics.recorder import END, OP, SEQ, STARTED, STATE, mark_failed
-from .errors import CollectiveError, CollectiveTimeout, RankFailure, timed_out
+from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, RankFailure, timed_out
 from .polling import SPIN_YIELD_EVERY, PollPolicy, wait_until
 from .transport import CallContext, Transport
 from .work import Work
@@ -159,6 +159,24 @@ class CommunicatorContext(CallContext):
         comm._failure = error  # (before _broken: the call that sees the gate closed finds it)
         if not comm._broken:
             comm._broken = f"{comm!r} is unusable: {error}"
+
+    def posted_mismatch(self, everyone: Any, reasons: Any, call: tuple[str, int]) -> Exception | None:
+        from .wire import mismatch, refusal_mismatch, refused_ranks  # noqa: PLC0415
+
+        refusing = refused_ranks(everyone)
+        if len(refusing) == len(everyone):
+            return None
+        found = refusal_mismatch(everyone, reasons, self.comm, call) if refusing else \
+            mismatch(everyone, self.comm, posted=call)
+        if found is None:  # (the hash words differ only where the fingerprints do)
+            found = CollectiveMismatch(f"{self.call_name(call)}: the ranks' check words differ, but "
+                                       "their fingerprints agree; is COLLECTIVES_DEBUG set the same on every rank?")
+        try:
+            self.record_failed(call[1], found)
+        except RuntimeError:  # (the ring grew meanwhile: this runs beside the calls)
+            pass
+        recorder.dump(f"CollectiveMismatch in {self.call_name(call)}")
+        return found
 
     def failure(self) -> Exception:
         comm = self.comm

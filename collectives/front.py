@@ -28,7 +28,7 @@ from .work import Work
 
 #: The interface the module's ``VERSION`` (``FRONT_VERSION`` of collectives/_front.h) must have:
 #: a build left from an older checkout is not used.
-FRONT_VERSION = 10
+FRONT_VERSION = 11
 
 
 def compiled_module() -> Any:

@@ -42,7 +42,8 @@ class CallCheck:
     communicator of ``size`` ranks over ``transport``; ``context`` is the communicator's side
     (the running call, its exchange, what errors become)."""
 
-    __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "hashes", "carries", "fast_bit")
+    __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "hashes", "carries", "fast_bit",
+                 "posts")
 
     def __init__(self, transport: Transport, context: CommunicatorContext, size: int) -> None:
         self._transport, self._context = transport, context
@@ -65,6 +66,8 @@ class CallCheck:
         self.carries = transport._counts_with_check and level == config.CHECKS_DEFAULT
         #: What a word on the fast path adds (FAST_BIT where the transport reads it).
         self.fast_bit = FAST_BIT if transport._marks_fast_path else 0
+        #: Whether the default check of a stream-ordered call is posted beside it (see :meth:`post`).
+        self.posts = transport._posts_checks and level == config.CHECKS_DEFAULT
 
     def forms(self) -> tuple[Callable[..., None], Callable[..., Any], Callable[[Request], bool]]:
         """What the call path calls for the default check: :meth:`check`, :meth:`carry` and
@@ -117,6 +120,25 @@ class CallCheck:
         reduced = self._transport._agree_word(check_word(h, seq) | (self.fast_bit if fast else 0), waiting)
         if not words_agree(reduced):
             self.disagreed(reduce_op, root, dtype, shape)
+
+    def post(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
+             shape: tuple[int, ...]) -> None:
+        """:meth:`check` of the running collective ``call``, ordered on a device stream, where
+        the transport posts checks (:attr:`posts`): its word goes beside the call
+        (``Transport._post_check``), compared with every rank's off the call path, so the host
+        neither waits nor makes a collective of its own; a mismatch is raised at a later call or
+        ``wait()`` on every rank, the transport's communicator aborted. The first collective
+        and the uneven ones are checked before they move data, as :meth:`check` does."""
+        seq: int = self._comm._seq
+        if seq == 1 or call.counted:
+            self.check(call, reduce_op, root, dtype, shape)
+            return
+        shape = tuple(shape)
+        try:
+            h = self.hashes[call, dtype, reduce_op, root, shape]
+        except KeyError:
+            h = self._hash_call(call, reduce_op, root, dtype, shape)
+        self._transport._post_check(check_word(h, seq), call.name, seq, reduce_op, root, dtype, shape)
 
     def carry(self, carry: Callable[[Any, Any, Any, Any, int], tuple[int, Any]], call: Call,
               reduce_op: ReduceOp | None, root: int, dtype: str, view: Any, out: Any, extra: Any) -> Any:
@@ -206,6 +228,12 @@ class CallCheck:
         Returns once every rank has the verdict (the caller raises ``error``); the round's own
         failure (a timeout, a peer that left) marks ``record`` and is not raised either."""
         reduce_op, root, dtype, shape = refused_call(call, x, op, root)
+        if self.posts and self._comm._seq != 1 and not call.counted and self._transport._stream_ordered(x):
+            # (beside the peers' calls, as theirs are: see post)
+            self._transport._post_check(REFUSED_WORD, call.name, self._comm._seq, reduce_op, root, dtype,
+                                        shape, error)
+            mark_failed(record, error)
+            return
         try:
             if self.level == config.CHECKS_DEFAULT and self._comm._seq != 1:
                 self._transport._agree_word(REFUSED_WORD)  # (as a rank in another call: never agrees)

@@ -86,6 +86,15 @@ class CallContext(abc.ABC):
         ``wait()`` on this rank (and at every later one)."""
 
     @abc.abstractmethod
+    def posted_mismatch(self, everyone: Any, reasons: Any, call: tuple[str, int]) -> Exception | None:
+        """The :class:`~collectives.CollectiveMismatch` of call ``call`` (its operation and
+        number), whose check went beside it (``Transport._post_check``), from every rank's
+        fingerprint (``everyone``, rows of ``collectives.wire.fingerprint``) and reason
+        (``reasons``, rows of ``collectives.wire.reason_vector``); its record marked failed
+        and the flight recorder dumped. ``None`` where every rank refused the call (each raised
+        its own error)."""
+
+    @abc.abstractmethod
     def failure(self) -> Exception:
         """What a call or a handle's ``wait()`` on the unusable communicator raises: the failure
         given to :meth:`fail_later`, else a :class:`~collectives.CollectiveError` saying why."""
@@ -328,6 +337,28 @@ class Transport(abc.ABC):
     #: transport whose :meth:`_agree_word` would synchronize a device stream on every call
     #: sets it False: there only ``COLLECTIVES_DEBUG=1`` checks.
     _checks_by_default: bool = True
+
+    #: Whether the default check of a stream-ordered call (:meth:`_stream_ordered`) goes beside
+    #: the call instead of before it: its word goes to :meth:`_post_check`, and the transport
+    #: compares the ranks' words off the call path (a mismatch then raises at a later call or
+    #: wait: ``CallContext.fail_later``). The first collective of a communicator is checked
+    #: before it moves data all the same.
+    _posts_checks: bool = False
+
+    def _stream_ordered(self, x: Any) -> bool:
+        """Whether a call on ``x`` is ordered on a device stream and returns once enqueued (a
+        CUDA array on NCCL): then, where :attr:`_posts_checks`, its check is posted."""
+        return False
+
+    def _post_check(self, word: int, operation: str, seq: int, reduce_op: ReduceOp | None,
+                    root: int, dtype: str | None, shape: tuple[int, ...],
+                    refused: Exception | None = None) -> None:
+        """Post the default check of the running stream-ordered collective: its
+        :func:`~collectives.wire.check_word` and what its fingerprint says (``refused``: the
+        error this rank refused the call with, its word then ``wire.REFUSED_WORD``), compared
+        with every rank's in call order off the call path (where :attr:`_posts_checks`). Must
+        not wait."""
+        raise NotImplementedError(f"{type(self).__name__} posts no checks")
 
     #: Whether :meth:`_agree_word` and :meth:`_barrier_waiting` run their ``waiting`` only once
     #: this rank waits (else first).

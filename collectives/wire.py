@@ -129,20 +129,31 @@ def refused_ranks(everyone: NDArray[Any]) -> list[int]:
     return [rank for rank, row in enumerate(everyone) if row[0] == MAGIC and row[REFUSED] != 0]
 
 
-def refusal_mismatch(everyone: NDArray[Any], reasons: NDArray[Any], comm: Any) -> CollectiveMismatch:
+def refusal_mismatch(everyone: NDArray[Any], reasons: NDArray[Any], comm: Any,
+                     posted: tuple[str, int] | None = None) -> CollectiveMismatch:
     """The error of a rank that made the running call while ``refused_ranks(everyone)`` refused
     it (``reasons``: every rank's :func:`reason_vector`): who refused, and why; how the calls of
-    the ranks that did not refuse differ, if they do."""
+    the ranks that did not refuse differ, if they do. ``posted``: the call (operation, number)
+    whose check went beside it (see :func:`mismatch`)."""
     refused = refused_ranks(everyone)
     said = "; ".join(f"rank {rank}: {reason_text(reasons[rank])}" for rank in refused)
     made = [rank for rank in range(len(everyone)) if rank not in refused]
-    differing = mismatch(everyone[made], comm, made) if made else None
+    differing = mismatch(everyone[made], comm, made, posted) if made else None
     rest = "" if differing is None else f" The ranks that made it differ too: {differing}"
     who = f"rank{'s' if len(refused) > 1 else ''} {', '.join(map(str, refused))}"
+    if posted is not None:
+        made_it = "" if comm.rank in refused else f" (rank {comm.rank} made it)"
+        return CollectiveMismatch(
+            f"{who} refused {posted[0]} call #{posted[1]} on {comm!r}{made_it}: {said}. {POSTED_NOTE}" + rest)
     return CollectiveMismatch(
         f"{who} refused {comm._operation} call #{comm._seq} on {comm!r} (rank {comm.rank} made it) "
         f"before sending anything: {said}. Nothing of this call was sent on any rank; the ranks "
         "stay in step, so their next calls line up." + rest)
+
+
+#: What a mismatch found by a posted check (beside a call on a device stream) adds.
+POSTED_NOTE = ("The call was checked beside it, on its way on the device stream already: this "
+               "communicator is aborted, and every later call on it raises.")
 
 
 _LOW = 0xFFFFFFFF
@@ -203,9 +214,12 @@ def _describe(field: str, row: NDArray[Any]) -> str:
     return str(tuple(dims))
 
 
-def mismatch(everyone: NDArray[Any], comm: Any, ranks: list[int] | None = None) -> CollectiveMismatch | None:
+def mismatch(everyone: NDArray[Any], comm: Any, ranks: list[int] | None = None,
+             posted: tuple[str, int] | None = None) -> CollectiveMismatch | None:
     """``CollectiveMismatch`` describing how the rows of ``everyone`` (those of ``ranks``,
-    default every rank in order) differ, or ``None``."""
+    default every rank in order) differ, or ``None``. ``posted``: the call (operation, number)
+    whose check went beside it (``Transport._post_check``), found off the call path; else the
+    running call, checked before it sent anything."""
     if (everyone == everyone[0]).all():
         return None
     differences = []
@@ -218,17 +232,18 @@ def mismatch(everyone: NDArray[Any], comm: Any, ranks: list[int] | None = None) 
         held = "; ".join(f"{value} on rank{'s' if len(ranks) > 1 else ''} "
                          f"{', '.join(map(str, ranks))}" for value, ranks in values.items())
         differences.append(f"{field} differs: {held}")
+    where, sent = (f"{comm._operation} call #{comm._seq}", "Nothing of this call was sent.") if posted is None \
+        else (f"{posted[0]} call #{posted[1]}", POSTED_NOTE)
     if all(difference.startswith("checks") for difference in differences):
         return CollectiveMismatch(
-            f"ranks check their calls differently ({comm._operation} call #{comm._seq} on "
+            f"ranks check their calls differently ({where} on "
             f"{comm!r}, rank {comm.rank}): {differences[0]}. Set COLLECTIVES_DEBUG the same on "
-            "every rank (the ranks' checks are collectives: they must all make the same). "
-            "Nothing of this call was sent.")
+            "every rank (the ranks' checks are collectives: they must all make the same). " + sent)
     return CollectiveMismatch(
-        f"ranks made different collective calls ({comm._operation} call #{comm._seq} on "
+        f"ranks made different collective calls ({where} on "
         f"{comm!r}, rank {comm.rank}): " + " | ".join(differences)
         + ". Every rank must make the same collectives in the same order, with the same "
-        "reduce op, root, dtype and shape. Nothing of this call was sent."
+        "reduce op, root, dtype and shape. " + sent
     )
 
 

@@ -55,7 +55,7 @@ FLOOR = ("torch's floor: pg.allreduce([t], opts).wait()", "pg.allreduce([t], opt
 ELEMENTS = 1024  # 4 KiB of float32
 
 
-def child(calls: int, world: int, rank: int, cases: list[tuple[str, str, str]]) -> None:
+def child(calls: int, world: int, rank: int, cases: list[tuple[str, str, str]], twin: bool = False) -> None:
     """Run under callgrind: set up, warm every call, then one reduce loop per count."""
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
@@ -65,12 +65,20 @@ def child(calls: int, world: int, rank: int, cases: list[tuple[str, str, str]]) 
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     comm = collectives.init("torch")
+    if twin:  # every call on a tensor taken as ordered on a device stream: its check posted
+        from collectives.testing.torch_twin import StreamOrderedTwin  # noqa: PLC0415
+
+        transport = StreamOrderedTwin()
+        transport._posting_backend = "fake"  # (the posted checks' group: fake too)
+        comm = type(comm)._adopt(transport, name="twin")
     pg = dist.group.WORLD
     opts = dist.AllreduceOptions()
     names = {"torch": torch, "dist": dist, "comm": comm, "pg": pg, "opts": opts,
              "t": torch.ones(ELEMENTS), "gathered": torch.empty(world, ELEMENTS),
              "rows": torch.ones(world, ELEMENTS), "mine": torch.empty(1, ELEMENTS), "peer": (rank + 1) % world}
     run_loops([FLOOR[1]] + [s for _, ours, raw in cases for s in (ours, raw)], names, calls)
+    if twin:  # (the fake group's handles never say they completed: nothing to wait for at close)
+        comm._transport._stop_posting(settle=False)
     comm.close()
     dist.destroy_process_group()
 
@@ -99,7 +107,7 @@ def _step(code: object, names: dict, acc: object, _: int) -> object:
 
 
 def count(setting: dict[str, str], calls: int, world: int, cases: list[tuple[str, str, str]],
-          keep: str | None) -> list[float]:
+          keep: str | None, twin: bool = False) -> list[float]:
     """Instructions per call of every statement of :func:`child`, in its order; callgrind's files
     go to ``keep`` where given."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -116,7 +124,7 @@ def count(setting: dict[str, str], calls: int, world: int, cases: list[tuple[str
                 ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
                  "--dump-after=functools_reduce", f"--callgrind-out-file={out}", sys.executable, __file__,
                  "--child", "--calls", str(calls), "--world", str(world), "--rank", str(rank),
-                 "--cases", *[case for case, _, _ in cases]],
+                 *(["--twin"] if twin else []), "--cases", *[case for case, _, _ in cases]],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         for proc in procs:
             _, err = proc.communicate()
@@ -149,6 +157,9 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
     parser.add_argument("--keep", metavar="DIR", help="keep callgrind's files here (DIR/SETTING/rank0.PID.N)")
     parser.add_argument("--json", help="write the counts here")
+    parser.add_argument("--twin", action="store_true",
+                        help="ours through the CPU twin of a CUDA tensor's call (collectives.testing.torch_twin): "
+                             "its check posted beside the call (world 2: the check runs at world 2 only)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     cases = [case for case in CASES if (args.cases is None or any(case[0].startswith(n) for n in args.cases))
@@ -156,7 +167,7 @@ def main() -> None:
     if not cases:
         raise SystemExit(f"host_cost: no case starts with {args.cases}; cases: {[case for case, _, _ in CASES]}")
     if args.child:
-        child(args.calls, args.world, args.rank, cases)
+        child(args.calls, args.world, args.rank, cases, args.twin)
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("host_cost: needs valgrind (apt-get install valgrind)")
@@ -165,12 +176,13 @@ def main() -> None:
     results = {}
     for name in args.settings:
         keep = None if args.keep is None else os.path.join(args.keep, re.sub(r"\W", "_", name))
-        per_call = count(SETTINGS[name], args.calls, args.world, cases, keep)
+        per_call = count(SETTINGS[name], args.calls, args.world, cases, keep, args.twin)
         floor, rest = per_call[0], per_call[1:]
         rows = {case: {"ours": rest[2 * i], "raw": rest[2 * i + 1]} for i, (case, _, _) in enumerate(cases)}
         results[name] = {"floor": floor, "cases": rows}
     print(f"Host instructions a call (callgrind; 4 KiB float32 CPU tensors; torch {torch.__version__}, "
-          f"fake process group, world {args.world}; {args.calls} calls a loop)")
+          f"fake process group, world {args.world}; {args.calls} calls a loop"
+          f"{'; ours through the CPU twin: checks posted' if args.twin else ''})")
     print(f"{'call':<26} {'setting':<20} {'ours':>9} {'raw':>9} {'ours - raw':>11}")
     for case, _, _ in cases:
         for name, result in results.items():
@@ -183,7 +195,8 @@ def main() -> None:
             json.dump({"command": " ".join(["python", "scripts/bench/host_cost.py", *sys.argv[1:]]),
                        "date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
                        "python": platform.python_version(), "machine": platform.machine(),
-                       "world": args.world, "calls": args.calls, "results": results}, file, indent=1)
+                       "world": args.world, "calls": args.calls, "twin": args.twin, "results": results},
+                      file, indent=1)
             file.write("\n")
 
 

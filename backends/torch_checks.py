@@ -1,0 +1,179 @@
+"""The default check of torch calls on CUDA streams, made beside the calls: :class:`PostedChecks`.
+
+A blocking NCCL call returns once it is enqueued on the caller's stream; a check made before it
+(one Gloo all_reduce of the check word, ``TorchGroup._agree_word``) would make the host wait for
+every peer before every call. Instead the call path posts the call's check word
+(``Transport._post_check``: a tuple appended to a queue, nothing else), and the process's one
+watchdog thread (backends/stream_watch.py) compares the ranks' words in call order, every
+:data:`~.stream_watch.PERIOD_SECONDS`, over a Gloo group of the transport's ranks made for it (so
+its rounds never meet the user's calls on the transport's own group):
+
+- a round is one asynchronous all_reduce (MIN) of ``[n, w_0 .. w_{C-1}, -w_0 .. -w_{C-1}]``,
+  this rank's first ``n`` (at most :data:`ROUND_CALLS`) posted words: every rank learns the
+  least ``n`` and, for each of those calls, the least and the greatest word (equal when every
+  rank made the same call). The calls compared leave the queue; a rank posts its next round
+  once the last completed and it has words left, so the ranks' rounds pair up in order;
+- where the words of a call differ, one asynchronous all_gather of that call's fingerprint
+  and reason (:mod:`collectives.wire`) names the ranks and the difference: the communicator
+  gets the :class:`~collectives.CollectiveMismatch` (``CallContext.fail_later``: its next call or
+  ``wait()`` raises it) and its NCCL backend is aborted (the mismatched calls may never end).
+
+Every rank sees the same rounds, so every rank finds the same mismatch. The bound: a mismatch is
+found at most two periods (0.1 s) plus two Gloo rounds after the last rank made the call, while
+a program posts fewer than :data:`ROUND_CALLS` calls a period (more wait in the queue for the
+next rounds). A peer that never makes its call leaves the round waiting: that call's timeout is
+the transport's own.
+
+Imports: the interface (errors), numpy, stream_watch, torch_bootstrap (no torch_dist).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from collectives.errors import CollectiveError
+from collectives.ops import ReduceOp
+
+from . import stream_watch
+
+#: Calls one round of the watchdog compares at most.
+ROUND_CALLS = 1024
+
+#: A posted check: (word, operation, number, reduce op, root, dtype, shape, refused).
+Posted = tuple[int, str, int, ReduceOp | None, int, str | None, tuple[int, ...], Exception | None]
+
+
+class PostedChecks:
+    """The checks posted by one torch transport (:meth:`post`), compared with every rank's over
+    ``group`` (a Gloo group of the same ranks, ``size`` of them, made for it) by the watchdog
+    thread (:meth:`tick`). ``failed(error)``: a mismatch was found (the transport makes it the
+    communicator's failure and aborts); ``mismatch(everyone, reasons, call)``: the error of the
+    call whose words differ (``CallContext.posted_mismatch``)."""
+
+    def __init__(self, dist: Any, torch: Any, group: Any, size: int,
+                 mismatch: Callable[[Any, Any, tuple[str, int]], Exception | None],
+                 failed: Callable[[Exception], None]) -> None:
+        self._dist, self._group, self._size = dist, group, size
+        self._mismatch, self._failed = mismatch, failed
+        self._queue: collections.deque[Posted] = collections.deque()
+        self._words = np.zeros(1 + 2 * ROUND_CALLS, dtype=np.int64)  # (one round at a time)
+        self._words_tensor = torch.from_numpy(self._words)
+        self._min = dist.ReduceOp.MIN
+        self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        self._work: Any = None  # the round in flight
+        self._named: Any = None  # the fingerprints' round's result, while it is in flight
+        self._lock = threading.Lock()
+        self._torch = torch
+        #: Whether a mismatch (or a failed round) was found: nothing is compared after it.
+        self.failed = False
+        #: Rounds completed (of words and of fingerprints).
+        self.rounds = 0
+
+    def post(self, entry: Posted) -> None:
+        """(The call path's thread.) One call's check, in call order."""
+        self._queue.append(entry)
+
+    def idle(self) -> bool:
+        """Whether every posted check was compared (or a mismatch found)."""
+        return self.failed or (self._work is None and not self._queue)
+
+    def tick(self) -> None:
+        """(The watchdog's thread.) Take the round in flight if it completed, then post the next."""
+        with self._lock:
+            if self.failed:
+                return
+            try:
+                self._step()
+            except Exception as error:  # noqa: BLE001  (a round failed: a peer left or died)
+                self._fail(CollectiveError(f"the check of the calls on a device stream failed: {error}"))
+
+    def _step(self) -> None:
+        work = self._work
+        if work is not None:
+            if not work.is_completed():
+                return
+            work.wait()
+            self._work = None
+            self.rounds += 1
+            if self._named is None:
+                self._compared()
+            else:
+                self._found()
+            if self.failed or self._work is not None:
+                return
+        if self._queue:
+            self._post_words()
+
+    def _post_words(self) -> None:
+        queue, words = self._queue, self._words
+        n = min(len(queue), ROUND_CALLS)
+        words[0] = n
+        for i in range(n):
+            word = queue[i][0]
+            words[1 + i] = word
+            words[1 + ROUND_CALLS + i] = -word
+        self._work = self._dist.all_reduce(self._words_tensor, op=self._min, group=self._group, async_op=True)
+
+    def _compared(self) -> None:
+        """The words' round completed: drop the calls that every rank made alike; at the first
+        that differs, post the round of its fingerprints."""
+        words, queue = self._words, self._queue
+        n = int(words[0])
+        differ = np.flatnonzero(words[1:1 + n] != -words[1 + ROUND_CALLS:1 + ROUND_CALLS + n])
+        agreed = n if not differ.size else int(differ[0])
+        for _ in range(agreed):
+            queue.popleft()
+        if differ.size:
+            self._post_fingerprint(queue[0])
+
+    def _post_fingerprint(self, entry: Posted) -> None:
+        from collectives.wire import LENGTH, fingerprint, reason_vector  # noqa: PLC0415
+
+        _, operation, seq, reduce_op, root, dtype, shape, refused = entry
+        mine = np.concatenate([fingerprint(operation, seq, reduce_op, root, dtype, shape, 1, refused),
+                               reason_vector(refused)])
+        self._named = self._torch.empty((self._size, len(mine)), dtype=self._torch.int64)
+        self._fingerprint_length = LENGTH
+        self._work = self._all_gather(self._named, self._torch.from_numpy(mine)[None],
+                                                       group=self._group, async_op=True)
+
+    def _found(self) -> None:
+        """The fingerprints' round completed: the mismatch (or, where every rank refused the
+        call, each raised its own error: the next calls are compared)."""
+        entry = self._queue.popleft()
+        everyone = self._named.numpy()
+        self._named = None
+        length = self._fingerprint_length
+        error = self._mismatch(everyone[:, :length], everyone[:, length:], (entry[1], entry[2]))
+        if error is not None:
+            self._fail(error)
+
+    def _fail(self, error: Exception) -> None:
+        self.failed = True
+        self._queue.clear()
+        self._failed(error)
+
+    def settle(self, seconds: float) -> bool:
+        """(The caller's thread, at close.) Wait up to ``seconds`` for every posted check to be
+        compared; whether they were."""
+        from collectives.context import poll_until  # noqa: PLC0415
+        from collectives.diagnostics.recorder import clock  # noqa: PLC0415
+
+        def settled() -> bool:
+            self.tick()  # (this thread drives the rounds too: no period's wait)
+            return self.idle()
+
+        return poll_until(settled, clock() + seconds)
+
+    def start(self) -> None:
+        """The watchdog thread looks at these checks from now on."""
+        stream_watch.look_after(self)
+
+    def stop(self) -> None:
+        """The watchdog stops looking (its thread ends with the last thing it looks at)."""
+        stream_watch.unwatch(self)
