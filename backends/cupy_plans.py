@@ -148,8 +148,8 @@ def planned_call(transport: Any, call: calls.Call, kind: KindPlan, fallback: Cal
         launch, nccl_type, width, rooted = nccl.broadcast, NCCL_DTYPES["uint8"], 1, True
     else:
         return None
-    lib, nccl_op, flush, done, watched = kind.library, kind.nccl_op, transport._flush_group, transport._done, \
-        transport._watch_blocking
+    lib, nccl_op, flush, done, context = kind.library, kind.nccl_op, transport._flush_group, transport._done, \
+        transport.context
     current_stream, open_groups, cupy_arrays = lib.current_stream, OPEN_GROUPS, lib.adapter is arrays.CUPY
 
     # A blocking call ends on the watch (with a timeout); an asynchronous one (the method's) as
@@ -168,8 +168,8 @@ def planned_call(transport: Any, call: calls.Call, kind: KindPlan, fallback: Cal
         if asynchronous:
             return done(lib, stream, True, x)
         timeout = transport.timeout
-        if timeout is not None:
-            watched(lib, stream, timeout)
+        if timeout is not None:  # (_watch_blocking's line, here: a frame less)
+            (transport._stream_watch or transport._start_watch()).post(lib, stream, context.call, timeout)
         return x
 
     def method(r: Request) -> Any:

@@ -1,7 +1,10 @@
 """Host instructions per call on the cupy route, counted by valgrind's callgrind: ours against raw
 ``NcclCommunicator.allReduce`` in the same process, with CuPy's CUDA and NCCL stubbed out
 (collectives.testing.fake_cupy: every NCCL call returns at once, every event is complete), so what
-is counted is our Python in front of the NCCL call. A count, not a time.
+is counted is our Python in front of the NCCL call. A count, not a time. The pools of completed
+events are filled first (the steady state of a program whose watchdog has given its events back)
+and the heap made before the loops is frozen (``gc.freeze``), so that neither the watchdog's
+timing nor a full collection falling into one loop moves the counts.
 
     python scripts/bench/host_cost_cupy.py                  # defaults, then COLLECTIVES_TIMEOUT=0
     python scripts/bench/host_cost_cupy.py --json docs/bench/host-cost-cupy.json
@@ -10,9 +13,9 @@ is counted is our Python in front of the NCCL call. A count, not a time.
 
 Cases (4 KiB float32 arrays, world size 1): all_reduce of a CuPy array and of a torch tensor (the
 torch tensor a CPU one taken for CUDA memory on device 0: its is_cuda and get_device() and torch's
-CUDA stream calls are stubbed too),
-async all_reduce + wait, broadcast; raw: ``comm.allReduce(ptr, ptr, n, ncclFloat32, ncclSum,
-stream.ptr)`` with the pointer, count and stream read per call as cupyx.distributed does. The loops
+CUDA stream calls are stubbed too), async all_reduce + wait, broadcast; raw: ``comm.allReduce(ptr,
+ptr, n, ncclFloat32, ncclSum, stream.ptr)`` with the pointer, count and stream read per call as
+cupyx.distributed does. The loops
 and their subtraction are scripts/bench/host_cost.py's; ``--keep DIR`` keeps callgrind's files, one
 per loop under DIR/<setting>/ (numbered in order: the no-op loop, raw, then the cases above), for
 ``callgrind_annotate``.
@@ -45,6 +48,7 @@ ELEMENTS = 1024  # 4 KiB of float32
 def child(calls: int) -> None:
     """Run under callgrind: set up, warm every call, then one reduce loop per statement."""
     import functools
+    import gc
     import operator
     import types
 
@@ -71,8 +75,18 @@ def child(calls: int) -> None:
         comm = CupyNcclCommunicator(cupy.cuda.nccl.NcclCommunicator(1, None, 0), 0, 1, 0, 0)
         for logged in (raw, comm.nccl_comm):
             logged.arguments = _Forgetful()
+        # The steady state of the events: a program's pools hold as many completed events as its
+        # calls in flight within one look of the watchdog; here they hold one per call counted, so
+        # that when the watchdog thread runs (valgrind's scheduling) does not change the counts.
+        for adapter in (arrays.CUPY, arrays.TORCH):
+            library = comm._transport._library(adapter)
+            library.pool.extend(library.new_event() for _ in range((calls + 50) * (len(CASES) + 1)))
         names = {"cupy": cupy, "raw": raw, "comm": comm, "x": cupy.asarray(np.ones(ELEMENTS, np.float32)),
                  "t": torch.ones(ELEMENTS)}
+        # The heap so far (torch's modules) out of the collector's way: a full collection that
+        # falls into one loop would add its walk of that heap to that loop's count alone.
+        gc.collect()
+        gc.freeze()
         run_loops([RAW] + [ours for _, ours in CASES], names, calls)
         comm.close()
 
