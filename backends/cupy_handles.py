@@ -6,7 +6,6 @@ library, the deadline on a call's event (:func:`wait_for`), the handles
 from __future__ import annotations
 
 import functools
-import operator
 import sys
 import threading
 import time
@@ -30,22 +29,14 @@ POLL = PollPolicy(FAST_POLLS, BUSY_POLL_SECONDS, POLL_MIN_SECONDS, POLL_MAX_SECO
 
 # -- CUDA streams and events of each array library (the arrays themselves: collectives.arrays) --
 
-# Each library's ``ptr(x)`` (x's device pointer), ``count(x)`` (its elements) and
-# ``stream_ptr(stream)`` (the stream's cudaStream_t): getters made in C (operator's), no Python
-# frame per call on the call path.
-
 class _TorchStreams:
     """torch CUDA tensors: torch's current stream and events."""
-
-    ptr = operator.methodcaller("data_ptr")
-    count = operator.methodcaller("numel")  # (elements)
-    stream_ptr = operator.attrgetter("cuda_stream")
 
     def __init__(self, device: int) -> None:
         self.torch = sys.modules["torch"]
         self.device = device  # the communicator's, which the call path checked x is on
         self.pool: list[Any] = []  # completed events for the next calls (stream_watch)
-        self.adapter = arrays.TORCH
+        self.adapter = arrays.TORCH  # (whose arrays' streams these are)
         #: The current stream of the communicator's device, read per call (the device's
         #: ordinal: x.device would make a torch.device per call).
         self.current_stream = functools.partial(self.torch.cuda.current_stream, device)
@@ -53,6 +44,14 @@ class _TorchStreams:
     def use(self, stream: Any) -> Any:
         """A context in which ``stream`` is torch's current stream (and its device current)."""
         return self.torch.cuda.stream(stream)
+
+    @staticmethod
+    def stream_ptr(stream: Any) -> int:
+        return int(stream.cuda_stream)
+
+    @staticmethod
+    def ptr(x: Any) -> int:
+        return int(x.data_ptr())
 
     def new_event(self) -> Any:
         return self.torch.cuda.Event()
@@ -73,14 +72,10 @@ class _TorchStreams:
 class _CupyStreams:
     """CuPy arrays: CuPy's current stream and events."""
 
-    ptr = operator.attrgetter("data.ptr")
-    count = operator.attrgetter("size")  # (elements)
-    stream_ptr = operator.attrgetter("ptr")
-
     def __init__(self, device: int) -> None:
         self.cupy = sys.modules["cupy"]
         self.pool: list[Any] = []  # completed events for the next calls (stream_watch)
-        self.adapter = arrays.CUPY
+        self.adapter = arrays.CUPY  # (whose arrays' streams these are)
         #: CuPy's current stream, read per call.
         self.current_stream = self.cupy.cuda.get_current_stream
 
@@ -88,6 +83,14 @@ class _CupyStreams:
     def use(stream: Any) -> Any:
         """A context in which ``stream`` is CuPy's current stream."""
         return stream
+
+    @staticmethod
+    def stream_ptr(stream: Any) -> int:
+        return int(stream.ptr)
+
+    @staticmethod
+    def ptr(x: Any) -> int:
+        return int(x.data.ptr)
 
     def new_event(self) -> Any:
         return self.cupy.cuda.Event(disable_timing=True)
@@ -133,8 +136,8 @@ class _ThreadGroup(threading.local):
 
 _GROUP = _ThreadGroup()
 #: The threads that have an open group (their idents): a call looks at this set first, and at its
-#: own thread's group only where some thread has one (the thread-local's lookup costs more than
-#: the rest of a planned call's Python). Added to and taken from in one step each (no lock).
+#: own thread's group only where some thread has one (an attribute of a thread-local costs several
+#: times a set's truth test). Added to and taken from in one step each (no lock).
 OPEN_GROUPS: set[int] = set()
 
 

@@ -8,11 +8,12 @@ stood in for) tests/gpu/test_stream_watch.py.
 
 The planned calls: all_reduce of a kind NCCL reduces as it is (no staging, order keys, fold or
 division) and broadcast, of CuPy arrays and CUDA tensors. The first call of the kind binds the
-NCCL communicator's call and its constants (ncclDataType_t, ncclRedOp_t), the library's current
-stream and its C getters of the pointers and the count; each later call then makes one check of
-x (:func:`array_check`), reads the current stream, launches this thread's open group of sends
-and recvs if there is one, makes the NCCL call and ends as every call of the backend does
-(``CupyNcclChannel._done``: the call's event on the watchdog's watch, or a handle).
+NCCL communicator's call and its constants (ncclDataType_t, ncclRedOp_t) and the library's
+current-stream getter; each later call then makes one check of x (:func:`array_check`), reads the
+current stream, launches this thread's open group of sends and recvs if there is one, makes the
+NCCL call and ends as every call of the backend does: a blocking one with a timeout puts a pooled
+event recorded after it on the watchdog's watch (``CupyNcclChannel._watch_blocking``'s line), an
+asynchronous one returns ``CupyNcclChannel._done``'s handle.
 
 Imports: the interface (arrays, calls, ops) and cupy_handles (this thread's open group).
 """
