@@ -23,13 +23,24 @@ from typing import Any
 
 from collectives import arrays
 from collectives.arrays import ArrayAdapter
+from collectives.calls import Call, Request
 from collectives.errors import BackendUnavailable, CollectiveError
+from collectives.ops import ReduceOp
 from collectives.transport import Transport
 from collectives.work import Work
 
 from ._buffers import nbytes
-from .cupy_handles import _GROUP, _CupyStreams, _launch_group, _open_group, _StreamWork, _TorchStreams, wait_for
-from .cupy_plans import BFLOAT16_SINCE, NCCL_DTYPES, NCCL_OPS, KindPlan, decode_nccl_version
+from .cupy_handles import (
+    _GROUP,
+    OPEN_GROUPS,
+    _CupyStreams,
+    _launch_group,
+    _open_group,
+    _StreamWork,
+    _TorchStreams,
+    wait_for,
+)
+from .cupy_plans import BFLOAT16_SINCE, NCCL_DTYPES, NCCL_OPS, KindPlan, array_check, decode_nccl_version, planned_call
 from .stream_watch import StreamWatch, unwatch, watch
 
 log = logging.getLogger("collectives")
@@ -95,6 +106,10 @@ class CupyNcclChannel(Transport):
         # The plans of the kinds of call seen (see _kind), by (adapter, dtype, id(op)): a ReduceOp
         # member is a singleton, and its hash is Enum's, Python code.
         self._kinds: dict[tuple[ArrayAdapter, str, int], KindPlan] = {}
+        # The planned calls (fast path, method) by (row, adapter, dtype, op), None where a kind is
+        # not planned, and the per-array check of each library's planned kinds (cupy_plans).
+        self._planned: dict[tuple[Any, ...], Any] = {}
+        self._array_checks: dict[ArrayAdapter, Callable[[Any, bool], Any]] = {}
         # The calls in flight under a timeout, looked at by the watchdog thread (made at the
         # first such call; see backends/stream_watch.py).
         self._stream_watch: StreamWatch | None = None
@@ -120,7 +135,7 @@ class CupyNcclChannel(Transport):
         grouped point-to-point calls pending are launched first (``flush``), unless the call
         is one of them."""
         lib = self._library(adapter)
-        stream = lib.stream(x)
+        stream = lib.current_stream()
         if flush:
             self._flush_group()
         return lib, stream
@@ -133,6 +148,33 @@ class CupyNcclChannel(Transport):
             kind = self._kinds[adapter, dtype, id(op)] = KindPlan(self._library(adapter), dtype, op,
                                                               self._bfloat16_native)
         return kind
+
+    # -- the planned calls (backends/cupy_plans.py) ------------------------------------------
+
+    def _array_check(self, adapter: ArrayAdapter) -> Callable[[Any, bool], Any] | None:
+        check = self._array_checks.get(adapter)
+        if check is None:
+            check = self._array_checks[adapter] = array_check(adapter, self.device, self._check_device)
+        return check
+
+    def _fast_path(self, call: Call, adapter: ArrayAdapter, dtype: str,
+                   reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any], Any] | None:
+        planned = self._planned_call(call, adapter, dtype, reduce_op)
+        return None if planned is None else planned[0]
+
+    def _method_of(self, call: Call, adapter: ArrayAdapter, dtype: str,
+                   reduce_op: ReduceOp | None) -> Callable[[Request], Any]:
+        planned = self._planned_call(call, adapter, dtype, reduce_op)
+        return super()._method_of(call, adapter, dtype, reduce_op) if planned is None else planned[1]
+
+    def _planned_call(self, call: Call, adapter: ArrayAdapter, dtype: str, reduce_op: ReduceOp | None) -> Any:
+        """The fast path and method of a planned kind (``cupy_plans.planned_call``), made once;
+        ``None`` for a kind not planned. (The call path checked that x is CUDA memory.)"""
+        key = (call, adapter, dtype, reduce_op)
+        if key not in self._planned:
+            self._planned[key] = planned_call(self, call, self._kind(adapter, dtype, reduce_op),
+                                              getattr(self, call.method))
+        return self._planned[key]
 
     def _library(self, adapter: ArrayAdapter) -> Any:
         library = self._libraries.get(adapter)
@@ -162,9 +204,15 @@ class CupyNcclChannel(Transport):
             work = _StreamWork(result, lib, lib.record(stream), self, like=like, keep=keep)
             self._watch_event(lib, work._event, work._call)
             return work
-        if self.timeout is not None:
-            (self._stream_watch or self._start_watch()).post(lib, stream, self.context.call, self.timeout)
+        timeout = self.timeout
+        if timeout is not None:
+            self._watch_blocking(lib, stream, timeout)
         return result
+
+    def _watch_blocking(self, lib: Any, stream: Any, timeout: float) -> None:
+        """Watch the blocking call just enqueued on ``stream`` against ``timeout``, the
+        communicator's (a pooled event recorded after it)."""
+        (self._stream_watch or self._start_watch()).post(lib, stream, self.context.call, timeout)
 
     def _watch_event(self, lib: Any, event: Any, call: tuple[str, int]) -> None:
         """Watch a handle's ``event`` of call ``call`` against the timeout (if there is one)."""
@@ -254,7 +302,7 @@ class CupyNcclChannel(Transport):
         """Launch this thread's open group of asynchronous sends/recvs, if there is one. Every
         NCCL call of this backend does this first: an NCCL group is per thread, and a call
         made while one is open would only be queued in it."""
-        if _GROUP.works is not None:
+        if OPEN_GROUPS and _GROUP.works is not None:
             _launch_group(self._nccl_module)
 
     def _exchange_small(self, vector: Any) -> Any:
@@ -314,6 +362,9 @@ class CupyNcclChannel(Transport):
                 self._complete(lib, lib.record(stream))
 
     def _close(self) -> None:
+        # The plans hold the NCCL communicator's bound calls: forgotten here and the communicator's.
+        self._planned.clear()
+        self.context.forget_plans()
         if self._stream_watch is not None:
             unwatch(self._stream_watch)
         try:

@@ -5,12 +5,14 @@ library, the deadline on a call's event (:func:`wait_for`), the handles
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from collectives import arrays
 from collectives.errors import CollectiveError
 from collectives.polling import PollPolicy, wait_until, yield_or_sleep
 from collectives.work import Work
@@ -34,10 +36,10 @@ class _TorchStreams:
         self.torch = sys.modules["torch"]
         self.device = device  # the communicator's, which the call path checked x is on
         self.pool: list[Any] = []  # completed events for the next calls (stream_watch)
-
-    def stream(self, x: Any) -> Any:
-        # (the device's ordinal: x.device would make a torch.device per call)
-        return self.torch.cuda.current_stream(self.device)
+        self.adapter = arrays.TORCH  # (whose arrays' streams these are)
+        #: The current stream of the communicator's device, read per call (the device's
+        #: ordinal: x.device would make a torch.device per call).
+        self.current_stream = functools.partial(self.torch.cuda.current_stream, device)
 
     def use(self, stream: Any) -> Any:
         """A context in which ``stream`` is torch's current stream (and its device current)."""
@@ -73,9 +75,9 @@ class _CupyStreams:
     def __init__(self, device: int) -> None:
         self.cupy = sys.modules["cupy"]
         self.pool: list[Any] = []  # completed events for the next calls (stream_watch)
-
-    def stream(self, x: Any) -> Any:
-        return self.cupy.cuda.get_current_stream()
+        self.adapter = arrays.CUPY  # (whose arrays' streams these are)
+        #: CuPy's current stream, read per call.
+        self.current_stream = self.cupy.cuda.get_current_stream
 
     @staticmethod
     def use(stream: Any) -> Any:
@@ -133,6 +135,10 @@ class _ThreadGroup(threading.local):
 
 
 _GROUP = _ThreadGroup()
+#: The threads that have an open group (their idents): a call looks at this set first, and at its
+#: own thread's group only where some thread has one (an attribute of a thread-local costs several
+#: times a set's truth test). Added to and taken from in one step each (no lock).
+OPEN_GROUPS: set[int] = set()
 
 
 def _open_group(nccl: Any) -> list[_StreamWork]:
@@ -141,12 +147,14 @@ def _open_group(nccl: Any) -> list[_StreamWork]:
     if works is None:
         nccl.groupStart()
         works = _GROUP.works = []
+        OPEN_GROUPS.add(threading.get_ident())
     return works
 
 
 def _launch_group(nccl: Any) -> None:
     """``ncclGroupEnd`` of this thread's open group; then each of its calls finishes on its stream."""
     works, _GROUP.works = _GROUP.works or [], None
+    OPEN_GROUPS.discard(threading.get_ident())
     try:
         nccl.groupEnd()
     except Exception as error:

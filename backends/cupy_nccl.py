@@ -68,7 +68,6 @@ from .cupy_channel import (
     bind_device,
     import_cupy_nccl,
 )
-from .cupy_handles import _GROUP
 from .cupy_plans import (
     NCCL_DTYPES,
     NCCL_OPS,
@@ -117,17 +116,9 @@ class CupyNcclTransport(CupyNcclChannel):
     # -- collectives ------------------------------------------------------------------------
 
     def _all_reduce(self, r: Request) -> Any:
+        # (NCCL on a contiguous x of a kind it reduces as it is: the kind's planned call, cupy_plans)
         x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
-        kind = self._kind(adapter, dtype, op)
-        if kind.direct and adapter.is_contiguous(x):  # the common case: NCCL on x, nothing else
-            lib = kind.library
-            stream = lib.stream(x)
-            if _GROUP.works is not None:
-                self._flush_group()
-            ptr = lib.ptr(x)
-            self._comm.allReduce(ptr, ptr, count(x), kind.nccl_dtype, kind.nccl_op, lib.stream_ptr(stream))
-            return self._done(lib, stream, async_op, x)
-        plan = kind.reduce
+        plan = self._kind(adapter, dtype, op).reduce
         assert plan is not None
         lib, stream = self._enter(x, adapter)
         buf, writeback = _wire_buffer(x, adapter, dtype, op, plan)

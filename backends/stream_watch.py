@@ -43,12 +43,16 @@ class StreamWatch:
     it reports through ``CallContext.fail_later`` itself). A library (the stream API of an array
     kind: ``new_event()``, ``query(event)`` and a ``pool`` list) keeps its own free events."""
 
-    __slots__ = ("_inflight", "_lock", "_expired", "_check", "failed")
+    __slots__ = ("_inflight", "_free", "_lock", "_expired", "_check", "failed")
 
     def __init__(self, expired: Callable[[tuple[str, int]], None],
                  check: Callable[[], None] | None = None) -> None:
-        # (library, event, deadline, call, pooled): pooled events go back to the library's pool.
-        self._inflight: collections.deque[tuple[Any, Any, float, tuple[str, int], bool]] = collections.deque()
+        # [library, event, deadline, call, pooled]: pooled events go back to the library's pool.
+        self._inflight: collections.deque[list[Any]] = collections.deque()
+        # The entries of calls taken off the watch, for the next calls: an entry is made only
+        # when there is none, so the calls in flight (which outlive a young garbage collection)
+        # do not make the collector walk the heap over and over.
+        self._free: list[list[Any]] = []
         self._lock = threading.Lock()
         self._expired, self._check = expired, check
         #: Whether a call of this watch expired (nothing is watched after that).
@@ -57,27 +61,32 @@ class StreamWatch:
     def post(self, library: Any, stream: Any, call: tuple[str, int], seconds: float) -> Any:
         """Record an event after the call just enqueued on ``stream`` (a pooled one) and watch
         it against the deadline ``seconds`` from now; returns the event."""
-        pool = library.pool
+        pool, free = library.pool, self._free
         event = pool.pop() if pool else library.new_event()
         event.record(stream)
-        self._inflight.append((library, event, clock() + seconds, call, True))
+        if free:
+            entry = free.pop()
+            entry[0], entry[1], entry[2], entry[3], entry[4] = library, event, clock() + seconds, call, True
+        else:
+            entry = [library, event, clock() + seconds, call, True]
+        self._inflight.append(entry)
         return event
 
     def add(self, library: Any, event: Any, call: tuple[str, int], seconds: float) -> None:
         """Watch ``event`` (a handle's own: it never goes to the pool) against the deadline
         ``seconds`` from now."""
-        self._inflight.append((library, event, clock() + seconds, call, False))
+        self._inflight.append([library, event, clock() + seconds, call, False])
 
     def look(self) -> None:
         """Take the completed calls off the watch, oldest first (their pooled events back to
         their pools); ``expired`` for the oldest call still running past its deadline."""
         with self._lock:
-            inflight = self._inflight
+            inflight, free = self._inflight, self._free
             while inflight:
                 library, event, deadline, call, pooled = inflight[0]
                 if not library.query(event):
                     break
-                inflight.popleft()
+                free.append(inflight.popleft())
                 if pooled:
                     library.pool.append(event)
             else:

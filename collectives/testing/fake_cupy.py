@@ -45,8 +45,10 @@ class Device:
 
 
 class _Pointer:
-    def __init__(self, ptr: int) -> None:
-        self.ptr = ptr
+    """``cupy.cuda.MemoryPointer``: the address and the device it is on."""
+
+    def __init__(self, ptr: int, device_id: int = 0) -> None:
+        self.ptr, self.device_id = ptr, device_id
 
 
 class _CudaDevice:
@@ -157,12 +159,12 @@ class Stream:
 
 class NcclCommunicator:
     """``cupy.cuda.nccl.NcclCommunicator`` at world size 1: ``calls`` logs every call by name,
-    ``reductions`` the (ncclDataType_t, ncclRedOp_t, count) of every ``allReduce``."""
+    ``arguments`` every call's (name, arguments), ``reductions`` the (ncclDataType_t, ncclRedOp_t,
+    count) of every ``allReduce``."""
 
     def __init__(self, size: int = 1, unique_id: Any = None, rank: int = 0) -> None:
         self._size, self._rank = size, rank
-        self.calls: list[str] = []
-        self.reductions: list[tuple[int, int, int]] = []
+        self.arguments: list[tuple[str, tuple[Any, ...]]] = []
         self.aborted = threading.Event()
         self.destroyed = False
 
@@ -172,23 +174,30 @@ class NcclCommunicator:
     def size(self) -> int:
         return self._size
 
-    def _call(self, name: str) -> None:
+    @property
+    def calls(self) -> list[str]:
+        return [name for name, _ in self.arguments]
+
+    @property
+    def reductions(self) -> list[tuple[int, int, int]]:
+        return [(args[3], args[4], args[2]) for name, args in self.arguments if name == "allReduce"]
+
+    def _call(self, name: str, arguments: tuple[Any, ...]) -> None:
         if self.aborted.is_set():
             raise RuntimeError("NCCL_ERROR_INVALID_USAGE: the communicator was aborted")
-        self.calls.append(name)
+        self.arguments.append((name, arguments))
 
     def allReduce(self, send: int, recv: int, count: int, dtype: int, op: int, stream: int) -> None:  # noqa: N802
-        self._call("allReduce")
-        self.reductions.append((dtype, op, count))
+        self._call("allReduce", (send, recv, count, dtype, op, stream))
 
     def reduce(self, send: int, recv: int, count: int, dtype: int, op: int, root: int, stream: int) -> None:
-        self._call("reduce")
+        self._call("reduce", (send, recv, count, dtype, op, root, stream))
 
     def broadcast(self, send: int, recv: int, count: int, dtype: int, root: int, stream: int) -> None:
-        self._call("broadcast")
+        self._call("broadcast", (send, recv, count, dtype, root, stream))
 
     def allGather(self, send: int, recv: int, count: int, dtype: int, stream: int) -> None:  # noqa: N802
-        self._call("allGather")
+        self._call("allGather", (send, recv, count, dtype, stream))
         if send != recv:
             import ctypes  # noqa: PLC0415
 

@@ -1,16 +1,24 @@
 """Host instructions per call on the cupy route, counted by valgrind's callgrind: ours against raw
 ``NcclCommunicator.allReduce`` in the same process, with CuPy's CUDA and NCCL stubbed out
 (collectives.testing.fake_cupy: every NCCL call returns at once, every event is complete), so what
-is counted is our Python in front of the NCCL call. A count, not a time.
+is counted is our Python in front of the NCCL call. A count, not a time. The pools of completed
+events are filled first (the steady state of a program whose watchdog has given its events back)
+and the heap made before the loops is frozen (``gc.freeze``), so that neither the watchdog's
+timing nor a full collection falling into one loop moves the counts.
 
     python scripts/bench/host_cost_cupy.py                  # defaults, then COLLECTIVES_TIMEOUT=0
     python scripts/bench/host_cost_cupy.py --json docs/bench/host-cost-cupy.json
+    python scripts/bench/host_cost_cupy.py --keep /tmp/cg     # keep callgrind's files
+    callgrind_annotate --inclusive=yes /tmp/cg/defaults/cupy.*.3   # where one loop's instructions go
 
 Cases (4 KiB float32 arrays, world size 1): all_reduce of a CuPy array and of a torch tensor (the
-torch tensor a CPU one taken for CUDA memory: torch's CUDA stream calls are stubbed too),
-async all_reduce + wait, broadcast; raw: ``comm.allReduce(ptr, ptr, n, ncclFloat32, ncclSum,
-stream.ptr)`` with the pointer, count and stream read per call as cupyx.distributed does. The loops
-and their subtraction are scripts/bench/host_cost.py's.
+torch tensor a CPU one taken for CUDA memory on device 0: its is_cuda and get_device() and torch's
+CUDA stream calls are stubbed too), async all_reduce + wait, broadcast; raw: ``comm.allReduce(ptr,
+ptr, n, ncclFloat32, ncclSum, stream.ptr)`` with the pointer, count and stream read per call as
+cupyx.distributed does. The loops
+and their subtraction are scripts/bench/host_cost.py's; ``--keep DIR`` keeps callgrind's files, one
+per loop under DIR/<setting>/ (numbered in order: the no-op loop, raw, then the cases above), for
+``callgrind_annotate``.
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ ELEMENTS = 1024  # 4 KiB of float32
 
 def child(calls: int) -> None:
     """Run under callgrind: set up, warm every call, then one reduce loop per statement."""
+    import functools
+    import gc
+    import operator
     import types
 
     import numpy as np
@@ -51,6 +62,10 @@ def child(calls: int) -> None:
     stream = types.SimpleNamespace(cuda_stream=0, wait_event=lambda event: None)
     torch.cuda.current_stream = lambda device=None: stream  # torch's CUDA, stubbed as CuPy's is
     torch.cuda.Event = lambda: fake_cupy.Event()
+    # Every tensor a CUDA tensor on device 0, read in C as torch's own properties are: is_cuda is
+    # `None is not t`, get_device() is int(), 0.
+    torch.Tensor.is_cuda = property(functools.partial(operator.is_not, None))
+    torch.Tensor.get_device = int
     type(arrays.TORCH).is_cuda = lambda self, x: True
     type(arrays.TORCH).device_index = lambda self, x: 0
     with fake_cupy.installed():
@@ -59,9 +74,19 @@ def child(calls: int) -> None:
         raw = cupy.cuda.nccl.NcclCommunicator(1, None, 0)
         comm = CupyNcclCommunicator(cupy.cuda.nccl.NcclCommunicator(1, None, 0), 0, 1, 0, 0)
         for logged in (raw, comm.nccl_comm):
-            logged.calls, logged.reductions = _Forgetful(), _Forgetful()
+            logged.arguments = _Forgetful()
+        # The steady state of the events: a program's pools hold as many completed events as its
+        # calls in flight within one look of the watchdog; here they hold one per call counted, so
+        # that when the watchdog thread runs (valgrind's scheduling) does not change the counts.
+        for adapter in (arrays.CUPY, arrays.TORCH):
+            library = comm._transport._library(adapter)
+            library.pool.extend(library.new_event() for _ in range((calls + 50) * (len(CASES) + 1)))
         names = {"cupy": cupy, "raw": raw, "comm": comm, "x": cupy.asarray(np.ones(ELEMENTS, np.float32)),
                  "t": torch.ones(ELEMENTS)}
+        # The heap so far (torch's modules) out of the collector's way: a full collection that
+        # falls into one loop would add its walk of that heap to that loop's count alone.
+        gc.collect()
+        gc.freeze()
         run_loops([RAW] + [ours for _, ours in CASES], names, calls)
         comm.close()
 
@@ -73,9 +98,12 @@ class _Forgetful(list):  # type: ignore[type-arg]
         pass
 
 
-def count(setting: dict[str, str], calls: int) -> list[float]:
-    """Instructions per call of raw, then of every case, in order."""
-    with tempfile.TemporaryDirectory() as folder:
+def count(setting: dict[str, str], calls: int, keep: str | None = None) -> list[float]:
+    """Instructions per call of raw, then of every case, in order; callgrind's files go to
+    ``keep`` where given."""
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = scratch if keep is None else keep
+        os.makedirs(folder, exist_ok=True)
         env = dict(os.environ, **setting, PYTHONHASHSEED="0", OMP_NUM_THREADS="1")
         out = os.path.join(folder, "cupy.%p")
         proc = subprocess.run(
@@ -98,6 +126,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--json", help="write the counts here")
+    parser.add_argument("--keep", help="keep callgrind's files under KEEP/<setting>/")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -107,7 +136,8 @@ def main() -> None:
         raise SystemExit("host_cost_cupy: needs valgrind (apt-get install valgrind)")
     results = {}
     for name, setting in SETTINGS.items():
-        raw, *ours = count(setting, args.calls)
+        keep = None if args.keep is None else os.path.join(args.keep, name.replace("=", "_"))
+        raw, *ours = count(setting, args.calls, keep)
         results[name] = {"raw allReduce": raw, **{case: value for (case, _), value in zip(CASES, ours)}}
         print(f"\n{name}: instructions a call (4 KiB float32, CuPy stubbed, world size 1)")
         print(f"{'call':<28} {'ours':>9} {'ours - raw':>11}")

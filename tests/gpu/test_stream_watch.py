@@ -188,3 +188,101 @@ def test_every_kind_hands_nccl_the_type_and_op_of_its_wire_twice_over(dtype, op)
         assert (nccl_type, count) == (want_type, 8)
         assert nccl_op == {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 0}[op]
         comm.close()
+
+
+# -- the planned calls: what NCCL is handed on the plan, against the row's method -------------------
+
+#: The planned kinds: all_reduce of every (dtype, op) NCCL reduces as it is, broadcast of every dtype.
+PLANNED = [("all_reduce", dtype, op) for dtype in ("int8", "uint8", "int32", "int64", "float16", "float32", "float64")
+           for op in ("sum", "prod", "min", "max") if op in ("sum", "prod") or not dtype.startswith("float")] + \
+          [("broadcast", dtype, None) for dtype in ("bool", "int8", "uint8", "int16", "int32", "int64", "float16",
+                                                    "float32", "float64")]
+
+
+def cuda_looking_tensors(monkeypatch):
+    """Plain CPU tensors as the cupy backend's CUDA tensors on device 0 (torch's CUDA stream and
+    events stood in for as CuPy's are); returns torch."""
+    import torch
+
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    monkeypatch.setattr(type(arrays.TORCH), "device_index", lambda self, x: 0)
+    stream = type("Stream", (), {"cuda_stream": 0, "wait_event": lambda self, event: None})()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
+    monkeypatch.setattr(torch.cuda, "Event", lambda: fake_cupy.Event())
+    return torch
+
+
+def _planned_kind(comm, row, x, op):
+    from collectives import calls
+
+    call = getattr(calls, row.upper())
+    return comm._checks.plans[call, type(x), x.dtype, op]
+
+
+@pytest.mark.parametrize("library", ["cupy", "torch"])
+@pytest.mark.parametrize("row, dtype, op", PLANNED)
+def test_a_planned_kind_hands_nccl_what_the_rows_method_does_and_gives_numpys_result(library, row, dtype, op,
+                                                                                     monkeypatch):
+    """Blocking and asynchronous calls of a planned kind (its first call plans it) hand NCCL the
+    arguments the row's method derives for the same array from the general steps (staging, the
+    kind's reduction plan, the stream library), and leave numpy's result: at one rank, the
+    reduction of x alone and rank 0's x."""
+    from collectives import calls
+    from collectives.calls import Request
+    from collectives.checks import _no_fast_path
+    from collectives.ops import ReduceOp
+
+    with fake_cupy.installed():
+        import cupy
+
+        nccl_comm = cupy.cuda.nccl.NcclCommunicator(1, None, 0)
+        comm = _communicator(nccl_comm, timeout=30.0)
+        values = np.array([-3, 0, 1, 2, 5, 7], dtype=np.int64).astype(dtype)
+        if library == "cupy":
+            x, adapter, host = cupy.asarray(values), arrays.CUPY, (lambda a: a.host)
+        else:
+            torch = cuda_looking_tensors(monkeypatch)
+            x, adapter, host = torch.from_numpy(values.copy()), arrays.TORCH, (lambda a: a.numpy())
+        run = (lambda **kw: comm.all_reduce(x, op, **kw)) if row == "all_reduce" else \
+            (lambda **kw: comm.broadcast(x, 0, **kw))
+        assert run() is x
+        assert run() is x
+        assert run(async_op=True).wait() is x
+        planned = nccl_comm.arguments[-3:]
+        assert planned[0] == planned[1] == planned[2]
+        assert _planned_kind(comm, row, x, op)[1] is not _no_fast_path  # (the old code: none)
+        reference = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[op](values[None], axis=0) \
+            if op else values  # (numpy's reduction over the one rank's array; rank 0's x)
+        np.testing.assert_array_equal(host(x), reference.astype(dtype))
+        call = getattr(calls, row.upper())
+        getattr(comm._transport, call.method)(Request(call, x, adapter, dtype, op and ReduceOp(op), root=0))
+        assert nccl_comm.arguments[-1] == planned[0]
+        comm.close()
+
+
+def test_an_array_the_plan_does_not_take_goes_through_the_rows_method_and_a_foreign_device_is_refused():
+    """A non-contiguous array of a planned kind is staged by the row's method (NCCL gets a
+    contiguous copy, x gets the result); an array on another device is refused with the device
+    check's ValueError, before NCCL is called, on the kind's first call and on a later one."""
+    with fake_cupy.installed():
+        import cupy
+
+        nccl_comm = cupy.cuda.nccl.NcclCommunicator(1, None, 0)
+        comm = _communicator(nccl_comm, timeout=30.0)
+        values = np.arange(8, dtype=np.float32)
+        x = cupy.asarray(values)
+        comm.all_reduce(x)  # plans the kind
+        strided = x[::2]
+        assert comm.all_reduce(strided) is strided
+        name, (send, recv, count, nccl_type, nccl_op, _) = nccl_comm.arguments[-1]
+        assert (name, count, nccl_type, nccl_op) == ("allReduce", 4, 7, 0) and send != strided.data.ptr
+        np.testing.assert_array_equal(x.host, values)
+        elsewhere = cupy.asarray(values)
+        elsewhere.data.device_id, elsewhere.device = 1, fake_cupy._CudaDevice(1)
+        made = len(nccl_comm.arguments)
+        for _ in range(2):
+            with pytest.raises(ValueError, match="x is on CUDA device 1, but this communicator's NCCL runs on"):
+                comm.all_reduce(elsewhere)
+        assert len(nccl_comm.arguments) == made
+        comm.close()
