@@ -118,8 +118,9 @@ class TorchTransport(TorchGroup):
             planning.add(self)
         key = (call, dtype, reduce_op)
         if key not in self._kind_plans:
+            # (batches looked up at each call, as the rows' _send and _recv do)
             self._kind_plans[key] = torch_plans.fast_path(self, call, dtype, reduce_op, _DIRECT, _GATHER_DIRECT,
-                                                          NARROW_WIRE)
+                                                          NARROW_WIRE, lambda t: batches(t))
         return self._kind_plans[key]
 
     def _forget_plans(self) -> None:

@@ -92,11 +92,14 @@ def process_group(transport: Any) -> Any:
 
 def fast_path(transport: Any, call: Any, dtype: str, op: ReduceOp | None,
               direct: dict[str, dict[ReduceOp, ReduceOp]], gather_direct: frozenset[str],
-              narrow: dict[str, str]) -> tuple[Callable[..., Any], Callable[[Request], Any]] | None:
+              narrow: dict[str, str], batches: Callable[[Any], bool]
+              ) -> tuple[Callable[..., Any], Callable[[Request], Any]] | None:
     """The blocking fast path ``(t, root, out, extra)`` and the method (``Request``) of the
     planned kind (row ``call``, ``dtype``, ``op``) of CPU tensors on ``transport``, or ``None``
     where the kind is not planned. ``direct``, ``gather_direct`` and ``narrow``: what every torch
-    transport reduces, gathers and moves as it is (torch_dist's tables)."""
+    transport reduces, gathers and moves as it is (torch_dist's tables); ``batches(t)``: whether
+    an asynchronous send or recv of ``t`` joins this thread's batch (torch_handles.batches: the
+    row's method takes it)."""
     if call is calls.ALL_REDUCE or call is calls.REDUCE_SCATTER or call is calls.REDUCE:
         if op is None or direct[dtype].get(op) is None or (call is calls.REDUCE_SCATTER and transport._reordered):
             return None
@@ -110,10 +113,10 @@ def fast_path(transport: Any, call: Any, dtype: str, op: ReduceOp | None,
     elif (call is calls.ALL_GATHER or call in _MOVING) and dtype in gather_direct and not transport._reordered:
         start = _moving(transport, call)
     elif (call is calls.SEND or call is calls.RECV) and dtype in gather_direct:
-        start = _point_to_point(transport, call)
+        start = _point_to_point(transport, call, batches)
     else:
         return None
-    return _planned(transport, start, getattr(transport, call.method))
+    return _planned(transport, start, getattr(transport, call.method), call is calls.SEND or call is calls.RECV)
 
 
 #: What a plan's ``start(t, root, out, extra, async_op)`` returns: the call's result, torch's handle
@@ -206,29 +209,30 @@ def _moving(transport: Any, call: Any) -> Start:
     return start
 
 
-def _point_to_point(transport: Any, call: Any) -> Start:
+def _point_to_point(transport: Any, call: Any, batches: Callable[[Any], bool]) -> Start:
     """``start`` of send and recv (``root``: the peer, ``extra``: the tag) of a dtype every
-    transport moves as it is; a recv from any source takes the row's method (it learns the
-    sender from torch's handle)."""
+    transport moves as it is; a recv from any source (it learns the sender from torch's handle)
+    and an asynchronous call that joins this thread's batch take the row's method."""
     pg, torch_rank, receives = process_group(transport), transport._torch_rank, call is calls.RECV
     move = pg.recv if receives else pg.send
 
     def start(t: Any, root: Any, out: Any, extra: Any, async_op: bool) -> Started:
-        if root is None:
+        if root is None or async_op and batches(t):
             return None
         # (a blocking send returns None; send's handle, like recv's, gives x back)
         return t if receives or async_op else None, move([t], torch_rank[root], extra), None
     return start
 
 
-def _planned(transport: Any, start: Start,
-             fallback: Callable[[Request], Any]) -> tuple[Callable[..., Any], Callable[[Request], Any]]:
+def _planned(transport: Any, start: Start, fallback: Callable[[Request], Any],
+             joins_batch: bool) -> tuple[Callable[..., Any], Callable[[Request], Any]]:
     """A planned kind's fast path (blocking: the call path handed it a checked tensor ``t`` and a
     checked ``out=`` or ``None``) and method (an asynchronous call; a tensor the check did not
     take, ``r.view`` None, and a blocking call go to ``fallback``, the row's method) around
-    ``start(t, root, out, async_op)`` (see ``Started``); what start does not take goes to the row's
-    method too. A batch of asynchronous CUDA sends/recvs goes out first, as before any call of
-    this backend; AVG divides the sum once the call completed."""
+    ``start(t, root, out, extra, async_op)`` (see ``Started``); what start does not take goes to
+    the row's method too. A batch of asynchronous CUDA sends/recvs goes out first, as before any
+    call of this backend but an asynchronous send or recv (``joins_batch``: the batch stays open,
+    as the rows' _send and _recv leave it); AVG divides the sum once the call completed."""
     size = transport.size
 
     def fast(t: Any, root: Any, out: Any, extra: Any) -> Any:
@@ -248,7 +252,7 @@ def _planned(transport: Any, start: Start,
         t = r.view
         if t is None or not r.async_op:
             return fallback(r)
-        if pending_batches:
+        if pending_batches and not joins_batch:
             launch_batch()
         started = start(t, r.root, r.out, r.extra, True)
         if started is None:
