@@ -4,7 +4,11 @@ every backend, before any data is sent, the input untouched; a refused call stil
 check), numbers the call, checks that every rank makes it, records it, runs it on the transport and
 maps its errors. ``self`` is the Communicator (typed ``Any``: this module does not import
 the one that imports it). A module of its own so that it reads in one sitting, beside the communicator
-whose parts it calls (see :mod:`collectives.communicator`)."""
+whose parts it calls (see :mod:`collectives.communicator`).
+
+It is also the call path's compiled form: the build compiles this file as it stands with Cython
+(``collectives._callpath_c``, setup.py's ``COMPILED``), which :mod:`collectives.front` sets as a
+communicator's ``_run``; a change here is a change of both forms (build again to run it compiled)."""
 
 from __future__ import annotations
 
@@ -31,7 +35,13 @@ def run(self: Any, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: A
     try:
         if async_op is not False and async_op is not True:
             raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
-        check, fast, carry, adapter, dtype, reduce_op, request, method = self._checks.plan_of(call, x, op)
+        try:  # the plan of x's kind (its type and dtype, and op) that passed the checks before
+            plan = self._plans[call, type(x), x.dtype, op]
+        except (KeyError, TypeError, AttributeError):  # (its errors not raised inside the lookup's:
+            plan = None  # a user's TypeError is never chained under a KeyError)
+        if plan is None:  # a kind not seen yet: the full checks (ArgumentChecks.plan)
+            plan = self._checks.plan(call, x, op)
+        check, fast, carry, adapter, dtype, reduce_op, request, method = plan
         # What can differ between two arrays of one kind, checked on every call; the first
         # call of a kind runs the same route as the later ones (the backend's fast path too).
         view = check(x, call.in_place)
@@ -48,7 +58,8 @@ def run(self: Any, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: A
         raise
     if self._pending:
         self._reap()
-    if call.collective:
+    collective = call.collective
+    if collective:
         self._seq += 1
     self._operation = call.name
     ring = self._ring
@@ -61,7 +72,7 @@ def run(self: Any, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: A
         record = None
     try:
         result, on_fast_path = NOT_TAKEN, view is not None and not (async_op or call.counted or root is None)
-        if self._checking and call.collective:
+        if self._checking and collective:
             if on_fast_path and carry is not None:  # (carried where x fits its round)
                 result = self._carry_call(carry, call, reduce_op, root, dtype, view, out, extra)
             else:
@@ -70,7 +81,7 @@ def run(self: Any, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: A
             pass  # x travelled in the check's round (see Transport._carried_path)
         elif on_fast_path and (result := fast(view, root, out, extra)) is not NOT_TAKEN:
             pass  # the backend's fast path ran it (see Transport._fast_path)
-        elif self.debug and not call.collective:
+        elif self.debug and not collective:
             result = self._p2p.run(call, x, adapter, dtype, root, async_op, extra)
         else:  # the row's transport method; its calls.Request refilled in two 3s (no tuple built)
             request.x, request.root, request.out = x, root, out
@@ -89,7 +100,7 @@ def run(self: Any, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: A
         if type(result) is not Work:  # a handle that may still be running: keep it
             if record is not None:  # (completed once the communicator learns it has)
                 record[STATE] = POSTED
-            if call.collective:
+            if collective:
                 self._keep(result, record)
             else:
                 self._handles.keep_p2p(result)

@@ -222,9 +222,6 @@ def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
             raise ValueError(f"tag {tag} is reserved for the library's own messages (the "
                              f"barrier's, a rank's farewell); use any other tag between 0 and "
                              f"2**31 - 2 except {BARRIER_TAG} and {FAREWELL_TAG}")
-    # Its usual case, for the compiled call path to test without calling it: an int tag below this
-    # and a peer that is not the calling rank (collectives/_front_call.c).
-    check.tags_below = FAREWELL_TAG  # type: ignore[attr-defined]
     return check
 
 

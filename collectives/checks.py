@@ -69,19 +69,10 @@ class ArgumentChecks:
         reduce_op = check_reduction(dtype, op) if reduces else None
         return adapter, dtype, reduce_op
 
-    def plan_of(self, call: Call, x: Any, op: Any) -> Plan:
-        """The plan of ``x``'s kind (its type and dtype, and ``op``) for ``call``: the one of a
-        kind that passed the checks before, else :meth:`plan`'s (its errors not raised inside
-        the lookup's: a user's TypeError is never chained under a KeyError)."""
-        try:
-            return self.plans[call, type(x), x.dtype, op]
-        except (KeyError, TypeError, AttributeError):
-            pass
-        return self.plan(call, x, op)
-
     def plan(self, call: Call, x: Any, op: Any) -> Plan:
         """The full checks of a kind of ``x`` (and ``op``) not seen before by ``call``, and
-        what later calls of that kind run (remembered): the per-array check, the backend's
+        what later calls of that kind run (remembered in :attr:`plans`, which the call path
+        looks up first): the per-array check, the backend's
         fast path if it has one (``Transport._fast_path``; not for the uneven collectives, which
         exchange their counts first, nor for send/recv in debug mode), with it the carried path
         of a collective if the transport has one (``Transport._carried_path``), the adapter, dtype name
