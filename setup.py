@@ -73,9 +73,12 @@ class BuildExt(build_ext):
             else:
                 for ext in compiled:
                     ext.sources = [generated_source(ext.name, COMPILED[ext.name])]
-                    directives = {"language_level": 3, "binding": True,
+                    # annotation_typing off: the sources' annotations are for mypy; Cython would
+                    # enforce `x: int` with errors of its own (the argument checks are the library's)
+                    directives = {"language_level": 3, "binding": True, "annotation_typing": False,
                                   "freethreading_compatible": ext.name in FREE_THREADED}
-                    cythonize([ext], compiler_directives=directives, quiet=True, force=self.force)
+                    [generated] = cythonize([ext], compiler_directives=directives, quiet=True, force=self.force)
+                    ext.sources = generated.sources  # (the C: setuptools compiles it as any other)
         super().run()
 
     def build_extension(self, ext: Any) -> None:

@@ -44,7 +44,8 @@ def run(self: Any, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: A
         check, fast, carry, adapter, dtype, reduce_op, request, method = plan
         # What can differ between two arrays of one kind, checked on every call; the first
         # call of a kind runs the same route as the later ones (the backend's fast path too).
-        view = check(x, call.in_place)
+        in_place = call.in_place
+        view = check(x, in_place)
         if call.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
             if root is not None or not call.any_root:  # (None: a recv from any source)
                 self._checks.check_rank(root, call.root)  # (a bool is no rank)
@@ -58,14 +59,14 @@ def run(self: Any, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: A
         raise
     if self._pending:
         self._reap()
-    collective = call.collective
+    seq, collective = self._seq, call.collective
     if collective:
-        self._seq += 1
+        self._seq = seq = seq + 1
     self._operation = call.name
     ring = self._ring
     if ring is not None:  # the flight recorder (collectives/diagnostics/recorder.py): a call with an end time
         # and no error has completed; the fast path's view's shape is a plain tuple (cheaper)
-        record = [self._seq, call, dtype, (x if view is None else view).shape, root, STARTED,
+        record = [seq, call, dtype, (x if view is None else view).shape, root, STARTED,
                   _clock(), 0.0, None, None, reduce_op]
         ring.append(record)
     else:
@@ -105,4 +106,4 @@ def run(self: Any, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: A
             else:
                 self._handles.keep_p2p(result)
         return result
-    return x if call.in_place else result
+    return x if in_place else result
