@@ -8,8 +8,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_RANKS ?= 4
 
-# The Pythons `make test-pythons` runs the suite on (the ones this machine lacks are skipped, and said so).
+# The Pythons `make test-pythons` runs the suite on (the ones this machine lacks are skipped, and said so)
+# and `make wheels` builds wheels for (each one needed).
 PYTHONS ?= 3.10 3.11 3.12 3.13
+# Shell: py= the interpreter of Python $$v here (python$$v on PATH, else pyenv's newest), or empty.
+FIND_PYTHON = py=""; for c in python$$v $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v; do \
+	  if $$c -c '' 2>/dev/null; then py=$$c; fi; \
+	done
 
 # The wheel folder every checkout of this user shares (scripts/torch_versions.py uses the same).
 WHEEL_CACHE := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/collectives-wheels
@@ -25,7 +30,7 @@ PIN_FLOORS := $(if $(FLOORS),PIP_CONSTRAINT=$(CURDIR)/$(VENV)/floors.txt)
 PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PIP_NO_INDEX=1)
 
 .PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite test-many-ranks fuzz-c10d test-environments test-torch-versions \
-	test-ci-slice test-python-forms typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
+	test-ci-slice test-python-forms wheels test-free-threaded typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
 
 # backends/_carried*.c and the sources of setup.py's COMPILED (Cython) are compiled by the install: a change
 # to them installs again.
@@ -118,16 +123,32 @@ bench-c10d: $(STAMP)
 test-pythons:
 	@summary=""; failed=0; \
 	for v in $(PYTHONS); do \
-	  py=""; \
-	  for c in python$$v $${PYENV_ROOT:-$$HOME/.pyenv}/versions/$$v.*/bin/python$$v; do \
-	    if $$c -c '' 2>/dev/null; then py=$$c; fi; \
-	  done; \
+	  $(FIND_PYTHON); \
 	  if [ -z "$$py" ]; then summary="$$summary\n  $$v: skipped (no python$$v here)"; continue; fi; \
 	  start=$$(date +%s); \
 	  if $(MAKE) --no-print-directory test PYTHON=$$py; then r=passed; else r=FAILED; failed=1; fi; \
 	  summary="$$summary\n  $$v ($$py): $$r in $$(( $$(date +%s) - start )) s"; \
 	done; \
 	printf "test-pythons:$$summary\n"; exit $$failed
+
+# The sdist and a manylinux wheel per Python in PYTHONS (x86_64 here) into dist/, built without a
+# container engine: Zig's C compiler targeting glibc 2.28, auditwheel's repair, each wheel then
+# installed into a fresh venv and asked whether it runs compiled (scripts/wheels.py; its tools in
+# build/wheel-tools, from the index). About 2 minutes on 2 cores.
+wheels:
+	@pythons=""; for v in $(PYTHONS); do \
+	  $(FIND_PYTHON); \
+	  if [ -z "$$py" ]; then echo "wheels: no python$$v here (set PYTHONS=... to leave it out)"; exit 1; fi; \
+	  pythons="$$pythons $$py"; \
+	done; \
+	$(PYTHON) scripts/wheels.py --out dist $$pythons
+
+# The library on a free-threaded CPython, FT_PYTHON=/path/to/python3.13t (docs/contributing.md says how
+# to build one here): a 2-rank job, in the main thread and from 4 threads at once, as installed, with
+# PYTHON_GIL=0 and on the Python forms (scripts/free_threaded.py). About 2 minutes.
+test-free-threaded:
+	@test -n "$(FT_PYTHON)" || { echo "set FT_PYTHON=/path/to/python3.13t (docs/contributing.md: Free-threaded Python)"; exit 1; }
+	$(PYTHON) scripts/free_threaded.py $(FT_PYTHON)
 
 # `make test` with the oldest release of every floor pyproject.toml claims (scripts/floors.py pins
 # them), on CI's Python, in .venv-oldest.
@@ -176,4 +197,4 @@ test-ci-slice: $(STAMP)
 	$(PY) scripts/torch_versions.py $(TORCH_NEWEST) -- -k "test_c10d or elastic"
 
 clean:
-	rm -rf .venv .venv-* .pytest_cache .hypothesis .mypy_cache build backends/*.so collectives/*.so
+	rm -rf .venv .venv-* .pytest_cache .hypothesis .mypy_cache build dist backends/*.so collectives/*.so

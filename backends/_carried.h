@@ -11,7 +11,7 @@
 
 /* The module's interface, as backends/mpi_carried.py expects it (COMPILED_VERSION there): a
  * build left from an older checkout is not used. */
-#define CARRIED_VERSION 10
+#define CARRIED_VERSION 11
 
 /* Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block. */
 #define CARRIED_BIT INT64_MIN  /* (not (int64_t)1 << 63: a shift into the sign bit is undefined) */
@@ -31,7 +31,8 @@ typedef struct {
     int streak;                        /* rounds in a row that asked to switch (see round_run) */
     int64_t want;                      /* what this rank says in the next round: 1 (its x wants the large block) */
     Py_buffer block, blocks;           /* this rank's block (written), every rank's (read) */
-    PyObject *channel;                 /* the MPIChannel: _word_request, _start_round, _wait_saying, ... */
+    PyObject *channel;                 /* the MPIChannel: _wait_saying, _wait, timeout, _everyone_fast */
+    PyObject *state;                   /* the Python Round (backends/mpi_round.py): request, start(), the views */
     PyObject *payloads;                /* the channel's _payloads: every rank's payload, as numpy bytes */
     PyObject *request;                 /* the persistent request last started directly, and */
     void *handle;                      /* where mpi4py keeps its handle (see bind_mpi) */

@@ -37,7 +37,7 @@ seq_of(PyObject *comm, long long *seq)
     return *seq == -1 && PyErr_Occurred() ? -1 : 0;
 }
 
-/* The check word of the kind of call `key` (CallCheck._hashes' key; stolen) at number `seq`, in
+/* The check word of the kind of call `key` (CallCheck.hashes' key; stolen) at number `seq`, in
  * *word: 1, or 0 where the kind is not hashed yet (the Python hashes it), -1 with an error. */
 static int
 word_for(PyObject *hashes, PyObject *key, long long seq, int64_t *word)
@@ -66,27 +66,27 @@ usual_check(PyObject *call_check, PyObject *default_level, PyObject *comm, long 
     return usual && *seq != 1;
 }
 
-/* call_check._hashes, the dict of the kinds of call hashed so far (a new reference). */
+/* call_check.hashes, the dict of the kinds of call hashed so far (a new reference). */
 static PyObject *
 hashes_of(PyObject *call_check)
 {
-    PyObject *hashes = PyObject_GetAttrString(call_check, "_hashes");
+    PyObject *hashes = PyObject_GetAttrString(call_check, "hashes");
     if (hashes != NULL && !PyDict_Check(hashes)) {
         Py_DECREF(hashes);
-        PyErr_SetString(PyExc_TypeError, "call_check._hashes must be a dict");
+        PyErr_SetString(PyExc_TypeError, "call_check.hashes must be a dict");
         return NULL;
     }
     return hashes;
 }
 
-/* What a compiled check of call_check holds (new references): its _hashes, the method it stands
- * for (`method`, its fallback) and _disagreed; 0, or -1 with an error (none held). */
+/* What a compiled check of call_check holds (new references): its hashes, the method it stands
+ * for (`method`, its fallback) and disagreed; 0, or -1 with an error (none held). */
 static int
 check_parts(PyObject *call_check, const char *method, PyObject **hashes, PyObject **fallback, PyObject **disagreed)
 {
     *hashes = hashes_of(call_check);
     *fallback = *hashes ? PyObject_GetAttrString(call_check, method) : NULL;
-    *disagreed = *fallback ? PyObject_GetAttrString(call_check, "_disagreed") : NULL;
+    *disagreed = *fallback ? PyObject_GetAttrString(call_check, "disagreed") : NULL;
     if (*disagreed != NULL) return 0;
     Py_CLEAR(*hashes);
     Py_CLEAR(*fallback);
@@ -217,7 +217,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     int64_t fast_bit;
-    int carries;  /* call_check._carries: an uneven call's check is its counts' round (check_counts) */
+    int carries;  /* call_check.carries: an uneven call's check is its counts' round (check_counts) */
     PyObject *call_check, *comm, *hashes, *fallback, *disagreed, *default_level, *round;
 } CheckedWord;
 
@@ -560,7 +560,7 @@ check_types_ready(PyObject *module)
     if ((s_seq = PyUnicode_InternFromString("_seq")) == NULL ||
         (s_level = PyUnicode_InternFromString("level")) == NULL ||
         (s_shape = PyUnicode_InternFromString("shape")) == NULL ||
-        (s_carries = PyUnicode_InternFromString("_carries")) == NULL ||
+        (s_carries = PyUnicode_InternFromString("carries")) == NULL ||
         (s_call = PyUnicode_InternFromString("call")) == NULL ||
         (s_x = PyUnicode_InternFromString("x")) == NULL ||
         (s_dtype = PyUnicode_InternFromString("dtype")) == NULL ||

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <structmember.h>
 
-static PyObject *s_word_request, *s_word_args, *s_start_round, *s_Start, *s_Test, *s_wait_saying,
-    *s_everyone_fast, *s_wait, *s_read_geometry, *s_write_geometry;
+static PyObject *s_request, *s_start, *s_Start, *s_Test, *s_wait_saying, *s_everyone_fast, *s_wait,
+    *s_read_geometry, *s_write_geometry;
 
 /* MPI_Start and MPI_Test as the process resolves them (see bind_mpi), called on a persistent
  * request's handle where mpi4py keeps it: the round's start and fast polls without mpi4py's
@@ -121,12 +121,12 @@ start_direct(Round *self, PyObject *request, int staged)
 }
 
 /* The round about to run on the block the last one chose (self->geometry): its readers take the
- * blocks at its stride, its payloads (the channel's _read_geometry(g) sets the Python forms'). */
+ * blocks at its stride, its payloads (the Python Round's read_geometry(g) sets its views). */
 static int
 round_read(Round *self)
 {
     PyObject *g = PyLong_FromLong(self->geometry);
-    PyObject *payloads = g ? PyObject_CallMethodOneArg(self->channel, s_read_geometry, g) : NULL;
+    PyObject *payloads = g ? PyObject_CallMethodOneArg(self->state, s_read_geometry, g) : NULL;
     Py_XDECREF(g);
     if (payloads == NULL) return -1;
     Py_SETREF(self->payloads, payloads);
@@ -142,7 +142,7 @@ round_read(Round *self)
 
 /* After a round: every rank's want, read from the blocks every rank holds alike, so every rank
  * counts the same streak and switches at the same round (the next round's request and what its
- * writers may fill; the channel's _write_geometry(g) sets the Python forms'). */
+ * writers may fill; the Python Round's write_geometry(g) sets its own). */
 static int
 round_settle(Round *self)
 {
@@ -158,7 +158,7 @@ round_settle(Round *self)
     self->geometry ^= 1;
     self->streak = 0;
     PyObject *g = PyLong_FromLong(self->geometry);
-    PyObject *r = g ? PyObject_CallMethodOneArg(self->channel, s_write_geometry, g) : NULL;
+    PyObject *r = g ? PyObject_CallMethodOneArg(self->state, s_write_geometry, g) : NULL;
     Py_XDECREF(g);
     if (r == NULL) return -1;
     Py_DECREF(r);
@@ -176,7 +176,7 @@ round_run(Round *self, int64_t word, PyObject *waiting, int64_t *reduced)
     ((int64_t *)self->block.buf)[0] = word;
     ((int64_t *)self->block.buf)[round_want_slot(self)] = self->want;
     self->want = 0;
-    PyObject *request = PyObject_GetAttr(self->channel, s_word_request), *r;
+    PyObject *request = PyObject_GetAttr(self->state, s_request), *r;
     if (request == NULL) return -1;
     int done = 0, direct = request != Py_None && self->direct && mpi_start != NULL;
     if (direct) {  /* (its fast polls made: the channel's wait, if it is not complete) */
@@ -186,11 +186,7 @@ round_run(Round *self, int64_t word, PyObject *waiting, int64_t *reduced)
         r = PyObject_CallMethodNoArgs(request, s_Start);
     } else {  /* no persistent request (MPI < 4, or a library whose persistent all_gather fails) */
         Py_DECREF(request);
-        PyObject *start = PyObject_GetAttr(self->channel, s_start_round);
-        PyObject *args = start ? PyObject_GetAttr(self->channel, s_word_args) : NULL;
-        request = args ? PyObject_Call(start, args, NULL) : NULL;
-        Py_XDECREF(start);
-        Py_XDECREF(args);
+        request = PyObject_CallMethodNoArgs(self->state, s_start);  /* (the Python Round's start) */
         if (request == NULL) return -1;
         r = Py_None;
         Py_INCREF(r);
@@ -232,7 +228,7 @@ failed:
 }
 
 /* (A channel holds its Round and the Round its channel: a cycle the collector breaks.) */
-#define ROUND_FIELDS(X) X(channel) X(payloads) X(request) X(staged)
+#define ROUND_FIELDS(X) X(channel) X(state) X(payloads) X(request) X(staged)
 GC_FIELDS(Round, ROUND_FIELDS)
 
 static void
@@ -248,17 +244,21 @@ Round_dealloc(Round *self)
 static int
 Round_init(Round *self, PyObject *args, PyObject *kwds)
 {
-    static char *names[] = {"channel", "block", "blocks", "payloads", "offset", "polls", "small", NULL};
-    PyObject *channel, *block, *blocks, *payloads;
+    static char *names[] = {"channel", "block", "blocks", "payloads", "offset", "polls", "small", "state", NULL};
+    PyObject *channel, *block, *blocks, *payloads, *state = NULL;
     Py_ssize_t offset, small = 0;
     int polls;
     if (self->channel != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a Round is made once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOni|n", names, &channel, &block, &blocks, &payloads,
-                                     &offset, &polls, &small))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOOni|nO", names, &channel, &block, &blocks, &payloads,
+                                     &offset, &polls, &small, &state))
         return -1;
+    if (state == NULL) {
+        PyErr_SetString(PyExc_TypeError, "Round needs state, the Python Round it runs");
+        return -1;
+    }
     if (PyObject_GetBuffer(block, &self->block, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return -1;
     if (PyObject_GetBuffer(blocks, &self->blocks, PyBUF_C_CONTIGUOUS) < 0) return -1;
     PyObject *v = PyObject_GetAttrString(channel, "size");
@@ -285,6 +285,7 @@ Round_init(Round *self, PyObject *args, PyObject *kwds)
     self->direct = mpi_start != NULL;
     Py_INCREF(channel);
     self->channel = channel;
+    self->state = Py_NewRef(state);
     Py_INCREF(payloads);
     self->payloads = payloads;
     return 0;
@@ -480,7 +481,7 @@ static PyMethodDef Round_methods[] = {
 PyTypeObject RoundType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "collectives.backends._carried.Round",
-    .tp_doc = PyDoc_STR("Round(channel, block, blocks, payloads, offset, polls, small=0): round(word, waiting=None) -> "
+    .tp_doc = PyDoc_STR("Round(channel, block, blocks, payloads, offset, polls, small, state): round(word, waiting=None) -> "
                         "the AND of every rank's word: MPIChannel._round, compiled"),
     .tp_basicsize = sizeof(Round),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
@@ -497,16 +498,15 @@ PyTypeObject RoundType = {
 int
 round_types_ready(PyObject *module)
 {
-    if ((s_word_request = PyUnicode_InternFromString("_word_request")) == NULL ||
-        (s_word_args = PyUnicode_InternFromString("_word_args")) == NULL ||
-        (s_start_round = PyUnicode_InternFromString("_start_round")) == NULL ||
+    if ((s_request = PyUnicode_InternFromString("request")) == NULL ||
+        (s_start = PyUnicode_InternFromString("start")) == NULL ||
         (s_Start = PyUnicode_InternFromString("Start")) == NULL ||
         (s_Test = PyUnicode_InternFromString("Test")) == NULL ||
         (s_wait_saying = PyUnicode_InternFromString("_wait_saying")) == NULL ||
         (s_everyone_fast = PyUnicode_InternFromString("_everyone_fast")) == NULL ||
         (s_wait = PyUnicode_InternFromString("_wait")) == NULL ||
-        (s_read_geometry = PyUnicode_InternFromString("_read_geometry")) == NULL ||
-        (s_write_geometry = PyUnicode_InternFromString("_write_geometry")) == NULL)
+        (s_read_geometry = PyUnicode_InternFromString("read_geometry")) == NULL ||
+        (s_write_geometry = PyUnicode_InternFromString("write_geometry")) == NULL)
         return -1;
     if (PyType_Ready(&RoundType) < 0) return -1;
     Py_INCREF(&RoundType);

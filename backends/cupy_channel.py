@@ -3,8 +3,8 @@
 
 :class:`CupyNcclChannel` holds the ``cupy.cuda.nccl.NcclCommunicator`` and its device, checks
 that arrays live there, picks the stream library of an array's kind (CuPy's or torch's), ends
-each call (a handle, or a wait for its CUDA event under the deadline, with NCCL's asynchronous
-error query and ``ncclCommAbort`` past it), keeps this thread's open NCCL group of
+each call (a handle, and its CUDA event on the watchdog's watch: backends/stream_watch.py, with
+NCCL's asynchronous error query and ``ncclCommAbort`` past the deadline), keeps this thread's open NCCL group of
 asynchronous sends/recvs, moves the small int64 vectors of debug mode and of the counts
 exchange through device memory, and makes the barrier and the release. Also here: importing
 CuPy's NCCL, the runtime NCCL version, the device binding and the array check. The
@@ -29,7 +29,8 @@ from collectives.work import Work
 
 from ._buffers import nbytes
 from .cupy_handles import _GROUP, _CupyStreams, _launch_group, _open_group, _StreamWork, _TorchStreams, wait_for
-from .cupy_plans import BFLOAT16_SINCE, NCCL_DTYPES, NCCL_OPS, decode_nccl_version
+from .cupy_plans import BFLOAT16_SINCE, NCCL_DTYPES, NCCL_OPS, KindPlan, decode_nccl_version
+from .stream_watch import StreamWatch, unwatch, watch
 
 log = logging.getLogger("collectives")
 
@@ -91,6 +92,12 @@ class CupyNcclChannel(Transport):
         self.nccl_version = decode_nccl_version(int(nccl.get_version()))
         self._bfloat16_native = self.nccl_version >= BFLOAT16_SINCE
         self._libraries: dict[ArrayAdapter, Any] = {}
+        # The plans of the kinds of call seen (see _kind), by (adapter, dtype, id(op)): a ReduceOp
+        # member is a singleton, and its hash is Enum's, Python code.
+        self._kinds: dict[tuple[ArrayAdapter, str, int], KindPlan] = {}
+        # The calls in flight under a timeout, looked at by the watchdog thread (made at the
+        # first such call; see backends/stream_watch.py).
+        self._stream_watch: StreamWatch | None = None
         super().__init__(rank, size, local_rank)
 
     @property
@@ -99,6 +106,13 @@ class CupyNcclChannel(Transport):
         return self._comm
 
     def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
+        # One test for an array on this device (CuPy's device id; torch's get_device(), an int,
+        # where x.device would make a torch.device), else the checks that name the fault.
+        if adapter is arrays.CUPY:
+            if x.device.id == self.device:
+                return
+        elif adapter is arrays.TORCH and x.get_device() == self.device:  # (-1 on the CPU)
+            return
         check_cuda_array(x, adapter, self.device)
 
     def _enter(self, x: Any, adapter: ArrayAdapter, flush: bool = True) -> tuple[Any, Any]:
@@ -111,10 +125,19 @@ class CupyNcclChannel(Transport):
             self._flush_group()
         return lib, stream
 
+    def _kind(self, adapter: ArrayAdapter, dtype: str, op: Any) -> KindPlan:
+        """The plan of a kind of call (array library, dtype, reduce op or ``None``), made at
+        its first call: what its later calls reuse."""
+        kind = self._kinds.get((adapter, dtype, id(op)))
+        if kind is None:
+            kind = self._kinds[adapter, dtype, id(op)] = KindPlan(self._library(adapter), dtype, op,
+                                                              self._bfloat16_native)
+        return kind
+
     def _library(self, adapter: ArrayAdapter) -> Any:
         library = self._libraries.get(adapter)
         if library is None:
-            library = _TorchStreams() if adapter is arrays.TORCH else _CupyStreams()
+            library = (_TorchStreams if adapter is arrays.TORCH else _CupyStreams)(self.device)
             self._libraries[adapter] = library
         return library
 
@@ -130,18 +153,55 @@ class CupyNcclChannel(Transport):
     def _done(self, lib: Any, stream: Any, async_op: bool, result: Any, like: Any = None,
               keep: Any = None, writeback: Callable[[], None] | None = None) -> Any:
         """After a call was enqueued on ``stream`` (and ``writeback``, the copy of a staged
-        result back into x, enqueued after it): a handle when ``async_op``; else ``result``,
-        once the call completed when there is a timeout (without one, at once)."""
+        result back into x, enqueued after it): a handle when ``async_op``; else ``result`` at
+        once. With a timeout the call's event goes on the watch (a pooled event for a blocking
+        call): no host wait; past the deadline the watchdog aborts the communicator."""
         if writeback is not None:
             writeback()
         if async_op:
-            return _StreamWork(result, lib, lib.record(stream), self, like=like, keep=keep)
+            work = _StreamWork(result, lib, lib.record(stream), self, like=like, keep=keep)
+            self._watch_event(lib, work._event, work._call)
+            return work
         if self.timeout is not None:
-            self._complete(lib, lib.record(stream))
+            (self._stream_watch or self._start_watch()).post(lib, stream, self.context.call, self.timeout)
         return result
 
+    def _watch_event(self, lib: Any, event: Any, call: tuple[str, int]) -> None:
+        """Watch a handle's ``event`` of call ``call`` against the timeout (if there is one)."""
+        if self.timeout is not None:
+            (self._stream_watch or self._start_watch()).add(lib, event, call, self.timeout)
+
+    def _start_watch(self) -> StreamWatch:
+        self._stream_watch = made = watch(self._expired, self._watched_error_query)
+        return made
+
+    def _expired(self, call: tuple[str, int]) -> None:
+        """The watchdog found ``call`` running past its deadline: abort this communicator's NCCL
+        calls; its next call or wait raises the :class:`CollectiveTimeout` naming ``call``."""
+        # The failure first: a call that meets the aborted communicator raises it (_map_error).
+        self.context.fail_later(self.context.timeout_error(
+            "its NCCL calls were aborted (ncclCommAbort) by the watchdog", call=call))
+        self._abort()
+        if self._stream_watch is not None:
+            unwatch(self._stream_watch)
+
+    def _watched_error_query(self) -> None:
+        """NCCL's asynchronous error query at each look of the watchdog."""
+        try:
+            self._check_async_error()
+        except CollectiveError as error:
+            self.context.fail_later(error)
+            if self._stream_watch is not None:
+                self._stream_watch.failed = True
+                unwatch(self._stream_watch)
+
+    def _map_error(self, error: Exception) -> Exception | None:
+        # The watchdog aborted the communicator while this call was enqueued: its failure.
+        return self.context.failure() if self.context.broken else None
+
     def _complete(self, lib: Any, event: Any, call: tuple[str, int] | None = None) -> None:
-        """Return once ``event`` has completed; past the timeout abort this communicator's NCCL
+        """(What needs the result on the host: the small vectors, the barrier.) Return once
+        ``event`` has completed; past the timeout abort this communicator's NCCL
         calls (ncclCommAbort) and raise :class:`CollectiveTimeout`."""
         assert self.timeout is not None, "only calls with a timeout wait for their event"
         if wait_for(lambda: lib.query(event), self.timeout, self._check_async_error):
@@ -194,7 +254,7 @@ class CupyNcclChannel(Transport):
         """Launch this thread's open group of asynchronous sends/recvs, if there is one. Every
         NCCL call of this backend does this first: an NCCL group is per thread, and a call
         made while one is open would only be queued in it."""
-        if getattr(_GROUP, "works", None) is not None:
+        if _GROUP.works is not None:
             _launch_group(self._nccl_module)
 
     def _exchange_small(self, vector: Any) -> Any:
@@ -254,6 +314,8 @@ class CupyNcclChannel(Transport):
                 self._complete(lib, lib.record(stream))
 
     def _close(self) -> None:
+        if self._stream_watch is not None:
+            unwatch(self._stream_watch)
         try:
             self._flush_group()
         finally:

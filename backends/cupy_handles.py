@@ -30,11 +30,14 @@ POLL = PollPolicy(FAST_POLLS, BUSY_POLL_SECONDS, POLL_MIN_SECONDS, POLL_MAX_SECO
 class _TorchStreams:
     """torch CUDA tensors: torch's current stream and events."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: int) -> None:
         self.torch = sys.modules["torch"]
+        self.device = device  # the communicator's, which the call path checked x is on
+        self.pool: list[Any] = []  # completed events for the next calls (stream_watch)
 
     def stream(self, x: Any) -> Any:
-        return self.torch.cuda.current_stream(x.device)
+        # (the device's ordinal: x.device would make a torch.device per call)
+        return self.torch.cuda.current_stream(self.device)
 
     def use(self, stream: Any) -> Any:
         """A context in which ``stream`` is torch's current stream (and its device current)."""
@@ -48,8 +51,11 @@ class _TorchStreams:
     def ptr(x: Any) -> int:
         return int(x.data_ptr())
 
+    def new_event(self) -> Any:
+        return self.torch.cuda.Event()
+
     def record(self, stream: Any) -> Any:
-        event = self.torch.cuda.Event()
+        event = self.new_event()
         event.record(stream)
         return event
 
@@ -64,8 +70,9 @@ class _TorchStreams:
 class _CupyStreams:
     """CuPy arrays: CuPy's current stream and events."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: int) -> None:
         self.cupy = sys.modules["cupy"]
+        self.pool: list[Any] = []  # completed events for the next calls (stream_watch)
 
     def stream(self, x: Any) -> Any:
         return self.cupy.cuda.get_current_stream()
@@ -83,8 +90,11 @@ class _CupyStreams:
     def ptr(x: Any) -> int:
         return int(x.data.ptr)
 
+    def new_event(self) -> Any:
+        return self.cupy.cuda.Event(disable_timing=True)
+
     def record(self, stream: Any) -> Any:
-        event = self.cupy.cuda.Event(disable_timing=True)
+        event = self.new_event()
         event.record(stream)
         return event
 
@@ -114,12 +124,20 @@ def wait_for(done: Callable[[], bool], timeout: float, check: Callable[[], None]
 
 # -- the open NCCL group of asynchronous sends/recvs (NCCL groups are per thread) -------------------
 
-_GROUP = threading.local()
+class _ThreadGroup(threading.local):
+    """This thread's open group: ``works``, its handles (``None``: no group open). A class
+    attribute gives every thread ``None`` without the raised AttributeError of a missing one,
+    which each NCCL call of this backend would otherwise pay."""
+
+    works: list[_StreamWork] | None = None
+
+
+_GROUP = _ThreadGroup()
 
 
 def _open_group(nccl: Any) -> list[_StreamWork]:
     """This thread's open group's handles, after ``ncclGroupStart`` if none was open."""
-    works = getattr(_GROUP, "works", None)
+    works = _GROUP.works
     if works is None:
         nccl.groupStart()
         works = _GROUP.works = []
@@ -128,7 +146,7 @@ def _open_group(nccl: Any) -> list[_StreamWork]:
 
 def _launch_group(nccl: Any) -> None:
     """``ncclGroupEnd`` of this thread's open group; then each of its calls finishes on its stream."""
-    works, _GROUP.works = _GROUP.works, None
+    works, _GROUP.works = _GROUP.works or [], None
     try:
         nccl.groupEnd()
     except Exception as error:
@@ -145,11 +163,13 @@ def _launch_group(nccl: Any) -> None:
 class _StreamWork(Work):
     """An enqueued NCCL call (or a send/recv waiting in this thread's open NCCL group).
 
-    ``wait()`` launches the open group if this call is in it. With a timeout, the host then
-    polls the call's CUDA event against the deadline (the cupy transport's ``_complete``);
-    without one it returns at once, like torch's NCCL ``Work.wait()``. Either way the
-    then-current stream (of ``like``'s library and device) is made to wait for the event, so
-    kernels enqueued afterwards see the result.
+    ``wait()`` launches the open group if this call is in it, then makes the then-current stream
+    (of ``like``'s library and device) wait for the call's event, so kernels enqueued afterwards
+    see the result, and returns, like torch's NCCL ``Work.wait()``: the host does not wait. With
+    a timeout the event is on the communicator's watch (backends/stream_watch.py) from its launch:
+    past the deadline the communicator is aborted, and this ``wait()`` (or the next call) raises
+    the :class:`~collectives.CollectiveTimeout`. The library's own small vectors, read on the host
+    once complete (``_host``: debug headers), wait on the host for the event under the deadline.
     """
 
     def __init__(self, result: Any, library: Any, event: Any, comm: Any,
@@ -174,6 +194,8 @@ class _StreamWork(Work):
                 self._then()
             self._then = None
         self._event = self._library.record(self._stream)
+        if self._comm.timeout is not None:
+            self._comm._watch_event(self._library, self._event, self._call)
 
     def wait(self) -> Any:
         if self._error is not None:
@@ -181,9 +203,9 @@ class _StreamWork(Work):
         comm = self._comm
         if not self._completed:
             if comm.context.broken:  # aborted: the call may have ended early, its result is not trusted
-                raise CollectiveError(comm.context.broken)
+                raise comm.context.failure()
             comm._flush_group()  # launches this call if it is in the open group
-            if comm.timeout is not None:
+            if comm.timeout is not None and self._host is not None:
                 try:
                     comm._complete(self._library, self._event, self._call)
                 except CollectiveError as error:

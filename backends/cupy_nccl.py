@@ -9,15 +9,14 @@ pointers. Every NCCL call and every local step runs on the caller's current stre
 (``torch.cuda.current_stream()`` for tensors, CuPy's current stream for CuPy
 arrays), so results are ordered with the caller's kernels.
 
-Timeouts: NCCL has none of its own for a blocking communicator, so with a timeout set (the
-default) the host polls a CUDA event recorded after each blocking call (:func:`wait_for`:
-tight polls, then yielding polls, then sleeps backing off to 10 ms, with NCCL's asynchronous
-error query at each sleep); past the deadline it aborts the communicator's NCCL calls
-(``ncclCommAbort``) and raises ``CollectiveTimeout``, and the communicator is unusable. A
-handle's ``wait()`` does the same for its call; with no timeout (``COLLECTIVES_TIMEOUT=0``)
-blocking calls return once enqueued and ``wait()`` only makes the then-current stream wait
-for the call's event. What the deadline cannot reach: ``ncclCommInitRank`` and
-``ncclCommSplit`` (host calls that wait for every rank), and an NCCL call that blocks on the
+Blocking calls return once enqueued, as on NCCL. Timeouts: NCCL has none of its own for a
+blocking communicator, so with a timeout set (the default) each call records a pooled CUDA event
+after itself, and the process's watchdog thread (backends/stream_watch.py) looks at the calls in
+flight (and NCCL's asynchronous error query) every 50 ms; past a call's deadline it aborts the
+communicator's NCCL calls (``ncclCommAbort``), and the rank's next call or ``wait()`` raises the
+``CollectiveTimeout`` naming that call; the communicator is unusable. ``wait()`` only makes the
+then-current stream wait for the call's event. What the deadline cannot reach: ``ncclCommInitRank``
+and ``ncclCommSplit`` (host calls that wait for every rank), and an NCCL call that blocks on the
 host while it connects to a peer for the first time.
 
 What NCCL lacks is emulated, as on the torch backend (:func:`reduce_plan` is the table):
@@ -69,6 +68,7 @@ from .cupy_channel import (
     bind_device,
     import_cupy_nccl,
 )
+from .cupy_handles import _GROUP
 from .cupy_plans import (
     NCCL_DTYPES,
     NCCL_OPS,
@@ -80,7 +80,6 @@ from .cupy_plans import (
     from_order_keys,
     gather_plan,
     order_keys,
-    reduce_plan,
     scatter_plan,
 )
 
@@ -119,7 +118,17 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _all_reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
-        plan = reduce_plan(dtype, op, self._bfloat16_native)
+        kind = self._kind(adapter, dtype, op)
+        if kind.direct and adapter.is_contiguous(x):  # the common case: NCCL on x, nothing else
+            lib = kind.library
+            stream = lib.stream(x)
+            if _GROUP.works is not None:
+                self._flush_group()
+            ptr = lib.ptr(x)
+            self._comm.allReduce(ptr, ptr, count(x), kind.nccl_dtype, kind.nccl_op, lib.stream_ptr(stream))
+            return self._done(lib, stream, async_op, x)
+        plan = kind.reduce
+        assert plan is not None
         lib, stream = self._enter(x, adapter)
         buf, writeback = _wire_buffer(x, adapter, dtype, op, plan)
         if plan.nccl_op is None:
@@ -134,7 +143,8 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, dst, async_op = r.x, r.adapter, r.dtype, r.op, r.root, r.async_op
-        plan = reduce_plan(dtype, op, self._bfloat16_native)
+        plan = self._kind(adapter, dtype, op).reduce
+        assert plan is not None
         if plan.nccl_op is None:  # bitwise ops: all_gather and fold, kept on dst
             return super()._reduce(r)
         lib, stream = self._enter(x, adapter)
@@ -167,7 +177,8 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _reduce_scatter(self, r: Request) -> Any:
         x, adapter, dtype, op, out, async_op = r.x, r.adapter, r.dtype, r.op, r.out, r.async_op
-        plan = reduce_plan(dtype, op, self._bfloat16_native)
+        plan = self._kind(adapter, dtype, op).reduce
+        assert plan is not None
         lib, stream = self._enter(x, adapter)
         buf, _ = _wire_buffer(x, adapter, dtype, op, plan)  # only read: x stays as it is
         rows = int(x.shape[0]) // self.size

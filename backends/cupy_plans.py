@@ -63,6 +63,24 @@ def reduce_plan(dtype: str, op: ReduceOp, bfloat16_native: bool = True) -> Reduc
     return ReducePlan(wire, op.value)
 
 
+class KindPlan:
+    """What every call of one kind (array library, dtype, reduce op) on the cupy backend reuses,
+    built at the kind's first call: ``library``, the stream API of the array kind; ``reduce``, the
+    :class:`ReducePlan` (``None`` for a call that reduces nothing); ``direct``, whether NCCL runs
+    on a contiguous x itself (no staging, no order keys, no fold, no division), and then
+    ``nccl_dtype`` and ``nccl_op``, its ncclDataType_t and ncclRedOp_t values."""
+
+    __slots__ = ("library", "reduce", "direct", "nccl_dtype", "nccl_op")
+
+    def __init__(self, library: Any, dtype: str, op: ReduceOp | None, bfloat16_native: bool) -> None:
+        self.library = library
+        self.reduce = plan = None if op is None else reduce_plan(dtype, op, bfloat16_native)
+        self.direct = plan is not None and plan.nccl_op is not None and plan.wire == dtype and \
+            not plan.keys and not plan.divide
+        self.nccl_dtype = NCCL_DTYPES.get(dtype, -1)
+        self.nccl_op = NCCL_OPS[plan.nccl_op] if plan is not None and plan.nccl_op is not None else -1
+
+
 def _key_wire(dtype: str) -> str:
     return "int64" if dtype == "float64" else "int32"
 

@@ -74,8 +74,7 @@ def new_result(tensors: bool) -> Callable[[Any, tuple[int, ...], Any], tuple[Any
     tensor's ``view``) and its numpy view. A new tensor is a numpy array's (``torch.from_numpy``:
     0.8 us where ``torch.empty`` and its numpy view take 2.0; torch looked up when one is made, so
     that a function for tensors can be made before torch is imported). An ``out`` that is a numpy
-    array is its own view, also for tensors (the compiled call path passes an out= tensor's view,
-    collectives/_front_call.c)."""
+    array is its own view, also for tensors."""
     def new(view: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
         if out is not None:
             return out, out.numpy() if tensors and not isinstance(out, np.ndarray) else out
@@ -90,10 +89,11 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
     the result NOT_TAKEN unless every rank agreed and carried (``tensors``: x is a CPU tensor,
     ``view`` its numpy view). None where the channel's round carries nothing or the call cannot
     be carried."""
-    if channel._words is None:
+    state = channel.round
+    if not state.gathers:
         return None
     new = new_result(tensors)
-    size, rank, start, block = channel.size, channel.rank, channel._payload_offset, channel._block
+    size, rank, start, block = channel.size, channel.rank, state.payload_offset, state.block
     mpi_type: Any = None
     local: Any = None
     if call.reduces:  # (MPI_Reduce_local: MPI's own arithmetic, where MPI reduces the pair as it is)
@@ -102,21 +102,28 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
             return None
         mpi_type, local = spec[0], spec[1].Reduce_local
     avg = op is ReduceOp.AVG
-    shapes: dict[Any, tuple[Any, list[Any], Any]] = {}
+    places: dict[Any, Any] = {}
+    shapes: dict[Any, tuple[list[Any], Any]] = {}
 
-    def views(x: Any, blocks: Any) -> tuple[Any, list[Any], Any]:
-        """x's place in this rank's block; every rank's x in ``blocks`` (the round's blocks of the
-        size it ran with, backends/mpi_round.py), as a list and as one array (views). Kept per
-        shape and block size, up to CARRIED_SHAPES (then forgotten and made again)."""
+    def place(x: Any) -> Any:
+        """x's place in this rank's block (the same in either size of block), kept per shape."""
+        if len(places) >= CARRIED_SHAPES:
+            places.clear()
+        into = places[x.shape] = np.ndarray(x.shape, x.dtype, buffer=block, offset=start)
+        return into
+
+    def views(x: Any, blocks: Any) -> tuple[list[Any], Any]:
+        """Every rank's x in ``blocks`` (the round's blocks of the size it ran with,
+        backends/mpi_round.py), as a list and as one array (views). Kept per shape and block size,
+        up to CARRIED_SHAPES (then forgotten and made again)."""
         shape, kind, stride = x.shape, x.dtype, blocks.strides[0]
         if len(shapes) >= CARRIED_SHAPES:
             shapes.clear()
-        into = np.ndarray(shape, kind, buffer=block, offset=start)
-        rows = np.ndarray((size, *shape), kind, buffer=blocks, offset=start, strides=(stride, *into.strides))
-        found = shapes[shape, stride] = (into, [rows[r, ...] for r in range(size)], rows)  # (also of 0-d x)
+        rows = np.ndarray((size, *shape), kind, buffer=blocks, offset=start, strides=(stride, *x.strides))
+        found = shapes[shape, stride] = ([rows[r, ...] for r in range(size)], rows)  # (also of 0-d x)
         return found
 
-    round_ = channel._round
+    round_ = channel._round  # (the channel's: it says whether every rank runs the call on its fast path)
 
     make = _maker(call, size, rank, new, mpi_type, local, avg)
     if make is None:
@@ -125,17 +132,20 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
 
     def carry(view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]:
         # (the payload of the round about to run: every rank's alike, see backends/mpi_round.py)
-        if view.nbytes > channel._carry_bytes:  # the round of the word alone (every rank of this call: x this size)
+        n = view.nbytes
+        state.wants(n)
+        if n > state.carry_bytes:  # the round of the word alone (every rank of this call: x this size)
             return round_(word | CARRIED) & WORD_BITS, NOT_TAKEN
-        blocks = channel._blocks  # (the last round's: the one about to run may use the other size)
-        into, each, rows = shapes.get((view.shape, blocks.strides[0])) or views(view, blocks)
         if not on_root or root == rank:
+            into = places.get(view.shape)
+            if into is None:
+                into = place(view)
             into[...] = view
         reduced = round_(word | CARRIED)
         if reduced >= 0 or reduced & WORD_BITS != word:  # a rank did not carry, or another call
             return reduced & WORD_BITS, NOT_TAKEN
-        if channel._blocks is not blocks:  # (the round ran on the other size: its readers' views)
-            into, each, rows = shapes.get((view.shape, channel._blocks.strides[0])) or views(view, channel._blocks)
+        blocks = state.blocks  # (the blocks of the size the round ran with)
+        each, rows = shapes.get((view.shape, blocks.strides[0])) or views(view, blocks)
         return word, make(view, root, out, each, rows)
     compiled = channel._compiled_round
     if compiled is None:
@@ -148,7 +158,7 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
 
 
 #: The interface of backends/_carried*.c this module expects (CARRIED_VERSION there).
-COMPILED_VERSION = 10
+COMPILED_VERSION = 11
 
 
 def compiled_module() -> Any:
@@ -176,13 +186,16 @@ def compiled_round(channel: Any) -> Round | None:
     """The channel's round, compiled (backends/_carried_round.c: ``MPIChannel._round`` and
     ``_agree_counts`` in C), where the round gathers blocks and :func:`compiled_module` is there;
     the channel's other compiled parts (Carrier, CheckedCarry, CheckedCounts) exist only beside it, made from the
-    same module whatever ``COLLECTIVES_COMPILED`` says later (a communicator keeps its form)."""
-    module = channel._compiled if channel._words is not None else None
+    same module whatever ``COLLECTIVES_COMPILED`` says later (a communicator keeps its form). It
+    runs the channel's :class:`~.mpi_round.Round` (``state``: its requests, and the views it keeps
+    in step with its own switch)."""
+    state = channel.round
+    module = channel._compiled if state.gathers else None
     if module is None:
         return None
     module.bind_mpi(channel._MPI)  # (its persistent request started and tested by MPI itself, where found)
-    return module.Round(channel, channel._block, channel._round_memory, channel._payloads,  # type: ignore[no-any-return]
-                        channel._payload_offset, FAST_POLLS, channel._small_bytes)
+    return module.Round(channel, state.block, state.memory, state.payloads,  # type: ignore[no-any-return]
+                        state.payload_offset, FAST_POLLS, state.small_bytes, state)
 
 
 Make = Callable[[Any, Any, Any, "list[Any]", Any], Any]

@@ -26,19 +26,19 @@ from typing import Any
 
 import numpy as np
 
-from collectives import arrays, config, farewell
+from collectives import arrays, farewell
 from collectives.arrays import ArrayAdapter
-from collectives.calls import ALL_GATHER_V, BARRIER_TAG, FAREWELL_TAG
+from collectives.calls import BARRIER_TAG, FAREWELL_TAG
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.info import warn_if_not_compiled
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.polling import wait_until
 from collectives.transport import Transport
 
-from . import _float_order, mpi_round
+from . import _float_order
 from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
 from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
-from .mpi_carried import CARRIED, WORD_BITS, carried_path, compiled_module, compiled_round
+from .mpi_carried import WORD_BITS, carried_path, compiled_module, compiled_round
 from .mpi_library import (
     float16_datatype,
     library_version,
@@ -47,6 +47,7 @@ from .mpi_library import (
     wrapping_wire,
 )
 from .mpi_requests import FAST_POLLS, POLL, _Request, poll_policy
+from .mpi_round import Round
 from .mpi_staged import UNEVEN_BYTES
 
 
@@ -74,17 +75,10 @@ class MPIChannel(Transport):
 
     backend = "mpi"
     _marks_fast_path = True  # (see _round: every rank on the fast path, for _staged)
-    # The check's round (made by backends/mpi_round.py's make_round; see _round): this rank's block
-    # and every rank's (words, payloads) where it gathers blocks, its request and arguments; and
-    # whether the fast paths may keep persistent requests (see _staged).
-    _block: Any
-    _blocks: Any
-    _words: Any
-    _payload: Any
-    _payloads: Any
-    _word_args: tuple[Any, ...]
-    _word_request: Any
-    _start_round: Any
+    #: The check's round (backends/mpi_round.py): its blocks, requests and the switch of block.
+    round: Round
+    #: Whether the fast paths may keep persistent requests (see _staged): the library has MPI-4's
+    #: persistent collectives (ULFMTransport turns them off).
     _persistent: bool
     _says_waiting = True  # (_agree_word, _barrier_waiting: after their polls)
 
@@ -143,7 +137,8 @@ class MPIChannel(Transport):
         #: all_to_all, reduce_scatter; see _staged): not where the library's persistent all_gather
         #: is wrong (persistent_allgather_works).
         self._stages_gathers = persistent_allgather_works(library_version(MPI))
-        mpi_round.make_round(self, MPI, ranks, self._stages_gathers)
+        self.round = Round(self._comm, MPI, ranks, self._counts_with_check, self._stages_gathers, self._wait_saying)
+        self._persistent = self.round.persistent
         # The fast paths' persistent requests of small calls (see _staged): one table per kind
         # of call (row, dtype, op), {shape (and root): (request, its staging array)}.
         self._staged_tables: dict[Any, dict[Any, tuple[Any, Any]]] = {}
@@ -311,31 +306,9 @@ class MPIChannel(Transport):
         did not see it complete. Sets ``_everyone_fast`` (bit 63 of every rank's word)."""
         if self._compiled_round is not None:
             return self._compiled_round(word, waiting)
-        self._block[0] = word
-        request = self._word_request
-        if request is not None:
-            request.Start()
-        else:
-            request = self._start_round(*self._word_args)
-        test = request.Test
-        for _ in range(FAST_POLLS):  # the peers' words land within microseconds: no frame more
-            if test():
-                break
-        else:
-            self._wait_saying(request, waiting)
-        words = self._words
-        if words is None:
-            reduced = int(self._block[0])
-        else:
-            reduced = -1
-            for each in words.tolist():  # (a 2-4 item loop costs less than numpy's reduce)
-                reduced &= each
+        reduced = self.round.run(word, waiting)
         self._everyone_fast = reduced < 0
         return reduced
-
-    # (the round's two blocks: backends/mpi_round.py)
-    _read_geometry = mpi_round.read_geometry
-    _write_geometry = mpi_round.write_geometry
 
     def _wait_saying(self, request: Any, waiting: Callable[[], None] | None) -> None:
         """:meth:`_wait` for ``request`` once the fast polls did not see it complete; with
@@ -349,14 +322,12 @@ class MPIChannel(Transport):
             waiting()
         self._wait(request)
 
-    def _word_check(self, call_check: Any) -> Callable[..., None]:
-        """``CallCheck.check`` compiled (backends/_carried_check.c) where the round is."""
+    def _compiled_checks(self) -> tuple[Any, Any, int] | None:
+        """backends/_carried*.c's module, the compiled round and :attr:`_uneven_bytes`, where the
+        round is compiled (see Transport._compiled_checks)."""
         if self._compiled_round is None:
-            return call_check.check  # type: ignore[no-any-return]
-        from ._carried import CheckedWord  # noqa: PLC0415  (the module that made the Round)
-
-        return CheckedWord(call_check, call_check._comm, self._compiled_round,
-                           config.CHECKS_DEFAULT, call_check._fast_bit)
+            return None
+        return self._compiled, self._compiled_round, self._uneven_bytes
 
     @property
     def _uneven_bytes(self) -> int:  # type: ignore[override]
@@ -365,24 +336,13 @@ class MPIChannel(Transport):
         moved by a staged request (mpi_staged.staged_uneven), which needs the round's blocks and
         persistent gathering requests (not MPI < 4, ULFM, or Intel MPI's wrong persistent
         all_gather): without them, the block's payload."""
-        staged = self._words is not None and self._persistent and self._stages_gathers
-        return UNEVEN_BYTES if staged else self._carry_bytes
+        staged = self.round.gathers and self._persistent and self._stages_gathers
+        return UNEVEN_BYTES if staged else self.round.carry_bytes
 
-    def _carry_check(self, call_check: Any) -> Callable[..., Any]:
-        """``CallCheck.carry`` compiled (backends/_carried_check.c) where the round is."""
-        if self._compiled_round is None:
-            return call_check.carry  # type: ignore[no-any-return]
-        from ._carried import CheckedCarry  # noqa: PLC0415  (the module that made the Round)
-
-        return CheckedCarry(call_check, call_check._comm, config.CHECKS_DEFAULT)
-
-    def _counts_check(self, call_check: Any) -> Callable[[Any], bool]:
-        """``CallCheck.check_counts`` compiled (backends/_carried_check.c) where the round is."""
-        if self._compiled_round is None:
-            return call_check.check_counts  # type: ignore[no-any-return]
-        from ._carried import CheckedCounts  # noqa: PLC0415  (the module that made the Round)
-
-        return CheckedCounts(call_check, call_check._comm, self._compiled_round, self._uneven_bytes, ALL_GATHER_V)
+    @property
+    def _carry_bytes(self) -> int:  # type: ignore[override]
+        """The payload of the round's next block (see Transport._carry_bytes)."""
+        return self.round.carry_bytes
 
     def _carried_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
                       reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:
@@ -394,16 +354,7 @@ class MPIChannel(Transport):
         compiled = self._compiled_round
         if compiled is not None and (found := compiled.agree_counts(word, row, view)) is not None:
             return found
-        block = self._block
-        for i, n in enumerate(row):  # (item by item: a slice of a list costs twice as much)
-            block[1 + i] = n
-        if view is not None:  # (past the payload: marked alone, see _uneven_bytes)
-            if view.nbytes <= self._carry_bytes:
-                self._payload[:view.nbytes] = view.reshape(-1).view(np.uint8)
-            word |= CARRIED
-        reduced = self._round(word)
-        rows = self._blocks[:, 1:1 + len(row)].tolist()
-        return reduced & WORD_BITS, rows, self._payloads if view is not None and reduced < 0 else None
+        return self.round.agree_counts(word, row, view, self._round)
 
     def _tell_peers_left(self, how: int) -> None:
         """A small message to every peer on this communicator (tag FAREWELL_TAG): [this
@@ -511,7 +462,7 @@ class MPIChannel(Transport):
         MPI = self._MPI
         if not MPI.Is_finalized() and self._comm != MPI.COMM_NULL:
             if not self.context.broken:  # (an active one stays: MPI may still use it)
-                mpi_round.free_requests(self)
+                self.round.free()
                 for table in self._staged_tables.values():
                     for request, _ in table.values():
                         request.Free()

@@ -31,7 +31,6 @@ from collectives.launcher import LaunchInfo
 from .mpi import MPICommunicator, MPITransport
 from .mpi_channel import import_mpi
 from .mpi_library import library_version
-from .mpi_round import free_requests
 
 
 def ulfm_refusal(MPI: Any) -> str | None:
@@ -54,7 +53,7 @@ class ULFMTransport(MPITransport):
         # Open MPI's persistent collectives report a dead peer as MPI_ERR_OTHER, not as
         # MPI_ERR_PROC_FAILED: the check's round takes MPI_Iallgather here, the fast paths
         # no persistent requests.
-        free_requests(self)
+        self.round.free()
         self._persistent = False  # (and so no staged uneven calls: MPIChannel._uneven_bytes)
         self.generation = generation
         self._failure: RankFailure | None = None

@@ -24,6 +24,7 @@ import datetime
 import os
 import socket
 import sys
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,9 +75,13 @@ def _release(version: str) -> tuple[int, ...]:
 
 
 # Groups this module made (split's), and whether it made the default group: destroyed at
-# exit, since Gloo groups still alive when the interpreter ends abort the process.
+# exit, since Gloo groups still alive when the interpreter ends abort the process
+# ("terminate called without an active exception").
 created_groups: list[Any] = []
 _created_default = False
+# The transports whose plans hold a group's bound methods (backends/torch_plans.py): each
+# forgets them first, or the group outlives destroy_process_group into the interpreter's end.
+planning: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @atexit.register
@@ -84,6 +89,8 @@ def _destroy_created_groups() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_initialized():
         return
+    for transport in list(planning):
+        transport._forget_plans()
     while created_groups:
         group = created_groups.pop()
         try:

@@ -15,6 +15,8 @@ What the transports lack is emulated, never approximated:
 - AVG is SUM, then a division by size, on every transport.
 - float MIN/MAX reduce integer order keys (backends/_float_order.py): NaN propagates.
 Broadcast and all_gather move raw bytes (uint8 views), so they need no staging.
+A contiguous CPU tensor of a kind every transport takes as it is goes straight to the process
+group's own call, bound with its options when the kind is first seen (backends/torch_plans.py).
 Asynchronous sends and recvs of CUDA tensors go out together, in ``batch_isend_irecv``
 (:class:`~.torch_handles._BatchedP2P`).
 
@@ -46,12 +48,13 @@ from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.work import Work, deliver
 
-from . import _float_order
+from . import _float_order, torch_plans
 from ._buffers import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
 from .torch_bootstrap import (
     bootstrap_process_group,
     created_groups,
     import_torch_distributed,
+    planning,
     torch_timeout,
 )
 from .torch_group import TorchGroup, _group_named
@@ -81,6 +84,51 @@ class TorchTransport(TorchGroup):
     def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
         if adapter is arrays.CUPY and not self._torch.cuda.is_available():
             raise ValueError("x is a CuPy array but this torch build has no CUDA")
+
+    # -- the plans of the kinds of CPU tensors (backends/torch_plans.py) ------------------
+
+    _check_device_per_array = False  # (_check_device refuses a kind: CuPy arrays without CUDA)
+    _tensor_check: Callable[[Any, bool], Any] | None = None
+    _kind_plans: dict[tuple[Any, ...], Any] | None = None
+
+    def _array_check(self, adapter: ArrayAdapter) -> Callable[[Any, bool], Any] | None:
+        if adapter is not _TORCH:
+            return None
+        if self._tensor_check is None:
+            self._tensor_check = torch_plans.tensor_check(self._torch)
+        return self._tensor_check
+
+    def _fast_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
+                   reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any], Any] | None:
+        plan = self._kind_plan(call, adapter, dtype, reduce_op)
+        return None if plan is None else plan[0]
+
+    def _method_of(self, call: Any, adapter: ArrayAdapter, dtype: str,
+                   reduce_op: ReduceOp | None) -> Callable[[Request], Any]:
+        plan = self._kind_plan(call, adapter, dtype, reduce_op)
+        return super()._method_of(call, adapter, dtype, reduce_op) if plan is None else plan[1]
+
+    def _kind_plan(self, call: Any, adapter: ArrayAdapter, dtype: str, reduce_op: ReduceOp | None) -> Any:
+        """The fast path and method of a planned kind of tensors (``torch_plans.fast_path``),
+        made once; ``None`` for a kind not planned."""
+        if adapter is not _TORCH:
+            return None
+        if self._kind_plans is None:
+            self._kind_plans = {}
+            planning.add(self)
+        key = (call, dtype, reduce_op)
+        if key not in self._kind_plans:
+            self._kind_plans[key] = torch_plans.fast_path(self, call, dtype, reduce_op, _DIRECT, _GATHER_DIRECT,
+                                                          NARROW_WIRE)
+        return self._kind_plans[key]
+
+    def _forget_plans(self) -> None:
+        """Drop the plans (they hold the group's bound methods), here and the communicator's
+        (see ``CallContext.forget_plans``): before the group is destroyed."""
+        if self._kind_plans is not None:
+            self._kind_plans = None
+            planning.discard(self)
+            self.context.forget_plans()
 
     def _as_tensor(self, x: Any, adapter: ArrayAdapter) -> Any:
         """``x`` as a torch tensor sharing its memory (a copy only when x is read-only
@@ -309,8 +357,10 @@ class TorchTransport(TorchGroup):
             return super()._reduce(r)
         t = self._as_tensor(x, adapter)
         here = self.rank == dst
-        # Off dst the transport may use its buffer as scratch: it gets a copy (x stays as it was).
-        staged = t if here and t.is_contiguous() else t.contiguous() if here else t.clone()
+        # Off dst the transport may use its buffer as scratch: it gets a copy (x stays as it was),
+        # contiguous (a clone keeps a transposed x's strides, and Gloo reads the memory in order).
+        staged = t if here and t.is_contiguous() else t.contiguous() if here \
+            else t.clone(memory_format=self._torch.contiguous_format)
         work = self._dist.reduce(staged, self._global_ranks[dst], self._ops[op], self._group, async_op)
 
         def finish() -> None:
@@ -334,10 +384,14 @@ class TorchTransport(TorchGroup):
 
     def _reduce_scatter(self, r: Request) -> Any:
         x, adapter, dtype, op, out, async_op = r.x, r.adapter, r.dtype, r.op, r.out, r.async_op
-        return deliver(adapter, self._reduce_scatter_new(x, adapter, dtype, op), out, async_op)
+        return deliver(adapter, self._reduce_scatter_new(x, adapter, dtype, op, out), out, async_op)
 
     @_torch_call
-    def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp) -> Any:
+    def _reduce_scatter_new(self, x: Any, adapter: ArrayAdapter, dtype: str, op: ReduceOp,
+                            out: Any = None) -> Any:
+        """This rank's reduced rows of x: into the caller's ``out`` where x is a tensor torch
+        reduces as it is (no staging, no copy: the call raw torch.distributed makes), else a
+        new array that the caller's ``out`` then receives."""
         torch = self._torch
         if self._reordered:  # torch hands block i to torch's rank i: x's blocks in its order
             if adapter is _TORCH:
@@ -347,9 +401,12 @@ class TorchTransport(TorchGroup):
             for ours, theirs in enumerate(self._torch_rank):
                 order[theirs] = ours
             x = x.reshape(self.size, rows, *x.shape[1:])[order].reshape(x.shape)
-        if (adapter is _TORCH and x.dim() == 1 and not x.requires_grad
+        if (adapter is _TORCH and not x.requires_grad
                 and _DIRECT[dtype].get(op) is not None and x.is_contiguous()):
-            out = torch.empty((x.shape[0] // self.size,), dtype=x.dtype, device=x.device)
+            # x's blocks of rows are its flat blocks: torch reduces them straight into the
+            # result (out= is contiguous, of x's dtype and device: the call path checked it).
+            if out is None:
+                out = torch.empty((x.shape[0] // self.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
             self._reduce_scatter_single(out, x, self._ops[op], group=self._group)
             if op is _AVG:
                 out.div_(self.size)

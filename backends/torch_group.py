@@ -76,6 +76,9 @@ class TorchGroup(Transport):
         # communicator's when it takes the transport (see attach).
         self._group_timeout: float | None = None
         self._farewells_seen = 0  # the count of farewells in the store at the last look
+        self._word: Any = None  # the check's word and its tensor (see _word_flag)
+        self._word_tensor: Any = None
+        self._barrier_flag: Any = None  # the barrier's zero (see _barrier)
         self._band = dist.ReduceOp.BAND
         self._name = "world"  # unique among communicators; split derives its children's
         self._splits = 0
@@ -122,18 +125,41 @@ class TorchGroup(Transport):
         return self._group
 
     def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
-        """One all_reduce (BAND) of one int64 CPU tensor, polled: a peer's farewell is heard
-        while it waits, and a call's own ``timeout=`` (shorter than the group's, which torch
-        enforces) is kept. ``waiting()`` runs first."""
+        """One all_reduce (BAND) of the transport's one int64 CPU tensor (:meth:`_word_flag`),
+        polled: a peer's farewell is heard while it waits, and a call's own ``timeout=``
+        (shorter than the group's, which torch enforces) is kept. ``waiting()`` runs first."""
         if waiting is not None:
             waiting()
-        flag = self._torch.tensor([word], dtype=self._torch.int64)
+        flag = self._word_flag(word)
         work = _TorchWork(flag, self._dist.all_reduce(flag, op=self._band, group=self._group,
                                                       async_op=True), transport=self)
-        self.context.await_work(work, math.inf if self.timeout is None or self.timeout == self._group_timeout
-                    else self.timeout)
-        work.wait()
-        return int(flag[0])
+        try:
+            self.context.await_work(work, math.inf if self.timeout is None or self.timeout == self._group_timeout
+                                    else self.timeout)
+            work.wait()
+        except BaseException:
+            self._word_flag_abandoned()
+            raise
+        return int(self._word[0])
+
+    def _word_flag(self, word: int) -> Any:
+        """The check's int64 CPU tensor, holding ``word``: one tensor per transport, made once
+        (a new tensor each call made the check's round about half a raw round slower on Gloo),
+        shared with a numpy array that writes and reads it in nanoseconds. The calls of a
+        communicator run one at a time and the check's round completes before the call
+        returns, so no two rounds share it."""
+        if self._word is None:
+            import numpy as np  # noqa: PLC0415
+
+            self._word = np.zeros(1, dtype=np.int64)
+            self._word_tensor = self._torch.from_numpy(self._word)
+        self._word[0] = word
+        return self._word_tensor
+
+    def _word_flag_abandoned(self) -> None:
+        """The check's round failed or timed out while torch may still write its tensor: the
+        next round takes a new one."""
+        self._word = self._word_tensor = None
 
     def _store(self) -> Any:
         try:
@@ -168,9 +194,12 @@ class TorchGroup(Transport):
     def _barrier(self) -> None:
         # A tiny all_reduce rather than dist.barrier(): it works on every group without
         # guessing a device, and it completes only when every rank has reached it.
+        # One zero tensor per transport, made once (a sum of zeros stays zero, also where an
+        # abandoned barrier's round still writes it): a new tensor each call costs Gloo time.
         launch_batch()
-        flag = self._torch.zeros(1, dtype=self._torch.int32)
-        self._dist.all_reduce(flag, group=self._group)
+        if self._barrier_flag is None:
+            self._barrier_flag = self._torch.zeros(1, dtype=self._torch.int32)
+        self._dist.all_reduce(self._barrier_flag, group=self._group)
 
     def _native_monitored_barrier(self, seconds: float, check: Callable[[], None] | None = None) -> bool:
         """Gloo's own monitored barrier: a Gloo recv's handle says it completed only once
@@ -223,8 +252,12 @@ class TorchGroup(Transport):
             raise CollectiveTimeout(
                 f"{error} (rank(s) {', '.join(map(str, missing))} never arrived at the barrier)") from error
 
+    def _forget_plans(self) -> None:
+        """Drop what holds the group besides ``_group`` (a subclass's plans)."""
+
     def _close(self) -> None:
         launch_batch()
+        self._forget_plans()
         if self._group is not None and self._dist.is_initialized():
             if self._group in created_groups:
                 created_groups.remove(self._group)

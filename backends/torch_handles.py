@@ -5,11 +5,10 @@ CuPy's current stream (:func:`_torch_call`)."""
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import functools
 import sys
-import threading
+from _thread import get_ident
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -35,22 +34,41 @@ class _TorchWork(Work):
 
     def wait(self) -> Any:
         if self._work is not None:
-            torch = sys.modules["torch"]
-            stream = self.stream_at_wait() if self.stream_at_wait is not None else None
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                try:
-                    self._work.wait()
-                except RuntimeError as error:
-                    if self._transport is None:
-                        raise
-                    raise_mapped(self._transport, error)
-                self._work = None
-                if self._finish is not None:
-                    self._finish()
+            self._complete_on_stream()
         return self._x
 
+    def _complete_on_stream(self) -> None:
+        """:meth:`_complete`, for a CuPy array on the stream that is CuPy's current one now."""
+        if self.stream_at_wait is None:
+            self._complete()
+        else:
+            with sys.modules["torch"].cuda.stream(self.stream_at_wait()):
+                self._complete()
+
+    def _complete(self) -> None:
+        """Wait for torch's handle (its error mapped), then run ``finish`` (once)."""
+        try:
+            self._work.wait()
+        except RuntimeError as error:
+            if self._transport is None:
+                raise
+            raise_mapped(self._transport, error)
+        self._work = None
+        finish, self._finish = self._finish, None  # (taken first: once, whoever completes it)
+        if finish is not None:
+            finish()
+
     def is_completed(self) -> bool:
-        return self._work is None or bool(self._work.is_completed())
+        """Whether the call has completed; once torch's handle has, ``finish`` runs here (the
+        division of AVG, a staged result's copy back...), so a handle that is never waited (the
+        communicator reaps the dropped ones with this) still leaves the result in place. A
+        failure raises here, as from ``wait()``."""
+        if self._work is None:
+            return True
+        if not self._work.is_completed():
+            return False
+        self._complete_on_stream()
+        return True
 
     def wait_for(self, seconds: float) -> bool:
         """torch's own wait with a timeout (a condition variable: no polling, which holds the GIL
@@ -85,7 +103,10 @@ def raise_mapped(transport: Any, error: Exception) -> NoReturn:
 
 # -- asynchronous sends and recvs of CUDA tensors: one batch per thread -----------------------------
 
-_BATCH = threading.local()
+#: Each thread's batch of asynchronous sends/recvs of CUDA tensors not issued yet, by thread id:
+#: where no thread has one, the test a call of this backend makes (``if pending_batches:``) is
+#: all it pays.
+pending_batches: dict[int, list[_BatchedP2P]] = {}
 
 
 def batches(t: Any) -> bool:
@@ -116,10 +137,7 @@ class _BatchedP2P(_TorchWork):
             torch = sys.modules["torch"]
             self._ready = torch.cuda.Event()
             self._ready.record(torch.cuda.current_stream(tensor.device))
-        pending = getattr(_BATCH, "pending", None)
-        if pending is None:
-            pending = _BATCH.pending = []
-        pending.append(self)
+        pending_batches.setdefault(get_ident(), []).append(self)
 
     def wait(self) -> Any:
         launch_batch()
@@ -153,10 +171,11 @@ def launch_batch() -> None:
     """Issue this thread's batch of asynchronous sends/recvs, if there is one: one
     ``batch_isend_irecv`` per process group, in the order they were called. A batch that fails
     fails its handles (their ``wait()`` raises), and those of the batches after it."""
-    pending: list[_BatchedP2P] | None = getattr(_BATCH, "pending", None)
+    if not pending_batches:
+        return
+    pending = pending_batches.pop(get_ident(), None)
     if not pending:
         return
-    _BATCH.pending = []
     groups: list[tuple[Any, list[_BatchedP2P]]] = []
     for work in pending:
         for group, members in groups:

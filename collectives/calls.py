@@ -125,8 +125,10 @@ class Request:
     #: marked but not all travelled (larger than its block: the rows say so, and the method
     #: may move them its own way); else ``None``.
     carried: Any
-    #: x's host view where the call path made one (an uneven call's x of host memory, see
-    #: ``ArrayAdapter.host_view``: a C-contiguous numpy array of its memory), else ``None``.
+    #: x's view where the call path made one: what the plan's per-array check returned (an
+    #: uneven call's x of host memory, see ``ArrayAdapter.host_view``: a C-contiguous numpy array
+    #: of its memory; on a kind with a fast path, what the backend's fast path takes, see
+    #: ``Transport._array_check``), else ``None``.
     view: Any
 
     def __init__(self, call: Call, x: Any, adapter: ArrayAdapter, dtype: str, op: Any = None,

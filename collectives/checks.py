@@ -45,8 +45,10 @@ class ArgumentChecks:
         self.size = size
         #: The plans of the kinds of arrays that passed the checks (see :meth:`plan`).
         self.plans: dict[tuple[Any, ...], Plan] = {}
-        # Whether the backend checks devices (else the per-array check skips _check_device).
-        self._checks_device = type(transport)._check_device is not Transport._check_device
+        # Whether the backend checks the device of every array (else the per-array check skips
+        # _check_device; check_kind makes it once per kind where the backend has one).
+        self._checks_device = type(transport)._check_device is not Transport._check_device and \
+            transport._check_device_per_array
         #: Debug mode (set by the communicator): send and recv take no fast path (headers go first).
         self.debug = False
 
@@ -72,27 +74,33 @@ class ArgumentChecks:
     def plan(self, call: Call, x: Any, op: Any) -> Plan:
         """The full checks of a kind of ``x`` (and ``op``) not seen before by ``call``, and
         what later calls of that kind run (remembered in :attr:`plans`, which the call path
-        looks up first): the per-array check, the backend's
+        looks up first): the per-array check (the backend's own where it has one for its fast
+        path, ``Transport._array_check``), the backend's
         fast path if it has one (``Transport._fast_path``; not for the uneven collectives, which
         exchange their counts first, nor for send/recv in debug mode), with it the carried path
         of a collective if the transport has one (``Transport._carried_path``), the adapter, dtype name
         and ReduceOp, the kind's request record (see :class:`~collectives.calls.Request`) and
-        the transport's method of the row."""
+        the transport's method for the kind (``Transport._method_of``: the row's, or one the
+        backend bound for the kind)."""
         adapter, dtype, reduce_op = self.check_kind(x, op, call.reduces, call.in_place)
         fast = self._transport._fast_path(call, adapter, dtype, reduce_op) \
             if not call.counted and (call.collective or not self.debug) else None
-        # The per-array check: with a fast path, the one that also returns x's host view
-        # (without, check_array's None means the fast path, never taken, is never called), and
-        # for the uneven rows (their method gets it: Request.view); then the backend's device
-        # check, where it has one.
-        check: Callable[[Any, bool], Any] = adapter.check_array if fast is None and not call.counted \
-            else adapter.host_view
-        if self._checks_device:
-            check = self.checked_device(check, adapter)
+        # The per-array check: with a fast path, the one that also returns x's view, the backend's
+        # own (its device check in it) or x's host view (without, check_array's None means the
+        # fast path, never taken, is never called), and for the uneven rows (their method gets
+        # it: Request.view); then the backend's device check, where it has one for every array.
+        check: Callable[[Any, bool], Any] | None = None
+        if fast is not None:
+            check = self._transport._array_check(adapter)
+        if check is None:
+            check = adapter.check_array if fast is None and not call.counted else adapter.host_view
+            if self._checks_device:
+                check = self.checked_device(check, adapter)
         carry = None if fast is None or not call.collective else \
             self._transport._carried_path(call, adapter, dtype, reduce_op)
         plan = (check, fast or _no_fast_path, carry, adapter, dtype, reduce_op,
-                Request(call, None, adapter, dtype, reduce_op), getattr(self._transport, call.method))
+                Request(call, None, adapter, dtype, reduce_op),
+                self._transport._method_of(call, adapter, dtype, reduce_op))
         try:
             self.plans[call, type(x), x.dtype, op] = plan
         except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered

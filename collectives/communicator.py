@@ -115,9 +115,9 @@ class Communicator:
         self._monitored = MonitoredBarrier(transport, rank, size, handles, call_check)
         # The call path's shortcuts into its parts (one attribute read each).
         self._pending, self._reap, self._keep = handles.pending, handles.reap, handles.keep
-        self._plans, self._check_call = checks.plans, transport._word_check(call_check)
-        self._carry_call = transport._carry_check(call_check)
-        self._check_counts = transport._counts_check(call_check)  # (emulations.counted calls it)
+        self._plans = checks.plans
+        # (_check_counts: emulations.counted calls it)
+        self._check_call, self._carry_call, self._check_counts = call_check.forms()
         # What an error raised inside a call becomes (the context's: see raise_failed).
         self._raise_failed = context.raise_failed
         # Debug mode (COLLECTIVES_DEBUG=1): full fingerprints, and headers ahead of send/recv.
@@ -127,6 +127,8 @@ class Communicator:
             process_hooks.install_farewell()
         self._closed = False
         self._why_broken: str | None = None  # why it cannot be used any more (a timeout), else None
+        # What its next call raises when a transport's watchdog found the failure (fail_later).
+        self._failure: Exception | None = None
         self._seq, self._operation = 0, ""  # the running call's number and operation
         self._owner = _thread_id()  # the thread that may call collectives on it (see bind_thread)
         # The call path's one test of closed, unusable and owner thread: the owner's id
@@ -520,7 +522,7 @@ class Communicator:
         if self._closed:
             raise ValueError(f"{self!r} is closed; create a new communicator")
         if self._broken:
-            raise self._fault.rank_failure(None) or CollectiveError(self._broken)
+            raise self._fault.rank_failure(None) or self._context.failure()
         if self._owner != _thread_id() and not in_backward_pass():
             raise wrong_thread(self)
 

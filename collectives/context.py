@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from . import config, farewell
 from .config import TIMEOUT
 from .diagnostics import recorder
-from .diagnostics.recorder import END, ERROR, FAILED, OP, SEQ, STARTED, STATE
+from .diagnostics.recorder import END, OP, SEQ, STARTED, STATE, mark_failed
 from .errors import CollectiveError, CollectiveTimeout, RankFailure, timed_out
 from .polling import SPIN_YIELD_EVERY, PollPolicy, wait_until
 from .transport import CallContext, Transport
@@ -51,7 +51,8 @@ class CommunicatorContext(CallContext):
     ``timeout``, why it is unusable (``_why_broken``), its flight-recorder ring (``_ring``), its
     fault tolerance (``_fault``) and ``repr``; it sets ``comm._broken`` (unusable), ``comm._checking`` (see
     :meth:`stop_checking`) and ``comm.timeout`` (for a call's own ``timeout=``: see
-    :meth:`run_with_timeout`, which runs the call through ``comm._run``), and nothing else."""
+    :meth:`run_with_timeout`, which runs the call through ``comm._run``) and clears the plans of
+    its argument checks (``comm._checks.plans``: see :meth:`forget_plans`), and nothing else."""
 
     __slots__ = ("comm", "_transport", "farewells", "_abandoned")
 
@@ -153,6 +154,22 @@ class CommunicatorContext(CallContext):
     def mark_broken(self, why: str) -> None:
         self.comm._broken = f"{self.comm!r} is unusable: {why}"
 
+    def fail_later(self, error: Exception) -> None:
+        comm = self.comm
+        comm._failure = error  # (before _broken: the call that sees the gate closed finds it)
+        if not comm._broken:
+            comm._broken = f"{comm!r} is unusable: {error}"
+
+    def failure(self) -> Exception:
+        comm = self.comm
+        found: Exception | None = comm._failure
+        if found is not None:  # a new one each time: a raised exception keeps its traceback
+            return type(found)(*found.args)
+        return CollectiveError(comm._broken or f"{comm!r} is unusable")
+
+    def forget_plans(self) -> None:
+        self.comm._checks.plans.clear()
+
     def has_left(self, rank: int) -> bool:
         return rank in self.farewells.left
 
@@ -244,10 +261,3 @@ def find_record(ring: Any, seq: int) -> list[Any] | None:
             found: list[Any] = record
             return found
     return None
-
-
-def mark_failed(record: list[Any] | None, error: BaseException) -> None:
-    """Mark ``record`` (``None``: the recorder is off) failed with ``error`` (once)."""
-    if record is not None and record[STATE] is not FAILED:
-        record[STATE], record[END] = FAILED, _clock()
-        record[ERROR] = f"{type(error).__name__}: {str(error)[:300]}"

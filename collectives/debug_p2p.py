@@ -119,12 +119,21 @@ class _CheckedRecv(Work):
             return True
         try:
             header = self._header_posted(block=False)
-            return header is not None and header.is_completed() and self.payload_posted().is_completed()
+            if not (header is not None and header.is_completed() and self.payload_posted().is_completed()):
+                return False
         except CollectiveError:
             raise
         except Exception as error:  # kept for wait(), which says what it means
             self._payload_error = error
             return True
+        try:  # both arrived: the header compared and the payload copied into x, at once
+            self.wait()
+        except CollectiveError:
+            if self._error is None:
+                raise
+            # A mismatch stays this handle's: its wait() raises it (x untouched), not the call
+            # whose reaping found it.
+        return True
 
 
 class CheckedPointToPoint:

@@ -56,13 +56,15 @@ def counted(comm: Any, r: Request) -> None:
 
 
 def reduce(transport: Any, r: Request) -> Work | None:
-    """Reduce into ``x`` on ``dst``. Emulated: all_reduce of a copy, kept on ``dst``."""
+    """Reduce into ``x`` on ``dst``. Emulated: all_reduce, of x itself on ``dst`` (which gets the
+    result there) and of a copy elsewhere (x stays as it was)."""
     x, adapter = r.x, r.adapter
+    if transport.rank == r.root:
+        transport._all_reduce(Request(ALL_REDUCE, x, adapter, r.dtype, r.op))
+        return Work(x) if r.async_op else None
     copy = adapter.empty(x, tuple(x.shape))
     adapter.copy_(copy, x)
     transport._all_reduce(Request(ALL_REDUCE, copy, adapter, r.dtype, r.op))
-    if transport.rank == r.root:
-        adapter.copy_(x, copy)
     return Work(x) if r.async_op else None
 
 
@@ -76,10 +78,13 @@ def gather(transport: Any, r: Request) -> Any:
 
 
 def scatter(transport: Any, r: Request) -> Any:
-    """Row ``rank`` of ``src``'s ``x``. Emulated: broadcast of a copy (x stays untouched)."""
+    """Row ``rank`` of ``src``'s ``x``. Emulated: broadcast of a copy of x on ``src`` (x stays
+    untouched; the transport may write the values back into the buffer it broadcasts), into
+    new memory elsewhere."""
     x, adapter = r.x, r.adapter
     copy = adapter.empty(x, tuple(x.shape))
-    adapter.copy_(copy, x)
+    if transport.rank == r.root:
+        adapter.copy_(copy, x)
     transport._broadcast(Request(BROADCAST, copy, adapter, r.dtype, root=r.root))
     result = _into(adapter, r.out, copy[transport.rank])
     return Work(result) if r.async_op else result

@@ -311,7 +311,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="exit with status 1 unless every named backend is usable here")
     args = parser.parse_args(argv)
     info = collect()
-    print(json.dumps(info, indent=2, default=str) if args.json else render(info))
+    try:
+        print(json.dumps(info, indent=2, default=str) if args.json else render(info), flush=True)
+    except BrokenPipeError:
+        # The reader closed early (``collectives-info | head -1``): end quietly, as a Unix tool
+        # that SIGPIPE ends, with the status a shell gives one; stdout goes to /dev/null so
+        # that the interpreter's flush at exit finds no pipe to fail on.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + 13  # 13: SIGPIPE
     missing = [name for name in args.require if not info["backends"][name]["usable"]]
     for name in missing:
         print(f"required backend {name!r} is unavailable: {info['backends'][name]['why']}", file=sys.stderr)

@@ -23,12 +23,13 @@ from typing import Any
 from . import config
 from .calls import ALL_GATHER_V, BARRIER_TAG, NOT_TAKEN, Call, Request
 from .checks import refused_call
-from .context import CommunicatorContext, mark_failed, poll_until
+from .context import CommunicatorContext, poll_until
 from .diagnostics import recorder
+from .diagnostics.recorder import mark_failed
 from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout
 from .ops import ReduceOp
 from .transport import Transport
-from .wire import FAST_BIT, REFUSED_WORD, call_hash
+from .wire import FAST_BIT, REFUSED_WORD, call_hash, check_word, words_agree
 from .work import KeptHandles, Work
 
 _clock = recorder.clock
@@ -41,7 +42,7 @@ class CallCheck:
     communicator of ``size`` ranks over ``transport``; ``context`` is the communicator's side
     (the running call, its exchange, what errors become)."""
 
-    __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "_hashes", "_carries", "_fast_bit")
+    __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "hashes", "carries", "fast_bit")
 
     def __init__(self, transport: Transport, context: CommunicatorContext, size: int) -> None:
         self._transport, self._context = transport, context
@@ -58,12 +59,27 @@ class CallCheck:
         #: Whether the first collective is checked: it compares in full, COLLECTIVES_DEBUG=0 too
         #: (then no more), where the transport checks by default.
         self.first_checked = size > 1 and (level != config.CHECKS_OFF or transport._checks_by_default)
-        # The hashes of the kinds of call seen (see check).
-        self._hashes: dict[tuple[Any, ...], int] = {}
-        # Whether an uneven call's counts travel in its check's round (see check_counts).
-        self._carries = transport._counts_with_check and level == config.CHECKS_DEFAULT
-        # What a word on the fast path adds (FAST_BIT where the transport reads it).
-        self._fast_bit = FAST_BIT if transport._marks_fast_path else 0
+        #: The hashes of the kinds of call seen, by (call, dtype, reduce_op, root, shape) (see check).
+        self.hashes: dict[tuple[Any, ...], int] = {}
+        #: Whether an uneven call's counts travel in its check's round (see check_counts).
+        self.carries = transport._counts_with_check and level == config.CHECKS_DEFAULT
+        #: What a word on the fast path adds (FAST_BIT where the transport reads it).
+        self.fast_bit = FAST_BIT if transport._marks_fast_path else 0
+
+    def forms(self) -> tuple[Callable[..., None], Callable[..., Any], Callable[[Request], bool]]:
+        """What the call path calls for the default check: :meth:`check`, :meth:`carry` and
+        :meth:`check_counts`, or, where the transport's round is compiled (its
+        ``_compiled_checks()``: the compiled module and its round), their compiled forms with the
+        same arguments and results, made here from this check and the communicator (which they
+        read the running call's number of); the transport is handed nothing of either."""
+        compiled = self._transport._compiled_checks()
+        if compiled is None:
+            return self.check, self.carry, self.check_counts
+        module, round_, uneven_bytes = compiled
+        default = config.CHECKS_DEFAULT
+        return (module.CheckedWord(self, self._comm, round_, default, self.fast_bit),
+                module.CheckedCarry(self, self._comm, default),
+                module.CheckedCounts(self, self._comm, round_, uneven_bytes, ALL_GATHER_V))
 
     def check(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
               shape: tuple[int, ...], waiting: Callable[[], None] | None = None, fast: bool = False) -> None:
@@ -83,7 +99,7 @@ class CallCheck:
         ``fast``: this rank runs the call on the transport's fast path (see wire.FAST_BIT)."""
         seq: int = self._comm._seq
         if call.counted:  # dtype and shape: the call's counts exchange compares them
-            if self._carries and seq != 1:
+            if self.carries and seq != 1:
                 return  # its counts travel in its check's round (check_counts)
             dtype, shape = None, ()
         if self.level != config.CHECKS_DEFAULT or seq == 1:
@@ -94,14 +110,13 @@ class CallCheck:
                 self._context.stop_checking()
             return
         try:
-            h = self._hashes[call, dtype, reduce_op, root, shape]
+            h = self.hashes[call, dtype, reduce_op, root, shape]
         except KeyError:
             h = self._hash_call(call, reduce_op, root, dtype, shape)
-        # check_word(h, seq) and words_agree, written out: this runs on every call
-        h = (h ^ seq) & 0x7FFFFFFF
-        reduced = self._transport._agree_word((h << 32) | (h ^ 0xFFFFFFFF) | (self._fast_bit if fast else 0), waiting)
-        if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
-            self._disagreed(reduce_op, root, dtype, shape)
+        # (the check word: wire.py's, the one place that says its format)
+        reduced = self._transport._agree_word(check_word(h, seq) | (self.fast_bit if fast else 0), waiting)
+        if not words_agree(reduced):
+            self.disagreed(reduce_op, root, dtype, shape)
 
     def carry(self, carry: Callable[[Any, Any, Any, Any, int], tuple[int, Any]], call: Call,
               reduce_op: ReduceOp | None, root: int, dtype: str, view: Any, out: Any, extra: Any) -> Any:
@@ -115,16 +130,15 @@ class CallCheck:
             self.check(call, reduce_op, root, dtype, shape)
             return NOT_TAKEN
         try:
-            h = self._hashes[call, dtype, reduce_op, root, shape]
+            h = self.hashes[call, dtype, reduce_op, root, shape]
         except KeyError:
             h = self._hash_call(call, reduce_op, root, dtype, shape)
-        h = (h ^ seq) & 0x7FFFFFFF
-        reduced, result = carry(view, root, out, extra, (h << 32) | (h ^ 0xFFFFFFFF))
-        if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
-            self._disagreed(reduce_op, root, dtype, shape)
+        reduced, result = carry(view, root, out, extra, check_word(h, seq))
+        if not words_agree(reduced):
+            self.disagreed(reduce_op, root, dtype, shape)
         return result
 
-    def _disagreed(self, reduce_op: ReduceOp | None, root: int, dtype: str | None, shape: tuple[int, ...]) -> None:
+    def disagreed(self, reduce_op: ReduceOp | None, root: int, dtype: str | None, shape: tuple[int, ...]) -> None:
         """The check words differ: the fingerprints name how (CollectiveMismatch on every rank)."""
         self.compare_fingerprints(reduce_op, root, dtype, shape)
         raise CollectiveMismatch(  # (hash words differ only where fingerprints do)
@@ -142,21 +156,20 @@ class CallCheck:
         exchange runs instead: the first call, debug mode, or ranks whose dtypes, trailing
         shapes or ``out`` rows disagree (its error on every rank says how)."""
         seq: int = self._comm._seq
-        if not self._carries or seq == 1:
+        if not self.carries or seq == 1:
             return False
         call, x = r.call, r.x
         rest = x.shape[1:]  # (a tuple; a tensor's torch.Size is one too)
         try:
-            h = self._hashes[call, r.dtype, None, -1, rest]
+            h = self.hashes[call, r.dtype, None, -1, rest]
         except KeyError:
             h = self._hash_call(call, None, -1, r.dtype, rest)
-        h = (h ^ seq) & 0x7FFFFFFF
         gathered = call is ALL_GATHER_V
         row = [int(x.shape[0])] if gathered else [int(n) for n in r.extra]
         row.append(-1 if r.out is None else int(r.out.shape[0]))
         view = r.view if x.nbytes <= self._transport._uneven_bytes else None  # (the call path's host view)
-        reduced, rows, carried = self._transport._agree_counts((h << 32) | (h ^ 0xFFFFFFFF), row, view)
-        if ((reduced >> 32) | reduced) & 0xFFFFFFFF != 0xFFFFFFFF:
+        reduced, rows, carried = self._transport._agree_counts(check_word(h, seq), row, view)
+        if not words_agree(reduced):
             self.compare_fingerprints(None, -1, None, ())  # another call: the mismatch
             return False  # the same call, another dtype or x.shape[1:]: the exchange says which
         if gathered:
@@ -178,10 +191,10 @@ class CallCheck:
     def _hash_call(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
                    shape: tuple[int, ...]) -> int:
         """:func:`collectives.wire.call_hash` of a kind of call, remembered."""
-        if len(self._hashes) >= MAX_CALL_HASHES:
-            self._hashes.clear()
+        if len(self.hashes) >= MAX_CALL_HASHES:
+            self.hashes.clear()
         h = call_hash(call.name, reduce_op, root, dtype, tuple(shape))
-        self._hashes[call, dtype, reduce_op, root, shape] = h
+        self.hashes[call, dtype, reduce_op, root, shape] = h
         return h
 
     def refused(self, call: Call, x: Any, op: Any, root: Any, error: Exception, record: list[Any] | None) -> None:

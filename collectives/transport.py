@@ -80,6 +80,24 @@ class CallContext(abc.ABC):
         transport failed in a way it cannot recover from."""
 
     @abc.abstractmethod
+    def fail_later(self, error: Exception) -> None:
+        """A failure the transport found off the call path (its watchdog thread, any thread):
+        the communicator becomes unusable, and ``error`` is raised at its next call or handle
+        ``wait()`` on this rank (and at every later one)."""
+
+    @abc.abstractmethod
+    def failure(self) -> Exception:
+        """What a call or a handle's ``wait()`` on the unusable communicator raises: the failure
+        given to :meth:`fail_later`, else a :class:`~collectives.CollectiveError` saying why."""
+
+    @abc.abstractmethod
+    def forget_plans(self) -> None:
+        """Forget the plans of the kinds of arrays the communicator remembers (their fast
+        paths and methods, which the transport bound): it is about to release what they hold
+        (a process group that must die before the interpreter does). A later call of a kind
+        plans it again."""
+
+    @abc.abstractmethod
     def has_left(self, rank: int) -> bool:
         """Whether ``rank`` is known to have left the communicator."""
 
@@ -229,11 +247,36 @@ class Transport(abc.ABC):
     def _check_device(self, x: Any, adapter: ArrayAdapter) -> None:
         """``TypeError``/``ValueError`` if this backend cannot take ``x`` (device, kind)."""
 
+    #: Whether :meth:`_check_device` must see every array (two arrays of one kind may lie on
+    #: different devices); False where its verdict depends on the kind of array alone: then the
+    #: first call of each kind makes it, and later ones skip it.
+    _check_device_per_array: bool = True
+
+    def _array_check(self, adapter: ArrayAdapter) -> Callable[[Any, bool], Any] | None:
+        """For backends whose fast paths take the array itself rather than its host view: the
+        per-array check ``(x, in_place)`` of a kind of ``adapter``'s arrays that has a fast
+        path. It makes ``adapter.check_array``'s checks (raising its errors; and
+        :meth:`_check_device`'s where ``_check_device_per_array``) and returns what the fast path
+        and the kind's method (:meth:`_method_of`, as ``Request.view``) then take, or ``None``
+        (x is taken by the row's method as usual). ``None``: ``adapter.host_view``, a numpy view
+        of the memory of a C-contiguous host array."""
+        return None
+
+    def _method_of(self, call: Call, adapter: ArrayAdapter, dtype: str,
+                   reduce_op: ReduceOp | None) -> Callable[[Request], Any]:
+        """The method that runs the calls of this kind (row, adapter, dtype, op) that do not take
+        the fast path (asynchronous ones, an array the fast path does not take, the uneven rows):
+        the row's method (:attr:`~collectives.calls.Call.method`) unless the backend binds one of
+        its own for the kind once (its constants made then), which gives a call it does not take
+        to the row's method. Called once per kind, after the kind's first checks passed."""
+        return getattr(self, call.method)  # type: ignore[no-any-return]
+
     def _fast_path(self, call: Call, adapter: ArrayAdapter, dtype: str,
                    reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any], Any] | None:
         """For backends: a callable ``(view, root, out, extra)`` that runs the call ``call``
         (a collective of even shapes, send or recv: not the uneven rows) on ``view``, the
-        C-contiguous numpy array of a host ``x`` of this kind (``adapter.host_view``),
+        C-contiguous numpy array of a host ``x`` of this kind (``adapter.host_view``; or what
+        the backend's :meth:`_array_check` returned),
         blocking, and returns the call's result (an in-place call's is ignored: ``x`` is
         returned), or :data:`collectives.calls.NOT_TAKEN` when it cannot take that array (the
         transport's method of the row then does). ``root`` is the root or peer, ``out`` the
@@ -261,23 +304,13 @@ class Transport(abc.ABC):
     #: most (at least :attr:`_carry_bytes`; past it, x does not travel: its word is marked).
     _uneven_bytes: int = 0
 
-    def _word_check(self, call_check: Any) -> Callable[..., None]:
-        """What the call path calls for the default check of a call whose data does not travel in
-        it (a barrier, a split, a call off the fast path): ``call_check.check`` (``CallCheck.check``,
-        collectives/reliability.py), or a compiled form of it with the same arguments."""
-        return call_check.check  # type: ignore[no-any-return]
-
-    def _carry_check(self, call_check: Any) -> Callable[..., Any]:
-        """What the call path calls for a call whose x a carried path carries: ``call_check.carry``
-        (``CallCheck.carry``, collectives/reliability.py), or a compiled form of it with the same
-        arguments and results."""
-        return call_check.carry  # type: ignore[no-any-return]
-
-    def _counts_check(self, call_check: Any) -> Callable[[Any], bool]:
-        """What the call path calls for an uneven call's counts exchange (``emulations.counted``):
-        ``call_check.check_counts`` (``CallCheck.check_counts``), or a compiled form of it with the
-        same argument and result."""
-        return call_check.check_counts  # type: ignore[no-any-return]
+    def _compiled_checks(self) -> tuple[Any, Any, int] | None:
+        """Where this transport's check round is compiled: ``(module, round, uneven_bytes)``, the
+        compiled module whose ``CheckedWord``, ``CheckedCarry`` and ``CheckedCounts`` the
+        communicator's :class:`~collectives.reliability.CallCheck` makes its compiled forms from
+        (:meth:`~collectives.reliability.CallCheck.forms`), the round they run and
+        :attr:`_uneven_bytes`; ``None`` (the default): the Python forms."""
+        return None
 
     #: Whether the default check's words mark the ranks on the fast path (``wire.FAST_BIT``):
     #: :meth:`_agree_word` then gets words with bit 63 set, and may learn that every rank runs

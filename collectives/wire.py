@@ -159,8 +159,10 @@ def check_word(call_hash: int, seq: int) -> int:
     """The word a rank contributes to the default check: a 31-bit hash ``h`` of the call and
     its sequence number in the high half, its complement in the low half (a non-negative
     int64). The BAND of every rank's word passes :func:`words_agree` exactly when every
-    rank's ``h`` is the same: a bit where two ranks differ is 0 in both halves. (The call
-    path, ``CallCheck.check`` (collectives/reliability.py), computes it inline.)"""
+    rank's ``h`` is the same: a bit where two ranks differ is 0 in both halves. The one
+    definition of the word's format, with :func:`words_agree` (the compiled check,
+    backends/_carried_check.c, mirrors both; tests/collective_calls/test_carried.py compares its
+    word with this one)."""
     h = (call_hash ^ seq) & 0x7FFFFFFF
     return (h << 32) | (h ^ _LOW)
 

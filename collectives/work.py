@@ -47,7 +47,9 @@ class Work:
         return self._x
 
     def is_completed(self) -> bool:
-        """Whether the collective has completed (once true, ``wait()`` does not block)."""
+        """Whether the collective has completed. Once true, its result is in place (what the
+        handle does at the end, such as AVG's division or a staged copy back, has run) and
+        ``wait()`` does not block; a failure raises here, as from ``wait()``."""
         return True
 
     def wait_for(self, seconds: float) -> bool:
@@ -105,12 +107,14 @@ class KeptHandles:
         self.pending_p2p: collections.deque[Work] = collections.deque()
 
     def keep(self, work: Work, record: list[Any] | None) -> None:
-        """Keep the handle of an asynchronous collective (and its record) until it completes."""
-        if len(self.pending) >= MAX_PENDING:
-            self.pending.popleft().wait()
-            _completed_record(self.posted.popleft())
+        """Keep the handle of an asynchronous collective (and its record) until it completes.
+        Past MAX_PENDING the oldest is waited for first; one whose ``wait()`` only ordered the
+        caller's stream after it (a CUDA call: the host does not wait) stays kept until it has
+        completed (the GPU's own queue bounds how many calls run behind the host)."""
         self.pending.append(work)
         self.posted.append(record)
+        if len(self.pending) > MAX_PENDING:
+            self._retire_oldest(wait=True)
 
     def keep_p2p(self, work: Work) -> None:
         """Keep the handle of an asynchronous send or recv until it completes."""
@@ -121,10 +125,29 @@ class KeptHandles:
         """Forget the collective handles that have completed, oldest first (collectives
         complete in the order they were made; a still-running one ends the scan), and mark
         their records completed."""
-        pending, posted = self.pending, self.posted
-        while pending and pending[0].is_completed():
-            pending.popleft()
-            _completed_record(posted.popleft())
+        pending = self.pending
+        while pending and self._retire_oldest():
+            pass
+
+    def _retire_oldest(self, wait: bool = False) -> bool:
+        """Forget the oldest collective handle if it has completed (after its ``wait()`` with
+        ``wait``), its result then in place (see :meth:`Work.is_completed`) and its record marked
+        completed; whether it had. A dropped handle's failure raises here (reaping: in the next
+        call, before anything of that call is sent), its record marked failed and the handle
+        forgotten, so the calls after it go on."""
+        oldest = self.pending[0]
+        try:
+            if wait:
+                oldest.wait()
+            if not oldest.is_completed():
+                return False
+        except Exception as error:
+            self.pending.popleft()
+            recorder.mark_failed(self.posted.popleft(), error)
+            raise
+        self.pending.popleft()
+        _completed_record(self.posted.popleft())
+        return True
 
     def complete(self) -> None:
         """Wait for every kept handle, collectives first (``close()``)."""
@@ -136,8 +159,12 @@ class KeptHandles:
 
 
 def _reap(pending: collections.deque[Work]) -> None:
-    while pending and pending[0].is_completed():
-        pending.popleft()
+    while pending:
+        oldest = pending[0]
+        if not oldest.is_completed():
+            return
+        if pending and pending[0] is oldest:  # (a debug-mode recv that completes forgets itself)
+            pending.popleft()
 
 
 def _completed_record(record: list[Any] | None) -> None:

@@ -44,7 +44,7 @@ export PIP_BREAK_SYSTEM_PACKAGES=1
 START=$(date +%s)
 # Time budget (seconds from the start): the whole check, and the limits of each phase.
 TOTAL=${GPU_CHECK_SECONDS:-360}
-SETUP_LIMIT=60 PREFLIGHT_LIMIT=45 SMOKE_LIMIT=${GPU_CHECK_SMOKE_SECONDS:-100} TIMING_RESERVE=45
+SETUP_LIMIT=60 PREFLIGHT_LIMIT=45 SMOKE_LIMIT=${GPU_CHECK_SMOKE_SECONDS:-100} TIMING_RESERVE=90
 TESTS=${GPU_CHECK_TESTS:-tests/gpu/test_gpu.py}
 status=0
 failures=""
@@ -360,25 +360,27 @@ elif [ "$cuda" = 1 ]; then
     phase="timing"
     timed() {  # one timing command, 40 s at most, and only while the check's budget lasts
         if [ "$(left)" -lt 45 ]; then
-            echo "| $* | skipped: the check's budget is spent | | | | | | |" >>"$TIMING"
+            echo "| $* | skipped: the check's budget is spent | | | | | | | | | |" >>"$TIMING"
             return
         fi
         marker=timing$START
         GPU_CHECK_RUN=$marker waited timeout -k 5 40 "$@" --out "$TIMING" >>"$LOG" 2>&1
         local rc=$?
         if [ $rc -ne 0 ]; then
-            echo "| $* | failed or timed out (see gpu_check.log) | | | | | | |" >>"$TIMING"
+            echo "| $* | failed or timed out (see gpu_check.log) | | | | | | | | | |" >>"$TIMING"
             fail "timing: \`$*\` $([ $rc -eq 124 ] && echo 'ran past its 40 s limit' || echo "exit status $rc")"
         fi
         reap "$marker"
         marker=""
     }
-    echo "| backend | ranks | array | bytes | ours (µs/call) | raw (µs/call) | ours / raw | ours (GB/s) |" >>"$TIMING"
-    echo "|---|---|---|---|---|---|---|---|" >>"$TIMING"
-    timed "$PY" scripts/bench/gpu_timing.py --backend torch
-    if "$PY" -c 'import cupy' >/dev/null 2>&1; then
-        timed "$PY" scripts/bench/gpu_timing.py --backend cupy
-    fi
+    "$PY" scripts/bench/gpu_timing.py --header-only >>"$TIMING"
+    # A row per setting: ours and raw interleaved, the median of the rounds (gpu_timing.py).
+    for setting in defaults COLLECTIVES_TIMEOUT=0 COLLECTIVES_DEBUG=0; do
+        timed "$PY" scripts/bench/gpu_timing.py --backend torch --env "$setting"
+        if "$PY" -c 'import cupy' >/dev/null 2>&1; then
+            timed "$PY" scripts/bench/gpu_timing.py --backend cupy --env "$setting"
+        fi
+    done
     if mpi_ok; then
         COLLECTIVES_MPI_CUDA_AWARE=0 timed $MPIEXEC -n 2 "$PY" scripts/bench/gpu_timing.py --backend mpi
     fi

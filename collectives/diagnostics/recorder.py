@@ -53,6 +53,13 @@ _LIBRARY = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)  # col
 clock = time.monotonic
 
 
+def mark_failed(record: list[Any] | None, error: BaseException) -> None:
+    """Mark ``record`` (``None``: the recorder is off) failed with ``error`` (once)."""
+    if record is not None and record[STATE] is not FAILED:
+        record[STATE], record[END] = FAILED, clock()
+        record[ERROR] = f"{type(error).__name__}: {str(error)[:300]}"
+
+
 def _library_directories() -> tuple[str, ...]:
     """collectives/ and the installed backends/ and syncbn/ (their own directories)."""
     found = list(_LIBRARY)

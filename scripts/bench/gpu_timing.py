@@ -1,24 +1,29 @@
 """Time our all_reduce against the raw transport on the same GPU buffers; print a markdown table.
 
     python scripts/bench/gpu_timing.py --backend torch                  # world size 1, no launcher
-    python scripts/bench/gpu_timing.py --backend cupy
+    COLLECTIVES_TIMEOUT=0 python scripts/bench/gpu_timing.py --backend cupy
     mpiexec -n 2 python scripts/bench/gpu_timing.py --backend mpi
     torchrun --nproc_per_node 2 scripts/bench/gpu_timing.py --backend torch   # NCCL >= 2.30 on one GPU
 
 "raw" is the transport called directly on the same buffer: ``dist.all_reduce`` (torch),
 ``NcclCommunicator.allReduce`` on the caller's stream (cupy), ``MPI_Allreduce`` on the
 device pointer when MPI is CUDA-aware, else the copy to host, ``MPI_Allreduce`` and the
-copy back that a user would write by hand (mpi). On cupy with a timeout (the default) each of
-our blocking calls waits on the host for its CUDA event against the deadline, which raw NCCL
-does not; ``COLLECTIVES_TIMEOUT=0`` rows ("no timeout") show the call path without that wait.
-Each time is the mean per call over a loop between two device synchronizations, after
-warm-up. Rank 0 prints the rows (and appends them to ``--out``); ``--header`` prints the
-table's header first.
+copy back that a user would write by hand (mpi).
+
+Ours and raw are interleaved: each of ``--rounds`` rounds times a loop of each (which goes first
+alternates), between two device synchronizations, after warm-up; a row gives the median per call
+of the rounds. Each run is one setting, read from the environment or ``--env`` (once per setting):
+``defaults``, ``COLLECTIVES_TIMEOUT=0``, ``COLLECTIVES_DEBUG=0``...; its rows say which, and whether
+the call path's compiled form ran. Rank 0 prints the rows (and appends them to ``--out``);
+``--header`` prints the table's header first. ``--device cpu`` runs the same loops on host tensors
+(a rehearsal of the script without a GPU).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,8 +33,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import collectives  # noqa: E402
 
 SIZES = (4 << 10, 1 << 20, 16 << 20, 128 << 20)  # bytes of float32
-HEADER = ("| backend | ranks | array | bytes | ours (µs/call) | raw (µs/call) | ours / raw | "
-          "ours (GB/s) |\n|---|---|---|---|---|---|---|---|")
+COLUMNS = ("| backend | ranks | setting | compiled call path | array | bytes | ours (µs/call, median) | "
+           "raw (µs/call, median) | ours - raw (µs) | ours / raw | rounds |")
+HEADER = COLUMNS + "\n" + "|---" * COLUMNS.count(" | ") + "|---|"
+#: The variables a setting is made of (what the rows' "setting" column names).
+SETTING_VARIABLES = ("COLLECTIVES_TIMEOUT", "COLLECTIVES_DEBUG", "COLLECTIVES_COMPILED")
+DEVICE = "cuda"
+
+
+def setting() -> str:
+    """This run's setting: the variables of :data:`SETTING_VARIABLES` that are set, or "defaults"."""
+    chosen = [f"{name}={os.environ[name]}" for name in SETTING_VARIABLES if os.environ.get(name, "") != ""]
+    return " ".join(chosen) or "defaults"
+
+
+def compiled_call_path() -> str:
+    """Whether the call path's compiled form runs ("yes"/"no"; "unknown" where this checkout has none)."""
+    try:
+        from collectives.front import compiled_module
+    except ImportError:
+        return "unknown"
+    return "yes" if compiled_module() is not None else "no"
 
 
 def iterations(nbytes: int) -> int:
@@ -41,7 +65,7 @@ def make_buffer(library: str, nbytes: int):
 
     count = nbytes // 4
     if library == "torch":
-        return torch.zeros(count, dtype=torch.float32, device="cuda")  # zeros: sums stay finite
+        return torch.zeros(count, dtype=torch.float32, device=DEVICE)  # zeros: sums stay finite
     import cupy
 
     return cupy.zeros(count, dtype=cupy.float32)
@@ -50,7 +74,8 @@ def make_buffer(library: str, nbytes: int):
 def synchronize() -> None:
     import torch
 
-    torch.cuda.synchronize()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def raw_all_reduce(comm, library: str):
@@ -102,11 +127,9 @@ def raw_all_reduce(comm, library: str):
     return raw
 
 
-def time_per_call(fn, x, n: int, comm) -> float:
-    for _ in range(3):
-        fn(x)
+def time_per_call(fn, x, n: int) -> float:
+    """µs per call of a loop of ``n`` calls of ``fn(x)`` between two device synchronizations."""
     synchronize()
-    comm.barrier()
     start = time.perf_counter()
     for _ in range(n):
         fn(x)
@@ -114,36 +137,67 @@ def time_per_call(fn, x, n: int, comm) -> float:
     return (time.perf_counter() - start) / n * 1e6
 
 
+def interleaved(ours, raw, x, n: int, rounds: int, comm) -> tuple[float, float]:
+    """The medians of ``rounds`` rounds of a loop of ours and one of raw, which goes first
+    alternating (a clock boost or a cache warmed by the first does not favour one side)."""
+    for _ in range(3):
+        ours(x)
+        raw(x)
+    comm.barrier()
+    times: dict[str, list[float]] = {"ours": [], "raw": []}
+    for round_ in range(rounds):
+        order = (("ours", ours), ("raw", raw)) if round_ % 2 == 0 else (("raw", raw), ("ours", ours))
+        for name, fn in order:
+            times[name].append(time_per_call(fn, x, n))
+    return statistics.median(times["ours"]), statistics.median(times["raw"])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--backend", required=True, choices=["torch", "cupy", "mpi"])
+    parser.add_argument("--backend", choices=["torch", "cupy", "mpi"])
     parser.add_argument("--libraries", default="torch,cupy", help="array libraries to time")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes per buffer")
     parser.add_argument("--out", help="append the rows to this file (rank 0)")
     parser.add_argument("--header", action="store_true", help="print the table header first")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set before the communicator is made (a setting: COLLECTIVES_TIMEOUT=0...)")
+    parser.add_argument("--header-only", action="store_true", help="print the table header and end")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per row (median)")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
+                        help="cpu: host tensors (a rehearsal without a GPU)")
     args = parser.parse_args()
+    global DEVICE
+    DEVICE = args.device
+    if args.header_only:
+        print(HEADER)
+        return 0
+    for assignment in args.env:
+        if assignment == "defaults":  # (a setting's name in scripts/gpu_check.sh)
+            continue
+        name, _, value = assignment.partition("=")
+        os.environ[name] = value
 
     import importlib.util
 
+    if args.backend is None:
+        parser.error("--backend is required")
     comm = collectives.init(args.backend)
     label = comm.backend
     if comm.backend == "mpi":
         label += " (CUDA-aware)" if comm.cuda_aware else " (staged)"
-    if comm.backend == "cupy" and comm.timeout is None:
-        label += " (no timeout)"  # blocking calls return once enqueued, as raw NCCL does
+    row = f"| {label} | {comm.size} | {setting()} | {compiled_call_path()} |"
     rows = []
     for library in args.libraries.split(","):
         if library == "cupy" and importlib.util.find_spec("cupy") is None:
-            rows.append(f"| {label} | {comm.size} | cupy | - | skipped: CuPy not installed | | | |")
+            rows.append(f"{row} cupy | - | skipped: CuPy not installed | | | | |")
             continue
         raw = raw_all_reduce(comm, library)
         for nbytes in map(int, args.sizes.split(",")):
             x = make_buffer(library, nbytes)
-            n = iterations(nbytes)
-            ours = time_per_call(lambda b: comm.all_reduce(b), x, n, comm)
-            theirs = time_per_call(raw, x, n, comm)
-            rows.append(f"| {label} | {comm.size} | {library} | {nbytes} | {ours:.1f} | {theirs:.1f} | "
-                        f"{ours / theirs:.2f} | {nbytes / ours / 1e3:.2f} |")
+            n = max(5, iterations(nbytes) // 2)
+            ours, theirs = interleaved(comm.all_reduce, raw, x, n, args.rounds, comm)
+            rows.append(f"{row} {library} | {nbytes} | {ours:.1f} | {theirs:.1f} | {ours - theirs:+.1f} | "
+                        f"{ours / theirs:.2f} | {args.rounds} |")
             del x
     if comm.rank == 0:
         text = "\n".join(([HEADER] if args.header else []) + rows)

@@ -4,6 +4,8 @@ torch.distributed in the same process: a count, not a time, so a busy machine gi
     python scripts/bench/host_cost.py                     # defaults, then COLLECTIVES_DEBUG=0
     python scripts/bench/host_cost.py --json docs/bench/host-cost.json
     python scripts/bench/host_cost.py --world 2           # two processes over a FakeStore
+    python scripts/bench/host_cost.py --cases all_reduce --settings defaults --keep /tmp/cg
+    callgrind_annotate --inclusive=yes /tmp/cg/defaults/rank0.*.3   # where one loop's instructions go
 
 The group is torch's own fake process group (``torch.testing._internal.distributed.fake_pg``: every
 call completes at once and moves nothing), so what is counted is the host work in front of the
@@ -14,7 +16,10 @@ count per loop, and a loop of no-op steps, subtracted, takes the loop's own cost
 
 Cases (4 KiB float32 CPU tensors): all_reduce; async all_reduce + wait; all_gather(out=) against
 ``all_gather_into_tensor``; reduce_scatter(out=) against ``reduce_scatter_tensor``; broadcast; and
-torch's floor under ``dist.all_reduce``'s Python, ``pg.allreduce([t], opts).wait()``.
+torch's floor under ``dist.all_reduce``'s Python, ``pg.allreduce([t], opts).wait()``. ``--cases``
+picks some (a name's start: ``all_reduce`` is both all_reduce cases), ``--settings`` some settings,
+and ``--keep DIR`` keeps callgrind's files (one per loop, numbered in the order the table lists them:
+the no-op loop, the floor, then ours and raw of each case) for ``callgrind_annotate``.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ import functools
 import glob
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 SETTINGS = {"defaults": {}, "COLLECTIVES_DEBUG=0": {"COLLECTIVES_DEBUG": "0"}}
 # (case, ours, raw): what each loop's step calls. ``t``: the tensor, ``out``: a result of the
@@ -45,7 +52,7 @@ FLOOR = ("torch's floor: pg.allreduce([t], opts).wait()", "pg.allreduce([t], opt
 ELEMENTS = 1024  # 4 KiB of float32
 
 
-def child(calls: int, world: int, rank: int) -> None:
+def child(calls: int, world: int, rank: int, cases: list[tuple[str, str, str]]) -> None:
     """Run under callgrind: set up, warm every call, then one reduce loop per count."""
     import torch  # noqa: PLC0415
     import torch.distributed as dist  # noqa: PLC0415
@@ -60,7 +67,14 @@ def child(calls: int, world: int, rank: int) -> None:
     names = {"torch": torch, "dist": dist, "comm": comm, "pg": pg, "opts": opts,
              "t": torch.ones(ELEMENTS), "gathered": torch.empty(world, ELEMENTS),
              "rows": torch.ones(world, ELEMENTS), "mine": torch.empty(1, ELEMENTS)}
-    statements = [FLOOR[1]] + [s for _, ours, raw in CASES for s in (ours, raw)]
+    run_loops([FLOOR[1]] + [s for _, ours, raw in cases for s in (ours, raw)], names, calls)
+    comm.close()
+    dist.destroy_process_group()
+
+
+def run_loops(statements: list[str], names: dict, calls: int) -> None:
+    """Warm every statement, then a no-op loop and one loop of ``calls`` of each statement, each
+    inside ``functools.reduce`` (what callgrind collects and dumps after)."""
     steps = []
     for statement in statements:
         code = compile(statement, statement, "eval")
@@ -70,8 +84,6 @@ def child(calls: int, world: int, rank: int) -> None:
     functools.reduce(_noop, range(calls), None)
     for step in steps:
         functools.reduce(step, range(calls), None)
-    comm.close()
-    dist.destroy_process_group()
 
 
 def _noop(acc: object, _: int) -> object:
@@ -83,9 +95,13 @@ def _step(code: object, names: dict, acc: object, _: int) -> object:
     return acc
 
 
-def count(setting: dict[str, str], calls: int, world: int) -> list[float]:
-    """Instructions per call of every statement of :func:`child`, in its order."""
-    with tempfile.TemporaryDirectory() as folder:
+def count(setting: dict[str, str], calls: int, world: int, cases: list[tuple[str, str, str]],
+          keep: str | None) -> list[float]:
+    """Instructions per call of every statement of :func:`child`, in its order; callgrind's files
+    go to ``keep`` where given."""
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = scratch if keep is None else keep
+        os.makedirs(folder, exist_ok=True)
         env = dict(os.environ, **setting, PYTHONHASHSEED="0", OMP_NUM_THREADS="1",
                    COLLECTIVES_BACKEND="torch")
         for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_RANK"):
@@ -96,15 +112,17 @@ def count(setting: dict[str, str], calls: int, world: int) -> list[float]:
             procs.append(subprocess.Popen(
                 ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
                  "--dump-after=functools_reduce", f"--callgrind-out-file={out}", sys.executable, __file__,
-                 "--child", "--calls", str(calls), "--world", str(world), "--rank", str(rank)],
+                 "--child", "--calls", str(calls), "--world", str(world), "--rank", str(rank),
+                 "--cases", *[case for case, _, _ in cases]],
                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         for proc in procs:
             _, err = proc.communicate()
             if proc.returncode:
                 raise SystemExit(f"host_cost: the child failed ({proc.returncode}):\n{err[-3000:]}")
-        dumps = sorted(glob.glob(os.path.join(folder, "rank0.*.*")), key=lambda p: int(p.rsplit(".", 1)[1]))
+        dumps = sorted(glob.glob(os.path.join(folder, f"rank0.{procs[0].pid}.*")),
+                       key=lambda p: int(p.rsplit(".", 1)[1]))
         totals = [_total(p) for p in dumps]
-    loops = 1 + 1 + 2 * len(CASES)  # the no-op loop, the floor, ours and raw per case
+    loops = 1 + 1 + 2 * len(cases)  # the no-op loop, the floor, ours and raw per case
     if len(totals) < loops:
         raise SystemExit(f"host_cost: {len(totals)} loops counted, {loops} expected")
     totals = totals[-loops:]
@@ -124,33 +142,44 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--world", type=int, default=1)
     parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--cases", nargs="+", metavar="NAME", help="the cases whose name starts so (default: all)")
+    parser.add_argument("--settings", nargs="+", choices=list(SETTINGS), default=list(SETTINGS))
+    parser.add_argument("--keep", metavar="DIR", help="keep callgrind's files here (DIR/SETTING/rank0.PID.N)")
     parser.add_argument("--json", help="write the counts here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    cases = [case for case in CASES if args.cases is None or any(case[0].startswith(n) for n in args.cases)]
+    if not cases:
+        raise SystemExit(f"host_cost: no case starts with {args.cases}; cases: {[case for case, _, _ in CASES]}")
     if args.child:
-        child(args.calls, args.world, args.rank)
+        child(args.calls, args.world, args.rank, cases)
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("host_cost: needs valgrind (apt-get install valgrind)")
-    results = {}
-    for name, setting in SETTINGS.items():
-        per_call = count(setting, args.calls, args.world)
-        floor, rest = per_call[0], per_call[1:]
-        rows = {case: {"ours": rest[2 * i], "raw": rest[2 * i + 1]} for i, (case, _, _) in enumerate(CASES)}
-        results[name] = {"floor": floor, "cases": rows}
-        print(f"\n{name}, world {args.world}: instructions a call (4 KiB float32, fake process group)")
-        print(f"{'call':<26} {'ours':>9} {'raw':>9} {'ours - raw':>11}")
-        for case, row in rows.items():
-            ours, raw = row["ours"] / 1e3, row["raw"] / 1e3
-            print(f"{case:<26} {ours:8.1f}k {raw:8.1f}k {ours - raw:+10.1f}k")
-        print(f"{FLOOR[0]}: {floor / 1e3:.1f}k")
-    if args.json:
-        import torch  # noqa: PLC0415
+    import torch  # noqa: PLC0415
 
+    results = {}
+    for name in args.settings:
+        keep = None if args.keep is None else os.path.join(args.keep, re.sub(r"\W", "_", name))
+        per_call = count(SETTINGS[name], args.calls, args.world, cases, keep)
+        floor, rest = per_call[0], per_call[1:]
+        rows = {case: {"ours": rest[2 * i], "raw": rest[2 * i + 1]} for i, (case, _, _) in enumerate(cases)}
+        results[name] = {"floor": floor, "cases": rows}
+    print(f"Host instructions a call (callgrind; 4 KiB float32 CPU tensors; torch {torch.__version__}, "
+          f"fake process group, world {args.world}; {args.calls} calls a loop)")
+    print(f"{'call':<26} {'setting':<20} {'ours':>9} {'raw':>9} {'ours - raw':>11}")
+    for case, _, _ in cases:
+        for name, result in results.items():
+            ours, raw = result["cases"][case]["ours"] / 1e3, result["cases"][case]["raw"] / 1e3
+            print(f"{case:<26} {name:<20} {ours:8.1f}k {raw:8.1f}k {ours - raw:+10.1f}k")
+    for name, result in results.items():
+        print(f"{FLOOR[0]} ({name}): {result['floor'] / 1e3:.1f}k")
+    if args.json:
         with open(args.json, "w") as file:
             json.dump({"command": " ".join(["python", "scripts/bench/host_cost.py", *sys.argv[1:]]),
-                       "torch": torch.__version__, "world": args.world, "calls": args.calls,
-                       "results": results}, file, indent=1)
+                       "date": time.strftime("%Y-%m-%d", time.gmtime()), "torch": torch.__version__,
+                       "python": platform.python_version(), "machine": platform.machine(),
+                       "world": args.world, "calls": args.calls, "results": results}, file, indent=1)
             file.write("\n")
 
 

@@ -53,7 +53,7 @@ def formed(world, form, job, per_rank=None):
 def everyone_carried(comm):
     """Whether the last round had every rank's x in it (bit 63 of every rank's word; a round of
     one word carries nothing)."""
-    words = comm._transport._words
+    words = comm._transport.round.words
     return words is not None and bool((words < 0).all())
 
 
@@ -508,7 +508,7 @@ def one_word_job(comm):
     finally:
         mpi_channel.COUNTS_RANKS = kept
     try:
-        one_word = sub._transport._words is None and sub._transport._carry_bytes == 0
+        one_word = not sub._transport.round.gathers and sub._transport.round.carry_bytes == 0
         found = deciding_job(sub, 4) + deciding_job(sub, 2 * CARRY_BYTES // 8)
         try:
             sub.all_reduce(np.ones(2 + sub.rank, dtype=np.float32))

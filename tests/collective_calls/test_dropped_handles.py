@@ -85,3 +85,112 @@ def test_many_dropped_handles_run_in_bounded_memory(world):
         assert pending <= MAX_PENDING
         assert grown < 20
         assert y == [float(total)] * 4
+
+
+# A dropped handle's end step (AVG's division, a staged dtype's or a strided view's copy back, the
+# float order keys of MIN/MAX) runs when the communicator reaps the completed handle: torch's Gloo
+# once left the SUM in x for AVG. (call, op, dtype, contiguous) per case; x is a torch tensor.
+FINISHED_CASES = [
+    ("all_reduce", "avg", "float32", True),
+    ("all_reduce", "avg", "bfloat16", True),
+    ("all_reduce", "avg", "float64", False),
+    ("all_reduce", "max", "bool", True),
+    ("all_reduce", "sum", "int16", True),
+    ("all_reduce", "min", "float32", True),
+    ("broadcast", None, "float32", False),
+]
+
+
+def _case_values(rank, dtype, n=6):
+    values = np.arange(n, dtype=np.float64) + 3 * rank - 4  # small integers: exact in every dtype
+    return (values % 3 == 0) if dtype == "bool" else values
+
+
+def dropped_finish_job(comm, cases):
+    import torch
+
+    results = []
+    for call, op, dtype, contiguous in cases:
+        values = torch.from_numpy(_case_values(comm.rank, dtype)).to(getattr(torch, dtype))
+        if contiguous:
+            x = values
+        else:  # a strided view: the backend stages it and copies the result back
+            x = torch.zeros(2 * values.numel(), dtype=values.dtype)[::2]
+            x.copy_(values)
+        if call == "all_reduce":
+            comm.all_reduce(x, op, async_op=True)  # the handle dropped: never waited
+        else:
+            comm.broadcast(x, 0, async_op=True)
+        results.append(x)
+    # Blocking calls until every rank's communicator has reaped its dropped handles (at a call's
+    # start); each rank makes as many as the others.
+    for _ in range(10_000):
+        if not comm.all_reduce(np.array([len(comm._pending)]), "max")[0]:
+            break
+    return [x.to(torch.float64).tolist() for x in results], len(comm._pending)
+
+
+def _expected(call, op, dtype, size):
+    import torch
+
+    rows = np.stack([_case_values(rank, dtype) for rank in range(size)])
+    if call == "broadcast":
+        want = rows[0]
+    else:
+        want = {"avg": rows.mean(0), "sum": rows.sum(0), "min": rows.min(0), "max": rows.max(0)}[op]
+    return torch.from_numpy(want).to(getattr(torch, dtype)).to(torch.float64).tolist()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", BACKENDS, indirect=True, ids=[b for b, _ in BACKENDS])
+def test_a_dropped_handle_leaves_the_finished_result(world):
+    pytest.importorskip("torch")
+    for rank, (results, pending) in enumerate(world.run(dropped_finish_job, [(FINISHED_CASES,)] * world.size,
+                                                        timeout=60)):
+        assert pending == 0, rank
+        for case, got in zip(FINISHED_CASES, results):
+            assert got == _expected(*case[:3], world.size), (rank, case)
+
+
+def dropped_debug_recv_job(comm):
+    import os
+
+    from collectives.config import DEBUG
+
+    kept = os.environ.get(DEBUG)
+    os.environ[DEBUG] = "1"  # (a communicator reads it when it is made)
+    try:
+        sub = comm.split(0)
+    finally:
+        os.environ.pop(DEBUG) if kept is None else os.environ.__setitem__(DEBUG, kept)
+    sent = np.arange(5, dtype=np.float64) + 10
+    x = np.zeros(5)
+    handles = sub._handles.pending_p2p
+    if sub.rank == 0:
+        sub.send(sent, 1)
+        dropped = None
+    else:
+        sub.recv(x, 0, async_op=True)  # the handle dropped: never waited
+        dropped = handles[-1] if handles else None  # (None: reaped already, at its keeping)
+    # Async sends and recvs until the dropped recv's handle is reaped (at the next one kept).
+    token = np.zeros(1)
+    for _ in range(1000):
+        if not sub.all_reduce(np.array([dropped is not None and dropped in handles]), "max")[0]:
+            break
+        if sub.rank == 0:
+            sub.send(token, 1, async_op=True)
+        else:
+            sub.recv(token, 0, async_op=True)
+    received = x.tolist()
+    sub.close()
+    return sent.tolist(), received, sub.debug
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True, ids=["mpi"])
+def test_a_dropped_debug_mode_recv_leaves_the_payload_in_x(world):
+    """(mpi only: a Gloo recv's handle says it completed only once waited, so torch reaps a
+    dropped one at close(), whose wait() copies the payload.)"""
+    (sent, _, debug), (_, received, _) = world.run(dropped_debug_recv_job, [()] * world.size, timeout=60)
+    assert debug
+    assert received == sent

@@ -1,9 +1,9 @@
 """The check's round in two sizes of block (backends/mpi_round.py): every rank switches to the
 large block together once two rounds in a row found every rank's call past the small one (and
 within the large one), and back once two did not; calls carried in the large block give what
-numpy gives; a mismatch there raises on every rank and leaves x as it was; ranks of the Python
-form never ask for it, so a job of both forms stays on the small block; a loop that alternates
-small and larger calls stays on the small block."""
+numpy gives; a mismatch there raises on every rank and leaves x as it was; the Python form and
+the compiled one switch alike, also together in one job; a loop that alternates small and larger
+calls stays on the small block."""
 
 import numpy as np
 import pytest
@@ -18,11 +18,10 @@ MPI_2 = pytest.mark.parametrize("world", [("mpi", 2)], indirect=True, ids=lambda
 
 
 def state(comm):
-    """The block the next round uses (1: the large one; the Python form's channel keeps no
-    Round: -1), and the bytes of every rank's block in the last round."""
-    channel = comm._transport
-    round_ = channel._compiled_round
-    return (-1 if round_ is None else round_.geometry), channel._blocks.shape[1] * 8
+    """The block the next round uses (1: the large one), and the bytes of every rank's block in
+    the last round (the channel's Round: the compiled round keeps it in step)."""
+    round_ = comm._transport.round
+    return round_.geometry, round_.blocks.shape[1] * 8
 
 
 def staged(comm):
@@ -98,13 +97,12 @@ def loop_job(comm, form):
         again = calls(sub, n, 5)  # (its last two calls, the uneven ones, did not want the large block)
         back = calls(sub, n, 7, "first")  # (right after the switch back: on the small block)
         ahead = calls(sub, n, 8, "first") + calls(sub, n, 9, "uneven")  # (the first switches: the uneven right after)
-        return past, small, alternating, again + back + ahead, made, sub._transport._small_bytes > 0
+        return past, small, alternating, again + back + ahead, made, sub._transport.round.small_bytes > 0
 
 
-@WORLDS
-def test_a_loop_of_calls_past_the_small_block_switches_every_rank_to_the_large_one_and_back(world):
-    results = world.run(loop_job, [("compiled",)] * world.size, timeout=120)
-    small_block, large_block = 8 * (3 + world.size) + CARRY_BYTES, 8 * (3 + world.size) + LARGE_CARRY_BYTES
+def assert_switching(results, size):
+    """What every rank of loop_job's ``results`` saw: numpy's results, and the switches below."""
+    small_block, large_block = 8 * (3 + size) + CARRY_BYTES, 8 * (3 + size) + LARGE_CARRY_BYTES
     for past, small, alternating, again, made, large in results:
         assert [name for name, right, _ in past + small + alternating + again if not right] == []
         if not large:  # (the library's persistent all_gather is wrong, Intel MPI: the small block alone)
@@ -130,15 +128,16 @@ def test_a_loop_of_calls_past_the_small_block_switches_every_rank_to_the_large_o
     assert len({tuple(s for _, _, s in r[0] + r[1] + r[2] + r[3]) for r in results}) == 1
 
 
+@WORLDS
+@pytest.mark.parametrize("form", ["compiled", "python"])
+def test_a_loop_of_calls_past_the_small_block_switches_every_rank_to_the_large_one_and_back(world, form):
+    assert_switching(world.run(loop_job, [(form,)] * world.size, timeout=120), world.size)
+
+
 @MPI_2
-def test_ranks_of_both_forms_stay_on_the_small_block_and_give_numpys_results(world):
-    results = world.run(loop_job, [("compiled",), ("python",)], timeout=120)
-    for rank, (past, small, alternating, again, made, _) in enumerate(results):
-        assert [name for name, right, _ in past + small + alternating + again if not right] == []
-        assert {s for _, _, s in past + small + alternating + again} == {(0 if rank == 0 else -1, 40 + CARRY_BYTES)}
-        # (every kind of call past the small block staged; the uneven all_to_all's under all_to_all)
-        assert made in (["all_gather", "all_gather_v", "all_reduce", "all_to_all", "broadcast", "gather", "reduce",
-                         "reduce_scatter", "scatter"], ["all_reduce", "broadcast", "reduce"]), made  # (or Intel MPI's)
+def test_ranks_of_both_forms_switch_together_and_give_numpys_results(world):
+    # (the large block, the want and the switch are the Python form's as much as the compiled one's)
+    assert_switching(world.run(loop_job, [("compiled",), ("python",)], timeout=120), world.size)
 
 
 def mismatch_job(comm, case):
@@ -161,7 +160,7 @@ def mismatch_job(comm, case):
             return state(sub), len(errors), True, right
         for turn in range(2):
             sub.all_gather(np.full(n, turn, np.float32))
-        before = state(sub)[0] if sub._transport._small_bytes else 1  # (Intel MPI: the small block alone)
+        before = state(sub)[0] if sub._transport.round.small_bytes else 1  # (Intel MPI: the small block alone)
         mine = n // 2 if case == "shape" and sub.rank == 1 else n
         x = np.arange(mine, dtype=np.float32) + sub.rank
         kept = x.copy()

@@ -18,7 +18,7 @@ import pytest
 import torch
 from collectives.backends import cupy_channel, cupy_handles, cupy_id, cupy_nccl, cupy_plans
 from collectives.backends.cupy_channel import check_cuda_array
-from collectives.backends.cupy_nccl import NCCL_DTYPES, NCCL_OPS, reduce_plan
+from collectives.backends.cupy_plans import NCCL_DTYPES, NCCL_OPS, reduce_plan
 
 import collectives
 from collectives import ALLOWED_OPS, DTYPES, BackendUnavailable, CollectiveError, ReduceOp, arrays
@@ -263,7 +263,7 @@ class Library:
 def _grouped_works(nccl, count):
     from collectives.backends.local import LocalCommunicator
 
-    comm = LocalCommunicator()._transport  # (a transport: its context names the call)
+    comm = LocalCommunicator(timeout=0)._transport  # (a transport: its context names the call)
     works = []
     for n in range(count):
         work = cupy_handles._StreamWork(n, Library(), None, comm)

@@ -774,9 +774,21 @@ def cupy_timeout_world():
     pool.close()
 
 
+def _until_broken(comm, start, seconds):
+    """Wait until the watchdog has made ``comm`` unusable (at most ``seconds`` after ``start``)."""
+    import threading
+    import time
+
+    pause = threading.Event()
+    while not comm._broken and time.perf_counter() - start < seconds:
+        pause.wait(0.01)
+
+
 def held_stream_job(comm, library, case):
     """A collective on a fresh split, queued behind a kernel that holds the stream past the
-    timeout: (outcome, seconds until it raised, the next call's error, the world's error)."""
+    timeout: it returns once enqueued (seconds it took), and the watchdog's CollectiveTimeout is
+    raised by the next call or the handle's wait: (outcome, seconds until then, the call after's
+    error, the world's error)."""
     import time
 
     import collectives
@@ -788,11 +800,14 @@ def held_stream_job(comm, library, case):
     x = _to_device(library, torch.ones(1024))
     torch.cuda._sleep(HOLD_CYCLES)  # on the default stream, which both libraries use here
     start = time.perf_counter()
+    work = sub.all_reduce(x, async_op=case != "blocking")
+    enqueued = time.perf_counter() - start
+    _until_broken(sub, start, TIMEOUT_SECONDS + 30)
     try:
         if case == "blocking":
             sub.all_reduce(x)
         else:
-            sub.all_reduce(x, async_op=True).wait()
+            work.wait()
         outcome = ("no error", "")
     except CollectiveTimeout as error:
         outcome = ("CollectiveTimeout", str(error))
@@ -808,20 +823,21 @@ def held_stream_job(comm, library, case):
         world = ("no error", "")
     except CollectiveError as error:
         world = (type(error).__name__, str(error))
-    return comm.timeout, outcome, elapsed, after, world
+    return comm.timeout, enqueued, outcome, elapsed, after, world
 
 
 # One case per pool start (a timeout leaves the ranks unusable); barrier takes the same wait.
 @pytest.mark.parametrize("library,case", [("cupy", "blocking"), ("torch", "async")])
 def test_cupy_collective_past_its_timeout_raises_and_aborts(cupy_timeout_world, library, case):
-    timeout, (kind, message), elapsed, (after_kind, after), (world_kind, world) = cupy_timeout_world.run(
+    timeout, enqueued, (kind, message), elapsed, (after_kind, after), (world_kind, world) = cupy_timeout_world.run(
         held_stream_job, args=(library, case), timeout=JOB_TIMEOUT)[0]
     assert timeout == TIMEOUT_SECONDS  # COLLECTIVES_TIMEOUT, no longer ignored on cupy
+    assert enqueued < TIMEOUT_SECONDS / 2, enqueued  # returned once enqueued: no host wait
     assert kind == "CollectiveTimeout", message
     assert "backend=cupy" in message and f"timeout={TIMEOUT_SECONDS:g}s" in message, message
-    assert "ncclCommAbort" in message and "now unusable" in message, message
+    assert "all_reduce (call #1)" in message and "ncclCommAbort" in message and "now unusable" in message, message
     assert TIMEOUT_SECONDS <= elapsed < TIMEOUT_SECONDS + 8, elapsed  # abort may wait for the held stream
-    assert after_kind == "CollectiveError" and "is unusable" in after, after
+    assert after_kind == "CollectiveTimeout" and "all_reduce (call #1)" in after, after
     assert world_kind == "CollectiveError" and "shares the cupy transport" in world, world
     print(f"TIMING cupy timeout {TIMEOUT_SECONDS:g} s [{case}, {library}]: {elapsed:.3f} s")
 
@@ -852,7 +868,9 @@ def never_joins_job(comm):
         return sub.debug, None, None
     start = time.perf_counter()
     try:
-        sub.all_reduce(x)
+        sub.all_reduce(x)  # plain: returns once enqueued; debug: its fingerprints wait on the host
+        _until_broken(sub, start, TIMEOUT_SECONDS + 30)
+        sub.all_reduce(x)  # raises the watchdog's timeout of call #2
         outcome = ("no error", "")
     except CollectiveTimeout as error:
         outcome = ("CollectiveTimeout", str(error))

@@ -208,7 +208,7 @@ def test_cupy_backend_writes_a_staged_async_recv_back_on_the_calls_stream():
     from collectives.backends.local import LocalCommunicator
 
     library, written_on = StreamLibrary(), []
-    work = cupy_handles._StreamWork(None, library, None, LocalCommunicator()._transport)
+    work = cupy_handles._StreamWork(None, library, None, LocalCommunicator(timeout=0)._transport)
     work._stream, work._then = "recv's stream", lambda: written_on.append(library.current)
     cupy_handles._open_group(GroupCalls()).append(work)
     cupy_handles._launch_group(GroupCalls())

@@ -162,3 +162,18 @@ def test_nccl_versions_of_this_torch_and_an_unknown_library():
         assert versions == {"runtime": None, "build": None, "gate": None, "gate_source": ""}
     with pytest.raises(ValueError, match="library must be 'torch' or 'cupy'"):
         info.nccl_versions("gloo")
+
+
+@pytest.mark.parametrize("args", [(), ("--json",)], ids=["text", "json"])
+def test_a_reader_that_closes_early_ends_it_quietly(args):
+    """``collectives-info | head -1``: the pipe's reader is gone before the report is written
+    (here closed at once); the command ends as a tool that SIGPIPE ends, with no traceback."""
+    env = {**without_launcher_variables(os.environ),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-m", "collectives.info", *args], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # before the report is written: its write finds no reader
+    stderr = proc.stderr.read()
+    proc.stderr.close()
+    assert proc.wait(timeout=120) == 128 + 13, stderr
+    assert stderr == ""

@@ -1,0 +1,260 @@
+"""A stand-in for CuPy's CUDA and NCCL on host memory: the CPU twin of the cupy backend's GPU
+paths (tests/gpu/test_stream_watch.py) and the stub under scripts/bench/host_cost_cupy.py.
+
+:func:`installed` puts a module named ``cupy`` in ``sys.modules`` for the time of a ``with``:
+arrays (:class:`ndarray`, numpy memory behind a CuPy-like face), one device, streams, events
+whose completion the test decides (:class:`Device`: ``stalled`` keeps the events recorded from
+then on from completing, as a stream stuck behind a collective a peer never joins, until
+``resume()``), and
+``cupy.cuda.nccl`` with a :class:`NcclCommunicator` that runs at world size 1 (a reduction of one
+rank's data leaves it as it is) and keeps a log of its calls, its abort and its destruction.
+
+What the host waits for is counted: :attr:`Device.host_waits` (event and stream
+``synchronize()``, ``ndarray.get()``) and :attr:`Device.queries` (event queries, by thread).
+No CUDA, no NCCL: what this proves is our own bookkeeping around them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import types
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+
+class Device:
+    """The one fake GPU: which events have completed, and what the host asked of it."""
+
+    def __init__(self) -> None:
+        self.stalled = False
+        self.host_waits = 0
+        self.queries: dict[int, int] = {}  # thread id -> event queries made there
+        self.events_made = 0
+        self.stuck: list[Event] = []  # events recorded while stalled, not completed yet
+
+    def resume(self) -> None:
+        """The stream moves on: every event recorded while stalled completes, later ones too."""
+        self.stalled = False
+        for event in self.stuck:
+            event._complete = True
+        self.stuck.clear()
+
+
+class _Pointer:
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+class _CudaDevice:
+    """``cupy.cuda.Device``: the current device (always 0 here) and a context manager."""
+
+    def __init__(self, id: int = 0) -> None:  # noqa: A002  (CuPy's name)
+        self.id = id
+
+    def use(self) -> None:
+        pass
+
+    def __enter__(self) -> _CudaDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class ndarray:  # noqa: N801  (CuPy's name)
+    """A CuPy-like array over a numpy array (``host``); its attributes are read once (plain
+    attributes cost what CuPy's own do: a benchmark counts our code, not the stand-in's)."""
+
+    def __init__(self, host: np.ndarray) -> None:
+        self.host = host
+        self.device = _CudaDevice(0)
+        self.shape, self.dtype, self.strides = host.shape, host.dtype, host.strides
+        self.nbytes, self.size, self.itemsize, self.flags = host.nbytes, host.size, host.itemsize, host.flags
+        self.data = _Pointer(host.ctypes.data)
+
+    def view(self, dtype: Any) -> ndarray:
+        return ndarray(self.host.view(dtype))
+
+    def astype(self, dtype: Any, order: Any = "C", copy: bool = True) -> ndarray:
+        return ndarray(self.host.astype(dtype, order=order, copy=copy))
+
+    def __getitem__(self, key: Any) -> ndarray:
+        return ndarray(self.host[_unwrap(key)])
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.host[_unwrap(key)] = _unwrap(value)
+
+    def get(self, stream: Any = None) -> Any:
+        _DEVICE.host_waits += 1
+        return self.host.copy()
+
+
+def _unwrap(value: Any) -> Any:
+    return value.host if isinstance(value, ndarray) else value
+
+
+def _operator(name: str) -> Any:
+    """numpy's ``name`` dunder on the arrays' memory: in place on x's own, else a new array."""
+    def apply(self: ndarray, *args: Any) -> Any:
+        result = getattr(self.host, name)(*map(_unwrap, args))
+        if result is self.host:
+            return self
+        return ndarray(result) if isinstance(result, np.ndarray) else result
+    return apply
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "and", "or", "xor", "lshift", "rshift",
+              "lt", "le", "gt", "ge", "eq", "ne"):
+    setattr(ndarray, f"__{_name}__", _operator(f"__{_name}__"))
+    if _name not in ("lt", "le", "gt", "ge", "eq", "ne"):
+        setattr(ndarray, f"__i{_name}__", _operator(f"__i{_name}__"))
+for _name in ("__invert__", "__neg__"):
+    setattr(ndarray, _name, _operator(_name))
+
+
+def _copyto(dst: ndarray, src: Any, casting: str = "same_kind") -> None:
+    np.copyto(dst.host, _unwrap(src), casting=casting)  # type: ignore[arg-type]
+
+
+class Event:
+    """``cupy.cuda.Event``: completes when recorded, unless the device is stalled then."""
+
+    def __init__(self, disable_timing: bool = False) -> None:
+        _DEVICE.events_made += 1
+        self._complete = True
+
+    def record(self, stream: Any = None) -> None:
+        self._complete = not _DEVICE.stalled
+        if _DEVICE.stalled:
+            _DEVICE.stuck.append(self)
+
+    @property
+    def done(self) -> bool:
+        ident = threading.get_ident()
+        _DEVICE.queries[ident] = _DEVICE.queries.get(ident, 0) + 1
+        return self._complete
+
+    def query(self) -> bool:  # (torch.cuda.Event's name for it)
+        return bool(self.done)
+
+    def synchronize(self) -> None:
+        _DEVICE.host_waits += 1
+
+
+class Stream:
+    ptr = 0
+
+    def synchronize(self) -> None:
+        _DEVICE.host_waits += 1
+
+    def wait_event(self, event: Event) -> None:
+        pass
+
+
+class NcclCommunicator:
+    """``cupy.cuda.nccl.NcclCommunicator`` at world size 1: ``calls`` logs every call by name,
+    ``reductions`` the (ncclDataType_t, ncclRedOp_t, count) of every ``allReduce``."""
+
+    def __init__(self, size: int = 1, unique_id: Any = None, rank: int = 0) -> None:
+        self._size, self._rank = size, rank
+        self.calls: list[str] = []
+        self.reductions: list[tuple[int, int, int]] = []
+        self.aborted = threading.Event()
+        self.destroyed = False
+
+    def rank_id(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def _call(self, name: str) -> None:
+        if self.aborted.is_set():
+            raise RuntimeError("NCCL_ERROR_INVALID_USAGE: the communicator was aborted")
+        self.calls.append(name)
+
+    def allReduce(self, send: int, recv: int, count: int, dtype: int, op: int, stream: int) -> None:  # noqa: N802
+        self._call("allReduce")
+        self.reductions.append((dtype, op, count))
+
+    def reduce(self, send: int, recv: int, count: int, dtype: int, op: int, root: int, stream: int) -> None:
+        self._call("reduce")
+
+    def broadcast(self, send: int, recv: int, count: int, dtype: int, root: int, stream: int) -> None:
+        self._call("broadcast")
+
+    def allGather(self, send: int, recv: int, count: int, dtype: int, stream: int) -> None:  # noqa: N802
+        self._call("allGather")
+        if send != recv:
+            import ctypes  # noqa: PLC0415
+
+            ctypes.memmove(recv, send, count)
+
+    def check_async_error(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.aborted.set()
+
+    def destroy(self) -> None:
+        self.destroyed = True
+
+
+_DEVICE = Device()
+_STREAM = Stream()
+
+
+def device() -> Device:
+    """The fake GPU of the installed module."""
+    return _DEVICE
+
+
+def _current_stream() -> Stream:
+    return _STREAM
+
+
+def _module() -> Any:
+    cupy: Any = types.ModuleType("cupy")
+    cupy.__version__ = "14.0.0"
+    cupy.ndarray = ndarray
+    cupy.asarray = lambda values, dtype=None: ndarray(np.ascontiguousarray(values, dtype=dtype))
+    cupy.zeros = lambda shape, dtype=None: ndarray(np.zeros(shape, dtype=dtype))
+    cupy.empty = lambda shape, dtype=None: ndarray(np.empty(shape, dtype=dtype))
+    cupy.copyto = _copyto
+    cupy.where = lambda condition, a, b: ndarray(np.where(*map(_unwrap, (condition, a, b))))
+    nccl: Any = types.ModuleType("cupy.cuda.nccl")
+    nccl.available = True
+    nccl.get_version = lambda: 22703
+    nccl.get_unique_id = lambda: tuple(range(128))
+    nccl.groupStart = nccl.groupEnd = lambda: None
+    nccl.NcclCommunicator = NcclCommunicator
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: 1)
+    cuda: Any = types.ModuleType("cupy.cuda")
+    cuda.Device, cuda.Event, cuda.nccl, cuda.runtime = _CudaDevice, Event, nccl, runtime
+    cuda.get_current_stream = _current_stream
+    cupy.cuda = cuda
+    return cupy
+
+
+@contextlib.contextmanager
+def installed() -> Iterator[Device]:
+    """``cupy`` (and ``cupy.cuda``, ``cupy.cuda.nccl``) are this stand-in inside the ``with``;
+    a new fake GPU each time. What was there before comes back after."""
+    global _DEVICE
+    names = ("cupy", "cupy.cuda", "cupy.cuda.nccl")
+    saved = {name: sys.modules.get(name) for name in names}
+    _DEVICE = Device()
+    cupy = _module()
+    sys.modules.update({"cupy": cupy, "cupy.cuda": cupy.cuda, "cupy.cuda.nccl": cupy.cuda.nccl})
+    try:
+        yield _DEVICE
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
