@@ -25,7 +25,8 @@ from setuptools.command.build_ext import build_ext
 
 #: The compiled forms: the compiled module's import name -> its source, a module of the library
 #: that runs as Python (its twin, importable beside it).
-COMPILED = {"collectives._callpath_c": "collectives/callpath.py"}
+COMPILED = {"collectives._callpath_c": "collectives/callpath.py",
+            "collectives._host_views_c": "collectives/host_views.py"}
 
 #: The compiled modules that are safe without the GIL (Cython's freethreading_compatible); the
 #: others ask for the GIL on a free-threaded interpreter.
@@ -77,7 +78,9 @@ class BuildExt(build_ext):
                     # enforce `x: int` with errors of its own (the argument checks are the library's)
                     directives = {"language_level": 3, "binding": True, "annotation_typing": False,
                                   "freethreading_compatible": ext.name in FREE_THREADED}
-                    [generated] = cythonize([ext], compiler_directives=directives, quiet=True, force=self.force)
+                    # (include_path: where Cython finds the .pxd of the copy, by the module's full name)
+                    [generated] = cythonize([ext], compiler_directives=directives, include_path=[GENERATED],
+                                            quiet=True, force=self.force)
                     ext.sources = generated.sources  # (the C: setuptools compiles it as any other)
         super().run()
 

@@ -5,9 +5,10 @@ Each row says what the call path checks for that collective (is ``op`` reduced a
 checked against the dtype x op table, is ``x`` written in place, which argument is a
 root rank, which shapes are allowed, what shape an ``out=`` array must have), what the
 ranks compare before it, and which method of the backend does
-the work. Adding a collective is adding a row here and a public method that hands its
-arguments to ``Communicator._run``; the checks, the sequence number, the fingerprint,
-the timeout and the error mapping come with the path, never with the method.
+the work. Adding a collective is adding a row here and a public method (in
+``collectives.callpath.Collectives``) that hands its arguments to ``Communicator._run``; the
+checks, the sequence number, the fingerprint, the timeout and the error mapping come with the
+path, never with the method.
 
 The call path hands the transport one :class:`Request` per call (a record with slots, made
 once per kind of call and refilled per call); the row names the transport's method that takes

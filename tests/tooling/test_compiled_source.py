@@ -65,7 +65,7 @@ def test_a_compiled_module_built_from_another_source_is_not_used(monkeypatch):
     communicator runs the Python call path; the same module with the right stamp is used."""
     monkeypatch.setenv(config.COMPILED, "1")
     stale = types.ModuleType("collectives._callpath_c")
-    stale.run = callpath.run
+    stale.CallPath = callpath.CallPath
     stale.__source_sha256__ = "0" * 64
     monkeypatch.setitem(sys.modules, "collectives._callpath_c", stale)
     assert front.compiled_module() is None
