@@ -11,6 +11,7 @@ import importlib
 import shutil
 import subprocess
 import sys
+import tarfile
 import types
 from pathlib import Path
 
@@ -76,3 +77,38 @@ def test_a_compiled_module_built_from_another_source_is_not_used(monkeypatch):
         comm.close()
     stale.__source_sha256__ = hashlib.sha256(Path(callpath.__file__).read_bytes()).hexdigest()
     assert front.compiled_module() is stale
+
+
+def test_the_compiled_call_path_has_the_types_of_its_pxd():
+    """Cython compiled callpath.py with callpath.pxd beside it: CallPath and Plan are extension types
+    (no instance __dict__, typed fields), and a compiled communicator's public collectives are its
+    compiled call path's methods. (A build that misses the .pxd compiles them as plain classes.)"""
+    module = front.compiled_module()
+    if module is None:
+        pytest.skip("the compiled call path was not built here")
+    comm = LocalCommunicator()
+    try:
+        path = comm._path
+        assert type(path) is module.CallPath and not hasattr(path, "__dict__")
+        assert comm.all_reduce.__self__ is path and comm._run.__self__ is path
+        assert comm.all_reduce(np.ones(2))[0] == 1.0
+        [plan] = comm._plans.values()
+        assert type(plan) is module.Plan and not hasattr(plan, "__dict__")
+        with pytest.raises(AttributeError):  # (a field the pxd declares readonly)
+            path.size = 3
+    finally:
+        comm.close()
+
+
+def test_the_sdist_carries_the_pxd_of_every_compiled_source(tmp_path):
+    """A build from the sdist compiles each source with the types the checkout's build has."""
+    wanted = {Path(source).with_suffix(".pxd").as_posix() for source in compiled_table().values()
+              if (ROOT / source).with_suffix(".pxd").exists()}
+    assert "collectives/callpath.pxd" in wanted
+    done = subprocess.run([sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path), "sdist",
+                           "-d", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [sdist] = tmp_path.glob("*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        carried = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    assert wanted <= carried
