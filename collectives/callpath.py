@@ -204,8 +204,8 @@ class CallPath(Collectives):
 
     def own_form(self, check: Any) -> Any:
         """The per-array check ``check`` in this call path's form: where its function has a
-        compiled twin (``twins``, given by :mod:`collectives.front` to a compiled call path: that of
-        :func:`collectives.host_views.numpy_host_view`), the twin bound to the same adapter."""
+        compiled twin (``twins``, given by :mod:`collectives.front` to a compiled call path: those of
+        :mod:`collectives.host_views`), the twin bound to the same adapter."""
         twin = self.twins.get(getattr(check, "__func__", None))
         return check if twin is None else MethodType(twin, check.__self__)
 
