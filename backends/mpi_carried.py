@@ -74,8 +74,7 @@ def new_result(tensors: bool) -> Callable[[Any, tuple[int, ...], Any], tuple[Any
     tensor's ``view``) and its numpy view. A new tensor is a numpy array's (``torch.from_numpy``:
     0.8 us where ``torch.empty`` and its numpy view take 2.0; torch looked up when one is made, so
     that a function for tensors can be made before torch is imported). An ``out`` that is a numpy
-    array is its own view, also for tensors (the compiled call path passes an out= tensor's view,
-    collectives/_front_call.c)."""
+    array is its own view, also for tensors."""
     def new(view: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
         if out is not None:
             return out, out.numpy() if tensors and not isinstance(out, np.ndarray) else out

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from .host_views import numpy_host_view, tensor_host_view
 from .ops import DTYPES
 
 
@@ -132,14 +133,7 @@ class NumpyAdapter(ArrayAdapter):
             raise ValueError(_OVERLAPPING.format(name=name, kind="numpy array", strides=x.strides,
                                                  copy=f"{name}.copy()"))
 
-    def host_view(self, x: Any, in_place: bool) -> Any:
-        # One flags read: a C-contiguous array has no zero stride on a dimension longer than
-        # 1, so a writable one passes check_writable (and numpy arrays have no memory check).
-        flags = x.flags
-        if flags.c_contiguous and (flags.writeable or not in_place):
-            return x
-        self.check_array(x, in_place)
-        return None
+    host_view = numpy_host_view  # (collectives/host_views.py: compiled with the call path)
 
     def empty(self, like: Any, shape: tuple[int, ...], dtype: str | None = None) -> Any:
         return sys.modules["numpy"].empty(shape, dtype=like.dtype if dtype is None else self.dtype_of(dtype))
@@ -221,19 +215,7 @@ class TorchAdapter(ArrayAdapter):
             raise ValueError(_OVERLAPPING.format(name=name, kind="torch tensor", strides=tuple(x.stride()),
                                                  copy=f"{name}.clone()"))
 
-    def host_view(self, x: Any, in_place: bool) -> Any:
-        # x.numpy() refuses every tensor that check_memory or check_writable refuses (non-CPU,
-        # sparse/mkldnn/nested, negative bit, requires grad; tests/collective_calls/test_call_path.py checks
-        # each) and bfloat16; those get the checks (and their errors) and the general path.
-        try:
-            view = x.numpy()
-        except (RuntimeError, TypeError):
-            view = None
-        else:  # a zero stride on a dimension longer than 1 leaves the view non-contiguous
-            if view.flags.c_contiguous:
-                return view
-        self.check_array(x, in_place)
-        return None
+    host_view = tensor_host_view  # (collectives/host_views.py: compiled with the call path)
 
     def is_contiguous(self, x: Any) -> bool:
         return bool(x.is_contiguous())

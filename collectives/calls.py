@@ -5,9 +5,10 @@ Each row says what the call path checks for that collective (is ``op`` reduced a
 checked against the dtype x op table, is ``x`` written in place, which argument is a
 root rank, which shapes are allowed, what shape an ``out=`` array must have), what the
 ranks compare before it, and which method of the backend does
-the work. Adding a collective is adding a row here and a public method that hands its
-arguments to ``Communicator._run``; the checks, the sequence number, the fingerprint,
-the timeout and the error mapping come with the path, never with the method.
+the work. Adding a collective is adding a row here and a public method (in
+``collectives.callpath.Collectives``) that hands its arguments to ``Communicator._run``; the
+checks, the sequence number, the fingerprint, the timeout and the error mapping come with the
+path, never with the method.
 
 The call path hands the transport one :class:`Request` per call (a record with slots, made
 once per kind of call and refilled per call); the row names the transport's method that takes
@@ -224,9 +225,6 @@ def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
             raise ValueError(f"tag {tag} is reserved for the library's own messages (the "
                              f"barrier's, a rank's farewell); use any other tag between 0 and "
                              f"2**31 - 2 except {BARRIER_TAG} and {FAREWELL_TAG}")
-    # Its usual case, for the compiled call path to test without calling it: an int tag below this
-    # and a peer that is not the calling rank (collectives/_front_call.c).
-    check.tags_below = FAREWELL_TAG  # type: ignore[attr-defined]
     return check
 
 

@@ -22,9 +22,10 @@ from .errors import CollectiveError
 from .ops import ReduceOp, check_reduction, resolve_op
 from .transport import Transport
 
-# What a communicator remembers per (row, type(x), x.dtype, op as spelled or None) that
-# passed the checks: (per-array check, fast path, carried path or None, adapter, dtype name,
-# ReduceOp or None, the kind's request record, the transport's method of the row, bound).
+# What the calls of a kind (row, type(x), x.dtype, op as spelled or None) that passed the checks
+# run: (per-array check, fast path, carried path or None, adapter, dtype name, ReduceOp or None,
+# the kind's request record, the transport's method of the row, bound); the call path remembers
+# it, with what it reads of the row, as a collectives.callpath.Plan.
 Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any, Any, Any], Any],
              Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None, ArrayAdapter, str,
              ReduceOp | None, Request, Callable[[Request], Any]]
@@ -43,8 +44,9 @@ class ArgumentChecks:
     def __init__(self, transport: Transport, size: int) -> None:
         self._transport = transport
         self.size = size
-        #: The plans of the kinds of arrays that passed the checks (see :meth:`plan`).
-        self.plans: dict[tuple[Any, ...], Plan] = {}
+        #: The plans of the kinds of arrays that passed the checks (see :meth:`plan`), as the call
+        #: path keeps them (:class:`collectives.callpath.Plan`), by (row, type(x), x.dtype, op).
+        self.plans: dict[tuple[Any, ...], Any] = {}
         # Whether the backend checks the device of every array (else the per-array check skips
         # _check_device; check_kind makes it once per kind where the backend has one).
         self._checks_device = type(transport)._check_device is not Transport._check_device and \
@@ -71,20 +73,11 @@ class ArgumentChecks:
         reduce_op = check_reduction(dtype, op) if reduces else None
         return adapter, dtype, reduce_op
 
-    def plan_of(self, call: Call, x: Any, op: Any) -> Plan:
-        """The plan of ``x``'s kind (its type and dtype, and ``op``) for ``call``: the one of a
-        kind that passed the checks before, else :meth:`plan`'s (its errors not raised inside
-        the lookup's: a user's TypeError is never chained under a KeyError)."""
-        try:
-            return self.plans[call, type(x), x.dtype, op]
-        except (KeyError, TypeError, AttributeError):
-            pass
-        return self.plan(call, x, op)
-
     def plan(self, call: Call, x: Any, op: Any) -> Plan:
         """The full checks of a kind of ``x`` (and ``op``) not seen before by ``call``, and
-        what later calls of that kind run (remembered): the per-array check (the backend's own
-        where it has one for its fast path, ``Transport._array_check``), the backend's
+        what later calls of that kind run (the call path remembers it in :attr:`plans`, and
+        looks it up there first): the per-array check (the backend's own where it has one for its fast
+        path, ``Transport._array_check``), the backend's
         fast path if it has one (``Transport._fast_path``; not for the uneven collectives, which
         exchange their counts first, nor for send/recv in debug mode), with it the carried path
         of a collective if the transport has one (``Transport._carried_path``), the adapter, dtype name
@@ -107,14 +100,9 @@ class ArgumentChecks:
                 check = self.checked_device(check, adapter)
         carry = None if fast is None or not call.collective else \
             self._transport._carried_path(call, adapter, dtype, reduce_op)
-        plan = (check, fast or _no_fast_path, carry, adapter, dtype, reduce_op,
+        return (check, fast or _no_fast_path, carry, adapter, dtype, reduce_op,
                 Request(call, None, adapter, dtype, reduce_op),
                 self._transport._method_of(call, adapter, dtype, reduce_op))
-        try:
-            self.plans[call, type(x), x.dtype, op] = plan
-        except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered
-            pass
-        return plan
 
     def checked_device(self, check: Callable[[Any, bool], Any], adapter: ArrayAdapter
                         ) -> Callable[[Any, bool], Any]:

@@ -2,7 +2,7 @@
 
 A :class:`Communicator` holds a :class:`~collectives.transport.Transport` (the backend: it moves
 the data). Every public collective hands its arguments to ONE call path, :meth:`Communicator._run`
-(:func:`collectives.callpath.run`), driven by the table of :mod:`collectives.calls` (one row per
+(:meth:`collectives.callpath.CallPath._run`), driven by the table of :mod:`collectives.calls` (one row per
 collective): it checks every argument
 first (the same ``TypeError``/``ValueError`` on every backend, before any data is sent, the input
 untouched; a refused call still takes part in its check), numbers the call, checks that every rank
@@ -26,24 +26,9 @@ from _thread import get_ident as _thread_id
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import callpath, config, farewell, front, objects
-from .calls import (
-    ALL_GATHER,
-    ALL_GATHER_V,
-    ALL_REDUCE,
-    ALL_TO_ALL,
-    ALL_TO_ALL_V,
-    BARRIER,
-    BROADCAST,
-    GATHER,
-    RECV,
-    REDUCE,
-    REDUCE_SCATTER,
-    SCATTER,
-    SEND,
-    SPLIT,
-    Call,
-)
+from . import config, farewell, front, objects
+from .callpath import Collectives
+from .calls import BARRIER, SPLIT, Call
 from .checks import ArgumentChecks, check_split, in_backward_pass, wrong_thread
 from .context import CommunicatorContext
 from .debug_p2p import CheckedPointToPoint
@@ -51,7 +36,6 @@ from .diagnostics import process_hooks, recorder
 from .diagnostics.recorder import END, STARTED, CallRecord, HookHandle
 from .errors import CollectiveError
 from .fault_tolerance import FaultTolerance, check_flag
-from .ops import ReduceOp
 from .reliability import CallCheck, MonitoredBarrier
 from .transport import Transport
 from .work import MAX_PENDING, KeptHandles, Work, deliver  # noqa: F401  (MAX_PENDING: also here)
@@ -64,7 +48,7 @@ _ROOTS = itertools.count()
 _ORDER = itertools.count()
 
 
-class Communicator:
+class Communicator(Collectives):
     """A group of ranks that run collectives together.
 
     Attributes: ``rank`` (0 .. size-1 within this communicator), ``size``, ``local_rank`` (this
@@ -122,7 +106,6 @@ class Communicator:
         self._raise_failed = context.raise_failed
         # Debug mode (COLLECTIVES_DEBUG=1): full fingerprints, and headers ahead of send/recv.
         self.debug = checks.debug = call_check.level == config.CHECKS_FULL
-        self._checking = call_check.first_checked  # (turned off after it at COLLECTIVES_DEBUG=0)
         # Whether the check of a call on a device stream goes beside it (CallCheck.post).
         self._posting, self._stream_ordered, self._post_call = call_check.posts, transport._stream_ordered, \
             call_check.post
@@ -132,21 +115,23 @@ class Communicator:
         self._why_broken: str | None = None  # why it cannot be used any more (a timeout), else None
         # What its next call raises when a transport's watchdog found the failure (fail_later).
         self._failure: Exception | None = None
-        self._seq, self._operation = 0, ""  # the running call's number and operation
+        self._seq = 0  # the running call's number (its operation: _operation, kept by the call path)
         self._owner = _thread_id()  # the thread that may call collectives on it (see bind_thread)
-        # The call path's one test of closed, unusable and owner thread: the owner's id
-        # while the communicator is open and usable, else None (see _check_open).
-        self._gate: int | None = self._owner
         #: This communicator's place in the split tree, the same on every member: "world" (the
         #: one init() made), "comm<N>" (made directly), "<parent>/<k>:<color>" (the k-th split).
         self.trace_name = name or f"comm{next(_ROOTS)}"
         self._trace_order = next(_ORDER)
         self._trace_splits = 0
-        # The flight recorder (collectives/diagnostics/recorder.py): the last calls, None when turned off.
-        self._ring = recorder.new_ring(self)
         self._hooks: list[Callable[[CallRecord], Any]] = []
-        # The call path, compiled where it was built (collectives/front.py): this instance's _run.
-        front.install(self, Communicator)
+        # The call path (collectives/callpath.py), compiled where it was built (collectives/front.py),
+        # and this instance's _run. It holds the state the call path reads on every call: the gate
+        # (the call path's one test of closed, unusable and owner thread: the owner's id while the
+        # communicator is open and usable, else None; see _check_open), whether the default check
+        # runs (turned off after the first call at COLLECTIVES_DEBUG=0) and the flight recorder's
+        # ring (collectives/diagnostics/recorder.py: the last calls, None when turned off); and the
+        # running call's operation (_operation).
+        self._path = front.install(self, Communicator, self._owner, call_check.first_checked,
+                                   recorder.new_ring(self))
         if config.env_flag(config.PROFILE):
             from . import profile  # noqa: PLC0415
 
@@ -182,116 +167,6 @@ class Communicator:
     @timeout.setter
     def timeout(self, seconds: float | None) -> None:
         self._transport.timeout = seconds
-
-    # -- the public interface: every method hands its arguments to _run ------------------
-
-    def all_reduce(self, x: Any, op: ReduceOp | str = "sum", *, async_op: bool = False, timeout: Any = None) -> Any:
-        """Reduce ``x`` elementwise over all ranks, in place; every rank gets the result.
-
-        ``x`` keeps its shape and dtype. ``op`` must be allowed on ``x``'s dtype
-        (see :data:`collectives.ops.ALLOWED_OPS`), else ``TypeError``. Returns
-        ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
-        """
-        return self._run(ALL_REDUCE, x, op, -1, None, async_op, None, timeout)
-
-    def broadcast(self, x: Any, src: int = 0, *, async_op: bool = False, timeout: Any = None) -> Any:
-        """Copy rank ``src``'s ``x`` into ``x`` on every rank, in place.
-
-        ``x`` must have the same shape and dtype on every rank. ``src`` is a rank
-        of this communicator (``0 <= src < size``), else ``ValueError``. Returns
-        ``x``, or with ``async_op=True`` a :class:`Work` whose ``wait()`` returns ``x``.
-        """
-        return self._run(BROADCAST, x, None, src, None, async_op, None, timeout)
-
-    def reduce(self, x: Any, op: ReduceOp | str = "sum", dst: int = 0, *,
-               async_op: bool = False, timeout: Any = None) -> Any:
-        """Reduce ``x`` elementwise over all ranks into ``x`` on rank ``dst``, in place.
-
-        On the other ranks ``x`` is left untouched. ``op`` as for :meth:`all_reduce`.
-        Returns ``x`` (or a :class:`Work` whose ``wait()`` returns ``x``).
-        """
-        return self._run(REDUCE, x, op, dst, None, async_op, None, timeout)
-
-    def all_gather(self, x: Any, *, out: Any = None, async_op: bool = False, timeout: Any = None) -> Any:
-        """Gather every rank's ``x``: a new array of shape ``(size, *x.shape)``.
-
-        Row ``r`` of the result is rank ``r``'s ``x``. ``x`` is not modified. With
-        ``out=`` the rows are written into ``out`` (shape ``(size, *x.shape)``).
-        """
-        return self._run(ALL_GATHER, x, None, -1, out, async_op, None, timeout)
-
-    def all_gather_v(self, x: Any, *, out: Any = None, async_op: bool = False, timeout: Any = None) -> Any:
-        """Gather arrays whose first dimension may differ between ranks.
-
-        Returns ``(gathered, counts)``: every rank's ``x`` concatenated in rank order
-        along dimension 0, and the list of each rank's ``x.shape[0]``. The other
-        dimensions and the dtype must be the same on every rank, else ``ValueError``
-        on every rank. ``out=`` (shape ``(sum(counts), *x.shape[1:])``) receives the
-        concatenation. The counts travel first, in one small collective (MPI: the check's).
-        """
-        return self._run(ALL_GATHER_V, x, None, -1, out, async_op, None, timeout)
-
-    def reduce_scatter(self, x: Any, op: ReduceOp | str = "sum", *, out: Any = None,
-                       async_op: bool = False, timeout: Any = None) -> Any:
-        """Reduce ``x`` over all ranks and return this rank's block of rows.
-
-        ``x.shape[0]`` must be divisible by ``size`` (else ``ValueError``); the
-        result is a new array of shape ``(x.shape[0] // size, *x.shape[1:])``
-        holding rows ``rank * n // size`` to ``(rank + 1) * n // size`` of the
-        reduction. ``x`` is not modified.
-        """
-        return self._run(REDUCE_SCATTER, x, op, -1, out, async_op, None, timeout)
-
-    def gather(self, x: Any, dst: int = 0, *, out: Any = None, async_op: bool = False, timeout: Any = None) -> Any:
-        """Gather every rank's ``x`` on rank ``dst``: there a new ``(size, *x.shape)``
-        array (row ``r`` is rank ``r``'s ``x``), ``None`` on the other ranks.
-
-        ``out=`` is used on ``dst`` only (the other ranks may pass ``None``).
-        """
-        return self._run(GATHER, x, None, dst, out, async_op, None, timeout)
-
-    def scatter(self, x: Any, src: int = 0, *, out: Any = None, async_op: bool = False, timeout: Any = None) -> Any:
-        """Hand row ``r`` of rank ``src``'s ``x`` to rank ``r``.
-
-        Every rank passes ``x`` of the same shape ``(size, *rest)`` and dtype (only
-        ``src``'s content is read; ``x`` is never modified). Returns a new array of
-        shape ``rest`` (or ``out``).
-        """
-        return self._run(SCATTER, x, None, src, out, async_op, None, timeout)
-
-    def all_to_all(self, x: Any, send_splits: Sequence[int] | None = None, *, out: Any = None,
-                   async_op: bool = False, timeout: Any = None) -> Any:
-        """Every rank sends a block of rows to every rank.
-
-        Equal form (``send_splits=None``): ``x`` has shape ``(size, *rest)``; row ``j``
-        goes to rank ``j``, and row ``j`` of the result is what rank ``j`` sent here.
-        Uneven form: ``send_splits`` is a list of ``size`` ints that sum to
-        ``x.shape[0]``; rows ``[sum(send_splits[:j]), sum(send_splits[:j+1]))`` go to
-        rank ``j``; the result is the concatenation, in rank order, of what every rank
-        sent here. The counts travel first, in one small collective (every rank learns
-        every rank's splits, so a wrong ``out`` or a shape mismatch is an error on every
-        rank).
-        """
-        if send_splits is None:
-            return self._run(ALL_TO_ALL, x, None, -1, out, async_op, None, timeout)
-        return self._run(ALL_TO_ALL_V, x, None, -1, out, async_op, send_splits, timeout)
-
-    def send(self, x: Any, dst: int, *, tag: int = 0, async_op: bool = False, timeout: Any = None) -> Any:
-        """Send ``x`` to rank ``dst`` (matched by a :meth:`recv` there with the same ``tag``).
-
-        Returns ``None``, or with ``async_op=True`` a :class:`Work`; ``x`` must not be
-        changed until that has completed.
-        """
-        return self._run(SEND, x, None, dst, None, async_op, tag, timeout)
-
-    def recv(self, x: Any, src: int | None, *, tag: int = 0, async_op: bool = False, timeout: Any = None) -> Any:
-        """Receive into ``x``, in place, what rank ``src`` sent with ``tag``; returns ``x``.
-
-        ``x`` must have the shape and dtype of the sender's array (in debug mode a
-        difference is :class:`CollectiveMismatch`; otherwise the transport's error). ``src=None``:
-        any source (mpi, torch's Gloo); the handle's ``source`` (``async_op=True``) says who sent.
-        """
-        return self._run(RECV, x, None, src, None, async_op, tag, timeout)
 
     # -- object collectives: pickled, through the calls above (collectives/objects.py) -----
     # Unpickling what another rank sent trusts it, as torch's and mpi4py's do.
@@ -397,6 +272,42 @@ class Communicator:
             self._check_open()
         self._owner = self._gate = _thread_id()
 
+    # The call path's state (see __init__), kept by the call path: read and set through it.
+    @property
+    def _gate(self) -> int | None:
+        gate: int | None = self._path.gate
+        return gate
+
+    @_gate.setter
+    def _gate(self, gate: int | None) -> None:
+        self._path.gate = gate
+
+    @property
+    def _checking(self) -> bool:
+        return bool(self._path.checking)
+
+    @_checking.setter
+    def _checking(self, checking: bool) -> None:
+        self._path.checking = checking
+
+    @property
+    def _operation(self) -> str:
+        """The running (or last) call's operation."""
+        operation: str = self._path.operation
+        return operation
+
+    @_operation.setter
+    def _operation(self, operation: str) -> None:
+        self._path.operation = operation
+
+    @property
+    def _ring(self) -> Any:
+        return self._path.ring
+
+    @_ring.setter
+    def _ring(self, ring: Any) -> None:
+        self._path.ring = ring
+
     @property
     def _broken(self) -> str | None:
         """Why the communicator cannot be used any more (after a timeout), else None."""
@@ -476,8 +387,13 @@ class Communicator:
 
     # -- the one call path ---------------------------------------------------------------
 
-    #: The one call path (collectives/callpath.py); compiled where it was built (front.py).
-    _run = callpath.run
+    def _run(self, call: Call, x: Any, op: Any, root: Any, out: Any, async_op: Any,
+             extra: Any = None, timeout: Any = None) -> Any:
+        """The one call path (collectives/callpath.py: :meth:`CallPath._run <collectives.callpath.CallPath._run>`),
+        compiled where it was built (front.py). A communicator's own ``_run`` is its call path's
+        ``_run`` (no frame of this method in between), unless its class has a ``_run`` of its own,
+        which then runs and may call this one."""
+        return self._path._run(call, x, op, root, out, async_op, extra, timeout)
 
     @property
     def _timeout_arg(self) -> float:

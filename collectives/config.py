@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 import os
 from typing import Any
@@ -44,9 +46,10 @@ ELASTIC_STORE = "COLLECTIVES_ELASTIC_STORE"
 #: Set by ``collectives-elastic`` in its ranks' environment: this process's member id (0 .. n-1
 #: for the first ranks; n, n+1, ... for replacements, which wait to join).
 ELASTIC_ID = "COLLECTIVES_ELASTIC_ID"
-#: 0 runs the pure-Python form of what has a compiled one (the call path, collectives/_front*.c;
-#: the MPI backend's check round and carried small calls, backends/_carried*.c), the reference
-#: the compiled form is tested against; read when a communicator is made (it keeps its form).
+#: 0 runs the pure-Python form of what has a compiled one (the call path, collectives/callpath.py,
+#: compiled by Cython; the MPI backend's check round and carried small calls, backends/_carried*.c),
+#: the reference the compiled form is tested against; read when a communicator is made (it keeps
+#: its form).
 COMPILED = "COLLECTIVES_COMPILED"
 
 #: Seconds, like torch.distributed's own default.
@@ -112,17 +115,29 @@ def compiled() -> bool:
     return env_flag(COMPILED) is not False
 
 
-def compiled_extension(name: str, version: int) -> Any:
-    """The optional C extension ``name`` (a module's full name), or None where :func:`compiled`
-    says no, it was not built, or it was built from other sources (its ``VERSION`` is not
-    ``version``: a build left from an older checkout is not used)."""
+def compiled_extension(name: str, source: Any) -> Any:
+    """The compiled form ``name`` (a module's full name), or None where :func:`compiled` says no,
+    it was not built, or it was built from other sources: ``source`` is its Python twin, the module
+    it was compiled from (setup.py stamps the compiled module with the sha256 of that file,
+    ``__source_sha256__``: a build left from another version of the file is not used); for an
+    extension written in C, the ``VERSION`` it must have."""
     if not compiled():
         return None
     try:
         module = importlib.import_module(name)
     except ImportError:
         return None
-    return module if getattr(module, "VERSION", None) == version else None
+    if isinstance(source, int):
+        return module if getattr(module, "VERSION", None) == source else None
+    stamp = getattr(module, "__source_sha256__", None)
+    return module if stamp is not None and stamp == source_sha256(source.__file__) else None
+
+
+@functools.cache
+def source_sha256(path: str) -> str:
+    """The sha256 of the file at ``path`` (read once a process)."""
+    with open(path, "rb") as file:
+        return hashlib.sha256(file.read()).hexdigest()
 
 
 def env_flag(name: str) -> bool | None:

@@ -174,7 +174,7 @@ _warned = False
 
 def warn_if_not_compiled() -> None:
     """A :class:`NotCompiledWarning`, once per process, where a compiled form of the MPI backend's
-    calls (the call path, collectives._front; the check round and small calls,
+    calls (the call path, collectives._callpath_c; the check round and small calls,
     collectives.backends._carried) is missing though ``COLLECTIVES_COMPILED`` leaves them on.
     Called when an MPI transport is made; ``COLLECTIVES_COMPILED=0`` silences it."""
     global _warned
@@ -182,7 +182,7 @@ def warn_if_not_compiled() -> None:
         return
     from collectives.backends.mpi_carried import compiled_module  # noqa: PLC0415
 
-    missing = [name for name, module in (("the call path (collectives._front)", front.compiled_module()),
+    missing = [name for name, module in (("the call path (collectives._callpath_c)", front.compiled_module()),
                                          ("the MPI check round (collectives.backends._carried)", compiled_module()))
                if module is None]
     _warned = True

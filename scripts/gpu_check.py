@@ -57,7 +57,7 @@ def _compiled_forms() -> str:
     from collectives import config, front  # noqa: PLC0415
 
     why = "off, COLLECTIVES_COMPILED=0" if not config.compiled() else "not built or stale"
-    forms = {"collectives._front (call path)": front.compiled_module(),
+    forms = {"collectives._callpath_c (call path)": front.compiled_module(),
              "collectives.backends._carried (MPI round)": mpi_carried.compiled_module()}
     return "; ".join(f"{name}: {'compiled' if module is not None else f'Python ({why})'}"
                      for name, module in forms.items())

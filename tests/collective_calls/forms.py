@@ -1,6 +1,6 @@
-"""Communicators in a form: the compiled one (the C parts the install builds: the call path,
-collectives/_front*.c, and the MPI backend's round and carried calls, backends/_carried*.c) or
-the Python one, their reference (COLLECTIVES_COMPILED=0). A communicator takes its form when
+"""Communicators in a form: the compiled one (what the install builds: the call path,
+collectives/callpath.py compiled by Cython, and the MPI backend's round and carried calls,
+backends/_carried*.c) or the Python one, their reference (COLLECTIVES_COMPILED=0). A communicator takes its form when
 it is made, so a test makes a split under the variable."""
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def in_form(comm, form, job, *args):
     names of the carried paths' types it planned (Carrier: the compiled one)."""
     with split_in_form(comm, form) as sub:
         found = globals()[job](sub, *args)
-        return found, {type(plan[2]).__name__ for plan in sub._plans.values() if plan[2] is not None}
+        return found, {type(plan.carry).__name__ for plan in sub._plans.values() if plan.carry is not None}
 
 
 def formed(world, form, job, per_rank=None):

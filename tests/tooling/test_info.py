@@ -66,7 +66,7 @@ def test_the_compiled_check_round_is_reported(monkeypatch, report):
 
 
 def test_the_compiled_call_path_is_reported(monkeypatch, report):
-    """The test set-up builds collectives/_front*.c: reported as compiled; COLLECTIVES_COMPILED=0 says off."""
+    """The test set-up builds collectives._callpath_c: reported as compiled; COLLECTIVES_COMPILED=0 says off."""
     assert report["call_path_compiled"] is True
     assert "call path compiled: yes" in run_info()
     monkeypatch.setenv("COLLECTIVES_COMPILED", "0")

@@ -1,0 +1,29 @@
+# The types of collectives/callpath.py's compiled form (collectives._callpath_c, setup.py's COMPILED):
+# Cython reads this file beside the .py it compiles; the Python form never does. A field or local
+# named here is one C read where the Python form reads an attribute.
+
+cimport cython
+
+
+cdef class Plan:
+    cdef readonly object check, fast, carry, adapter, dtype, reduce_op, request, method
+    cdef readonly object name, root, row_check
+    cdef readonly bint in_place, collective, any_root, counted
+
+
+cdef class Collectives:
+    cpdef _run(self, call, x, op, root, out, async_op, extra=*, timeout=*)
+
+
+cdef class CallPath(Collectives):
+    cdef readonly object comm, checks, call_check, context, pending, reap, keep, handles
+    cdef readonly object check_call, carry_call, raise_failed, p2p, stream_ordered, post_call
+    cdef readonly dict plans, twins
+    cdef readonly list hooks
+    cdef readonly Py_ssize_t size
+    cdef readonly bint debug, posting
+    cdef public object gate, ring, operation
+    cdef public bint checking
+
+    @cython.locals(plan=Plan, in_place=bint, collective=bint)
+    cpdef _run(self, call, x, op, root, out, async_op, extra=*, timeout=*)

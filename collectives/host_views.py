@@ -1,0 +1,38 @@
+"""The per-array checks of host arrays on the call path's fast path (``NumpyAdapter.host_view``,
+``TorchAdapter.host_view``), in a module of its own so that they are compiled as the call path is:
+setup.py's ``COMPILED`` builds it as it stands into ``collectives._host_views_c``, and a compiled
+communicator's call path runs that form (:mod:`collectives.front`; the Python form otherwise). No
+import of the package: the adapter is an argument."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def numpy_host_view(adapter: Any, x: Any, in_place: bool) -> Any:
+    """``adapter.check_array``'s checks of the numpy array ``x`` (their errors raised), returning
+    ``x`` itself when it is C-contiguous (and writable where ``in_place``), else ``None``."""
+    # One flags read: a C-contiguous array has no zero stride on a dimension longer than
+    # 1, so a writable one passes check_writable (and numpy arrays have no memory check).
+    flags = x.flags
+    if flags.c_contiguous and (flags.writeable or not in_place):
+        return x
+    adapter.check_array(x, in_place)
+    return None
+
+
+def tensor_host_view(adapter: Any, x: Any, in_place: bool) -> Any:
+    """``adapter.check_array``'s checks of the torch tensor ``x`` (their errors raised), returning
+    its numpy view when it is a C-contiguous CPU tensor that ``x.numpy()`` takes, else ``None``."""
+    # x.numpy() refuses every tensor that check_memory or check_writable refuses (non-CPU,
+    # sparse/mkldnn/nested, negative bit, requires grad; tests/collective_calls/test_call_path.py checks
+    # each) and bfloat16; those get the checks (and their errors) and the general path.
+    try:
+        view = x.numpy()
+    except (RuntimeError, TypeError):
+        view = None
+    else:  # a zero stride on a dimension longer than 1 leaves the view non-contiguous
+        if view.flags.c_contiguous:
+            return view
+    adapter.check_array(x, in_place)
+    return None
