@@ -21,9 +21,27 @@ def numpy_host_view(adapter: Any, x: Any, in_place: bool) -> Any:
     return None
 
 
+#: The numpy views of the last tensors :func:`tensor_host_view` took: ``(id(x), view, x's data
+#: pointer, dtype, shape)``, newest first. A view keeps its tensor's memory alive, so a tensor of
+#: that id whose data pointer, dtype and shape are the view's (and that is still contiguous, without
+#: a negative bit and not requiring grad) is that memory, as the view shows it: a new tensor at a
+#: freed one's address included. (Every kept view was made under the GIL, which both forms need.)
+_views: list[tuple[int, Any, int, Any, Any]] = []
+_KEPT_VIEWS = 4
+
+
 def tensor_host_view(adapter: Any, x: Any, in_place: bool) -> Any:
     """``adapter.check_array``'s checks of the torch tensor ``x`` (their errors raised), returning
-    its numpy view when it is a C-contiguous CPU tensor that ``x.numpy()`` takes, else ``None``."""
+    its numpy view when it is a C-contiguous CPU tensor that ``x.numpy()`` takes, else ``None``
+    (one of the last few views made, where it still shows x: see ``_views``)."""
+    key = id(x)
+    for kept in _views:
+        if kept[0] == key:
+            if kept[3] is x.dtype and kept[2] == x.data_ptr() and kept[4] == x.shape and x.is_contiguous() \
+                    and not x.requires_grad and not x.is_neg():
+                return kept[1]
+            _views.remove(kept)
+            break
     # x.numpy() refuses every tensor that check_memory or check_writable refuses (non-CPU,
     # sparse/mkldnn/nested, negative bit, requires grad; tests/collective_calls/test_call_path.py checks
     # each) and bfloat16; those get the checks (and their errors) and the general path.
@@ -33,6 +51,8 @@ def tensor_host_view(adapter: Any, x: Any, in_place: bool) -> Any:
         view = None
     else:  # a zero stride on a dimension longer than 1 leaves the view non-contiguous
         if view.flags.c_contiguous:
+            _views.insert(0, (key, view, x.data_ptr(), x.dtype, x.shape))
+            del _views[_KEPT_VIEWS:]
             return view
     adapter.check_array(x, in_place)
     return None
