@@ -17,7 +17,8 @@
 #       the 2-rank NCCL worlds)
 #
 # Carried wheels (.whl/, git-ignored; scripts/fetch_gpu_wheels.sh fills it where an index is
-# reachable): setuptools (to build the checkout), MPICH (libmpi and mpiexec) and mpi4py, installed
+# reachable): setuptools and Cython (to build the checkout and compile its call path), MPICH
+# (libmpi and mpiexec) and mpi4py, installed
 # into that python only where it lacks them. docs/gpu.md lists the image's versions this expects
 # and each phase's time budget. On a machine without CUDA (and no GPU that nvidia-smi lists) it is
 # a dry run: set-up and pre-flight, then every GPU test reported skipped with its reason; exit 0.

@@ -46,7 +46,8 @@ if [ ! -e "$wheels/.complete" ]; then
     "$PYTHON" -m pip download --quiet --only-binary=:all: -d "$wheels" "${IMAGE_PACKAGES[@]}"
     touch "$wheels/.complete"
 fi
-carried=$CACHE/carried-py$version
+# (keyed by what fetch_gpu_wheels.sh fetches: a cache of an older list is not used)
+carried=$CACHE/carried-py$version-$(sha256sum scripts/fetch_gpu_wheels.sh | cut -c1-12)
 if [ ! -e "$carried/.complete" ]; then
     echo "gpu-rehearsal: downloading the carried wheels into $carried (once)"
     PYTHON="$PYTHON" PYTHON_VERSION=$version WHEELS=$carried scripts/fetch_gpu_wheels.sh >/dev/null

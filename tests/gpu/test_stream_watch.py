@@ -251,7 +251,7 @@ def test_a_planned_kind_hands_nccl_what_the_rows_method_does_and_gives_numpys_re
         assert run(async_op=True).wait() is x
         planned = nccl_comm.arguments[-3:]
         assert planned[0] == planned[1] == planned[2]
-        assert _planned_kind(comm, row, x, op)[1] is not _no_fast_path  # (the old code: none)
+        assert _planned_kind(comm, row, x, op).fast is not _no_fast_path  # (the old code: none)
         reference = {"sum": np.sum, "prod": np.prod, "min": np.min, "max": np.max}[op](values[None], axis=0) \
             if op else values  # (numpy's reduction over the one rank's array; rank 0's x)
         np.testing.assert_array_equal(host(x), reference.astype(dtype))

@@ -154,9 +154,16 @@ def test_every_package_of_the_checkout_is_installed():
     assert found == listed, f"unlisted: {sorted(found - listed)}; listed, not found: {sorted(listed - found)}"
 
 
-def test_the_communicator_has_no_base_but_object():
+def test_the_communicator_has_no_base_but_its_public_methods():
     """The Communicator HOLDS its parts (kept handles, argument checks, the context, the same-call
-    check, farewells, fault tolerance): none is a base class whose attributes it must set."""
+    check, farewells, fault tolerance): none is a base class whose attributes it must set. Its one
+    base is callpath.Collectives, the public collectives that hand their arguments to ``_run``
+    (compiled with the call path): functions only, no state of its own."""
     from collectives import Communicator  # noqa: PLC0415
+    from collectives.callpath import Collectives  # noqa: PLC0415
 
-    assert Communicator.__bases__ == (object,)
+    assert Communicator.__bases__ == (Collectives,)
+    assert Collectives.__bases__ == (object,)
+    own = {name for name in vars(Collectives) if not name.startswith("__")}
+    assert "__init__" not in vars(Collectives) and "__slots__" not in vars(Collectives)
+    assert all(callable(vars(Collectives)[name]) for name in own - {"_METHODS"}), own
