@@ -157,7 +157,8 @@ class ElasticTorchTransport(TorchTransport):
         """The default check's all_reduce, polled (``is_completed`` and short sleeps) rather than
         waited for: Gloo's wait with a timeout does not return before the call's own timeout,
         and a survivor waiting here must see the revocation (:meth:`_peers_left`) at once."""
-        flag = self._word_flag(word)
+        word_array, flag = self._flag(1)
+        word_array[0] = word
         work = self._dist.all_reduce(flag, op=self._band, group=self._group, async_op=True)
         look = time.monotonic() + REVOKE_LOOK
         pause = 0.0
@@ -169,13 +170,13 @@ class ElasticTorchTransport(TorchTransport):
                     self.context.hear_farewells()
                 except CollectiveError:
                     self._abandoned.append((work, flag))  # Gloo may still write flag
-                    self._word_flag_abandoned()
+                    self._flags_abandoned()
                     raise
                 look = time.monotonic() + REVOKE_LOOK
             time.sleep(pause)
             pause = min(pause + 50e-6, 1e-3)
         work.wait()
-        return int(self._word[0])
+        return int(word_array[0])
 
     def _peers_left(self) -> list[tuple[int, int, int]]:
         """Also the revocation: while a call waits (the call path looks every 50 ms), a survivor

@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from collectives import farewell
+from collectives import arrays, farewell
+from collectives.calls import ALL_GATHER, Request
 from collectives.errors import BackendUnavailable, CollectiveError, CollectiveTimeout
 from collectives.ops import ReduceOp
 from collectives.transport import Transport
@@ -31,6 +32,10 @@ from collectives.transport import Transport
 from .torch_bootstrap import created_groups, import_torch_distributed, posting, torch_timeout
 from .torch_checks import PostedChecks
 from .torch_handles import _TorchWork, launch_batch
+
+#: Up to this many ranks an uneven collective's counts travel in the default check's round (one
+#: all_to_all of ``size + 2`` int64 a pair of ranks; its word's round is an all_reduce of one).
+COUNTS_RANKS = 8
 
 
 class TorchGroup(Transport):
@@ -83,10 +88,15 @@ class TorchGroup(Transport):
         # communicator's when it takes the transport (see attach).
         self._group_timeout: float | None = None
         self._farewells_seen = 0  # the count of farewells in the store at the last look
-        self._word: Any = None  # the check's word and its tensor (see _word_flag)
-        self._word_tensor: Any = None
+        self._flags: dict[int, tuple[Any, Any]] = {}  # the check rounds' arrays and tensors (see _flag)
+        self._counts_arrays: tuple[Any, Any, Any, Any] | None = None  # (see _counts_round)
         self._barrier_flag: Any = None  # the barrier's zero (see _barrier)
         self._band = dist.ReduceOp.BAND
+        # An uneven collective's counts travel in the default check's round (_agree_counts) up to
+        # COUNTS_RANKS ranks, where the round is this class's: the fault-tolerant transports'
+        # own rounds hold their failure handling.
+        self._counts_with_check = (self._checks_by_default and 1 < self.size <= COUNTS_RANKS
+                                   and type(self)._agree_word is TorchGroup._agree_word)
         self._name = "world"  # unique among communicators; split derives its children's
         self._splits = 0
         R = dist.ReduceOp
@@ -134,22 +144,92 @@ class TorchGroup(Transport):
         return self._group
 
     def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
-        """One all_reduce (BAND) of the transport's one int64 CPU tensor (:meth:`_word_flag`),
-        polled: a peer's farewell is heard while it waits, and a call's own ``timeout=``
-        (shorter than the group's, which torch enforces) is kept. ``waiting()`` runs first."""
+        """The check's round: one all_reduce (BAND) of the transport's one int64 CPU tensor, or,
+        where the uneven collectives' counts travel in the round (``_counts_with_check``), the
+        round of :meth:`_agree_counts` with no row: every call's word travels in the same
+        collective, so that a rank in another call meets it. Polled (:meth:`_await_round`);
+        ``waiting()`` runs first."""
         if waiting is not None:
             waiting()
-        flag = self._word_flag(word)
-        work = _TorchWork(flag, self._dist.all_reduce(flag, op=self._band, group=self._group,
-                                                      async_op=True), transport=self)
+        if self._counts_with_check:
+            return self._agree_counts(word, [])[0]
+        word_array, flag = self._flag(1)
+        word_array[0] = word
+        self._await_round(_TorchWork(flag, self._dist.all_reduce(flag, op=self._band, group=self._group,
+                                                                 async_op=True), transport=self))
+        return int(word_array[0])
+
+    def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
+        """:meth:`_agree_word`'s BAND and every rank's ``row`` (at most ``size + 1`` ints) from one
+        all_to_all of ``[word, row]`` to every rank: on Gloo one small round, as the word's
+        all_reduce alone is. ``view`` does not travel (the data moves in the call's own
+        collective)."""
+        mine, everyone, send, received = self._counts_round()
+        mine[:, 0] = word
+        mine[:, 1:1 + len(row)] = row
+        self._await_round(_TorchWork(received, self._dist.all_to_all_single(received, send, group=self._group,
+                                                                            async_op=True), transport=self))
+        if self._reordered:  # (received in torch's order of the group's ranks)
+            everyone = everyone[self._torch_rank]
+        reduced = -1
+        for each in everyone[:, 0].tolist():
+            reduced &= each
+        return reduced, everyone[:, 1:1 + len(row)].tolist() if row else [], None
+
+    def _counts_round(self) -> tuple[Any, Any, Any, Any]:
+        """The arrays of :meth:`_agree_counts`'s round, ``(size, size + 2)`` int64 each, sent and
+        received, and their tensors: made once (see :meth:`_flag`)."""
+        found = self._counts_arrays
+        if found is None:
+            size, width = self.size, self.size + 2
+            both, flag = self._flag(2 * size * width)
+            found = self._counts_arrays = (both[:size * width].reshape(size, width),
+                                           both[size * width:].reshape(size, width),
+                                           flag[:size * width], flag[size * width:])
+        return found
+
+    def _await_round(self, work: _TorchWork) -> None:
+        """The check's round ``work`` done, polled: a peer's farewell is heard while it waits, and
+        a call's own ``timeout=`` (shorter than the group's, which torch enforces) is kept."""
         try:
             self.context.await_work(work, math.inf if self.timeout is None or self.timeout == self._group_timeout
                                     else self.timeout)
             work.wait()
         except BaseException:
-            self._word_flag_abandoned()
+            self._flags_abandoned()
             raise
-        return int(self._word[0])
+
+    def _flags_abandoned(self) -> None:
+        """A check's round failed or timed out while torch may still write its tensors: the next
+        rounds take new ones."""
+        self._flags.clear()
+        self._counts_arrays = None
+
+    def _start_exchange_small(self, vector: Any) -> Any:
+        """Every rank's int64 ``vector`` in one all_to_all (each rank sends its vector to every
+        rank): on Gloo one small round, where a small all_gather, or an all_reduce of more than
+        one element, takes about two. A group without a CPU transport (NCCL alone) takes the
+        all_gather of the base class (through device memory)."""
+        if not self._checks_by_default:
+            return self._all_gather(Request(ALL_GATHER, vector, arrays.NUMPY, "int64", async_op=True))
+        import numpy as np  # noqa: PLC0415
+
+        size, width = self.size, len(vector)
+        mine = np.tile(np.asarray(vector, dtype=np.int64), size)
+        everyone = np.empty(size * width, dtype=np.int64)
+        work = self._dist.all_to_all_single(self._torch.from_numpy(everyone), self._torch.from_numpy(mine),
+                                            group=self._group, async_op=True)
+        rows = everyone.reshape(size, width)  # (in torch's order of the group's ranks)
+        if not self._reordered:
+            return _TorchWork(rows, work, transport=self)
+        ours = np.empty_like(rows)
+
+        def in_our_order() -> None:
+            ours[:] = rows[self._torch_rank]
+        return _TorchWork(ours, work, in_our_order, transport=self)
+
+    def _exchange_small(self, vector: Any) -> Any:
+        return self._start_exchange_small(vector).wait()
 
     # -- the check of a call on a CUDA stream, beside it (backends/torch_checks.py) ------------
 
@@ -213,24 +293,19 @@ class TorchGroup(Transport):
                 with contextlib.suppress(ValueError, RuntimeError):
                     self._dist.destroy_process_group(group)
 
-    def _word_flag(self, word: int) -> Any:
-        """The check's int64 CPU tensor, holding ``word``: one tensor per transport, made once
-        (a new tensor each call made the check's round about half a raw round slower on Gloo),
-        shared with a numpy array that writes and reads it in nanoseconds. The calls of a
-        communicator run one at a time and the check's round completes before the call
-        returns, so no two rounds share it."""
-        if self._word is None:
+    def _flag(self, length: int) -> tuple[Any, Any]:
+        """An int64 numpy array of ``length`` and the CPU tensor that shares its memory, for the
+        check's rounds: one per length, made once (a new tensor each call made the check's round
+        about half a raw round slower on Gloo), written and read in nanoseconds. The calls of a
+        communicator run one at a time and a round completes before its call returns, so no two
+        rounds share one."""
+        found = self._flags.get(length)
+        if found is None:
             import numpy as np  # noqa: PLC0415
 
-            self._word = np.zeros(1, dtype=np.int64)
-            self._word_tensor = self._torch.from_numpy(self._word)
-        self._word[0] = word
-        return self._word_tensor
-
-    def _word_flag_abandoned(self) -> None:
-        """The check's round failed or timed out while torch may still write its tensor: the
-        next round takes a new one."""
-        self._word = self._word_tensor = None
+            array = np.zeros(length, dtype=np.int64)
+            found = self._flags[length] = (array, self._torch.from_numpy(array))
+        return found
 
     def _store(self) -> Any:
         try:
