@@ -48,7 +48,7 @@ from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.work import Work, deliver
 
-from . import _float_order, torch_plans
+from . import _float_order, torch_carried, torch_plans
 from ._buffers import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
 from .torch_bootstrap import (
     bootstrap_process_group,
@@ -57,7 +57,7 @@ from .torch_bootstrap import (
     planning,
     torch_timeout,
 )
-from .torch_group import TorchGroup, _group_named
+from .torch_group import CARRY_BYTES, TorchGroup, _group_named
 from .torch_handles import _BatchedP2P, _torch_call, _TorchWork, batches, launch_batch
 
 
@@ -107,6 +107,13 @@ class TorchTransport(TorchGroup):
                    reduce_op: ReduceOp | None) -> Callable[[Request], Any]:
         plan = self._kind_plan(call, adapter, dtype, reduce_op)
         return super()._method_of(call, adapter, dtype, reduce_op) if plan is None else plan[1]
+
+    def _carried_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
+                      reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:
+        """A planned kind's carried form (backends/torch_carried.py), where the check's round carries."""
+        if adapter is not _TORCH or not self._counts_with_check:
+            return None
+        return torch_carried.carried_path(self, call, dtype, reduce_op, CARRY_BYTES)
 
     def _kind_plan(self, call: Any, adapter: ArrayAdapter, dtype: str, reduce_op: ReduceOp | None) -> Any:
         """The fast path and method of a planned kind of tensors (``torch_plans.fast_path``),

@@ -33,9 +33,11 @@ from .torch_bootstrap import created_groups, import_torch_distributed, posting, 
 from .torch_checks import PostedChecks
 from .torch_handles import _TorchWork, launch_batch
 
-#: Up to this many ranks an uneven collective's counts travel in the default check's round (one
-#: all_to_all of ``size + 2`` int64 a pair of ranks; its word's round is an all_reduce of one).
+#: Up to this many ranks an uneven collective's counts, and a small call's data, travel in the
+#: default check's round (one all_to_all of ``size + 2`` int64 and CARRY_BYTES a pair of ranks).
 COUNTS_RANKS = 8
+#: The bytes of a call's x that travel in the check's round at most (backends/torch_carried.py).
+CARRY_BYTES = 1024
 
 
 class TorchGroup(Transport):
@@ -89,13 +91,14 @@ class TorchGroup(Transport):
         self._group_timeout: float | None = None
         self._farewells_seen = 0  # the count of farewells in the store at the last look
         self._flags: dict[int, tuple[Any, Any]] = {}  # the check rounds' arrays and tensors (see _flag)
-        self._counts_arrays: tuple[Any, Any, Any, Any] | None = None  # (see _counts_round)
+        self._counts_arrays: tuple[Any, ...] | None = None  # (see _counts_round)
         self._barrier_flag: Any = None  # the barrier's zero (see _barrier)
         self._band = dist.ReduceOp.BAND
-        # An uneven collective's counts travel in the default check's round (_agree_counts) up to
-        # COUNTS_RANKS ranks, where the round is this class's: the fault-tolerant transports'
-        # own rounds hold their failure handling.
-        self._counts_with_check = (self._checks_by_default and 1 < self.size <= COUNTS_RANKS
+        # On Gloo up to COUNTS_RANKS ranks the default check's round is an all_to_all of blocks that
+        # carry the uneven collectives' counts and a small call's data (_carried_round), where the
+        # round is this class's: the fault-tolerant transports' own rounds hold their failure handling.
+        self._on_gloo = "gloo" in backend
+        self._counts_with_check = (self._on_gloo and 1 < self.size <= COUNTS_RANKS
                                    and type(self)._agree_word is TorchGroup._agree_word)
         self._name = "world"  # unique among communicators; split derives its children's
         self._splits = 0
@@ -160,32 +163,44 @@ class TorchGroup(Transport):
         return int(word_array[0])
 
     def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
-        """:meth:`_agree_word`'s BAND and every rank's ``row`` (at most ``size + 1`` ints) from one
-        all_to_all of ``[word, row]`` to every rank: on Gloo one small round, as the word's
-        all_reduce alone is. ``view`` does not travel (the data moves in the call's own
-        collective)."""
-        mine, everyone, send, received = self._counts_round()
+        """:meth:`_agree_word`'s AND and every rank's ``row`` (at most ``size + 1`` ints) from one
+        :meth:`_carried_round` with no payload. ``view`` does not travel (the data moves in the
+        call's own collective)."""
+        rows = self._counts_round()[0]
+        rows[:, 1:1 + len(row)] = row
+        reduced, everyone, _ = self._carried_round(word, None)
+        return reduced, everyone[:, 1:1 + len(row)].tolist() if row else [], None
+
+    def _carried_round(self, word: int, payload: Any) -> tuple[int, Any, Any]:
+        """The check's round where it carries (``_counts_with_check``): one all_to_all of a block
+        to every rank (:meth:`_counts_round`: the word, a row of ``size + 1`` int64 and
+        :data:`CARRY_BYTES` of payload), on Gloo one small round, as an all_reduce of the word
+        alone is. ``payload``: this rank's bytes (a uint8 array of at most CARRY_BYTES), or None.
+        Returns the AND of the ranks' words, every rank's block as int64 (rank order) and every
+        rank's payload bytes."""
+        mine, everyone, send, received, payloads, their_payloads = self._counts_round()
         mine[:, 0] = word
-        mine[:, 1:1 + len(row)] = row
+        if payload is not None:
+            payloads[:, :payload.size] = payload
         self._await_round(_TorchWork(received, self._dist.all_to_all_single(received, send, group=self._group,
                                                                             async_op=True), transport=self))
         if self._reordered:  # (received in torch's order of the group's ranks)
-            everyone = everyone[self._torch_rank]
+            everyone, their_payloads = everyone[self._torch_rank], their_payloads[self._torch_rank]
         reduced = -1
         for each in everyone[:, 0].tolist():
             reduced &= each
-        return reduced, everyone[:, 1:1 + len(row)].tolist() if row else [], None
+        return reduced, everyone, their_payloads
 
-    def _counts_round(self) -> tuple[Any, Any, Any, Any]:
-        """The arrays of :meth:`_agree_counts`'s round, ``(size, size + 2)`` int64 each, sent and
-        received, and their tensors: made once (see :meth:`_flag`)."""
+    def _counts_round(self) -> tuple[Any, ...]:
+        """The blocks of :meth:`_carried_round`, ``(size, size + 2 + CARRY_BYTES / 8)`` int64 sent
+        and received, their tensors, and the payloads' bytes in them: made once (see :meth:`_flag`)."""
         found = self._counts_arrays
         if found is None:
-            size, width = self.size, self.size + 2
+            size, width = self.size, self.size + 2 + CARRY_BYTES // 8
             both, flag = self._flag(2 * size * width)
-            found = self._counts_arrays = (both[:size * width].reshape(size, width),
-                                           both[size * width:].reshape(size, width),
-                                           flag[:size * width], flag[size * width:])
+            mine, everyone = both[:size * width].reshape(size, width), both[size * width:].reshape(size, width)
+            found = self._counts_arrays = (mine, everyone, flag[:size * width], flag[size * width:],
+                                           mine[:, size + 2:].view("uint8"), everyone[:, size + 2:].view("uint8"))
         return found
 
     def _await_round(self, work: _TorchWork) -> None:
@@ -208,9 +223,9 @@ class TorchGroup(Transport):
     def _start_exchange_small(self, vector: Any) -> Any:
         """Every rank's int64 ``vector`` in one all_to_all (each rank sends its vector to every
         rank): on Gloo one small round, where a small all_gather, or an all_reduce of more than
-        one element, takes about two. A group without a CPU transport (NCCL alone) takes the
-        all_gather of the base class (through device memory)."""
-        if not self._checks_by_default:
+        one element, takes about two. A group without Gloo (NCCL alone) takes the all_gather of
+        the base class."""
+        if not self._on_gloo:
             return self._all_gather(Request(ALL_GATHER, vector, arrays.NUMPY, "int64", async_op=True))
         import numpy as np  # noqa: PLC0415
 

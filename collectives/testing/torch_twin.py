@@ -35,6 +35,9 @@ class StreamOrderedTwin(TorchTransport):
     def _stream_ordered(self, x: Any) -> bool:
         return type(x).__module__.startswith("torch")
 
+    def _carried_path(self, call: Any, adapter: Any, dtype: str, reduce_op: Any) -> None:
+        return None  # (a CUDA tensor's data never travels in the CPU check's round)
+
     def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
         self.agreed += 1
         return super()._agree_word(word, waiting)

@@ -78,3 +78,117 @@ def test_an_uneven_calls_counts_travel_in_its_check_round_on_gloo(world):
                 np.testing.assert_array_equal(result[0], gathered)
                 assert result[1] == counts
 
+
+
+def _t(seed, rank, shape, dtype="float32"):
+    """Rank ``rank``'s input number ``seed``: small integers, so every sum is exact."""
+    return torch.from_numpy(np.random.default_rng([seed, rank]).integers(-4, 5, shape).astype(dtype))
+
+
+def _counting_payloads(transport, seen):
+    """Count the transport's check rounds that carry a payload (a call's data) in ``seen``."""
+    method = transport._carried_round
+
+    def counted(word, payload):
+        if payload is not None:
+            seen["carried"] += 1
+        return method(word, payload)
+    transport._carried_round = counted
+
+
+def carried_job(comm):
+    """Small planned calls of every kind (their data in the check's round), one asynchronous all_reduce on
+    rank 1 against a blocking one elsewhere (the same call: not carried, the data collective runs), and a
+    larger one (its word alone): results by name, and the rounds that carried."""
+    sub = comm.split(0)
+    sub.all_reduce(np.ones(1))
+    seen = collections.Counter()
+    _counting_payloads(sub._transport, seen)
+    r, n = sub.rank, sub.size
+    got = {}
+    for name, op, dtype in (("sum", "sum", "float32"), ("prod", "prod", "int64"), ("max", "max", "int32"),
+                            ("avg", "avg", "float64"), ("min", "min", "int8")):
+        x = _t(1, r, (3, 2), dtype)
+        assert sub.all_reduce(x, op) is x
+        got[name] = x.numpy().copy()
+    x = _t(2, r, (4,))
+    sub.reduce(x, "sum", dst=n - 1)
+    got["reduce"] = x.numpy().copy()
+    x = _t(3, r, (5,))
+    got["broadcast"] = sub.broadcast(x, 1).numpy().copy()
+    got["all_gather"] = sub.all_gather(_t(4, r, (2, 2))).numpy()
+    gathered = sub.gather(_t(5, r, (3,)), dst=0)
+    got["gather"] = None if gathered is None else gathered.numpy()
+    got["scatter"] = sub.scatter(_t(6, r, (n, 2)), src=n - 1).numpy()
+    got["all_to_all"] = sub.all_to_all(_t(7, r, (n, 3))).numpy()
+    got["reduce_scatter"] = sub.reduce_scatter(_t(8, r, (n, 2))).numpy()
+    out = torch.empty(n, 2)
+    assert sub.all_gather(_t(9, r, (2,)), out=out) is out
+    got["out"] = out.numpy()
+    carried = seen["carried"]
+    x = _t(10, r, (3,))
+    (sub.all_reduce(x, async_op=True).wait() if r == 1 else sub.all_reduce(x))
+    got["one async"] = x.numpy().copy()
+    x = _t(11, r, (600,))  # (2,400 bytes: past the payload)
+    sub.all_reduce(x)
+    got["large"] = x.numpy().copy()
+    others = seen["carried"] - carried
+    sub.close()
+    return got, carried, others
+
+
+def _inputs(seed, n, shape, dtype="float32"):
+    return [_t(seed, s, shape, dtype).numpy().astype(np.float64) for s in range(n)]
+
+
+@pytest.mark.parametrize("world", [("torch", 3)], indirect=True)
+def test_small_calls_travel_in_the_check_round_and_match_numpy(world):
+    n = world.size
+    for rank, (got, carried, others) in enumerate(world.run(carried_job, [()] * n)):
+        assert carried == 13, carried  # (every small planned call above)
+        assert others == (rank != 1), (rank, others)  # (the async call's peers carried; it ran as usual)
+        np.testing.assert_array_equal(got["sum"], sum(_inputs(1, n, (3, 2))))
+        np.testing.assert_array_equal(got["prod"], np.prod(_inputs(1, n, (3, 2), "int64"), axis=0))
+        np.testing.assert_array_equal(got["max"], np.max(_inputs(1, n, (3, 2), "int32"), axis=0))
+        np.testing.assert_allclose(got["avg"], sum(_inputs(1, n, (3, 2), "float64")) / n, rtol=1e-15)
+        np.testing.assert_array_equal(got["min"], np.min(_inputs(1, n, (3, 2), "int8"), axis=0))
+        reduced = _inputs(2, n, (4,))
+        np.testing.assert_array_equal(got["reduce"], sum(reduced) if rank == n - 1 else reduced[rank])
+        np.testing.assert_array_equal(got["broadcast"], _inputs(3, n, (5,))[1])
+        np.testing.assert_array_equal(got["all_gather"], np.stack(_inputs(4, n, (2, 2))))
+        if rank == 0:
+            np.testing.assert_array_equal(got["gather"], np.stack(_inputs(5, n, (3,))))
+        else:
+            assert got["gather"] is None
+        np.testing.assert_array_equal(got["scatter"], _inputs(6, n, (n, 2))[n - 1][rank])
+        np.testing.assert_array_equal(got["all_to_all"], np.stack([x[rank] for x in _inputs(7, n, (n, 3))]))
+        np.testing.assert_array_equal(got["reduce_scatter"], sum(_inputs(8, n, (n, 2)))[rank:rank + 1])
+        np.testing.assert_array_equal(got["out"], np.stack(_inputs(9, n, (2,))))
+        np.testing.assert_array_equal(got["one async"], sum(_inputs(10, n, (3,))))
+        np.testing.assert_array_equal(got["large"], sum(_inputs(11, n, (600,))))
+
+
+def carried_mismatch_job(comm):
+    """Rank 0 all_reduces a small tensor where the others broadcast one: both carried."""
+    from collectives import CollectiveMismatch
+
+    sub = comm.split(0)
+    sub.all_reduce(np.ones(1))
+    x = _t(1, sub.rank, (3,))
+    before = x.numpy().copy()
+    try:
+        sub.all_reduce(x) if sub.rank == 0 else sub.broadcast(x, 0)
+        outcome = "no error"
+    except CollectiveMismatch as error:
+        outcome = str(error)
+    untouched = bool((x.numpy() == before).all())
+    ok = sub.all_reduce(torch.ones(2)).tolist() == [float(sub.size)] * 2  # (still in step)
+    sub.close()
+    return outcome, untouched, ok
+
+
+@pytest.mark.parametrize("world", [("torch", 3)], indirect=True)
+def test_carried_calls_that_differ_are_a_mismatch_on_every_rank_with_x_untouched(world):
+    for outcome, untouched, ok in world.run(carried_mismatch_job, [()] * world.size):
+        assert "operation differs: all_reduce on rank 0; broadcast on rank" in outcome, outcome
+        assert untouched and ok
