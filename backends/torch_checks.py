@@ -8,11 +8,14 @@ watchdog thread (backends/stream_watch.py) compares the ranks' words in call ord
 :data:`~.stream_watch.PERIOD_SECONDS`, over a Gloo group of the transport's ranks made for it (so
 its rounds never meet the user's calls on the transport's own group):
 
-- a round is one asynchronous all_reduce (MIN) of ``[n, w_0 .. w_{C-1}, -w_0 .. -w_{C-1}]``,
-  this rank's first ``n`` (at most :data:`ROUND_CALLS`) posted words: every rank learns the
-  least ``n`` and, for each of those calls, the least and the greatest word (equal when every
-  rank made the same call). The calls compared leave the queue; a rank posts its next round
-  once the last completed and it has words left, so the ranks' rounds pair up in order;
+- a round is one asynchronous all_reduce (MIN) of ``[n, want, w_0 .. w_{C-1}, -w_0 .. -w_{C-1}]``,
+  this rank's first ``n`` (at most the round's capacity ``C``) posted words and the capacity it
+  wants next (its queue's length): every rank learns the least ``n`` and, for each of those calls,
+  the least and the greatest word (equal when every rank made the same call). The calls compared
+  leave the queue; a rank posts its next round once the last completed and it has words left, so
+  the ranks' rounds pair up in order. The next round's capacity comes from the least ``want``
+  (a power of two from :data:`ROUND_CALLS` to :data:`MOST_ROUND_CALLS`), which every rank reads
+  from the same result: a backlog is compared in fewer, larger rounds;
 - where the words of a call differ, one asynchronous all_gather of that call's fingerprint
   and reason (:mod:`collectives.wire`) names the ranks and the difference: the communicator
   gets the :class:`~collectives.CollectiveMismatch` (``CallContext.fail_later``: its next call or
@@ -21,8 +24,8 @@ its rounds never meet the user's calls on the transport's own group):
 Every rank sees the same rounds, so every rank finds the same mismatch. The bound: a mismatch is
 found at most two periods (0.1 s) plus two Gloo rounds after the last rank made the call, while
 a program posts fewer than :data:`ROUND_CALLS` calls a period (more wait in the queue for the
-next rounds). A peer that never makes its call leaves the round waiting: that call's timeout is
-the transport's own.
+next rounds, which grow to take up to :data:`MOST_ROUND_CALLS` calls each). A peer that never
+makes its call leaves the round waiting: that call's timeout is the transport's own.
 
 Imports: the interface (errors), numpy, stream_watch, torch_bootstrap (no torch_dist).
 """
@@ -41,8 +44,10 @@ from collectives.ops import ReduceOp
 
 from . import stream_watch
 
-#: Calls one round of the watchdog compares at most.
+#: Calls the first round of the watchdog compares at most (the least capacity of a round).
 ROUND_CALLS = 1024
+#: Calls a round compares at most once a backlog has made the rounds grow (a 1 MiB all_reduce).
+MOST_ROUND_CALLS = 1 << 16
 
 #: A posted check: (word, operation, number, reduce op, root, dtype, shape, refused).
 Posted = tuple[int, str, int, ReduceOp | None, int, str | None, tuple[int, ...], Exception | None]
@@ -61,14 +66,14 @@ class PostedChecks:
         self._dist, self._group, self._size = dist, group, size
         self._mismatch, self._failed = mismatch, failed
         self._queue: collections.deque[Posted] = collections.deque()
-        self._words = np.zeros(1 + 2 * ROUND_CALLS, dtype=np.int64)  # (one round at a time)
-        self._words_tensor = torch.from_numpy(self._words)
+        self._torch = torch
+        self._capacity = 0  # (the calls a round compares at most, as every rank agreed: _resize)
+        self._resize(ROUND_CALLS)
         self._min = dist.ReduceOp.MIN
         self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         self._work: Any = None  # the round in flight
         self._named: Any = None  # the fingerprints' round's result, while it is in flight
         self._lock = threading.Lock()
-        self._torch = torch
         #: Whether a mismatch (or a failed round) was found: nothing is compared after it.
         self.failed = False
         #: Rounds completed (of words and of fingerprints).
@@ -109,25 +114,34 @@ class PostedChecks:
         if self._queue:
             self._post_words()
 
+    def _resize(self, capacity: int) -> None:
+        """The words' array and tensor for rounds of ``capacity`` calls (one round at a time)."""
+        if capacity != self._capacity:
+            self._capacity = capacity
+            self._words = np.zeros(2 + 2 * capacity, dtype=np.int64)
+            self._words_tensor = self._torch.from_numpy(self._words)
+
     def _post_words(self) -> None:
-        queue, words = self._queue, self._words
-        n = min(len(queue), ROUND_CALLS)
-        words[0] = n
+        queue, words, capacity = self._queue, self._words, self._capacity
+        n = min(len(queue), capacity)
+        words[0], words[1] = n, len(queue)
         for i in range(n):
             word = queue[i][0]
-            words[1 + i] = word
-            words[1 + ROUND_CALLS + i] = -word
+            words[2 + i] = word
+            words[2 + capacity + i] = -word
         self._work = self._dist.all_reduce(self._words_tensor, op=self._min, group=self._group, async_op=True)
 
     def _compared(self) -> None:
         """The words' round completed: drop the calls that every rank made alike; at the first
-        that differs, post the round of its fingerprints."""
-        words, queue = self._words, self._queue
-        n = int(words[0])
-        differ = np.flatnonzero(words[1:1 + n] != -words[1 + ROUND_CALLS:1 + ROUND_CALLS + n])
+        that differs, post the round of its fingerprints. The next rounds' capacity: the least
+        wanted, as a power of two (every rank reads the same)."""
+        words, queue, capacity = self._words, self._queue, self._capacity
+        n, want = int(words[0]), int(words[1])
+        differ = np.flatnonzero(words[2:2 + n] != -words[2 + capacity:2 + capacity + n])
         agreed = n if not differ.size else int(differ[0])
         for _ in range(agreed):
             queue.popleft()
+        self._resize(min(max(ROUND_CALLS, 1 << max(want - 1, 0).bit_length()), MOST_ROUND_CALLS))
         if differ.size:
             self._post_fingerprint(queue[0])
 

@@ -199,3 +199,38 @@ def test_the_exit_hook_stops_the_checks_and_destroys_their_group(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.findall(r"AFTER (\w+) (\d+)", done.stdout) == [("True", "0")] * 2, done.stdout
     assert "terminate called" not in done.stderr, done.stderr[-3000:]
+
+
+def backlog_job(comm, calls, differ_at):
+    """``calls`` checks posted at once on a PostedChecks over a new Gloo group (the calls' words alike
+    on every rank, but at ``differ_at`` on rank 1), compared by ticking it here: the rounds it took,
+    and the call named by the mismatch, if any."""
+    import torch.distributed as dist
+    from collectives.backends.torch_checks import PostedChecks
+
+    sub = comm.split(0)
+    found = []
+    checks = PostedChecks(dist, torch, sub._transport._group, sub.size,
+                          lambda everyone, reasons, call: RuntimeError(f"{call}"), found.append)
+    for i in range(calls):
+        word = i + (1 if i == differ_at and sub.rank == 1 else 0)
+        checks.post((word, "all_reduce", i + 1, None, -1, "float32", (3,), None))
+
+    def compared():
+        checks.tick()  # (this thread drives the rounds: no watchdog here)
+        return checks.idle()
+
+    assert poll_until(compared, clock() + 60)
+    sub.close()
+    return checks.rounds, [str(error) for error in found]
+
+
+@pytest.mark.parametrize("world", [("torch", 2)], indirect=True)
+def test_a_backlog_of_posted_checks_is_compared_in_rounds_that_grow(world):
+    """5,000 checks posted at once take two rounds (the first of 1,024, the next sized to the
+    backlog), not five of 1,024; a difference deep in the backlog is found and named there."""
+    for rounds, found in world.run(backlog_job, args=(5000, -1)):
+        assert (rounds, found) == (2, [])
+    for rounds, found in world.run(backlog_job, args=(5000, 3000)):
+        # (two rounds of words, then one of the fingerprints of the call that differs)
+        assert rounds == 3 and found == ["('all_reduce', 3001)"], (rounds, found)
