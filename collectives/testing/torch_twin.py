@@ -1,8 +1,8 @@
 """The CPU twin of the torch route's CUDA decision: a torch transport over a Gloo group that takes
 every call on a torch tensor as ordered on a device stream (as a CUDA tensor's call on NCCL is),
 so that the default check of those calls goes beside them (backends/torch_checks.py), as it does
-for CUDA tensors on a group with NCCL. The collectives themselves run on Gloo as usual (blocking:
-they return once done, where NCCL's return once enqueued); what this proves is the check's
+for CUDA tensors on a group with NCCL. The collectives themselves run on Gloo (blocking ones return
+once done, where NCCL's return once enqueued, unless ``enqueues``: below); what this proves is the check's
 bookkeeping: no CPU collective and no wait of the calling thread per call, a mismatch raised at a
 later call on every rank, nothing left running after ``close()`` (tests/collective_calls/
 test_posted_checks.py; scripts/bench/host_cost.py ``--twin``).
@@ -35,7 +35,8 @@ from collectives.communicator import Communicator
 
 class StreamOrderedTwin(TorchTransport):
     """A :class:`~collectives.backends.torch_dist.TorchTransport` whose torch tensors' calls are
-    stream-ordered (their checks posted), with counts of the check's own rounds on its group."""
+    stream-ordered (their checks posted, the calls watched against their timeout on
+    :attr:`stream`), with counts of the check's own rounds on its group and of the aborts."""
 
     def __init__(self, group: Any = None, ranks: list[int] | None = None, local_rank: int | None = None,
                  *, enqueues: bool = False) -> None:
