@@ -111,10 +111,11 @@ class TorchTransport(TorchGroup):
     def _method_of(self, call: Any, adapter: ArrayAdapter, dtype: str,
                    reduce_op: ReduceOp | None) -> Callable[[Request], Any]:
         """The kind's method (its plan's, else the row's); where the group runs calls on device
-        streams, followed by the watch of a stream-ordered call (backends/torch_watch.py)."""
+        streams, followed by the watch of a stream-ordered call (backends/torch_watch.py), but
+        for numpy arrays (never on a device)."""
         plan = self._kind_plan(call, adapter, dtype, reduce_op)
         method = super()._method_of(call, adapter, dtype, reduce_op) if plan is None else plan[1]
-        return self._watched(method) if self._watches_streams else method
+        return self._watched(method) if self._watches_streams and adapter is not arrays.NUMPY else method
 
     def _watched(self, method: Callable[[Request], Any]) -> Callable[[Request], Any]:
         """``method``, then the watch of its stream-ordered calls against their timeout."""

@@ -78,8 +78,8 @@ class TorchGroup(Transport):
         self._watches_streams = self._has_nccl
         self._posted: PostedChecks | None = None  # the checks posted (made by the first)
         self._posting_group: Any = None  # the Gloo group they travel over
-        # The calls on CUDA streams in flight under a timeout (made by the first: see _watch_call),
-        # and the CUDA events recorded after them.
+        # The calls on CUDA streams in flight under a timeout (made by the first: see
+        # torch_watch.watched), and the CUDA events recorded after them.
         self._stream_watch: StreamWatch | None = None
         self._events: Any = None
         me = self._global_ranks.index(dist.get_rank())
@@ -219,30 +219,29 @@ class TorchGroup(Transport):
 
     # -- the timeouts of calls on CUDA streams, beside them (backends/torch_watch.py) ----------
 
-    def _watch_call(self, r: Any, result: Any) -> None:
-        """(After the stream-ordered call of request ``r`` was enqueued, under a timeout.) Watch
-        it against the timeout: an asynchronous call's torch handle, else a pooled CUDA event
-        recorded after it on the stream it ran on."""
-        watched, timeout = self._stream_watch or self._start_watch(), self.timeout
-        assert timeout is not None  # (torch_watch.watched: only under a timeout)
-        if r.async_op:
-            work = getattr(result, "_work", None)  # (a batched send/recv's goes out later: unwatched)
-            if work is not None:
-                watched.add(WORKS, work, self.context.call, timeout)
-            return
-        events = self._events or self._cuda_events()
-        watched.post(events, self._stream_of(r.x, r.adapter), self.context.call, timeout)
+    def _watch_handle(self, handle: Any, timeout: float) -> None:
+        """Watch the asynchronous stream-ordered call just made (its handle ``handle``) against
+        ``timeout``: torch's handle, whose ``is_completed()`` queries the call's end event (a
+        batched send/recv's goes out later: unwatched). (A blocking call's event is posted by
+        torch_watch.watched itself.)"""
+        work = getattr(handle, "_work", None)
+        if work is not None:
+            (self._stream_watch or self._start_watch()).add(WORKS, work, self.context.call, timeout)
 
     def _cuda_events(self) -> Any:
         self._events = made = CudaEvents(self._torch)
         return made
 
     def _stream_of(self, x: Any, adapter: Any) -> Any:
-        """The stream a call on ``x`` ran on: torch's current one of x's device; a CuPy array's,
-        CuPy's current one (see torch_handles._torch_call)."""
+        """The stream a stream-ordered call on ``x`` (of ``adapter``'s kind) ran on: a CUDA
+        tensor's, torch's current one of its device; a CuPy array's, CuPy's current one (see
+        torch_handles._torch_call); ``None`` for a call that is not stream-ordered (as
+        :meth:`_stream_ordered` says)."""
         if adapter is arrays.CUPY:
             return _cupy_stream_as_torch(self._torch, x)
-        return self._torch.cuda.current_stream(x.get_device())
+        if adapter is arrays.TORCH and x.is_cuda:
+            return self._torch.cuda.current_stream(x.get_device())
+        return None
 
     def _start_watch(self) -> StreamWatch:
         self._stream_watch = made = watch(self._expired)

@@ -60,14 +60,29 @@ WORKS = _Works()
 
 
 def watched(transport: Any, method: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``method`` (a row's, taking the call's ``Request``), followed, for a stream-ordered ``x``
-    under a timeout, by the call's watch (``transport._watch_call``). Bound once per kind of call."""
-    stream_ordered, watch_call = transport._stream_ordered, transport._watch_call
+    """``method`` (a row's, taking the call's ``Request``), followed, under a timeout, by the watch
+    of a stream-ordered call: a blocking call's pooled event recorded on the stream it ran on
+    (``transport._stream_of``: ``None`` where the call is not stream-ordered) and posted on the
+    transport's watch, here (the call's hot line: no frame more); an asynchronous call's handle
+    (``transport._stream_ordered``) by ``transport._watch_handle``. Bound once per kind of call
+    (``TorchTransport._method_of``), after the communicator took the transport."""
+    stream_ordered, stream_of, watch_handle = transport._stream_ordered, transport._stream_of, \
+        transport._watch_handle
+    context = transport.context
 
     def run(r: Any) -> Any:
         result = method(r)
-        if transport.timeout is not None and stream_ordered(r.x):
-            watch_call(r, result)
+        timeout = transport.timeout
+        if timeout is None:
+            return result
+        if r.async_op:
+            if stream_ordered(r.x):
+                watch_handle(result, timeout)
+            return result
+        stream = stream_of(r.x, r.adapter)
+        if stream is not None:
+            (transport._stream_watch or transport._start_watch()).post(
+                transport._events or transport._cuda_events(), stream, context.call, timeout)
         return result
 
     return run

@@ -29,8 +29,11 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
+from collectives import arrays
 from collectives.backends.torch_dist import TorchCommunicator, TorchTransport
 from collectives.communicator import Communicator
+
+_TORCH = arrays.TORCH
 
 
 class StreamOrderedTwin(TorchTransport):
@@ -55,8 +58,8 @@ class StreamOrderedTwin(TorchTransport):
     def _fast_path(self, call: Any, adapter: Any, dtype: str, reduce_op: Any) -> None:
         return None  # (a CUDA tensor's call never takes a CPU tensor's fast path)
 
-    def _stream_of(self, x: Any, adapter: Any) -> TwinStream:
-        return self.stream
+    def _stream_of(self, x: Any, adapter: Any) -> TwinStream | None:
+        return self.stream if adapter is _TORCH else None
 
     def _watched(self, method: Callable[[Any], Any]) -> Callable[[Any], Any]:
         return super()._watched(self._enqueued(method) if self.enqueues else method)
