@@ -199,14 +199,15 @@ class MPITransport(MPIChannel):
         if call is calls.REDUCE_SCATTER:
             # (MPI_Reduce_scatter with equal counts: MPICH's MPI_Ireduce_scatter_block, what a timeout
             # runs, took 8-11x the blocking call at 512 KiB-1 MiB; see _reduce_scatter)
-            scatter, start_scatter = comm.Reduce_scatter, comm.Ireduce_scatter
+            scatter_equal, start_scatter_equal = comm.Reduce_scatter, comm.Ireduce_scatter
             scatter_block_init = comm.Reduce_scatter_block_init
 
             def reduce_scatter(buf: Any, root: Any, out: Any, extra: Any) -> Any:
                 if buf.size // size > most:
                     return NOT_TAKEN
                 result, recv = new(buf, (buf.shape[0] // size, *buf.shape[1:]), out)
-                one_call(scatter, start_scatter, [buf, mpi_type], [recv, mpi_type], [buf.size // size] * size, mpi_op)
+                block = buf.size // size
+                one_call(scatter_equal, start_scatter_equal, [buf, mpi_type], [recv, mpi_type], [block] * size, mpi_op)
                 if avg:
                     result /= size
                 return result

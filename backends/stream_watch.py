@@ -15,7 +15,8 @@ thread never queries an event.
 
 A call's timeout is thus seen between its deadline and :data:`PERIOD_SECONDS` after it.
 
-The same thread looks at anything else with a ``tick()`` (:class:`Ticking`, :func:`look_after`):
+The torch transport's calls on CUDA streams go on a watch too (backends/torch_watch.py). The same
+thread looks at anything else with a ``tick()`` (:class:`Ticking`, :func:`look_after`):
 the torch transport's checks of CUDA calls, compared beside the calls (backends/torch_checks.py).
 
 Imports: nothing of the library but the recorder's clock (no transport).

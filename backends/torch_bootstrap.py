@@ -44,6 +44,31 @@ def torch_timeout(seconds: float | None) -> datetime.timedelta:
     return NO_TIMEOUT if seconds is None else datetime.timedelta(seconds=seconds)
 
 
+def nccl_backstop(dist: Any, group: Any, seconds: float | None) -> None:
+    """Give the NCCL backend of ``group`` (one made here; ``None``: the default group) the
+    timeout ``2 * seconds + 60``, longer than the communicator's ``seconds``: the calls on CUDA
+    streams are watched against ``seconds`` by the communicator (backends/torch_watch.py), which
+    aborts the backend and raises ``CollectiveTimeout`` at the rank's next call; torch's own NCCL
+    watchdog, which with torch's defaults (``TORCH_NCCL_ASYNC_ERROR_HANDLING=3``) ends the
+    process at its timeout, stays a backstop behind it. Nothing where the group has no NCCL
+    backend or there is no timeout."""
+    nccl = getattr(dist, "ProcessGroupNCCL", None)
+    if seconds is None or nccl is None:
+        return
+    import torch  # noqa: PLC0415
+
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    try:
+        backend = pg._get_backend(torch.device("cuda"))
+    except Exception:  # noqa: BLE001  (no backend for CUDA tensors)
+        return
+    if isinstance(backend, nccl):
+        try:
+            backend._set_default_timeout(torch_timeout(2 * seconds + 60))
+        except (AttributeError, RuntimeError):  # (a torch without it: its watchdog and ours race)
+            pass
+
+
 #: The oldest torch the torch backend runs on: pyproject.toml's floor, the oldest release
 #: `make test-torch-versions` passes on. On 2.8 Gloo gives wrong results in some of the
 #: backend's reduce_scatter emulations (bool MIN/MAX, bitwise ops): refused, not wrong.
@@ -85,6 +110,9 @@ planning: weakref.WeakSet[Any] = weakref.WeakSet()
 # The transports whose checks of CUDA calls are compared by the watchdog thread over a group of
 # their own (backends/torch_checks.py): the watchdog stops before that group is destroyed.
 posting: weakref.WeakSet[Any] = weakref.WeakSet()
+# The transports whose calls on CUDA streams the watchdog thread watches against their timeout
+# (backends/torch_watch.py): it stops looking before their groups are destroyed.
+watching: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 @atexit.register
@@ -96,6 +124,8 @@ def _destroy_created_groups() -> None:
         transport._forget_plans()
     for transport in list(posting):
         transport._stop_posting(settle=False)
+    for transport in list(watching):
+        transport._stop_watch()
     while created_groups:
         group = created_groups.pop()
         try:
@@ -108,7 +138,13 @@ def _destroy_created_groups() -> None:
 
 def bootstrap_process_group(dist: Any, launch: LaunchInfo,
                              timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> None:
-    """Initialize torch's default group for a process started as ``launch`` says."""
+    """Initialize torch's default group for a process started as ``launch`` says (its NCCL
+    backend's timeout longer: :func:`nccl_backstop`)."""
+    _init_default_group(dist, launch, timeout)
+    nccl_backstop(dist, None, None if timeout == NO_TIMEOUT else timeout.total_seconds())
+
+
+def _init_default_group(dist: Any, launch: LaunchInfo, timeout: datetime.timedelta) -> None:
     global _created_default
     _created_default = True
     if launch.size > 1 and launch.local_size == launch.size and "GLOO_SOCKET_IFNAME" not in os.environ \

@@ -20,8 +20,12 @@ group's own call, bound with its options when the kind is first seen (backends/t
 Asynchronous sends and recvs of CUDA tensors go out together, in ``batch_isend_irecv``
 (:class:`~.torch_handles._BatchedP2P`).
 
-Timeouts are torch's own: the communicator's timeout is the process group's (and the
-bootstrap store's), and torch's timeout errors become ``CollectiveTimeout``.
+Timeouts: the communicator's timeout is the process group's (and the bootstrap store's), and
+torch's timeout errors become ``CollectiveTimeout``; a call on a CUDA stream (a CUDA tensor on
+NCCL) is watched beside it instead (backends/torch_watch.py): past its timeout the NCCL backend
+is aborted and the rank's next call or wait raises; the NCCL backend of a group made here gets
+a longer timeout (:func:`~.torch_bootstrap.nccl_backstop`), so torch's own watchdog, which ends
+the process with torch's defaults, comes second.
 
 How the default process group is made under each launcher, and its security, is
 :mod:`collectives.backends.torch_bootstrap`'s; the process group as the transport's channel (its
@@ -48,12 +52,13 @@ from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.work import Work, deliver
 
-from . import _float_order, torch_carried, torch_plans
+from . import _float_order, torch_carried, torch_plans, torch_watch
 from ._buffers import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
 from .torch_bootstrap import (
     bootstrap_process_group,
     created_groups,
     import_torch_distributed,
+    nccl_backstop,
     planning,
     torch_timeout,
 )
@@ -105,8 +110,16 @@ class TorchTransport(TorchGroup):
 
     def _method_of(self, call: Any, adapter: ArrayAdapter, dtype: str,
                    reduce_op: ReduceOp | None) -> Callable[[Request], Any]:
+        """The kind's method (its plan's, else the row's); where the group runs calls on device
+        streams, followed by the watch of a stream-ordered call (backends/torch_watch.py), but
+        for numpy arrays (never on a device)."""
         plan = self._kind_plan(call, adapter, dtype, reduce_op)
-        return super()._method_of(call, adapter, dtype, reduce_op) if plan is None else plan[1]
+        method = super()._method_of(call, adapter, dtype, reduce_op) if plan is None else plan[1]
+        return self._watched(method) if self._watches_streams and adapter is not arrays.NUMPY else method
+
+    def _watched(self, method: Callable[[Request], Any]) -> Callable[[Request], Any]:
+        """``method``, then the watch of its stream-ordered calls against their timeout."""
+        return torch_watch.watched(self, method)
 
     def _carried_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
                       reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:
@@ -511,6 +524,7 @@ class TorchTransport(TorchGroup):
         with _group_named(name):
             group = self._dist.new_group(sorted(global_ranks), use_local_synchronization=True,
                                          timeout=torch_timeout(self.timeout))
+        nccl_backstop(self._dist, group, self.timeout)
         created_groups.append(group)
         child = self._split_transport(group, global_ranks)
         child._name = name
@@ -532,7 +546,8 @@ class TorchCommunicator(Communicator):
         """``group``: a torch ProcessGroup (None: the default group). ``ranks``: the
         group's global ranks in this communicator's rank order (None: torch's order).
         ``timeout``: the timeout the group was made with (torch enforces it; ``None``
-        reads ``COLLECTIVES_TIMEOUT``): for messages and for the groups of ``split``."""
+        reads ``COLLECTIVES_TIMEOUT``): for messages and for the groups of ``split``; the
+        calls on CUDA streams are watched against it beside them (backends/torch_watch.py)."""
         super().__init__(TorchTransport(group, ranks, local_rank), timeout=timeout)
 
     @property

@@ -341,6 +341,7 @@ class ElasticSplitTransport(TorchTransport):
         return all(vote == "1" for vote in outcome.votes.values())
 
     def _close(self) -> None:
+        self._stop_watch()
         if self._group in self._dist.distributed_c10d._world.pg_map:
             super()._close()  # (else its generation's shrink destroyed it already)
         elif self._group in created_groups:

@@ -4,12 +4,14 @@
 :class:`TorchGroup` holds the torch.distributed process group, the map between this
 transport's rank order (a split's key) and torch's, and torch's reduce ops; it maps torch's
 errors (its timeouts, a peer's closed connection), carries the default check's word (and posts
-that of a call on a CUDA stream, compared beside it: backends/torch_checks.py), the farewells
+that of a call on a CUDA stream, compared beside it: backends/torch_checks.py), watches the calls
+on CUDA streams against their timeout (backends/torch_watch.py, stream_watch.py), the farewells
 (keys in torch's store), the barrier, Gloo's monitored barrier and the group's release. The
 collectives, the tensors they take and the split are the subclass's, in backends/torch_dist.py.
 
 Imports: the interface (errors, farewell, launcher, ops, transport) and the torch backend's
-helper modules (torch_bootstrap, torch_checks, torch_handles); never backends/torch_dist.py.
+helper modules (torch_bootstrap, torch_checks, torch_handles, torch_watch, stream_watch); never
+backends/torch_dist.py.
 """
 
 from __future__ import annotations
@@ -29,9 +31,11 @@ from collectives.errors import BackendUnavailable, CollectiveError, CollectiveTi
 from collectives.ops import ReduceOp
 from collectives.transport import Transport
 
-from .torch_bootstrap import created_groups, import_torch_distributed, posting, torch_timeout
+from .stream_watch import StreamWatch, unwatch, watch
+from .torch_bootstrap import created_groups, import_torch_distributed, posting, torch_timeout, watching
 from .torch_checks import PostedChecks
-from .torch_handles import _TorchWork, launch_batch
+from .torch_handles import _cupy_stream_as_torch, _TorchWork, launch_batch
+from .torch_watch import WORKS, CudaEvents
 
 #: Up to this many ranks an uneven collective's counts, and a small call's data, travel in the
 #: default check's round (one all_to_all of ``size + 2`` int64 and CARRY_BYTES a pair of ranks).
@@ -76,8 +80,15 @@ class TorchGroup(Transport):
         self._checks_by_default = backend != "nccl"
         self._has_nccl = "nccl" in backend
         self._posts_checks = self._has_nccl and self._checks_by_default
+        # Whether a stream-ordered call (a CUDA tensor's, on NCCL) is watched against its timeout
+        # beside it (backends/torch_watch.py) instead of by torch's NCCL watchdog.
+        self._watches_streams = self._has_nccl
         self._posted: PostedChecks | None = None  # the checks posted (made by the first)
         self._posting_group: Any = None  # the Gloo group they travel over
+        # The calls on CUDA streams in flight under a timeout (made by the first: see
+        # torch_watch.watched), and the CUDA events recorded after them.
+        self._stream_watch: StreamWatch | None = None
+        self._events: Any = None
         me = self._global_ranks.index(dist.get_rank())
         if local_rank is None:
             local_rank = int(os.environ.get("LOCAL_RANK", 0)) if ranks is None else 0
@@ -115,7 +126,7 @@ class TorchGroup(Transport):
         """torch's timeout errors become ``CollectiveTimeout``, its transport failures
         (a peer's connection closed: it died) ``CollectiveError``; the rest take the
         default mapping."""
-        if self._posted is not None and self._posted.failed:  # (the NCCL backend aborted)
+        if self._failed_beside():  # (the NCCL backend aborted)
             return self.context.failure()
         if not isinstance(error, RuntimeError):
             return None
@@ -283,12 +294,71 @@ class TorchGroup(Transport):
         """(The watchdog's thread.) A posted check found ``error``: the communicator's next call
         or wait raises it; the NCCL backend is aborted (the mismatched calls may never end)."""
         self.context.fail_later(error)
+        self._abort_stream_backend()
+
+    def _abort_stream_backend(self) -> None:
+        """Abort the backend of the group that runs the calls on device streams (NCCL's: its
+        communicators aborted, a waiting kernel returns), where the group has one."""
         if self._has_nccl:
             group = self._group or self._dist.distributed_c10d._get_default_group()
             try:
                 group._get_backend(self._torch.device("cuda")).abort()
             except Exception:  # noqa: BLE001  (a torch without it: the calls end at their timeout)
                 pass
+
+    def _failed_beside(self) -> bool:
+        """Whether the watchdog found a failure of this transport's calls beside them (a posted
+        check's mismatch, a call on a device stream past its timeout)."""
+        posted, watched = self._posted, self._stream_watch
+        return (posted is not None and posted.failed) or (watched is not None and watched.failed)
+
+    # -- the timeouts of calls on CUDA streams, beside them (backends/torch_watch.py) ----------
+
+    def _watch_handle(self, handle: Any, timeout: float) -> None:
+        """Watch the asynchronous stream-ordered call just made (its handle ``handle``) against
+        ``timeout``: torch's handle, whose ``is_completed()`` queries the call's end event (a
+        batched send/recv's goes out later: unwatched). (A blocking call's event is posted by
+        torch_watch.watched itself.)"""
+        work = getattr(handle, "_work", None)
+        if work is not None:
+            (self._stream_watch or self._start_watch()).add(WORKS, work, self.context.call, timeout)
+
+    def _cuda_events(self) -> Any:
+        self._events = made = CudaEvents(self._torch)
+        return made
+
+    def _stream_of(self, x: Any, adapter: Any) -> Any:
+        """The stream a stream-ordered call on ``x`` (of ``adapter``'s kind) ran on: a CUDA
+        tensor's, torch's current one of its device; a CuPy array's, CuPy's current one (see
+        torch_handles._torch_call); ``None`` for a call that is not stream-ordered (as
+        :meth:`_stream_ordered` says)."""
+        if adapter is arrays.CUPY:
+            return _cupy_stream_as_torch(self._torch, x)
+        if adapter is arrays.TORCH and x.is_cuda:
+            return self._torch.cuda.current_stream(x.get_device())
+        return None
+
+    def _start_watch(self) -> StreamWatch:
+        self._stream_watch = made = watch(self._expired)
+        watching.add(self)
+        return made
+
+    def _expired(self, call: tuple[str, int]) -> None:
+        """(The watchdog's thread.) ``call`` ran past its deadline: this communicator's next call
+        or wait raises the :class:`CollectiveTimeout` naming it; the NCCL backend is aborted."""
+        self.context.fail_later(self.context.timeout_error(
+            "the watchdog aborted the process group's NCCL backend (its communicators' ncclCommAbort)",
+            call=call))
+        self._abort_stream_backend()
+        self._stop_watch()
+
+    def _stop_watch(self) -> None:
+        """The watchdog stops looking at this transport's calls (at close, at exit, once one
+        expired)."""
+        watched = self._stream_watch
+        if watched is not None:
+            unwatch(watched)
+            watching.discard(self)
 
     def _stop_posting(self, settle: bool) -> None:
         """Stop comparing posted checks (``settle``: once those posted are compared, within the
@@ -420,6 +490,7 @@ class TorchGroup(Transport):
         launch_batch()
         self._forget_plans()
         self._stop_posting(settle=True)
+        self._stop_watch()
         if self._group is not None and self._dist.is_initialized():
             if self._group in created_groups:
                 created_groups.remove(self._group)

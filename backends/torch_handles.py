@@ -55,8 +55,9 @@ class _TorchWork(Work):
             raise_mapped(self._transport, error)
         self._work = None
         transport = self._transport
-        if transport is not None and transport._posted is not None and transport._posted.failed:
-            raise transport.context.failure()  # (a check beside the calls found a mismatch)
+        if transport is not None and transport._failed_beside():
+            # (a check beside the calls found a mismatch, or a call on a device stream timed out)
+            raise transport.context.failure()
         finish, self._finish = self._finish, None  # (taken first: once, whoever completes it)
         if finish is not None:
             finish()

@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 SETTINGS = {"defaults": {}, "COLLECTIVES_DEBUG=0": {"COLLECTIVES_DEBUG": "0"}}
 # (case, ours, raw): what each loop's step calls. ``t``: the tensor, ``out``: a result of the
@@ -76,16 +77,18 @@ def child(calls: int, world: int, rank: int, cases: list[tuple[str, str, str]], 
     names = {"torch": torch, "dist": dist, "comm": comm, "pg": pg, "opts": opts,
              "t": torch.ones(ELEMENTS), "gathered": torch.empty(world, ELEMENTS),
              "rows": torch.ones(world, ELEMENTS), "mine": torch.empty(1, ELEMENTS), "peer": (rank + 1) % world}
-    run_loops([FLOOR[1]] + [s for _, ours, raw in cases for s in (ours, raw)], names, calls)
+    run_loops([FLOOR[1]] + [s for _, ours, raw in cases for s in (ours, raw)], names, calls,
+              (lambda: _steady_watch(comm._transport, calls)) if twin else None)
     if twin:  # (the fake group's handles never say they completed: nothing to wait for at close)
         comm._transport._stop_posting(settle=False)
     comm.close()
     dist.destroy_process_group()
 
 
-def run_loops(statements: list[str], names: dict, calls: int) -> None:
+def run_loops(statements: list[str], names: dict, calls: int, before_loop: Any = None) -> None:
     """Warm every statement, then a no-op loop and one loop of ``calls`` of each statement, each
-    inside ``functools.reduce`` (what callgrind collects and dumps after)."""
+    inside ``functools.reduce`` (what callgrind collects and dumps after); ``before_loop()`` runs
+    before each loop, uncounted."""
     steps = []
     for statement in statements:
         code = compile(statement, statement, "eval")
@@ -94,7 +97,21 @@ def run_loops(statements: list[str], names: dict, calls: int) -> None:
             eval(code, names)
     functools.reduce(_noop, range(calls), None)
     for step in steps:
+        if before_loop is not None:
+            before_loop()
         functools.reduce(step, range(calls), None)
+
+
+def _steady_watch(transport: Any, calls: int) -> None:
+    """The twin's watch of calls on a device stream in a program's steady state: nothing left in
+    flight (the fake group's handles never say they completed, a real group's do) and a pool of
+    events for a loop's calls (a program's pool holds what it has in flight within a period)."""
+    watch = transport._stream_watch
+    if watch is not None:
+        with watch._lock:
+            watch._inflight.clear()
+    events = transport._events
+    events.pool.extend(events.new_event() for _ in range(calls - len(events.pool)))
 
 
 def _noop(acc: object, _: int) -> object:
@@ -159,7 +176,8 @@ def main() -> None:
     parser.add_argument("--json", help="write the counts here")
     parser.add_argument("--twin", action="store_true",
                         help="ours through the CPU twin of a CUDA tensor's call (collectives.testing.torch_twin): "
-                             "its check posted beside the call (world 2: the check runs at world 2 only)")
+                             "its check posted beside the call (world 2: the check runs at world 2 only), the "
+                             "call on the watch of its timeout")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     cases = [case for case in CASES if (args.cases is None or any(case[0].startswith(n) for n in args.cases))

@@ -12,7 +12,8 @@ world size 1, and at 2 ranks where NCCL >= 2.30 allows several ranks per GPU; mp
 - reduce, gather, scatter, all_to_all (equal, with splits) and all_gather_v against numpy, blocking
   and async into out=; async send/recv rings in both wait orders (16 MiB: NCCL needs its group);
 - the cupy backend's timeout (a stream held past it; a rank that never joins) and its debug mode
-  (fingerprints and p2p headers through device memory).
+  (fingerprints and p2p headers through device memory); the torch route's timeout of a CUDA
+  tensor's call (a stream held past it).
 - the cupy backend with one rank on each of two hosts of the multi-host test bed (root only;
   the NCCL id through MPI under mpiexec, through torchrun's agent store under torchrun).
 - a fault-tolerant DDP job on CUDA under collectives-elastic (NCCL per generation): one rank
@@ -840,6 +841,77 @@ def test_cupy_collective_past_its_timeout_raises_and_aborts(cupy_timeout_world, 
     assert after_kind == "CollectiveTimeout" and "all_reduce (call #1)" in after, after
     assert world_kind == "CollectiveError" and "shares the cupy transport" in world, world
     print(f"TIMING cupy timeout {TIMEOUT_SECONDS:g} s [{case}, {library}]: {elapsed:.3f} s")
+
+
+@pytest.fixture(scope="module")
+def torch_timeout_world():
+    env = {"COLLECTIVES_TIMEOUT": f"{TIMEOUT_SECONDS:g}"}
+    reason = skip_reason("torch", 1, "torchrun", env)
+    if reason:
+        pytest.skip(reason)
+    pool = RankPool("torch", 1, launcher="torchrun", env=env, job_timeout=JOB_TIMEOUT)
+    pool.start()
+    yield pool
+    pool.close()
+
+
+def torch_held_stream_job(comm, case):
+    """The torch route (NCCL through torch.distributed): a CUDA tensor's all_reduce on a fresh split,
+    queued behind a kernel that holds the stream past the timeout: it returns once enqueued (seconds
+    it took), and the watchdog's CollectiveTimeout is raised by the next call or the handle's wait
+    (the process alive: torch's own NCCL watchdog waits longer): (outcome, seconds until then, the
+    call after's error, the world's error)."""
+    import time
+
+    from collectives import CollectiveError, CollectiveTimeout
+
+    sub = comm.split(0)
+    _KEEP.append(sub)
+    x = torch.ones(1024, device="cuda")
+    sub.all_reduce(x)  # call #1: the group's NCCL communicator made before the clock starts
+    torch.cuda.synchronize()
+    torch.cuda._sleep(HOLD_CYCLES)
+    start = time.perf_counter()
+    work = sub.all_reduce(x, async_op=case != "blocking")  # call #2
+    enqueued = time.perf_counter() - start
+    _until_broken(sub, start, TIMEOUT_SECONDS + 30)
+    try:
+        if case == "blocking":
+            sub.all_reduce(x)
+        else:
+            work.wait()
+        outcome = ("no error", "")
+    except CollectiveTimeout as error:
+        outcome = ("CollectiveTimeout", str(error))
+    elapsed = time.perf_counter() - start
+    try:
+        sub.all_reduce(x)
+        after = ("no error", "")
+    except CollectiveError as error:
+        after = (type(error).__name__, str(error))
+    torch.cuda.synchronize()
+    try:  # a timeout makes every communicator of the backend unusable (the pool then restarts)
+        comm.all_reduce(torch.full((3,), 2.0, device="cuda"))
+        world = ("no error", "")
+    except CollectiveError as error:
+        world = (type(error).__name__, str(error))
+    return comm.timeout, enqueued, outcome, elapsed, after, world
+
+
+# One case per pool start (a timeout leaves the ranks unusable).
+@pytest.mark.parametrize("case", ["blocking", "async"])
+def test_torch_nccl_collective_past_its_timeout_raises_at_the_next_call(torch_timeout_world, case):
+    timeout, enqueued, (kind, message), elapsed, (after_kind, after), (world_kind, world) = torch_timeout_world.run(
+        torch_held_stream_job, args=(case,), timeout=JOB_TIMEOUT)[0]
+    assert timeout == TIMEOUT_SECONDS
+    assert enqueued < TIMEOUT_SECONDS / 2, enqueued  # returned once enqueued: no host wait
+    assert kind == "CollectiveTimeout", message
+    assert "backend=torch" in message and f"timeout={TIMEOUT_SECONDS:g}s" in message, message
+    assert "all_reduce (call #2)" in message and "NCCL backend" in message, message
+    assert TIMEOUT_SECONDS <= elapsed < TIMEOUT_SECONDS + 8, elapsed  # abort may wait for the held stream
+    assert after_kind == "CollectiveTimeout" and "all_reduce (call #2)" in after, after
+    assert world_kind == "CollectiveError" and "shares the torch transport" in world, world
+    print(f"TIMING torch nccl timeout {TIMEOUT_SECONDS:g} s [{case}]: {elapsed:.3f} s")
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "debug"])
