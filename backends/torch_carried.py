@@ -1,7 +1,7 @@
 """Small collectives of CPU tensors carried in the torch route's check round: one Gloo call where
 the default check and the data would take two.
 
-On a torch group with a CPU backend of up to ``COUNTS_RANKS`` ranks the default check's round is
+On a torch group with Gloo of up to ``COUNTS_RANKS`` ranks the default check's round is
 one all_to_all of a block to every rank (``TorchGroup._carried_round``): the check word, the uneven
 collectives' counts and :data:`~.torch_group.CARRY_BYTES` of payload. A planned call (a plain
 contiguous CPU tensor of a kind the torch plans take, blocking) whose x fits there puts its bytes
@@ -39,6 +39,8 @@ from .mpi_carried import CARRIED, WORD_BITS, Carry, new_result
 from .mpi_carried import _maker as result_maker  # (the results of a carried call, as on MPI)
 
 _INTEGERS = ("int8", "uint8", "int16", "int32", "int64")
+#: The shapes of x whose views of the round's blocks a carried kind keeps (then made anew).
+_KEPT_SHAPES = 64
 #: numpy's function of each (dtype, op) carried: the transport's arithmetic on those.
 UFUNCS: dict[tuple[str, ReduceOp], Callable[..., Any]] = {
     **{(dtype, op): ufunc for dtype in ("float32", "float64")
@@ -63,23 +65,49 @@ def carried_path(transport: Any, call: Any, dtype: str, op: ReduceOp | None, car
         if ufunc is None:
             return None
 
-        def local(source: list[Any], target: list[Any]) -> None:  # (as MPI_Reduce_local's buffers)
-            with np.errstate(over="ignore", invalid="ignore"):  # (torch's arithmetic says nothing of inf, NaN)
+        if dtype in _INTEGERS:  # (integer arithmetic sets no floating-point flag: nothing to quiet)
+            def local(source: list[Any], target: list[Any]) -> None:  # (as MPI_Reduce_local's buffers)
                 ufunc(target[0], source[0], out=target[0])
+        else:
+            def local(source: list[Any], target: list[Any]) -> None:
+                with np.errstate(over="ignore", invalid="ignore"):  # (torch's arithmetic says nothing of inf, NaN)
+                    ufunc(target[0], source[0], out=target[0])
     size = transport.size
     make = result_maker(call, size, transport.rank, new_result(True), None, local, op is ReduceOp.AVG)
     if make is None:
         return None
     agree, carried_round = transport._agree_word, transport._carried_round
+    order = transport._torch_rank if transport._reordered else None
+    views: dict[tuple[int, ...], tuple[Any, ...]] = {}  # (by x's shape: see shaped)
+
+    def shaped(blocks: tuple[Any, ...], shape: tuple[int, ...], n: int) -> tuple[Any, ...]:
+        """The round's payloads (``blocks``: TorchGroup._counts_round's arrays) as rows of x's
+        dtype and ``shape``: what this rank sends (one row a rank), every rank's row received
+        (rank order where torch's differs: a copy, made at each call) and a list of them."""
+        if len(views) >= _KEPT_SHAPES:
+            views.clear()
+        send, received = blocks[4][:, :n].view(dtype), blocks[5][:, :n].view(dtype)
+        send.shape = received.shape = (size, *shape)  # (views of the blocks, never copies)
+        each = None if order is not None else [received[k, ...] for k in range(size)]  # (views, 0-d too)
+        views[shape] = found = (blocks, send, received, each)
+        return found
 
     def carry(view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]:
         x = view.numpy()
         n = x.nbytes
         if n > carry_bytes:  # the round of the word alone, then the call
             return agree(word), NOT_TAKEN
-        reduced, _, payloads = carried_round(word | CARRIED, x.reshape(-1).view(np.uint8))
+        blocks = transport._counts_round()
+        found = views.get(x.shape)
+        if found is None or found[0] is not blocks:  # (new blocks after an abandoned round)
+            found = shaped(blocks, x.shape, n)
+        send, rows, each = found[1:]
+        send[...] = x
+        reduced = carried_round(word | CARRIED, None)[0]
         if reduced >= 0 or reduced & WORD_BITS != word:  # a rank did not carry, or another call
             return reduced & WORD_BITS, NOT_TAKEN
-        rows = payloads[:, :n].view(x.dtype).reshape(size, *x.shape)
-        return word, make(x, root, out, list(rows), rows)
+        if order is not None:
+            rows = rows[order]
+            each = [rows[k, ...] for k in range(size)]
+        return word, make(x, root, out, each, rows)
     return carry

@@ -148,8 +148,8 @@ class TorchTransport(TorchGroup):
         (see ``CallContext.forget_plans``): before the group is destroyed."""
         if self._kind_plans is not None:
             self._kind_plans = None
-            planning.discard(self)
             self.context.forget_plans()
+        super()._forget_plans()
 
     def _as_tensor(self, x: Any, adapter: ArrayAdapter) -> Any:
         """``x`` as a torch tensor sharing its memory (a copy only when x is read-only
@@ -354,8 +354,7 @@ class TorchTransport(TorchGroup):
             return super()._all_to_all(r)
         result = out if out is not None else adapter.empty(x, tuple(x.shape))
         return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
-                                self._dist.all_to_all_single(recv, send, group=self._group,
-                                                             async_op=asy))
+                                self._all_to_all_base(recv, send, [], [], asy))
 
     def _all_to_all_v(self, r: Request) -> Any:
         x, adapter, splits, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
@@ -367,8 +366,7 @@ class TorchTransport(TorchGroup):
         sent = [count * row for count in splits[self.rank]]
         got = [count * row for count in received]
         return self._move_bytes(x, adapter, result, result, async_op, lambda send, recv, asy:
-                                self._dist.all_to_all_single(recv, send, got, sent, group=self._group,
-                                                             async_op=asy))
+                                self._all_to_all_base(recv, send, got, sent, asy))
 
     @_torch_call
     def _reduce(self, r: Request) -> Work | None:

@@ -17,6 +17,7 @@ backends/torch_dist.py.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import math
 import os
 import re
@@ -27,14 +28,15 @@ from typing import Any
 
 from collectives import arrays, farewell
 from collectives.calls import ALL_GATHER, Request
+from collectives.context import LISTEN_SLICE
 from collectives.errors import BackendUnavailable, CollectiveError, CollectiveTimeout
 from collectives.ops import ReduceOp
 from collectives.transport import Transport
 
 from .stream_watch import StreamWatch, unwatch, watch
-from .torch_bootstrap import created_groups, import_torch_distributed, posting, torch_timeout, watching
+from .torch_bootstrap import created_groups, import_torch_distributed, planning, posting, torch_timeout, watching
 from .torch_checks import PostedChecks
-from .torch_handles import _cupy_stream_as_torch, _TorchWork, launch_batch
+from .torch_handles import _cupy_stream_as_torch, _TorchWork, launch_batch, raise_mapped
 from .torch_watch import WORKS, CudaEvents
 
 #: Up to this many ranks an uneven collective's counts, and a small call's data, travel in the
@@ -42,6 +44,8 @@ from .torch_watch import WORKS, CudaEvents
 COUNTS_RANKS = 8
 #: The bytes of a call's x that travel in the check's round at most (backends/torch_carried.py).
 CARRY_BYTES = 1024
+#: The first wait of a check's round (torch's own, a condition variable), then polled.
+_LISTEN_SLICE = datetime.timedelta(seconds=LISTEN_SLICE)
 
 
 class TorchGroup(Transport):
@@ -103,6 +107,7 @@ class TorchGroup(Transport):
         self._farewells_seen = 0  # the count of farewells in the store at the last look
         self._flags: dict[int, tuple[Any, Any]] = {}  # the check rounds' arrays and tensors (see _flag)
         self._counts_arrays: tuple[Any, ...] | None = None  # (see _counts_round)
+        self._alltoall: tuple[Any, list[int], Any, Any] | None = None  # (see _all_to_all_base)
         self._barrier_flag: Any = None  # the barrier's zero (see _barrier)
         self._band = dist.ReduceOp.BAND
         # On Gloo up to COUNTS_RANKS ranks the default check's round is an all_to_all of blocks that
@@ -193,8 +198,7 @@ class TorchGroup(Transport):
         mine[:, 0] = word
         if payload is not None:
             payloads[:, :payload.size] = payload
-        self._await_round(_TorchWork(received, self._dist.all_to_all_single(received, send, group=self._group,
-                                                                            async_op=True), transport=self))
+        self._await_exchange(self._exchange(received, send))
         if self._reordered:  # (received in torch's order of the group's ranks)
             everyone, their_payloads = everyone[self._torch_rank], their_payloads[self._torch_rank]
         reduced = -1
@@ -213,6 +217,50 @@ class TorchGroup(Transport):
             found = self._counts_arrays = (mine, everyone, flag[:size * width], flag[size * width:],
                                            mine[:, size + 2:].view("uint8"), everyone[:, size + 2:].view("uint8"))
         return found
+
+    def _exchange(self, received: Any, send: Any) -> Any:
+        """Start the group's all_to_all of ``send`` (even splits) into ``received``; torch's handle
+        (see :meth:`_all_to_all_base`)."""
+        bound = self._alltoall or self._bind_all_to_all()
+        return bound[0](received, send, bound[1], bound[1], bound[3])
+
+    def _all_to_all_base(self, received: Any, send: Any, got: list[int], sent: list[int], async_op: bool) -> Any:
+        """dist.all_to_all_single(received, send, got, sent, group, async_op) as torch's own
+        ``alltoall_base`` of the group, bound once: dist's Python costs about as much host work as
+        the call itself. A blocking call waited (None), as dist's; else torch's handle."""
+        bound = self._alltoall or self._bind_all_to_all()
+        work = bound[0](received, send, got, sent, bound[3] if async_op else bound[2])
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+    def _bind_all_to_all(self) -> tuple[Any, list[int], Any, Any]:
+        c10d = self._dist.distributed_c10d
+        group = self._group if self._group is not None else c10d._get_default_group()
+        blocking, asynchronous = c10d.AllToAllOptions(), c10d.AllToAllOptions()
+        if hasattr(asynchronous, "asyncOp"):  # (torch >= 2.7)
+            blocking.asyncOp, asynchronous.asyncOp = False, True
+        bound: tuple[Any, list[int], Any, Any] = (group.alltoall_base, [], blocking, asynchronous)
+        self._alltoall = bound
+        planning.add(self)  # (the bound method holds the group: dropped before it is destroyed)
+        return bound
+
+    def _await_exchange(self, work: Any) -> None:
+        """The check's round, torch's ``work``, done: torch's own wait for at most LISTEN_SLICE
+        first (a round takes well under it), else polled as :meth:`_await_round` does."""
+        if self.timeout is None or self.timeout >= LISTEN_SLICE:
+            try:
+                work.wait(_LISTEN_SLICE)
+            except RuntimeError as error:
+                if "timed out" not in str(error).lower():
+                    self._flags_abandoned()
+                    raise_mapped(self, error)
+            else:
+                if (self._posted is not None or self._stream_watch is not None) and self._failed_beside():
+                    raise self.context.failure()
+                return
+        self._await_round(_TorchWork(None, work, transport=self))
 
     def _await_round(self, work: _TorchWork) -> None:
         """The check's round ``work`` done, polled: a peer's farewell is heard while it waits, and
@@ -241,21 +289,35 @@ class TorchGroup(Transport):
         import numpy as np  # noqa: PLC0415
 
         size, width = self.size, len(vector)
-        mine = np.tile(np.asarray(vector, dtype=np.int64), size)
-        everyone = np.empty(size * width, dtype=np.int64)
-        work = self._dist.all_to_all_single(self._torch.from_numpy(everyone), self._torch.from_numpy(mine),
-                                            group=self._group, async_op=True)
-        rows = everyone.reshape(size, width)  # (in torch's order of the group's ranks)
-        if not self._reordered:
-            return _TorchWork(rows, work, transport=self)
-        ours = np.empty_like(rows)
+        mine, everyone = np.empty((size, width), dtype=np.int64), np.empty((size, width), dtype=np.int64)
+        mine[:] = vector  # (the same row to every rank)
+        work = self._exchange(self._torch.from_numpy(everyone), self._torch.from_numpy(mine))
+        if not self._reordered:  # (else received in torch's order of the group's ranks)
+            return _TorchWork(everyone, work, transport=self)
+        ours = np.empty_like(everyone)
 
         def in_our_order() -> None:
-            ours[:] = rows[self._torch_rank]
+            ours[:] = everyone[self._torch_rank]
         return _TorchWork(ours, work, in_our_order, transport=self)
 
     def _exchange_small(self, vector: Any) -> Any:
-        return self._start_exchange_small(vector).wait()
+        """:meth:`_start_exchange_small`, waited: on Gloo through arrays and tensors made once
+        per length (see :meth:`_flag`), the rows returned a copy."""
+        if not self._on_gloo:
+            return self._start_exchange_small(vector).wait()
+        size, width = self.size, len(vector)
+        both, flag = self._flag(2 * size * width)
+        mine, everyone = both[:size * width].reshape(size, width), both[size * width:].reshape(size, width)
+        mine[:] = vector
+        work = self._exchange(flag[size * width:], flag[:size * width])
+        try:
+            work.wait()
+        except BaseException as error:
+            self._flags_abandoned()
+            if isinstance(error, RuntimeError):
+                raise_mapped(self, error)
+            raise
+        return everyone[self._torch_rank] if self._reordered else everyone.copy()
 
     # -- the check of a call on a CUDA stream, beside it (backends/torch_checks.py) ------------
 
@@ -484,7 +546,9 @@ class TorchGroup(Transport):
                 f"{error} (rank(s) {', '.join(map(str, missing))} never arrived at the barrier)") from error
 
     def _forget_plans(self) -> None:
-        """Drop what holds the group besides ``_group`` (a subclass's plans)."""
+        """Drop what holds the group besides ``_group`` (the bound all_to_all, a subclass's plans)."""
+        self._alltoall = None
+        planning.discard(self)
 
     def _close(self) -> None:
         launch_batch()

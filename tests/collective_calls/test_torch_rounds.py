@@ -10,6 +10,7 @@ import collections
 import numpy as np
 import pytest
 import torch
+from collectives.backends.mpi_carried import CARRIED
 
 CALLS = 3
 
@@ -86,11 +87,12 @@ def _t(seed, rank, shape, dtype="float32"):
 
 
 def _counting_payloads(transport, seen):
-    """Count the transport's check rounds that carry a payload (a call's data) in ``seen``."""
+    """Count the transport's check rounds that carry a payload (a call's data: its word's bit 63,
+    CARRIED, set) in ``seen``."""
     method = transport._carried_round
 
     def counted(word, payload):
-        if payload is not None:
+        if word & CARRIED:
             seen["carried"] += 1
         return method(word, payload)
     transport._carried_round = counted
@@ -192,3 +194,27 @@ def test_carried_calls_that_differ_are_a_mismatch_on_every_rank_with_x_untouched
     for outcome, untouched, ok in world.run(carried_mismatch_job, [()] * world.size):
         assert "operation differs: all_reduce on rank 0; broadcast on rank" in outcome, outcome
         assert untouched and ok
+
+
+def reordered_job(comm):
+    """Carried calls on a split whose rank order is not torch's (ranks reversed): every rank's row
+    must be taken from torch's place of that rank."""
+    sub = comm.split(0, key=-comm.rank)
+    sub.all_reduce(np.ones(1))
+    seen = collections.Counter()
+    _counting_payloads(sub._transport, seen)
+    r = sub.rank
+    got = {"reordered": sub._transport._reordered, "broadcast": sub.broadcast(_t(3, r, (5,)), 0).numpy().copy()}
+    x = _t(2, r, (4,), "float64")
+    got["all_reduce"] = sub.all_reduce(x).numpy().copy()
+    sub.close()
+    return got, seen["carried"]
+
+
+@pytest.mark.parametrize("world", [("torch", 3)], indirect=True)
+def test_carried_calls_on_a_reordered_group_take_each_rank_s_row(world):
+    n = world.size
+    for got, carried in world.run(reordered_job, [()] * n):
+        assert got["reordered"] and carried == 2, (got, carried)
+        np.testing.assert_array_equal(got["broadcast"], _inputs(3, n, (5,))[0])  # (rank 0: torch's rank 2)
+        np.testing.assert_array_equal(got["all_reduce"], sum(_inputs(2, n, (4,), "float64")))
