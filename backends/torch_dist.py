@@ -362,6 +362,10 @@ class TorchTransport(TorchGroup):
             return super()._all_to_all_v(r)
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
+        if adapter is _TORCH and r.dtype in _GATHER_DIRECT and x.dim() and x.is_contiguous() \
+                and result.is_contiguous() and not x.requires_grad:  # (rows as they are: no byte views)
+            work = self._all_to_all_base(result, x, received, splits[self.rank], async_op)
+            return _TorchWork(result, work, transport=self) if async_op else result
         row = math.prod(x.shape[1:]) * itemsize(x)
         sent = [count * row for count in splits[self.rank]]
         got = [count * row for count in received]

@@ -107,6 +107,7 @@ class TorchGroup(Transport):
         self._farewells_seen = 0  # the count of farewells in the store at the last look
         self._flags: dict[int, tuple[Any, Any]] = {}  # the check rounds' arrays and tensors (see _flag)
         self._counts_arrays: tuple[Any, ...] | None = None  # (see _counts_round)
+        self._small_arrays: dict[int, tuple[Any, ...]] = {}  # (see _exchange_small)
         self._alltoall: tuple[Any, list[int], Any, Any] | None = None  # (see _all_to_all_base)
         self._barrier_flag: Any = None  # the barrier's zero (see _barrier)
         self._band = dist.ReduceOp.BAND
@@ -278,6 +279,7 @@ class TorchGroup(Transport):
         rounds take new ones."""
         self._flags.clear()
         self._counts_arrays = None
+        self._small_arrays.clear()
 
     def _start_exchange_small(self, vector: Any) -> Any:
         """Every rank's int64 ``vector`` in one all_to_all (each rank sends its vector to every
@@ -305,11 +307,15 @@ class TorchGroup(Transport):
         per length (see :meth:`_flag`), the rows returned a copy."""
         if not self._on_gloo:
             return self._start_exchange_small(vector).wait()
-        size, width = self.size, len(vector)
-        both, flag = self._flag(2 * size * width)
-        mine, everyone = both[:size * width].reshape(size, width), both[size * width:].reshape(size, width)
+        found = self._small_arrays.get(len(vector))
+        if found is None:
+            size, width = self.size, len(vector)
+            both, flag = self._flag(2 * size * width)
+            found = self._small_arrays[width] = (both[:size * width].reshape(size, width), flag[:size * width],
+                                                 both[size * width:].reshape(size, width), flag[size * width:])
+        mine, send, everyone, received = found
         mine[:] = vector
-        work = self._exchange(flag[size * width:], flag[:size * width])
+        work = self._exchange(received, send)
         try:
             work.wait()
         except BaseException as error:
