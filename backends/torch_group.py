@@ -195,28 +195,31 @@ class TorchGroup(Transport):
         alone is. ``payload``: this rank's bytes (a uint8 array of at most CARRY_BYTES), or None.
         Returns the AND of the ranks' words, every rank's block as int64 (rank order) and every
         rank's payload bytes."""
-        mine, everyone, send, received, payloads, their_payloads = self._counts_round()
-        mine[:, 0] = word
+        _, everyone, send, received, payloads, their_payloads, words, their_words = (self._counts_arrays
+                                                                                    or self._counts_round())
+        words.fill(word)
         if payload is not None:
             payloads[:, :payload.size] = payload
         self._await_exchange(self._exchange(received, send))
         if self._reordered:  # (received in torch's order of the group's ranks)
             everyone, their_payloads = everyone[self._torch_rank], their_payloads[self._torch_rank]
         reduced = -1
-        for each in everyone[:, 0].tolist():
+        for each in their_words.tolist():
             reduced &= each
         return reduced, everyone, their_payloads
 
     def _counts_round(self) -> tuple[Any, ...]:
         """The blocks of :meth:`_carried_round`, ``(size, size + 2 + CARRY_BYTES / 8)`` int64 sent
-        and received, their tensors, and the payloads' bytes in them: made once (see :meth:`_flag`)."""
+        and received, their tensors, the payloads' bytes in them and the words' column of each:
+        made once (see :meth:`_flag`)."""
         found = self._counts_arrays
         if found is None:
             size, width = self.size, self.size + 2 + CARRY_BYTES // 8
             both, flag = self._flag(2 * size * width)
             mine, everyone = both[:size * width].reshape(size, width), both[size * width:].reshape(size, width)
             found = self._counts_arrays = (mine, everyone, flag[:size * width], flag[size * width:],
-                                           mine[:, size + 2:].view("uint8"), everyone[:, size + 2:].view("uint8"))
+                                           mine[:, size + 2:].view("uint8"), everyone[:, size + 2:].view("uint8"),
+                                           mine[:, 0], everyone[:, 0])
         return found
 
     def _exchange(self, received: Any, send: Any) -> Any:
