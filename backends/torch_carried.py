@@ -3,10 +3,11 @@ the default check and the data would take two.
 
 On a torch group with Gloo of up to ``COUNTS_RANKS`` ranks the default check's round is
 one all_to_all of a block to every rank (``TorchGroup._carried_round``): the check word, the uneven
-collectives' counts and :data:`~.torch_group.CARRY_BYTES` of payload. A planned call (a plain
-contiguous CPU tensor of a kind the torch plans take, blocking) whose x fits there puts its bytes
-in its blocks and sets bit 63 of its word (:data:`CARRIED`); once the round is back every rank holds
-every rank's x, and each makes its result from them locally, as on MPI (backends/mpi_carried.py:
+collectives' counts and :data:`~.torch_group.CARRY_BYTES` of payload (PAIR_CARRY_BYTES at 2 ranks).
+A planned call (a plain contiguous CPU tensor of a kind the torch plans take, blocking) whose x
+fits there puts its bytes in its blocks and sets bit 63 of its word (:data:`CARRIED`); once the
+round is back every rank holds every rank's x, and each makes its result from them locally, as on
+MPI (backends/mpi_carried.py:
 the same results from the same rows): a reduction in rank order with numpy's arithmetic (so every
 rank computes the same bits), the rows of a gather, a block of an all_to_all. The data
 collective is not made. A larger x makes the round with its word alone, then its own call.

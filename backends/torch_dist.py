@@ -62,7 +62,7 @@ from .torch_bootstrap import (
     planning,
     torch_timeout,
 )
-from .torch_group import CARRY_BYTES, TorchGroup, _group_named
+from .torch_group import TorchGroup, _group_named
 from .torch_handles import _BatchedP2P, _torch_call, _TorchWork, batches, launch_batch
 
 
@@ -126,7 +126,7 @@ class TorchTransport(TorchGroup):
         """A planned kind's carried form (backends/torch_carried.py), where the check's round carries."""
         if adapter is not _TORCH or not self._counts_with_check:
             return None
-        return torch_carried.carried_path(self, call, dtype, reduce_op, CARRY_BYTES)
+        return torch_carried.carried_path(self, call, dtype, reduce_op, self._round_bytes)
 
     def _kind_plan(self, call: Any, adapter: ArrayAdapter, dtype: str, reduce_op: ReduceOp | None) -> Any:
         """The fast path and method of a planned kind of tensors (``torch_plans.fast_path``),

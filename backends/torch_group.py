@@ -44,6 +44,8 @@ from .torch_watch import WORKS, CudaEvents
 COUNTS_RANKS = 8
 #: The bytes of a call's x that travel in the check's round at most (backends/torch_carried.py).
 CARRY_BYTES = 1024
+#: The same at 2 ranks, where Gloo's all_to_all of 4 KiB blocks takes what one of 1 KiB does.
+PAIR_CARRY_BYTES = 4096
 #: The first wait of a check's round (torch's own, a condition variable), then polled.
 _LISTEN_SLICE = datetime.timedelta(seconds=LISTEN_SLICE)
 
@@ -115,6 +117,7 @@ class TorchGroup(Transport):
         # carry the uneven collectives' counts and a small call's data (_carried_round), where the
         # round is this class's: the fault-tolerant transports' own rounds hold their failure handling.
         self._on_gloo = "gloo" in backend
+        self._round_bytes = PAIR_CARRY_BYTES if self.size == 2 else CARRY_BYTES  # (the round's payload)
         self._counts_with_check = (self._on_gloo and 1 < self.size <= COUNTS_RANKS
                                    and type(self)._agree_word is TorchGroup._agree_word)
         self._name = "world"  # unique among communicators; split derives its children's
@@ -191,8 +194,9 @@ class TorchGroup(Transport):
     def _carried_round(self, word: int, payload: Any) -> tuple[int, Any, Any]:
         """The check's round where it carries (``_counts_with_check``): one all_to_all of a block
         to every rank (:meth:`_counts_round`: the word, a row of ``size + 1`` int64 and
-        :data:`CARRY_BYTES` of payload), on Gloo one small round, as an all_reduce of the word
-        alone is. ``payload``: this rank's bytes (a uint8 array of at most CARRY_BYTES), or None.
+        ``_round_bytes`` of payload: :data:`CARRY_BYTES`, :data:`PAIR_CARRY_BYTES` at 2 ranks), on
+        Gloo one small round, as an all_reduce of the word alone is. ``payload``: this rank's bytes
+        (a uint8 array of at most ``_round_bytes``), or None.
         Returns the AND of the ranks' words, every rank's block as int64 (rank order) and every
         rank's payload bytes."""
         _, everyone, send, received, payloads, their_payloads, words, their_words = (self._counts_arrays
@@ -209,12 +213,12 @@ class TorchGroup(Transport):
         return reduced, everyone, their_payloads
 
     def _counts_round(self) -> tuple[Any, ...]:
-        """The blocks of :meth:`_carried_round`, ``(size, size + 2 + CARRY_BYTES / 8)`` int64 sent
+        """The blocks of :meth:`_carried_round`, ``(size, size + 2 + _round_bytes / 8)`` int64 sent
         and received, their tensors, the payloads' bytes in them and the words' column of each:
         made once (see :meth:`_flag`)."""
         found = self._counts_arrays
         if found is None:
-            size, width = self.size, self.size + 2 + CARRY_BYTES // 8
+            size, width = self.size, self.size + 2 + self._round_bytes // 8
             both, flag = self._flag(2 * size * width)
             mine, everyone = both[:size * width].reshape(size, width), both[size * width:].reshape(size, width)
             found = self._counts_arrays = (mine, everyone, flag[:size * width], flag[size * width:],

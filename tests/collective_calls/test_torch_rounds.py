@@ -218,3 +218,26 @@ def test_carried_calls_on_a_reordered_group_take_each_rank_s_row(world):
         assert got["reordered"] and carried == 2, (got, carried)
         np.testing.assert_array_equal(got["broadcast"], _inputs(3, n, (5,))[0])  # (rank 0: torch's rank 2)
         np.testing.assert_array_equal(got["all_reduce"], sum(_inputs(2, n, (4,), "float64")))
+
+
+def pair_job(comm):
+    """At 2 ranks the round carries up to 4 KiB: a 4 KiB all_reduce carried, one of 4 KiB + 4 not."""
+    sub = comm.split(0)
+    sub.all_reduce(np.ones(1))
+    seen = collections.Counter()
+    _counting_payloads(sub._transport, seen)
+    got = []
+    for elements in (1024, 1025):
+        x = _t(12, sub.rank, (elements,))
+        sub.all_reduce(x)
+        got.append((seen["carried"], x.numpy().copy()))
+    sub.close()
+    return got
+
+
+@pytest.mark.parametrize("world", [("torch", 2)], indirect=True)
+def test_at_two_ranks_a_4_kib_call_travels_in_the_check_round(world):
+    for (carried, fits), (still, past) in world.run(pair_job, [()] * 2):
+        assert (carried, still) == (1, 1)
+        np.testing.assert_array_equal(fits, sum(_inputs(12, 2, (1024,))))
+        np.testing.assert_array_equal(past, sum(_inputs(12, 2, (1025,))))
