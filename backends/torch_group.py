@@ -4,13 +4,13 @@
 :class:`TorchGroup` holds the torch.distributed process group, the map between this
 transport's rank order (a split's key) and torch's, and torch's reduce ops; it maps torch's
 errors (its timeouts, a peer's closed connection), carries the default check's word (and posts
-that of a call on a CUDA stream, compared beside it: backends/torch_checks.py), watches the calls
+that of a call on a CUDA stream, compared beside it: backends/posted_checks.py), watches the calls
 on CUDA streams against their timeout (backends/torch_watch.py, stream_watch.py), the farewells
 (keys in torch's store), the barrier, Gloo's monitored barrier and the group's release. The
 collectives, the tensors they take and the split are the subclass's, in backends/torch_dist.py.
 
 Imports: the interface (errors, farewell, launcher, ops, transport) and the torch backend's
-helper modules (torch_bootstrap, torch_checks, torch_handles, torch_watch, stream_watch); never
+helper modules (torch_bootstrap, posted_checks, torch_handles, torch_watch, stream_watch); never
 backends/torch_dist.py.
 """
 
@@ -31,9 +31,9 @@ from collectives.errors import BackendUnavailable, CollectiveError, CollectiveTi
 from collectives.ops import ReduceOp
 from collectives.transport import Transport
 
+from .posted_checks import PostedChecks, TorchRounds
 from .stream_watch import StreamWatch, unwatch, watch
 from .torch_bootstrap import created_groups, import_torch_distributed, posting, torch_timeout, watching
-from .torch_checks import PostedChecks
 from .torch_handles import _cupy_stream_as_torch, _TorchWork, launch_batch
 from .torch_watch import WORKS, CudaEvents
 
@@ -75,7 +75,7 @@ class TorchGroup(Transport):
         self._reordered = self._torch_rank != list(range(len(self._torch_rank)))
         # The default check is a CPU all_reduce: a group with no CPU transport (NCCL alone)
         # checks only with COLLECTIVES_DEBUG=1. On a group with NCCL beside Gloo, the check of
-        # a call on a CUDA stream goes beside it (backends/torch_checks.py).
+        # a call on a CUDA stream goes beside it (backends/posted_checks.py).
         backend = str(dist.get_backend(group)).lower()
         self._checks_by_default = backend != "nccl"
         self._has_nccl = "nccl" in backend
@@ -257,7 +257,7 @@ class TorchGroup(Transport):
     def _exchange_small(self, vector: Any) -> Any:
         return self._start_exchange_small(vector).wait()
 
-    # -- the check of a call on a CUDA stream, beside it (backends/torch_checks.py) ------------
+    # -- the check of a call on a CUDA stream, beside it (backends/posted_checks.py) ------------
 
     #: The torch backend of the group the posted checks travel over (a CPU one).
     _posting_backend = "gloo"
@@ -283,7 +283,7 @@ class TorchGroup(Transport):
             group = self._dist.new_group(sorted(self._global_ranks), backend=self._posting_backend,
                                          use_local_synchronization=True, timeout=torch_timeout(self.timeout))
         created_groups.append(group)
-        self._posted = posted = PostedChecks(self._dist, self._torch, group, self.size,
+        self._posted = posted = PostedChecks(TorchRounds(self._dist, self._torch, group), self.size,
                                              self.context.posted_mismatch, self._posted_failed)
         self._posting_group = group
         posting.add(self)
