@@ -29,7 +29,7 @@ a program posts fewer than :data:`ROUND_CALLS` calls a period (more wait in the 
 next rounds, which grow to take up to :data:`MOST_ROUND_CALLS` calls each). A peer that never
 makes its call leaves the round waiting: that call's timeout is the transport's own.
 
-Imports: the interface (errors), numpy, stream_watch; no transport (the rounds are handed the
+Imports: the interface (errors, transport), numpy, stream_watch; no transport (the rounds are handed the
 transport's module and group or communicator).
 """
 
@@ -44,6 +44,7 @@ import numpy as np
 
 from collectives.errors import CollectiveError
 from collectives.ops import ReduceOp
+from collectives.transport import Transport
 
 from . import stream_watch
 
@@ -109,6 +110,9 @@ class MPIRounds:
 
     def gather(self, mine: np.ndarray, everyone: np.ndarray) -> Any:
         return _MPIRound(self._comm.Iallgather(mine, everyone))
+
+    def free(self) -> None:
+        self._comm.Free()
 
 
 class _MPIRound:
@@ -258,3 +262,35 @@ class PostedChecks:
     def stop(self) -> None:
         """The watchdog stops looking (its thread ends with the last thing it looks at)."""
         stream_watch.unwatch(self)
+
+
+class PostingTransport(Transport):
+    """A transport whose default check of a call on a device stream is posted beside the call
+    (``_posts_checks``): each check goes to its :class:`PostedChecks`, made at the first (the same
+    call on every rank) on the rounds of a CPU channel of its ranks (:meth:`_posting_rounds`); a
+    mismatch found is :meth:`_posted_failed`'s."""
+
+    #: The checks posted (made by the first; None before, and once stopped).
+    _posted: PostedChecks | None = None
+
+    def _post_check(self, word: int, operation: str, seq: int, reduce_op: ReduceOp | None,
+                    root: int, dtype: str | None, shape: tuple[int, ...],
+                    refused: Exception | None = None) -> None:
+        posted = self._posted or self._start_posting()
+        posted.post((word, operation, seq, reduce_op, root, dtype, shape, refused))
+
+    def _start_posting(self) -> PostedChecks:
+        self._posted = posted = PostedChecks(self._posting_rounds(), self.size, self.context.posted_mismatch,
+                                             self._posted_failed)
+        posted.start()
+        return posted
+
+    def _posting_rounds(self) -> Rounds:
+        """The rounds of the CPU channel the posted checks travel on (made here, at the first)."""
+        raise NotImplementedError(f"{type(self).__name__} posts no checks")
+
+    def _posted_failed(self, error: Exception) -> None:
+        """(The watchdog's thread.) A posted check found ``error``: the communicator's next call
+        or wait raises it; the transport aborts its calls on device streams (the mismatched calls
+        may never end)."""
+        raise NotImplementedError(f"{type(self).__name__} posts no checks")

@@ -29,9 +29,8 @@ from collectives import arrays, farewell
 from collectives.calls import ALL_GATHER, Request
 from collectives.errors import BackendUnavailable, CollectiveError, CollectiveTimeout
 from collectives.ops import ReduceOp
-from collectives.transport import Transport
 
-from .posted_checks import PostedChecks, TorchRounds
+from .posted_checks import PostedChecks, PostingTransport, TorchRounds
 from .stream_watch import StreamWatch, unwatch, watch
 from .torch_bootstrap import created_groups, import_torch_distributed, posting, torch_timeout, watching
 from .torch_handles import _cupy_stream_as_torch, _TorchWork, launch_batch
@@ -44,7 +43,7 @@ COUNTS_RANKS = 8
 CARRY_BYTES = 1024
 
 
-class TorchGroup(Transport):
+class TorchGroup(PostingTransport):
     """A torch.distributed process group (default: the world group) as a transport's channel."""
 
     backend = "torch"
@@ -269,30 +268,20 @@ class TorchGroup(Transport):
             return hasattr(x, "__cuda_array_interface__")
         return cuda is True
 
-    def _post_check(self, word: int, operation: str, seq: int, reduce_op: ReduceOp | None,
-                    root: int, dtype: str | None, shape: tuple[int, ...],
-                    refused: Exception | None = None) -> None:
-        posted = self._posted or self._start_posting()
-        posted.post((word, operation, seq, reduce_op, root, dtype, shape, refused))
-
-    def _start_posting(self) -> PostedChecks:
+    def _posting_rounds(self) -> TorchRounds:
         """The Gloo group of this transport's ranks that the posted checks travel over (made by
-        every rank at its first posted check, the same call on every rank) and the watch."""
+        every rank at its first posted check, the same call on every rank)."""
         count = _posting_groups[self._name] = _posting_groups.get(self._name, 0) + 1
         with _group_named(f"collectives/{self._name}/checks/{count}"):
             group = self._dist.new_group(sorted(self._global_ranks), backend=self._posting_backend,
                                          use_local_synchronization=True, timeout=torch_timeout(self.timeout))
         created_groups.append(group)
-        self._posted = posted = PostedChecks(TorchRounds(self._dist, self._torch, group), self.size,
-                                             self.context.posted_mismatch, self._posted_failed)
         self._posting_group = group
         posting.add(self)
-        posted.start()
-        return posted
+        return TorchRounds(self._dist, self._torch, group)
 
     def _posted_failed(self, error: Exception) -> None:
-        """(The watchdog's thread.) A posted check found ``error``: the communicator's next call
-        or wait raises it; the NCCL backend is aborted (the mismatched calls may never end)."""
+        # (the NCCL backend aborted)
         self.context.fail_later(error)
         self._abort_stream_backend()
 
