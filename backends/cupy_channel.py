@@ -284,6 +284,7 @@ class CupyNcclChannel(PostingTransport):
         assert self._host is not None, "only a transport with a CPU channel checks by default"
         if waiting is not None:
             waiting()
+        self._flush_group()  # (as every call of this backend: a barrier's word to rank 0 goes out)
         vector, request = self._host.agree(word)
         if self.timeout is None:
             request.Wait()

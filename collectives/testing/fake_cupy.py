@@ -37,6 +37,14 @@ class Device:
         self.queries: dict[int, int] = {}  # thread id -> event queries made there
         self.events_made = 0
         self.stuck: list[Event] = []  # events recorded while stalled, not completed yet
+        #: The MPI requests of the fake NCCL's grouped sends and recvs (world N) not seen complete:
+        #: an event recorded after them completes with them; the host's waits wait for them.
+        self.outstanding: list[Any] = []
+
+    def drain(self) -> None:
+        """What the host's wait for the stream waits for: the grouped sends and recvs."""
+        while self.outstanding:
+            self.outstanding.pop().Wait()
 
     def resume(self) -> None:
         """The stream moves on: every event recorded while stalled completes, later ones too."""
@@ -94,6 +102,7 @@ class ndarray:  # noqa: N801  (CuPy's name)
 
     def get(self, stream: Any = None) -> Any:
         _DEVICE.host_waits += 1
+        _DEVICE.drain()
         return self.host.copy()
 
 
@@ -130,8 +139,10 @@ class Event:
     def __init__(self, disable_timing: bool = False) -> None:
         _DEVICE.events_made += 1
         self._complete = True
+        self._requests: list[Any] = []
 
     def record(self, stream: Any = None) -> None:
+        self._requests = list(_DEVICE.outstanding)
         self._complete = not _DEVICE.stalled
         if _DEVICE.stalled:
             _DEVICE.stuck.append(self)
@@ -140,7 +151,10 @@ class Event:
     def done(self) -> bool:
         ident = threading.get_ident()
         _DEVICE.queries[ident] = _DEVICE.queries.get(ident, 0) + 1
-        return self._complete
+        requests = self._requests
+        while requests and requests[-1].Test():
+            requests.pop()
+        return self._complete and not requests
 
     def query(self) -> bool:  # (torch.cuda.Event's name for it)
         return bool(self.done)
@@ -154,6 +168,7 @@ class Stream:
 
     def synchronize(self) -> None:
         _DEVICE.host_waits += 1
+        _DEVICE.drain()
 
     def wait_event(self, event: Event) -> None:
         pass
@@ -324,9 +339,9 @@ def _group_start() -> None:
 
 
 def _group_end() -> None:
+    # (launched, not waited for: the events recorded after them complete with them)
     pending, _GROUP_REQUESTS.requests = getattr(_GROUP_REQUESTS, "requests", None) or [], None
-    for request in pending:
-        request.Wait()
+    _DEVICE.outstanding.extend(pending)
 
 
 _DEVICE = Device()
@@ -350,6 +365,8 @@ def _module() -> Any:
     cupy.zeros = lambda shape, dtype=None: ndarray(np.zeros(shape, dtype=dtype))
     cupy.empty = lambda shape, dtype=None: ndarray(np.empty(shape, dtype=dtype))
     cupy.copyto = _copyto
+    for name in ("bool_", "int8", "uint8", "int16", "int32", "int64", "float16", "float32", "float64"):
+        setattr(cupy, name, getattr(np, name))
     cupy.where = lambda condition, a, b: ndarray(np.where(*map(_unwrap, (condition, a, b))))
     nccl: Any = types.ModuleType("cupy.cuda.nccl")
     nccl.available = True

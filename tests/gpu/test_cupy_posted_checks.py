@@ -81,10 +81,10 @@ def matched_job(comm, calls):
             for i, x in enumerate(xs):
                 got.append(gpu.all_reduce(x) if i % 2 else gpu.all_gather(x))
         waits, queries = device.host_waits - before[0], device.queries.get(threading.get_ident(), 0) - before[1]
-        posted = gpu._transport._posted
+        posted = getattr(gpu._transport, "_posted", None)
         gpu.close()  # every posted check compared first
         return dict(got=[x.host.copy() for x in got], called=called.names, waits=waits, queries=queries,
-                    compared=posted.rounds, failed=posted.failed)
+                    compared=getattr(posted, "rounds", 0), failed=getattr(posted, "failed", None))
 
 
 def test_the_cupy_route_at_two_ranks_equals_numpy_with_no_host_wait_and_no_cpu_collective(world):
