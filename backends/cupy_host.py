@@ -13,7 +13,9 @@ threads.
 Without one (torchrun, or a communicator made around a user's NCCL communicator) the cupy
 transport checks only with ``COLLECTIVES_DEBUG=1``, as before.
 
-Imports: the interface (launcher), mpi_channel's import_mpi (mpi4py, lazily), posted_checks.
+Made by :func:`collectives.backends.cupy_id.host_channel` (beside the NCCL id's exchange).
+
+Imports: posted_checks (mpi4py's module is handed in).
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-
-from collectives.launcher import LaunchInfo
 
 from .posted_checks import MPIRounds
 
@@ -55,13 +55,3 @@ class MPIHost:
         self.rounds.free()
         self._comm.Free()
 
-
-def host_channel(launch: LaunchInfo) -> MPIHost | None:
-    """The CPU channel of the cupy world communicator of a job started as ``launch`` says:
-    under an MPI launcher, of COMM_WORLD's ranks (collective over them); else ``None``."""
-    if launch.size == 1 or not launch.is_mpi_launcher:
-        return None
-    from .mpi_channel import import_mpi  # noqa: PLC0415
-
-    MPI = import_mpi()
-    return MPIHost(MPI, MPI.COMM_WORLD.Dup())

@@ -110,6 +110,19 @@ def exchange_unique_id(launch: LaunchInfo, make_id: Callable[[], bytes]) -> byte
     return _checked(bytes(store.get(key)))
 
 
+def host_channel(launch: LaunchInfo) -> Any:
+    """The CPU channel (:class:`~collectives.backends.cupy_host.MPIHost`) of the cupy world
+    communicator of a job started as ``launch`` says: under an MPI launcher, over COMM_WORLD's
+    ranks (collective over them); else ``None`` (backends/cupy_host.py says what it is for)."""
+    if exchange_route(launch) != "mpi":
+        return None
+    from collectives.backends.cupy_host import MPIHost  # noqa: PLC0415
+    from collectives.backends.mpi_channel import import_mpi  # noqa: PLC0415
+
+    MPI = import_mpi()
+    return MPIHost(MPI, MPI.COMM_WORLD.Dup())
+
+
 def _checked(raw: bytes) -> bytes:
     raw = bytes(raw)
     _check_length(raw, "the unique id")

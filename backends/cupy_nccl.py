@@ -51,7 +51,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from collectives.backends.cupy_id import UNIQUE_ID_BYTES, comm_id_argument, exchange_unique_id, id_to_bytes
+from collectives.backends.cupy_id import (
+    UNIQUE_ID_BYTES,
+    comm_id_argument,
+    exchange_unique_id,
+    host_channel,
+    id_to_bytes,
+)
 
 from collectives import config
 from collectives.arrays import ArrayAdapter
@@ -68,7 +74,7 @@ from .cupy_channel import (
     bind_device,
     import_cupy_nccl,
 )
-from .cupy_host import MPIHost, host_channel
+from .cupy_host import MPIHost
 from .cupy_plans import (
     NCCL_DTYPES,
     NCCL_OPS,

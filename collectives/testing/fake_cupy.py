@@ -277,7 +277,7 @@ class NcclCommunicator:
             raise NotImplementedError(f"the fake NCCL reduces no ncclDataType_t {dtype} past one rank")
         kind = np.dtype(NCCL_NUMPY[dtype])
         rows = [_fit(row, count * kind.itemsize).view(kind) for row in self._everyone(send, count * kind.itemsize)]
-        result = rows[0].copy()
+        result: np.ndarray = rows[0].copy()
         for row in rows[1:]:
             NCCL_UFUNCS[op](result, row, out=result)
         return result
@@ -310,7 +310,7 @@ def _bytes_at(address: int, length: int) -> np.ndarray:
     """The ``length`` bytes of host memory at ``address`` (a fake device pointer), as a view."""
     if not length:
         return np.empty(0, dtype=np.uint8)
-    return np.frombuffer((ctypes.c_char * length).from_address(address), dtype=np.uint8)
+    return np.frombuffer(memoryview((ctypes.c_char * length).from_address(address)).cast("B"), dtype=np.uint8)
 
 
 def _store(address: int, values: np.ndarray) -> None:
