@@ -16,9 +16,11 @@ backend's helper modules (cupy_handles, cupy_id, cupy_plans); never backends/cup
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -270,6 +272,7 @@ class CupyNcclChannel(PostingTransport):
 
     def _posting_rounds(self) -> Rounds:
         assert self._host is not None, "only a transport with a CPU channel posts checks"
+        _posting.add(self)
         return self._host.rounds
 
     def _posted_failed(self, error: Exception) -> None:
@@ -294,13 +297,14 @@ class CupyNcclChannel(PostingTransport):
                                              "its NCCL calls were aborted (ncclCommAbort)")
         return int(vector[0])
 
-    def _stop_posting(self) -> None:
-        """Compare what was posted (within the timeout, unless the communicator is unusable), stop
-        the watchdog's look, and free the CPU channel."""
+    def _stop_posting(self, settle: bool = True) -> None:
+        """Compare what was posted (``settle``: within the timeout, unless the communicator is
+        unusable), stop the watchdog's look, and free the CPU channel."""
         posted, self._posted = self._posted, None
+        _posting.discard(self)
         try:
             if posted is not None:
-                if not self.context.broken:
+                if settle and not self.context.broken:
                     posted.settle(math.inf if self.timeout is None else self.timeout)
                 posted.stop()
         finally:
@@ -423,6 +427,18 @@ class CupyNcclChannel(PostingTransport):
             self._stop_posting()
         finally:
             self._comm.destroy()
+
+
+# The transports whose checks the watchdog thread compares on their CPU channel: it stops before
+# MPI is finalized (mpi4py finalizes after the interpreter's atexit functions), where a program
+# never closed them.
+_posting: weakref.WeakSet[CupyNcclChannel] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_posting_at_exit() -> None:
+    for transport in list(_posting):
+        transport._stop_posting(settle=False)
 
 
 def bind_device(cupy: Any, local_rank: int) -> int:
