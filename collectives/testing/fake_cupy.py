@@ -142,7 +142,8 @@ class Event:
         self._requests: list[Any] = []
 
     def record(self, stream: Any = None) -> None:
-        self._requests = list(_DEVICE.outstanding)
+        if _DEVICE.outstanding:  # (an event recorded before them, pooled again, had none left)
+            self._requests = list(_DEVICE.outstanding)
         self._complete = not _DEVICE.stalled
         if _DEVICE.stalled:
             _DEVICE.stuck.append(self)
@@ -152,9 +153,11 @@ class Event:
         ident = threading.get_ident()
         _DEVICE.queries[ident] = _DEVICE.queries.get(ident, 0) + 1
         requests = self._requests
-        while requests and requests[-1].Test():
-            requests.pop()
-        return self._complete and not requests
+        if requests:
+            while requests and requests[-1].Test():
+                requests.pop()
+            return False if requests else self._complete
+        return self._complete
 
     def query(self) -> bool:  # (torch.cuda.Event's name for it)
         return bool(self.done)
