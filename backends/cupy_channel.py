@@ -29,6 +29,7 @@ from collectives.arrays import ArrayAdapter
 from collectives.calls import Call, Request
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.ops import ReduceOp
+from collectives.wire import words_agree
 from collectives.work import Work
 
 from ._buffers import nbytes
@@ -295,7 +296,10 @@ class CupyNcclChannel(PostingTransport):
             self._abort()
             raise self.context.timeout_error("the check's round on the CPU channel did not complete; "
                                              "its NCCL calls were aborted (ncclCommAbort)")
-        return int(vector[0])
+        reduced = int(vector[0])
+        if self.context.call[0] == "barrier" and words_agree(reduced):
+            self._barrier()  # (a barrier, agreed, still waits on the host for this rank's GPU work)
+        return reduced
 
     def _stop_posting(self, settle: bool = True) -> None:
         """Compare what was posted (``settle``: within the timeout, unless the communicator is

@@ -66,8 +66,9 @@ class _HostCalls:
 
 def matched_job(comm, calls):
     """The first call (checked before it runs), then ``calls`` blocking all_reduces and
-    all_gathers profiled: their results, what the calling thread called on the host, and whether
-    the watchdog compared the checks (at close) and found nothing."""
+    all_gathers profiled: their results, what the calling thread called on the host, whether a
+    barrier then waited for the GPU, and whether the watchdog compared the checks (at close) and
+    found nothing."""
     with fake_cupy.installed() as device:
         import cupy
 
@@ -81,10 +82,13 @@ def matched_job(comm, calls):
             for i, x in enumerate(xs):
                 got.append(gpu.all_reduce(x) if i % 2 else gpu.all_gather(x))
         waits, queries = device.host_waits - before[0], device.queries.get(threading.get_ident(), 0) - before[1]
+        gpu.barrier()  # (checked on the CPU channel, and still a wait on the host for the GPU)
+        barrier_waited = device.queries.get(threading.get_ident(), 0) - before[1] > queries
         posted = getattr(gpu._transport, "_posted", None)
         gpu.close()  # every posted check compared first
         return dict(got=[x.host.copy() for x in got], called=called.names, waits=waits, queries=queries,
-                    compared=getattr(posted, "rounds", 0), failed=getattr(posted, "failed", None))
+                    compared=getattr(posted, "rounds", 0), failed=getattr(posted, "failed", None),
+                    barrier_waited=barrier_waited)
 
 
 def test_the_cupy_route_at_two_ranks_equals_numpy_with_no_host_wait_and_no_cpu_collective(world):
@@ -100,6 +104,7 @@ def test_the_cupy_route_at_two_ranks_equals_numpy_with_no_host_wait_and_no_cpu_c
         # the calling thread neither waited nor made a CPU collective: the checks went beside
         assert result["called"] == [] and result["waits"] == 0 and result["queries"] == 0, result
         assert result["compared"] >= 1 and result["failed"] is False, result
+        assert result["barrier_waited"], result
 
 
 def mismatch_job(comm, how):
