@@ -43,7 +43,7 @@ from .cupy_handles import (
     _TorchStreams,
     wait_for,
 )
-from .cupy_host import MPIHost
+from .cupy_host import GlooHost, MPIHost
 from .cupy_plans import BFLOAT16_SINCE, NCCL_DTYPES, NCCL_OPS, KindPlan, array_check, decode_nccl_version, planned_call
 from .posted_checks import PostingTransport, Rounds
 from .stream_watch import StreamWatch, unwatch, watch
@@ -97,7 +97,7 @@ class CupyNcclChannel(PostingTransport):
     backend = "cupy"
 
     def __init__(self, nccl_comm: Any, rank: int, size: int, local_rank: int, device: int,
-                 host: MPIHost | None = None) -> None:
+                 host: MPIHost | GlooHost | None = None) -> None:
         cupy, nccl = import_cupy_nccl()
         self._cupy = cupy
         self._nccl_module = nccl

@@ -74,7 +74,7 @@ from .cupy_channel import (
     bind_device,
     import_cupy_nccl,
 )
-from .cupy_host import MPIHost
+from .cupy_host import GlooHost, MPIHost
 from .cupy_plans import (
     NCCL_DTYPES,
     NCCL_OPS,
@@ -115,7 +115,8 @@ class CupyNcclTransport(CupyNcclChannel):
         with cupy.cuda.Device(device):
             comm = nccl.NcclCommunicator(launch.size, comm_id_argument(raw, cupy.__version__),
                                          launch.rank)
-        made = cls(comm, launch.rank, launch.size, launch.local_rank, device, host_channel(launch))
+        host = host_channel(launch, config.timeout_seconds(timeout))
+        made = cls(comm, launch.rank, launch.size, launch.local_rank, device, host)
         log.info("collectives: cupy backend rank %d/%d on CUDA device %d, NCCL %s",
                  launch.rank, launch.size, device, ".".join(map(str, made.nccl_version)))
         return made
@@ -314,7 +315,7 @@ class CupyNcclTransport(CupyNcclChannel):
                                          self.device, host)
         return self._split_through_parent(color, key, host)
 
-    def _split_through_parent(self, color: int | None, key: int, host: MPIHost | None
+    def _split_through_parent(self, color: int | None, key: int, host: MPIHost | GlooHost | None
                               ) -> CupyNcclTransport | None:
         # Without ncclCommSplit (CuPy < 14, NCCL < 2.18.1) the new communicator is made through
         # this one: each group's first rank makes an NCCL id, and the ids travel in one exchange.

@@ -79,23 +79,23 @@ class Rounds(Protocol):
 
 
 class TorchRounds:
-    """:class:`Rounds` over a torch process group (a Gloo one): torch.distributed's asynchronous
-    calls on tensors sharing the arrays' memory."""
+    """:class:`Rounds` over a torch process group or Gloo backend (``group``: the torch route's
+    Gloo group, or the cupy route's ``ProcessGroupGloo`` under torchrun): its own asynchronous
+    calls, on tensors sharing the arrays' memory."""
 
-    def __init__(self, dist: Any, torch: Any, group: Any) -> None:
-        self._dist, self._torch, self._group = dist, torch, group
-        self._min = dist.ReduceOp.MIN
-        self._all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    def __init__(self, torch: Any, group: Any) -> None:
+        self._torch, self._group = torch, group
+        self._min = torch.distributed.ReduceOp.MIN
         self._words: tuple[Any, Any] = (None, None)  # (the words' array, its tensor): one per capacity
 
     def least(self, words: np.ndarray) -> Any:
         if self._words[0] is not words:
             self._words = (words, self._torch.from_numpy(words))
-        return self._dist.all_reduce(self._words[1], op=self._min, group=self._group, async_op=True)
+        return self._group.allreduce([self._words[1]], self._min)
 
     def gather(self, mine: np.ndarray, everyone: np.ndarray) -> Any:
         from_numpy = self._torch.from_numpy
-        return self._all_gather(from_numpy(everyone), from_numpy(mine)[None], group=self._group, async_op=True)
+        return self._group._allgather_base(from_numpy(everyone), from_numpy(mine)[None])
 
 
 class MPIRounds:

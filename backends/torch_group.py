@@ -278,7 +278,7 @@ class TorchGroup(PostingTransport):
         created_groups.append(group)
         self._posting_group = group
         posting.add(self)
-        return TorchRounds(self._dist, self._torch, group)
+        return TorchRounds(self._torch, group)
 
     def _posted_failed(self, error: Exception) -> None:
         # (the NCCL backend aborted)

@@ -8,7 +8,8 @@ then on from completing, as a stream stuck behind a collective a peer never join
 ``resume()``), and
 ``cupy.cuda.nccl`` with a :class:`NcclCommunicator` that keeps a log of its calls, its abort and its
 destruction: at world size 1 a reduction of one rank's data leaves it as it is; at world N, under
-mpiexec, its calls move the arrays' host memory over MPI (a twin over a real transport).
+mpiexec (or torchrun), its calls move the arrays' host memory over MPI (or Gloo): a twin over a real
+transport.
 
 What the host waits for is counted: :attr:`Device.host_waits` (event and stream
 ``synchronize()``, ``ndarray.get()``) and :attr:`Device.queries` (event queries, by thread).
@@ -190,11 +191,12 @@ class NcclCommunicator:
     ``allReduce``; ``aborted`` is set by ``abort()``.
 
     At world size 1 a reduction of one rank's data leaves it as it is. At world ``size`` > 1 (under
-    mpiexec: ``size`` and ``rank`` are MPI's COMM_WORLD's) the calls run at once on the host over
-    a duplicate of COMM_WORLD: every collective is one all_gather of each rank's bytes (so calls
-    that differ between ranks never hang the twin: each rank makes garbage of the others' bytes,
-    as NCCL would), reduced by numpy in rank order; send and recv are MPI's (those between
-    ``groupStart`` and ``groupEnd`` complete at ``groupEnd``)."""
+    mpiexec or torchrun: ``size`` and ``rank`` are the launcher's) the calls run at once on the host
+    over a duplicate of MPI's COMM_WORLD (or a Gloo group of torch.distributed's world): every
+    collective is one all_gather of each rank's bytes (so calls that differ between ranks never
+    hang the twin: each rank makes garbage of the others' bytes, as NCCL would), reduced by numpy
+    in rank order; send and recv are the transport's (those between ``groupStart`` and
+    ``groupEnd`` are launched at ``groupEnd``: an event recorded after them completes with them)."""
 
     def __init__(self, size: int = 1, unique_id: Any = None, rank: int = 0) -> None:
         self._size, self._rank = size, rank
@@ -299,14 +301,70 @@ class NcclCommunicator:
 
 
 def _host_world(size: int, rank: int) -> Any:
-    """The fake NCCL's host transport at world ``size``: a duplicate of MPI's COMM_WORLD."""
-    from mpi4py import MPI  # noqa: PLC0415
+    """The fake NCCL's host transport at world ``size``: a duplicate of MPI's COMM_WORLD, or where
+    torch.distributed is initialized (torchrun) a Gloo group of its world, as mpi4py's calls."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_initialized():
+        world: Any = _GlooWorld(dist)
+    else:
+        from mpi4py import MPI  # noqa: PLC0415
 
-    world = MPI.COMM_WORLD
+        world = MPI.COMM_WORLD.Dup()
     if (world.Get_size(), world.Get_rank()) != (size, rank):
-        raise ValueError(f"the fake NCCL at world size {size} runs under mpiexec, its size and rank "
-                         f"MPI's ({world.Get_size()}, {world.Get_rank()}); got ({size}, {rank})")
-    return world.Dup()
+        raise ValueError(f"the fake NCCL at world size {size} runs under mpiexec or torchrun, its size and rank "
+                         f"the launcher's ({world.Get_size()}, {world.Get_rank()}); got ({size}, {rank})")
+    return world
+
+
+class _GlooWorld:
+    """The mpi4py calls the fake NCCL makes, over a Gloo group of torch.distributed's world."""
+
+    def __init__(self, dist: Any) -> None:
+        import torch  # noqa: PLC0415
+
+        self._dist, self._torch = dist, torch
+        # (sends and recvs on a group of their own: Gloo's tags of point-to-point calls are slots
+        # its collectives count through too)
+        self._group, self._p2p = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+
+    def Get_size(self) -> int:  # noqa: N802  (mpi4py's names)
+        return int(self._dist.get_world_size(self._group))
+
+    def Get_rank(self) -> int:  # noqa: N802
+        return int(self._dist.get_rank(self._group))
+
+    def allgather(self, value: Any) -> list[Any]:
+        everyone: list[Any] = [None] * self.Get_size()
+        self._dist.all_gather_object(everyone, value, group=self._group)
+        return everyone
+
+    def Allgatherv(self, mine: np.ndarray, spec: tuple[np.ndarray, list[int]]) -> None:  # noqa: N802
+        everyone, counts = spec
+        rows = self.allgather(mine.tobytes())
+        everyone[:] = np.frombuffer(b"".join(rows), dtype=np.uint8)
+
+    def Isend(self, buf: np.ndarray, peer: int) -> Any:  # noqa: N802
+        return _Work(self._dist.isend(self._torch.from_numpy(buf), peer, group=self._p2p))
+
+    def Irecv(self, buf: np.ndarray, peer: int) -> Any:  # noqa: N802
+        return _Work(self._dist.irecv(self._torch.from_numpy(buf), peer, group=self._p2p))
+
+    def Free(self) -> None:  # noqa: N802
+        self._dist.destroy_process_group(self._group)
+        self._dist.destroy_process_group(self._p2p)
+
+
+class _Work:
+    """A torch Work as an mpi4py request (a Gloo send or recv completes only in its wait)."""
+
+    def __init__(self, work: Any) -> None:
+        self._work = work
+
+    def Wait(self) -> None:  # noqa: N802
+        self._work.wait()
+
+    def Test(self) -> bool:  # noqa: N802
+        return bool(self._work.is_completed())
 
 
 def _bytes_at(address: int, length: int) -> np.ndarray:
@@ -342,9 +400,14 @@ def _group_start() -> None:
 
 
 def _group_end() -> None:
-    # (launched, not waited for: the events recorded after them complete with them)
+    # (launched, not waited for: the events recorded after them complete with them; Gloo's, which
+    # complete only in a wait, are waited for here)
     pending, _GROUP_REQUESTS.requests = getattr(_GROUP_REQUESTS, "requests", None) or [], None
-    _DEVICE.outstanding.extend(pending)
+    for request in pending:
+        if isinstance(request, _Work):
+            request.Wait()
+        else:
+            _DEVICE.outstanding.append(request)
 
 
 _DEVICE = Device()

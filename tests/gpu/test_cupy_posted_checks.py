@@ -1,12 +1,13 @@
 """The cupy route's default check at 2 ranks, beside the calls (backends/cupy_host.py): a call on a
 CUDA stream makes no host wait and no CPU collective on the calling thread; the watchdog thread
-compares the ranks' check words on an MPI communicator of their own; a mismatch aborts the NCCL
-communicator and every rank raises CollectiveMismatch at its next call.
+compares the ranks' check words on a CPU channel of their own (an MPI communicator under mpiexec, a
+Gloo group under torchrun); a mismatch aborts the NCCL communicator and every rank raises
+CollectiveMismatch at its next call.
 
 CI has no GPU: collectives.testing.fake_cupy stands CuPy in on host memory, its NCCL communicator
-at world 2 moving the arrays' bytes over MPI under the pool's mpiexec (a twin over a real
-transport); the cupy world communicator is made as collectives.init("cupy") makes it (the NCCL id
-over MPI). References: numpy on every rank's inputs, computed here.
+at world 2 moving the arrays' bytes over MPI under the pool's mpiexec, over Gloo under its torchrun
+(a twin over a real transport); the cupy world communicator is made as collectives.init("cupy")
+makes it (the NCCL id over MPI, or through torchrun's store). References: numpy on every rank's inputs, computed here.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ import pytest
 
 from collectives.testing import fake_cupy
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.parametrize("world", [("mpi", 2)], indirect=True, ids=["mpi-2"])]
+pytestmark = pytest.mark.timeout(240)
+#: Under mpiexec the CPU channel is an MPI communicator, under torchrun a Gloo group on the store.
+WORLDS = pytest.mark.parametrize("world", [("mpi", 2), ("torch", 2)], indirect=True, ids=["mpiexec-2", "torchrun-2"])
 
 SETTLE = 30.0  # seconds a rank waits for the watchdog's verdict at most (a bug fails, not hangs)
 #: What would make the calling thread wait or talk to its peers on the host: MPI's calls and the
 #: fake device's waits (the twin's own NCCL calls are left out: they stand in for the GPU's work).
 HOST_CALLS = {"Allreduce", "Iallreduce", "Allgather", "Iallgather", "allreduce", "allgather", "Barrier",
-              "Wait", "Test", "Waitall", "Testall", "synchronize", "sleep"}
+              "Wait", "Test", "Waitall", "Testall", "synchronize", "sleep", "wait", "all_reduce", "all_gather",
+              "_allgather_base", "is_completed"}
 
 
 def _data(seed, rank, shape, dtype="float32"):
@@ -43,16 +47,21 @@ def _cupy_world(timeout=60.0):
 
 
 class _HostCalls:
-    """The C functions of :data:`HOST_CALLS` the calling thread called outside the twin's NCCL."""
+    """The C functions of :data:`HOST_CALLS` the calling thread called outside the twin's NCCL
+    (the fake's frames, and what they call)."""
 
     def __init__(self):
         self.names = []
 
     def __enter__(self):
-        names, me, twin = self.names, threading.get_ident(), fake_cupy.__file__
+        names, me, twin, inside = self.names, threading.get_ident(), fake_cupy.__file__, [0]
 
         def profile(frame, event, arg):
-            if event == "c_call" and threading.get_ident() == me and frame.f_code.co_filename != twin:
+            if threading.get_ident() != me:
+                return
+            if frame.f_code.co_filename == twin and event in ("call", "return"):
+                inside[0] += 1 if event == "call" else -1
+            elif event == "c_call" and not inside[0] and frame.f_code.co_filename != twin:
                 name = getattr(arg, "__name__", "")
                 if name in HOST_CALLS:
                     names.append(name)
@@ -91,6 +100,7 @@ def matched_job(comm, calls):
                     barrier_waited=barrier_waited)
 
 
+@WORLDS
 def test_the_cupy_route_at_two_ranks_equals_numpy_with_no_host_wait_and_no_cpu_collective(world):
     calls = 40
     results = world.run(matched_job, args=(calls,), timeout=120)
@@ -140,6 +150,7 @@ def mismatch_job(comm, how):
         return aborted, str(error.value)
 
 
+@WORLDS
 @pytest.mark.parametrize("how, difference", [
     ("shape", "shape differs: (8,) on rank 0; (6,) on rank 1"),
     ("op", "reduce op differs: SUM on rank 0; MAX on rank 1"),
