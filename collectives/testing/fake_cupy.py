@@ -204,6 +204,7 @@ class NcclCommunicator:
         self.aborted = threading.Event()
         self.destroyed = False
         self._host = _host_world(size, rank) if size > 1 else None
+        self._loopback: list[np.ndarray] = []  # the bytes sent to this rank itself, in order
 
     def rank_id(self) -> int:
         return self._rank
@@ -259,13 +260,19 @@ class NcclCommunicator:
         self._call("send", (send, count, dtype, peer, stream))
         if self._host is not None:
             length = count * np.dtype(NCCL_NUMPY[dtype]).itemsize
-            _point_to_point(self._host.Isend(_bytes_at(send, length).copy(), peer))
+            if peer == self._rank:  # (to itself: Gloo has no pair for it)
+                self._loopback.append(_bytes_at(send, length).copy())
+            else:
+                _point_to_point(self._host.Isend(_bytes_at(send, length).copy(), peer))
 
     def recv(self, recv: int, count: int, dtype: int, peer: int, stream: int) -> None:
         self._call("recv", (recv, count, dtype, peer, stream))
         if self._host is not None:
             length = count * np.dtype(NCCL_NUMPY[dtype]).itemsize
-            _point_to_point(self._host.Irecv(_bytes_at(recv, length), peer))
+            if peer == self._rank:
+                _store(recv, _fit(self._loopback.pop(0), length))
+            else:
+                _point_to_point(self._host.Irecv(_bytes_at(recv, length), peer))
 
     def _everyone(self, send: int, length: int) -> list[np.ndarray]:
         """Every rank's ``length`` bytes at ``send`` (each rank's own length), in rank order."""
