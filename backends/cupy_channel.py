@@ -16,8 +16,11 @@ backend's helper modules (cupy_handles, cupy_id, cupy_plans); never backends/cup
 
 from __future__ import annotations
 
+import atexit
 import logging
+import math
 import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +29,7 @@ from collectives.arrays import ArrayAdapter
 from collectives.calls import Call, Request
 from collectives.errors import BackendUnavailable, CollectiveError
 from collectives.ops import ReduceOp
-from collectives.transport import Transport
+from collectives.wire import words_agree
 from collectives.work import Work
 
 from ._buffers import nbytes
@@ -40,7 +43,9 @@ from .cupy_handles import (
     _TorchStreams,
     wait_for,
 )
+from .cupy_host import GlooHost, MPIHost
 from .cupy_plans import BFLOAT16_SINCE, NCCL_DTYPES, NCCL_OPS, KindPlan, array_check, decode_nccl_version, planned_call
+from .posted_checks import PostingTransport, Rounds
 from .stream_watch import StreamWatch, unwatch, watch
 
 log = logging.getLogger("collectives")
@@ -82,7 +87,7 @@ def check_cuda_array(x: Any, adapter: ArrayAdapter, device: int | None) -> None:
                          f"device {device} (local_rank % device_count); move x there")
 
 
-class CupyNcclChannel(Transport):
+class CupyNcclChannel(PostingTransport):
     """A ``cupy.cuda.nccl.NcclCommunicator`` on one CUDA device as a transport's channel.
 
     ``nccl_version`` is the runtime libnccl's (major, minor, patch); ``device`` the CUDA
@@ -90,11 +95,9 @@ class CupyNcclChannel(Transport):
     """
 
     backend = "cupy"
-    # The default check's word would travel through device memory, and reading it back would
-    # synchronize the stream on every call: here only COLLECTIVES_DEBUG=1 checks.
-    _checks_by_default = False
 
-    def __init__(self, nccl_comm: Any, rank: int, size: int, local_rank: int, device: int) -> None:
+    def __init__(self, nccl_comm: Any, rank: int, size: int, local_rank: int, device: int,
+                 host: MPIHost | GlooHost | None = None) -> None:
         cupy, nccl = import_cupy_nccl()
         self._cupy = cupy
         self._nccl_module = nccl
@@ -113,6 +116,12 @@ class CupyNcclChannel(Transport):
         # The calls in flight under a timeout, looked at by the watchdog thread (made at the
         # first such call; see backends/stream_watch.py).
         self._stream_watch: StreamWatch | None = None
+        # The CPU channel the default check travels on (backends/cupy_host.py): with one, a call's
+        # check word goes beside it, compared by the watchdog thread (made at the first posted
+        # check); without, the word would travel through device memory, and reading it back would
+        # synchronize the stream on every call: then only COLLECTIVES_DEBUG=1 checks.
+        self._host = host
+        self._checks_by_default = self._posts_checks = host is not None
         super().__init__(rank, size, local_rank)
 
     @property
@@ -257,6 +266,56 @@ class CupyNcclChannel(Transport):
         self._abort()
         raise self.context.timeout_error("its NCCL calls were aborted (ncclCommAbort)", call=call)
 
+    # -- the default check, beside the calls (backends/cupy_host.py, backends/posted_checks.py) --
+
+    def _stream_ordered(self, x: Any) -> bool:
+        return True  # (every call runs on a CUDA stream: host arrays are refused, their check posted too)
+
+    def _posting_rounds(self) -> Rounds:
+        assert self._host is not None, "only a transport with a CPU channel posts checks"
+        _posting.add(self)
+        return self._host.rounds
+
+    def _posted_failed(self, error: Exception) -> None:
+        # (ncclCommAbort; its calls' timeouts no longer watched)
+        self.context.fail_later(error)
+        self._abort()
+        if self._stream_watch is not None:
+            unwatch(self._stream_watch)
+
+    def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
+        # (the calls checked before they move data: on the CPU channel, within the timeout)
+        assert self._host is not None, "only a transport with a CPU channel checks by default"
+        if waiting is not None:
+            waiting()
+        self._flush_group()  # (as every call of this backend: a barrier's word to rank 0 goes out)
+        vector, request = self._host.agree(word)
+        if self.timeout is None:
+            request.Wait()
+        elif not wait_for(request.Test, self.timeout, self._check_async_error):
+            self._abort()
+            raise self.context.timeout_error("the check's round on the CPU channel did not complete; "
+                                             "its NCCL calls were aborted (ncclCommAbort)")
+        reduced = int(vector[0])
+        if self.context.call[0] == "barrier" and words_agree(reduced):
+            self._barrier()  # (a barrier, agreed, still waits on the host for this rank's GPU work)
+        return reduced
+
+    def _stop_posting(self, settle: bool = True) -> None:
+        """Compare what was posted (``settle``: within the timeout, unless the communicator is
+        unusable), stop the watchdog's look, and free the CPU channel."""
+        posted, self._posted = self._posted, None
+        _posting.discard(self)
+        try:
+            if posted is not None:
+                if settle and not self.context.broken:
+                    posted.settle(math.inf if self.timeout is None else self.timeout)
+                posted.stop()
+        finally:
+            if self._host is not None:
+                self._host.free()
+                self._host = None
+
     def _check_async_error(self) -> None:
         """An error NCCL found on its own (a peer's connection lost): abort and raise it."""
         try:
@@ -369,8 +428,21 @@ class CupyNcclChannel(Transport):
             unwatch(self._stream_watch)
         try:
             self._flush_group()
+            self._stop_posting()
         finally:
             self._comm.destroy()
+
+
+# The transports whose checks the watchdog thread compares on their CPU channel: it stops before
+# MPI is finalized (mpi4py finalizes after the interpreter's atexit functions), where a program
+# never closed them.
+_posting: weakref.WeakSet[CupyNcclChannel] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_posting_at_exit() -> None:
+    for transport in list(_posting):
+        transport._stop_posting(settle=False)
 
 
 def bind_device(cupy: Any, local_rank: int) -> int:

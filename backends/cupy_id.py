@@ -31,6 +31,8 @@ UNIQUE_ID_BYTES = 128
 STORE_TIMEOUT = datetime.timedelta(minutes=10)
 #: Key prefix in the store, so our keys never meet torch's own.
 STORE_PREFIX = "collectives/nccl_unique_id"
+#: Key prefix in the store of the cupy transport's CPU channels (backends/cupy_host.py).
+CHECKS_PREFIX = "collectives/cupy_checks"
 
 # CuPy hands the id around as a tuple of C ``char`` values: signed on x86-64, unsigned on
 # the Arm and POWER ABIs. The tuple we rebuild must fit the char of this machine.
@@ -40,6 +42,8 @@ _CHAR_IS_SIGNED = platform.machine().lower() not in ("aarch64", "arm64", "armv7l
 # Every call of exchange_unique_id in this process, numbered: every rank makes the same calls
 # in the same order, so the n-th id has the same key on every rank.
 _generation = itertools.count()
+# Every CPU channel of a cupy world communicator made in this process (the same on every rank).
+_hosts = itertools.count()
 _store: Any = None
 
 
@@ -108,6 +112,29 @@ def exchange_unique_id(launch: LaunchInfo, make_id: Callable[[], bytes]) -> byte
         store.set(key, raw)
         return raw
     return _checked(bytes(store.get(key)))
+
+
+def host_channel(launch: LaunchInfo, timeout: float | None) -> Any:
+    """The CPU channel of the cupy world communicator of a job started as ``launch`` says
+    (collective over its ranks; backends/cupy_host.py says what it is for): under an MPI launcher
+    an :class:`~collectives.backends.cupy_host.MPIHost` over COMM_WORLD's ranks, under torchrun a
+    :class:`~collectives.backends.cupy_host.GlooHost` on the rendezvous store (its Gloo calls
+    under ``timeout`` seconds, None: none); ``None`` at one rank."""
+    route = exchange_route(launch)
+    if route == "mpi":
+        from collectives.backends.cupy_host import MPIHost  # noqa: PLC0415
+        from collectives.backends.mpi_channel import import_mpi  # noqa: PLC0415
+
+        MPI = import_mpi()
+        return MPIHost(MPI, MPI.COMM_WORLD.Dup())
+    if route == "store":
+        import torch  # noqa: PLC0415
+        from collectives.backends.cupy_host import GlooHost  # noqa: PLC0415
+
+        store = torch.distributed.PrefixStore(f"{CHECKS_PREFIX}/{next(_hosts)}", torchrun_store(launch))
+        seconds = datetime.timedelta(days=365) if timeout is None else datetime.timedelta(seconds=timeout)
+        return GlooHost(torch, store, launch.rank, launch.size, seconds)
+    return None
 
 
 def _checked(raw: bytes) -> bytes:

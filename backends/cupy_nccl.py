@@ -51,7 +51,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from collectives.backends.cupy_id import UNIQUE_ID_BYTES, comm_id_argument, exchange_unique_id, id_to_bytes
+from collectives.backends.cupy_id import (
+    UNIQUE_ID_BYTES,
+    comm_id_argument,
+    exchange_unique_id,
+    host_channel,
+    id_to_bytes,
+)
 
 from collectives import config
 from collectives.arrays import ArrayAdapter
@@ -68,6 +74,7 @@ from .cupy_channel import (
     bind_device,
     import_cupy_nccl,
 )
+from .cupy_host import GlooHost, MPIHost
 from .cupy_plans import (
     NCCL_DTYPES,
     NCCL_OPS,
@@ -108,7 +115,8 @@ class CupyNcclTransport(CupyNcclChannel):
         with cupy.cuda.Device(device):
             comm = nccl.NcclCommunicator(launch.size, comm_id_argument(raw, cupy.__version__),
                                          launch.rank)
-        made = cls(comm, launch.rank, launch.size, launch.local_rank, device)
+        host = host_channel(launch, config.timeout_seconds(timeout))
+        made = cls(comm, launch.rank, launch.size, launch.local_rank, device, host)
         log.info("collectives: cupy backend rank %d/%d on CUDA device %d, NCCL %s",
                  launch.rank, launch.size, device, ".".join(map(str, made.nccl_version)))
         return made
@@ -289,6 +297,8 @@ class CupyNcclTransport(CupyNcclChannel):
 
     def _split(self, color: int | None, key: int) -> CupyNcclTransport | None:
         self._flush_group()
+        # (the CPU channel first, split as NCCL's ranks are: every rank of this one is here)
+        host = None if self._host is None else self._host.split(color, key)
         native = getattr(self._comm, "commSplit", None)
         if native is not None and self.nccl_version >= COMM_SPLIT_SINCE:
             try:
@@ -302,10 +312,11 @@ class CupyNcclTransport(CupyNcclChannel):
                 if color is None or new is None:
                     return None
                 return CupyNcclTransport(new, int(new.rank_id()), int(new.size()), self.local_rank,
-                                         self.device)
-        return self._split_through_parent(color, key)
+                                         self.device, host)
+        return self._split_through_parent(color, key, host)
 
-    def _split_through_parent(self, color: int | None, key: int) -> CupyNcclTransport | None:
+    def _split_through_parent(self, color: int | None, key: int, host: MPIHost | GlooHost | None
+                              ) -> CupyNcclTransport | None:
         # Without ncclCommSplit (CuPy < 14, NCCL < 2.18.1) the new communicator is made through
         # this one: each group's first rank makes an NCCL id, and the ids travel in one exchange.
         import numpy as np  # noqa: PLC0415
@@ -326,7 +337,7 @@ class CupyNcclTransport(CupyNcclChannel):
             raise CollectiveError(f"split: NCCL could not create the communicator of color "
                                   f"{color} ({error})") from error
         return CupyNcclTransport(comm, members.index(self.rank), len(members), self.local_rank,
-                                 self.device)
+                                 self.device, host)
 
 
 class CupyNcclCommunicator(Communicator):

@@ -17,7 +17,8 @@ A call's timeout is thus seen between its deadline and :data:`PERIOD_SECONDS` af
 
 The torch transport's calls on CUDA streams go on a watch too (backends/torch_watch.py). The same
 thread looks at anything else with a ``tick()`` (:class:`Ticking`, :func:`look_after`):
-the torch transport's checks of CUDA calls, compared beside the calls (backends/torch_checks.py).
+the checks of CUDA calls (torch with NCCL, cupy under an MPI launcher), compared beside the calls
+(backends/posted_checks.py).
 
 Imports: nothing of the library but the recorder's clock (no transport).
 """
@@ -110,7 +111,7 @@ class StreamWatch:
 
 class Ticking(Protocol):
     """What the watchdog thread looks at every :data:`PERIOD_SECONDS`: a :class:`StreamWatch`,
-    or a transport's posted checks (backends/torch_checks.py). ``tick()`` must not block long
+    or a transport's posted checks (backends/posted_checks.py). ``tick()`` must not block long
     and reports its failures itself."""
 
     def tick(self) -> None: ...

@@ -108,7 +108,7 @@ _created_default = False
 # forgets them first, or the group outlives destroy_process_group into the interpreter's end.
 planning: weakref.WeakSet[Any] = weakref.WeakSet()
 # The transports whose checks of CUDA calls are compared by the watchdog thread over a group of
-# their own (backends/torch_checks.py): the watchdog stops before that group is destroyed.
+# their own (backends/posted_checks.py): the watchdog stops before that group is destroyed.
 posting: weakref.WeakSet[Any] = weakref.WeakSet()
 # The transports whose calls on CUDA streams the watchdog thread watches against their timeout
 # (backends/torch_watch.py): it stops looking before their groups are destroyed.

@@ -57,7 +57,7 @@ class ElasticTorchTransport(TorchTransport):
     def __init__(self, membership: Membership, generation: int, members: list[str]) -> None:
         super().__init__(None, local_rank=int(os.environ.get("LOCAL_RANK", 0)))
         # A failure is settled in the check's round (the revocation is seen there): the check of
-        # a CUDA call stays before it, never posted beside it (backends/torch_checks.py).
+        # a CUDA call stays before it, never posted beside it (backends/posted_checks.py).
         self._posts_checks = False
         self._membership = membership
         self._members = members

@@ -4,13 +4,13 @@
 :class:`TorchGroup` holds the torch.distributed process group, the map between this
 transport's rank order (a split's key) and torch's, and torch's reduce ops; it maps torch's
 errors (its timeouts, a peer's closed connection), carries the default check's word (and posts
-that of a call on a CUDA stream, compared beside it: backends/torch_checks.py), watches the calls
+that of a call on a CUDA stream, compared beside it: backends/posted_checks.py), watches the calls
 on CUDA streams against their timeout (backends/torch_watch.py, stream_watch.py), the farewells
 (keys in torch's store), the barrier, Gloo's monitored barrier and the group's release. The
 collectives, the tensors they take and the split are the subclass's, in backends/torch_dist.py.
 
 Imports: the interface (errors, farewell, launcher, ops, transport) and the torch backend's
-helper modules (torch_bootstrap, torch_checks, torch_handles, torch_watch, stream_watch); never
+helper modules (torch_bootstrap, posted_checks, torch_handles, torch_watch, stream_watch); never
 backends/torch_dist.py.
 """
 
@@ -31,11 +31,10 @@ from collectives.calls import ALL_GATHER, Request
 from collectives.context import LISTEN_SLICE
 from collectives.errors import BackendUnavailable, CollectiveError, CollectiveTimeout
 from collectives.ops import ReduceOp
-from collectives.transport import Transport
 
+from .posted_checks import PostedChecks, PostingTransport, TorchRounds
 from .stream_watch import StreamWatch, unwatch, watch
 from .torch_bootstrap import created_groups, import_torch_distributed, planning, posting, torch_timeout, watching
-from .torch_checks import PostedChecks
 from .torch_handles import _cupy_stream_as_torch, _TorchWork, launch_batch, raise_mapped
 from .torch_watch import WORKS, CudaEvents
 
@@ -50,7 +49,7 @@ PAIR_CARRY_BYTES = 4096
 _LISTEN_SLICE = datetime.timedelta(seconds=LISTEN_SLICE)
 
 
-class TorchGroup(Transport):
+class TorchGroup(PostingTransport):
     """A torch.distributed process group (default: the world group) as a transport's channel."""
 
     backend = "torch"
@@ -81,7 +80,7 @@ class TorchGroup(Transport):
         self._reordered = self._torch_rank != list(range(len(self._torch_rank)))
         # The default check is a CPU all_reduce: a group with no CPU transport (NCCL alone)
         # checks only with COLLECTIVES_DEBUG=1. On a group with NCCL beside Gloo, the check of
-        # a call on a CUDA stream goes beside it (backends/torch_checks.py).
+        # a call on a CUDA stream goes beside it (backends/posted_checks.py).
         backend = str(dist.get_backend(group)).lower()
         self._checks_by_default = backend != "nccl"
         self._has_nccl = "nccl" in backend
@@ -332,7 +331,7 @@ class TorchGroup(Transport):
             raise
         return everyone[self._torch_rank] if self._reordered else everyone.copy()
 
-    # -- the check of a call on a CUDA stream, beside it (backends/torch_checks.py) ------------
+    # -- the check of a call on a CUDA stream, beside it (backends/posted_checks.py) ------------
 
     #: The torch backend of the group the posted checks travel over (a CPU one).
     _posting_backend = "gloo"
@@ -344,30 +343,20 @@ class TorchGroup(Transport):
             return hasattr(x, "__cuda_array_interface__")
         return cuda is True
 
-    def _post_check(self, word: int, operation: str, seq: int, reduce_op: ReduceOp | None,
-                    root: int, dtype: str | None, shape: tuple[int, ...],
-                    refused: Exception | None = None) -> None:
-        posted = self._posted or self._start_posting()
-        posted.post((word, operation, seq, reduce_op, root, dtype, shape, refused))
-
-    def _start_posting(self) -> PostedChecks:
+    def _posting_rounds(self) -> TorchRounds:
         """The Gloo group of this transport's ranks that the posted checks travel over (made by
-        every rank at its first posted check, the same call on every rank) and the watch."""
+        every rank at its first posted check, the same call on every rank)."""
         count = _posting_groups[self._name] = _posting_groups.get(self._name, 0) + 1
         with _group_named(f"collectives/{self._name}/checks/{count}"):
             group = self._dist.new_group(sorted(self._global_ranks), backend=self._posting_backend,
                                          use_local_synchronization=True, timeout=torch_timeout(self.timeout))
         created_groups.append(group)
-        self._posted = posted = PostedChecks(self._dist, self._torch, group, self.size,
-                                             self.context.posted_mismatch, self._posted_failed)
         self._posting_group = group
         posting.add(self)
-        posted.start()
-        return posted
+        return TorchRounds(self._torch, group)
 
     def _posted_failed(self, error: Exception) -> None:
-        """(The watchdog's thread.) A posted check found ``error``: the communicator's next call
-        or wait raises it; the NCCL backend is aborted (the mismatched calls may never end)."""
+        # (the NCCL backend aborted)
         self.context.fail_later(error)
         self._abort_stream_backend()
 

@@ -1,6 +1,6 @@
 """The CPU twin of the torch route's CUDA decision: a torch transport over a Gloo group that takes
 every call on a torch tensor as ordered on a device stream (as a CUDA tensor's call on NCCL is),
-so that the default check of those calls goes beside them (backends/torch_checks.py), as it does
+so that the default check of those calls goes beside them (backends/posted_checks.py), as it does
 for CUDA tensors on a group with NCCL. The collectives themselves run on Gloo (blocking ones return
 once done, where NCCL's return once enqueued, unless ``enqueues``: below); what this proves is the check's
 bookkeeping: no CPU collective and no wait of the calling thread per call, a mismatch raised at a

@@ -8,6 +8,7 @@ timing nor a full collection falling into one loop moves the counts.
 
     python scripts/bench/host_cost_cupy.py                  # defaults, then COLLECTIVES_TIMEOUT=0
     python scripts/bench/host_cost_cupy.py --json docs/bench/host-cost-cupy.json
+    python scripts/bench/host_cost_cupy.py --world 2        # the check posted beside each call, then none
     python scripts/bench/host_cost_cupy.py --keep /tmp/cg     # keep callgrind's files
     callgrind_annotate --inclusive=yes /tmp/cg/defaults/cupy.*.3   # where one loop's instructions go
 
@@ -19,6 +20,13 @@ cupyx.distributed does. The loops
 and their subtraction are scripts/bench/host_cost.py's; ``--keep DIR`` keeps callgrind's files, one
 per loop under DIR/<setting>/ (numbered in order: the no-op loop, raw, then the cases above), for
 ``callgrind_annotate``.
+
+``--world 2``: the communicator at world size 2, where the default check of each call is posted
+beside it (backends/posted_checks.py), against ``COLLECTIVES_DEBUG=0`` (no check). Its peer is a
+stand-in that makes the same calls (:class:`_AgreeingPeer`: the check's rounds on the CPU channel
+complete at once, every rank's word the same), as torch's fake process group stands in for the
+peers in scripts/bench/host_cost.py; the NCCL calls are the one-rank stub's. What the watchdog
+thread does with the posted words is not counted (callgrind counts the calling thread's loops).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ import tempfile
 from host_cost import _total, run_loops
 
 SETTINGS = {"defaults": {}, "COLLECTIVES_TIMEOUT=0": {"COLLECTIVES_TIMEOUT": "0"}}
+#: The settings at world size 2: the check posted beside each call, and no check.
+WORLD_SETTINGS = {"defaults": {}, "COLLECTIVES_DEBUG=0": {"COLLECTIVES_DEBUG": "0"}}
 RAW = "raw.allReduce(x.data.ptr, x.data.ptr, x.size, 7, 0, cupy.cuda.get_current_stream().ptr)"
 CASES = [
     ("all_reduce (CuPy array)", "comm.all_reduce(x)"),
@@ -45,7 +55,35 @@ CASES = [
 ELEMENTS = 1024  # 4 KiB of float32
 
 
-def child(calls: int) -> None:
+class _AgreeingPeer:
+    """The cupy transport's CPU channel (backends/cupy_host.py's MPIHost) with a peer that makes the
+    same calls: every round completes at once, a MIN leaves the words as they are, an all_gather
+    puts this rank's row in every row."""
+
+    def __init__(self) -> None:
+        import types
+
+        self.rounds = self
+        self._done = types.SimpleNamespace(is_completed=lambda: True, wait=lambda: None, Test=lambda: True,
+                                           Wait=lambda: None)
+
+    def least(self, words: object) -> object:
+        return self._done
+
+    def gather(self, mine: object, everyone: object) -> object:
+        everyone[:] = mine  # type: ignore[index]
+        return self._done
+
+    def agree(self, word: int) -> tuple[object, object]:
+        import numpy as np
+
+        return np.array([word], dtype=np.int64), self._done
+
+    def free(self) -> None:
+        pass
+
+
+def child(calls: int, world: int = 1) -> None:
     """Run under callgrind: set up, warm every call, then one reduce loop per statement."""
     import functools
     import gc
@@ -72,7 +110,16 @@ def child(calls: int) -> None:
         import cupy
 
         raw = cupy.cuda.nccl.NcclCommunicator(1, None, 0)
-        comm = CupyNcclCommunicator(cupy.cuda.nccl.NcclCommunicator(1, None, 0), 0, 1, 0, 0)
+        if world == 1:
+            comm = CupyNcclCommunicator(cupy.cuda.nccl.NcclCommunicator(1, None, 0), 0, 1, 0, 0)
+        else:
+            from collectives.backends.cupy_nccl import CupyNcclTransport
+
+            transport = CupyNcclTransport(cupy.cuda.nccl.NcclCommunicator(1, None, 0), 0, world, 0, 0,
+                                          _AgreeingPeer())  # type: ignore[arg-type]
+            # (the first collective's fingerprints, every rank's the same)
+            transport._exchange_small = lambda vector: np.stack([vector] * world)  # type: ignore[method-assign]
+            comm = CupyNcclCommunicator._adopt(transport)
         for logged in (raw, comm.nccl_comm):
             logged.arguments = _Forgetful()
         # The steady state of the events: a program's pools hold as many completed events as its
@@ -98,7 +145,7 @@ class _Forgetful(list):  # type: ignore[type-arg]
         pass
 
 
-def count(setting: dict[str, str], calls: int, keep: str | None = None) -> list[float]:
+def count(setting: dict[str, str], calls: int, keep: str | None = None, world: int = 1) -> list[float]:
     """Instructions per call of raw, then of every case, in order; callgrind's files go to
     ``keep`` where given."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -109,8 +156,8 @@ def count(setting: dict[str, str], calls: int, keep: str | None = None) -> list[
         proc = subprocess.run(
             ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--toggle-collect=functools_reduce",
              "--dump-after=functools_reduce", f"--callgrind-out-file={out}", sys.executable, __file__,
-             "--child", "--calls", str(calls)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True)
+             "--child", "--calls", str(calls), "--world", str(world)], env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True)
         if proc.returncode:
             raise SystemExit(f"host_cost_cupy: the child failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         dumps = sorted(glob.glob(os.path.join(folder, "cupy.*.*")), key=lambda p: int(p.rsplit(".", 1)[1]))
@@ -125,21 +172,23 @@ def count(setting: dict[str, str], calls: int, keep: str | None = None) -> list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--world", type=int, choices=(1, 2), default=1,
+                        help="2: the check posted beside each call, then COLLECTIVES_DEBUG=0")
     parser.add_argument("--json", help="write the counts here")
     parser.add_argument("--keep", help="keep callgrind's files under KEEP/<setting>/")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.calls)
+        child(args.calls, args.world)
         return
     if shutil.which("valgrind") is None:
         raise SystemExit("host_cost_cupy: needs valgrind (apt-get install valgrind)")
     results = {}
-    for name, setting in SETTINGS.items():
+    for name, setting in (SETTINGS if args.world == 1 else WORLD_SETTINGS).items():
         keep = None if args.keep is None else os.path.join(args.keep, name.replace("=", "_"))
-        raw, *ours = count(setting, args.calls, keep)
+        raw, *ours = count(setting, args.calls, keep, args.world)
         results[name] = {"raw allReduce": raw, **{case: value for (case, _), value in zip(CASES, ours)}}
-        print(f"\n{name}: instructions a call (4 KiB float32, CuPy stubbed, world size 1)")
+        print(f"\n{name}: instructions a call (4 KiB float32, CuPy stubbed, world size {args.world})")
         print(f"{'call':<28} {'ours':>9} {'ours - raw':>11}")
         print(f"{'raw allReduce':<28} {raw / 1e3:8.1f}k")
         for (case, _), value in zip(CASES, ours):
@@ -147,7 +196,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as file:
             json.dump({"command": " ".join(["python", "scripts/bench/host_cost_cupy.py", *sys.argv[1:]]),
-                       "calls": args.calls, "results": results}, file, indent=1)
+                       "calls": args.calls, "world": args.world, "results": results}, file, indent=1)
             file.write("\n")
 
 

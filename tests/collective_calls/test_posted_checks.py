@@ -1,4 +1,4 @@
-"""The default check of calls on a device stream goes beside them (backends/torch_checks.py): on
+"""The default check of calls on a device stream goes beside them (backends/posted_checks.py): on
 the torch route a CUDA tensor's collective makes no CPU collective and no host wait for its check;
 the watchdog thread compares the ranks' check words over a Gloo group of their own, and a mismatch
 is raised at a later call on every rank, the communicator unusable.
@@ -205,12 +205,11 @@ def backlog_job(comm, calls, differ_at):
     """``calls`` checks posted at once on a PostedChecks over a new Gloo group (the calls' words alike
     on every rank, but at ``differ_at`` on rank 1), compared by ticking it here: the rounds it took,
     and the call named by the mismatch, if any."""
-    import torch.distributed as dist
-    from collectives.backends.torch_checks import PostedChecks
+    from collectives.backends.posted_checks import PostedChecks, TorchRounds
 
     sub = comm.split(0)
     found = []
-    checks = PostedChecks(dist, torch, sub._transport._group, sub.size,
+    checks = PostedChecks(TorchRounds(torch, sub._transport._group), sub.size,
                           lambda everyone, reasons, call: RuntimeError(f"{call}"), found.append)
     for i in range(calls):
         word = i + (1 if i == differ_at and sub.rank == 1 else 0)
