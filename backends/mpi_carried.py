@@ -125,7 +125,7 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
 
     round_ = channel._round  # (the channel's: it says whether every rank runs the call on its fast path)
 
-    make = _maker(call, size, rank, new, mpi_type, local, avg)
+    make = result_maker(call, size, rank, new, mpi_type, local, avg)
     if make is None:
         return None
     on_root = call is calls.BROADCAST or call is calls.SCATTER  # (only the root's x is read)
@@ -201,7 +201,7 @@ def compiled_round(channel: Any) -> Round | None:
 Make = Callable[[Any, Any, Any, "list[Any]", Any], Any]
 
 
-def _maker(call: Any, size: int, rank: int, new: Any, mpi_type: Any, local: Any, avg: bool) -> Make | None:
+def result_maker(call: Any, size: int, rank: int, new: Any, mpi_type: Any, local: Any, avg: bool) -> Make | None:
     """``make(view, root, out, each, rows)``: the result of ``call`` on this rank from every rank's
     x (``each``, a list, and ``rows``, one array), once the round carried them."""
 

@@ -20,12 +20,14 @@ process's later groups too; a value the user set is never overridden.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import os
 import socket
 import sys
+import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from collectives.errors import BackendUnavailable
@@ -290,3 +292,35 @@ def mpi_shared_tcp_store(launch: LaunchInfo, timeout: datetime.timedelta = DEFAU
         store = dist.TCPStore(_host_from_bytes(host_raw), int(port_word[0]), launch.size, is_master=False,
                               timeout=timeout)
     return store
+
+
+@contextlib.contextmanager
+def group_named(name: str) -> Iterator[None]:
+    """Make torch.distributed's next new_group take ``name`` (see TorchCommunicator._split).
+
+    A patch of torch's private ``_process_group_name`` because torch (2.13) has no public way
+    to name a group: ``new_group`` derives the name from the ranks and from how many groups
+    this process has made (``group_desc`` only describes it), and ``split_group`` likewise."""
+    import torch.distributed.distributed_c10d as c10d  # noqa: PLC0415
+
+    original = getattr(c10d, "_process_group_name", None)
+    if original is None:  # another torch: its own naming
+        yield
+        return
+    def process_group_name(ranks: Any, use_hashed_name: Any) -> Any:
+        return c10d.GroupName(name) if hasattr(c10d, "GroupName") else name
+
+    c10d._process_group_name = process_group_name
+    try:
+        yield
+    finally:
+        c10d._process_group_name = original
+
+
+def store_said(store: Any, key: str, deadline: float) -> bool:
+    """Whether ``key`` is set in torch's ``store`` by ``deadline`` (``time.monotonic()``)."""
+    try:
+        store.wait([key], torch_timeout(max(deadline - time.monotonic(), 0.001)))
+    except Exception:  # noqa: BLE001 - torch's store raises its own error at the timeout
+        return False
+    return True

@@ -36,8 +36,7 @@ import numpy as np
 from collectives.calls import NOT_TAKEN
 from collectives.ops import ReduceOp
 
-from .mpi_carried import CARRIED, WORD_BITS, Carry, new_result
-from .mpi_carried import _maker as result_maker  # (the results of a carried call, as on MPI)
+from .mpi_carried import CARRIED, WORD_BITS, Carry, new_result, result_maker
 
 _INTEGERS = ("int8", "uint8", "int16", "int32", "int64")
 #: The shapes of x whose views of the round's blocks a carried kind keeps (then made anew).

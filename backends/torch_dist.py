@@ -57,12 +57,13 @@ from ._buffers import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold
 from .torch_bootstrap import (
     bootstrap_process_group,
     created_groups,
+    group_named,
     import_torch_distributed,
     nccl_backstop,
     planning,
     torch_timeout,
 )
-from .torch_group import TorchGroup, _group_named
+from .torch_group import TorchGroup
 from .torch_handles import _BatchedP2P, _torch_call, _TorchWork, batches, launch_batch
 
 
@@ -523,7 +524,7 @@ class TorchTransport(TorchGroup):
         # between ranks with different split histories (they would wait for each other
         # forever): the name is ours instead, the same on every member by construction.
         name = f"collectives/{self._name}/{self._splits}/{color}"
-        with _group_named(name):
+        with group_named(name):
             group = self._dist.new_group(sorted(global_ranks), use_local_synchronization=True,
                                          timeout=torch_timeout(self.timeout))
         nccl_backstop(self._dist, group, self.timeout)

@@ -23,7 +23,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from collectives import arrays, farewell
@@ -34,7 +34,16 @@ from collectives.ops import ReduceOp
 
 from .posted_checks import PostedChecks, PostingTransport, TorchRounds
 from .stream_watch import StreamWatch, unwatch, watch
-from .torch_bootstrap import created_groups, import_torch_distributed, planning, posting, torch_timeout, watching
+from .torch_bootstrap import (
+    created_groups,
+    group_named,
+    import_torch_distributed,
+    planning,
+    posting,
+    store_said,
+    torch_timeout,
+    watching,
+)
 from .torch_handles import _cupy_stream_as_torch, _TorchWork, launch_batch, raise_mapped
 from .torch_watch import WORKS, CudaEvents
 
@@ -347,7 +356,7 @@ class TorchGroup(PostingTransport):
         """The Gloo group of this transport's ranks that the posted checks travel over (made by
         every rank at its first posted check, the same call on every rank)."""
         count = _posting_groups[self._name] = _posting_groups.get(self._name, 0) + 1
-        with _group_named(f"collectives/{self._name}/checks/{count}"):
+        with group_named(f"collectives/{self._name}/checks/{count}"):
             group = self._dist.new_group(sorted(self._global_ranks), backend=self._posting_backend,
                                          use_local_synchronization=True, timeout=torch_timeout(self.timeout))
         created_groups.append(group)
@@ -536,11 +545,11 @@ class TorchGroup(PostingTransport):
             store.set(f"{key}/{self.rank}", "1")
             deadline = time.monotonic() + seconds
             if self.rank:
-                _said(store, f"{key}/named", deadline + seconds)
+                store_said(store, f"{key}/named", deadline + seconds)
                 raise CollectiveTimeout(
                     f"{error} (rank 0 did not release the barrier: its CollectiveTimeout, or its dump "
                     "with COLLECTIVES_TRACE_DIR, names the ranks that never arrived)") from error
-            missing = [peer for peer in range(1, self.size) if not _said(store, f"{key}/{peer}", deadline)]
+            missing = [peer for peer in range(1, self.size) if not store_said(store, f"{key}/{peer}", deadline)]
             store.set(f"{key}/named", "1")
             if not missing:
                 raise
@@ -565,35 +574,3 @@ class TorchGroup(PostingTransport):
 
 #: How many groups of posted checks this process made per transport name (their names differ).
 _posting_groups: dict[str, int] = {}
-
-
-@contextlib.contextmanager
-def _group_named(name: str) -> Iterator[None]:
-    """Make torch.distributed's next new_group take ``name`` (see TorchCommunicator._split).
-
-    A patch of torch's private ``_process_group_name`` because torch (2.13) has no public way
-    to name a group: ``new_group`` derives the name from the ranks and from how many groups
-    this process has made (``group_desc`` only describes it), and ``split_group`` likewise."""
-    import torch.distributed.distributed_c10d as c10d  # noqa: PLC0415
-
-    original = getattr(c10d, "_process_group_name", None)
-    if original is None:  # another torch: its own naming
-        yield
-        return
-    def process_group_name(ranks: Any, use_hashed_name: Any) -> Any:
-        return c10d.GroupName(name) if hasattr(c10d, "GroupName") else name
-
-    c10d._process_group_name = process_group_name
-    try:
-        yield
-    finally:
-        c10d._process_group_name = original
-
-
-def _said(store: Any, key: str, deadline: float) -> bool:
-    """Whether ``key`` is set in torch's ``store`` by ``deadline`` (``time.monotonic()``)."""
-    try:
-        store.wait([key], torch_timeout(max(deadline - time.monotonic(), 0.001)))
-    except Exception:  # noqa: BLE001 - torch's store raises its own error at the timeout
-        return False
-    return True

@@ -103,12 +103,12 @@ def _renew(comm: Communicator) -> Communicator:
     elif comm.backend == "torch":
         import torch.distributed as dist  # noqa: PLC0415
 
+        from collectives.backends.torch_bootstrap import group_named  # noqa: PLC0415
         from collectives.backends.torch_dist import TorchCommunicator  # noqa: PLC0415
-        from collectives.backends.torch_group import _group_named  # noqa: PLC0415
 
         _renewals.append(len(_renewals))
         name = f"collectives/pool-renewal/{len(_renewals)}"  # the same on every rank
-        with _group_named(name):
+        with group_named(name):
             group = dist.new_group(list(range(comm.size)), use_local_synchronization=True)
         new = TorchCommunicator(group, local_rank=comm.local_rank)
         new._transport._name = name  # (its farewells' keys in torch's store)
