@@ -7,10 +7,9 @@ collectives' counts and :data:`~.torch_group.CARRY_BYTES` of payload (PAIR_CARRY
 A planned call (a plain contiguous CPU tensor of a kind the torch plans take, blocking) whose x
 fits there puts its bytes in its blocks and sets bit 63 of its word (:data:`CARRIED`); once the
 round is back every rank holds every rank's x, and each makes its result from them locally, as on
-MPI (backends/mpi_carried.py:
-the same results from the same rows): a reduction in rank order with numpy's arithmetic (so every
-rank computes the same bits), the rows of a gather, a block of an all_to_all. The data
-collective is not made. A larger x makes the round with its word alone, then its own call.
+MPI (backends/mpi_carried.py: the same results from the same rows): a reduction in rank order
+with numpy's arithmetic (so every rank computes the same bits), the rows of a gather, a block of
+an all_to_all. The data collective is not made. A larger x makes the round with its word alone, then its own call.
 
 The round tells each rank what the others did: the result is made only where every rank's word
 agrees and every rank carried; where the words agree but a rank did not carry (an asynchronous
@@ -103,7 +102,7 @@ def carried_path(transport: Any, call: Any, dtype: str, op: ReduceOp | None, car
             found = shaped(blocks, x.shape, n)
         send, rows, each = found[1:]
         send[...] = x
-        reduced = carried_round(word | CARRIED, None)[0]
+        reduced = carried_round(word | CARRIED)[0]
         if reduced >= 0 or reduced & WORD_BITS != word:  # a rank did not carry, or another call
             return reduced & WORD_BITS, NOT_TAKEN
         if order is not None:

@@ -196,29 +196,25 @@ class TorchGroup(PostingTransport):
         call's own collective)."""
         rows = self._counts_round()[0]
         rows[:, 1:1 + len(row)] = row
-        reduced, everyone, _ = self._carried_round(word, None)
+        reduced, everyone = self._carried_round(word)
         return reduced, everyone[:, 1:1 + len(row)].tolist() if row else [], None
 
-    def _carried_round(self, word: int, payload: Any) -> tuple[int, Any, Any]:
+    def _carried_round(self, word: int) -> tuple[int, Any]:
         """The check's round where it carries (``_counts_with_check``): one all_to_all of a block
         to every rank (:meth:`_counts_round`: the word, a row of ``size + 1`` int64 and
         ``_round_bytes`` of payload: :data:`CARRY_BYTES`, :data:`PAIR_CARRY_BYTES` at 2 ranks), on
-        Gloo one small round, as an all_reduce of the word alone is. ``payload``: this rank's bytes
-        (a uint8 array of at most ``_round_bytes``), or None.
-        Returns the AND of the ranks' words, every rank's block as int64 (rank order) and every
-        rank's payload bytes."""
-        _, everyone, send, received, payloads, their_payloads, words, their_words = (self._counts_arrays
-                                                                                    or self._counts_round())
+        Gloo one small round, as an all_reduce of the word alone is. The caller wrote the row
+        and the payload in the blocks it sends (:meth:`_agree_counts`, torch_carried). Returns
+        the AND of the ranks' words and every rank's block as int64 (rank order)."""
+        _, everyone, send, received, _, _, words, their_words = self._counts_arrays or self._counts_round()
         words.fill(word)
-        if payload is not None:
-            payloads[:, :payload.size] = payload
         self._await_exchange(self._exchange(received, send))
         if self._reordered:  # (received in torch's order of the group's ranks)
-            everyone, their_payloads = everyone[self._torch_rank], their_payloads[self._torch_rank]
+            everyone = everyone[self._torch_rank]
         reduced = -1
         for each in their_words.tolist():
             reduced &= each
-        return reduced, everyone, their_payloads
+        return reduced, everyone
 
     def _counts_round(self) -> tuple[Any, ...]:
         """The blocks of :meth:`_carried_round`, ``(size, size + 2 + _round_bytes / 8)`` int64 sent

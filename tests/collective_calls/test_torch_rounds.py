@@ -91,10 +91,10 @@ def _counting_payloads(transport, seen):
     CARRIED, set) in ``seen``."""
     method = transport._carried_round
 
-    def counted(word, payload):
+    def counted(word):
         if word & CARRIED:
             seen["carried"] += 1
-        return method(word, payload)
+        return method(word)
     transport._carried_round = counted
 
 
