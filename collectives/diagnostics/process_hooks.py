@@ -367,8 +367,12 @@ def _watch(read: int, describe: str) -> None:
 
 def _die_of(signum: int) -> None:
     """Write the dump, then end the process by ``signum`` with its default action, as if no
-    handler had been installed (the launcher sees the same exit status as before)."""
-    recorder.dump(signal.Signals(signum).name)
+    handler had been installed (the launcher sees the same exit status as before). A dump this
+    process wrote that says more (an uncaught exception, a timeout: the launcher's SIGTERM to
+    the others can reach the rank that failed while it is still ending) stays; one written on
+    request (SIGUSR1) is rewritten."""
+    if not recorder.written or recorder.written[-1] == "SIGUSR1":
+        recorder.dump(signal.Signals(signum).name)
     sys.stdout.flush()
     sys.stderr.flush()
     if threading.current_thread() is threading.main_thread():
