@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from collectives import config
+
 from .cases import OPS, REDUCING, ROOTED, Arrays, Case, bus_factor, stats, time_interleaved
 from .raw import Raw, raw_for
 
@@ -23,7 +25,8 @@ examples:
   COLLECTIVES_BACKEND=cupy mpiexec -n 2 collectives-bench all_reduce -b 8 -e 128M --raw
 
 time: median over iterations of the slowest rank's time, a barrier before every call; with --raw
-the raw transport's call runs in the same loop, interleaved (ours, raw, raw, ours, ...).
+the raw transport's call runs in the same loop, interleaved (ours, raw, raw, ours, ...), and where
+the default check makes a round, "raw+round": the raw call after the transport's 8-byte all_reduce.
 algbw = size / time; busbw = algbw x nccl-tests' factor (all_reduce 2(n-1)/n; all_gather,
 all_gather_v, reduce_scatter, gather, scatter, all_to_all, all_to_all_v (n-1)/n; others 1).
 send_recv is a ping-pong between ranks 0 and 1: time is one round trip.
@@ -81,7 +84,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-c", "--check", action="store_true",
                    help="run each size once on known data and count wrong elements (#wrong)")
     p.add_argument("--raw", action="store_true",
-                   help="also time the raw transport's call (mpi4py, torch.distributed, cupy.cuda.nccl)")
+                   help="also time the raw transport's call (mpi4py, torch.distributed, cupy.cuda.nccl), and "
+                        "where the default check makes a round the raw call after one small round")
     p.add_argument("--backend", default=None,
                    help="collectives backend (default: COLLECTIVES_BACKEND, else auto from the launcher)")
     p.add_argument("--array", choices=("numpy", "torch", "cupy"), default=None,
@@ -148,19 +152,22 @@ def run(args: argparse.Namespace, comm: Any = None, out: Any = None) -> dict[str
     out = out if out is not None else sys.stdout
     lead = comm.rank == 0
     meta = describe(comm, arr, raw if args.raw else None, args)
+    # "raw+round": the raw call after one small round, the default check's price (on where it is)
+    rounds = args.raw and comm.size > 1 and config.check_level() != config.CHECKS_OFF
+    meta["raw_round"] = rounds
     if lead:
         print(header(meta), file=out, flush=True)
     results = []
     for op in args.ops:
         if lead:
-            print(columns(op, args.check, args.raw), file=out, flush=True)
+            print(columns(op, args.check, args.raw, rounds), file=out, flush=True)
         done: set[int] = set()
         for nbytes in [0] if op == "barrier" else sizes(args.minbytes, args.maxbytes, args.stepfactor):
             case = Case(op, nbytes, comm, arr, args.redop, args.root)
             if case.nbytes in done:
                 continue  # rounded to a size already done
             done.add(case.nbytes)
-            row = measure(case, raw if args.raw else None, barrier, sync, args)
+            row = measure(case, raw if args.raw else None, barrier, sync, args, rounds)
             if row is None:
                 if lead:
                     print(f"# {op}: needs at least 2 ranks; skipped", file=out, flush=True)
@@ -184,7 +191,7 @@ def arrays_for(comm: Any, args: argparse.Namespace) -> Arrays:
 
 
 def measure(case: Case, raw: Raw | None, barrier: Any, sync: Any,
-            args: argparse.Namespace) -> dict[str, Any] | None:
+            args: argparse.Namespace, rounds: bool = False) -> dict[str, Any] | None:
     comm, arr = case.comm, case.arr
     ours = case.ours()
     if ours is None:
@@ -199,6 +206,9 @@ def measure(case: Case, raw: Raw | None, barrier: Any, sync: Any,
         raw_wrong = int(total(comm, arr, float(case.wrong(raw)), "sum"))
     if raw_call is not None:
         fns.append(raw_call)
+    round_call = case.raw_round(raw) if rounds and raw_call is not None else None
+    if round_call is not None:
+        fns.append(round_call)
     iters = args.iters
     if iters is None:  # as many as fit in --time-per-size, from a few probes (the slowest rank's)
         probe = time_interleaved(fns, 3, barrier, sync)
@@ -225,6 +235,10 @@ def measure(case: Case, raw: Raw | None, barrier: Any, sync: Any,
             if raw_wrong is not None:
                 row["raw_wrong"] = raw_wrong
             row["diff_us"] = float(np.median(slowest[0] - slowest[1]) * 1e6)  # paired: same iteration
+        if rounds:
+            row["raw_round"] = stats(slowest[2], case.nbytes, bus) if round_call is not None else None
+            if round_call is not None:
+                row["ratio_round"] = row["ours"]["median_us"] / row["raw_round"]["median_us"]
     return row
 
 
@@ -241,18 +255,24 @@ def header(meta: dict[str, Any]) -> str:
              + (f", MPI thread level {meta['thread_level']}" if meta.get("thread_level") else "")]
     if meta.get("raw"):
         lines.append(f"# raw: {meta['raw']} in the same run, interleaved")
+    if meta.get("raw_round"):
+        lines.append("# raw+round: the raw call after one small round (an 8-byte all_reduce of the transport): "
+                     "the price of the default check")
     lines.append("# time: median over iterations of the slowest rank (us); algbw, busbw: GB/s (nccl-tests)")
     return "\n".join(lines)
 
 
-def columns(op: str, check: bool, raw: bool) -> str:
+def columns(op: str, check: bool, raw: bool, rounds: bool = False) -> str:
     top = (f"#{'':>11}{'':>14}{'':>10}{'':>8}{'':>8}{'':>9}{'':>8}{'':>8}" + (f"{'':>7}" if check else "")
-           + (f"{'raw':>10}{'raw':>8}{'ours/':>9}" if raw else ""))
+           + (f"{'raw':>10}{'raw':>8}{'ours/':>9}" if raw else "")
+           + (f"{'raw+':>10}{'ours/':>9}" if rounds else ""))
     names = (f"#{'size':>11}{'count':>14}{'type':>10}{'redop':>8}{'root':>8}{'time':>9}{'algbw':>8}"
              f"{'busbw':>8}" + (f"{'#wrong':>7}" if check else "")
-             + (f"{'time':>10}{'busbw':>8}{'raw':>9}" if raw else ""))
+             + (f"{'time':>10}{'busbw':>8}{'raw':>9}" if raw else "")
+             + (f"{'round':>10}{'raw+rnd':>9}" if rounds else ""))
     units = (f"#{'(B)':>11}{'(elements)':>14}{'':>10}{'':>8}{'':>8}{'(us)':>9}{'(GB/s)':>8}{'(GB/s)':>8}"
-             + (f"{'':>7}" if check else "") + (f"{'(us)':>10}{'(GB/s)':>8}{'':>9}" if raw else ""))
+             + (f"{'':>7}" if check else "") + (f"{'(us)':>10}{'(GB/s)':>8}{'':>9}" if raw else "")
+             + (f"{'(us)':>10}" if rounds else ""))
     return "\n".join([f"# {op}", top.rstrip(), names, units.rstrip()])
 
 
@@ -266,6 +286,9 @@ def format_row(row: dict[str, Any]) -> str:
         w = row["raw"]
         line += (f"{w['median_us']:>10.2f}{w['busbw_GBps']:>8.3f}{row['ratio']:>9.3f}" if w is not None
                  else f"{'-':>10}{'-':>8}{'-':>9}")
+    if "raw_round" in row:
+        w = row["raw_round"]
+        line += f"{w['median_us']:>10.2f}{row['ratio_round']:>9.3f}" if w is not None else f"{'-':>10}{'-':>9}"
     return line
 
 
@@ -283,9 +306,12 @@ def parse_table(text: str) -> list[dict[str, Any]]:
                                "root": int(f[4]), "time_us": float(f[5]), "algbw": float(f[6]),
                                "busbw": float(f[7])}
         rest = f[8:]
-        if len(rest) in (1, 4):
+        if len(rest) in (1, 4, 6):  # (#wrong; raw: 3 columns; raw+round: 2 more)
             row["wrong"] = int(rest[0])
             rest = rest[1:]
+        if len(rest) == 5:
+            row["round_time_us"], row["ratio_round"] = (None if v == "-" else float(v) for v in rest[3:])
+            rest = rest[:3]
         if rest:
             row["raw_time_us"], row["raw_busbw"], row["ratio"] = (None if v == "-" else float(v) for v in rest)
         rows.append(row)

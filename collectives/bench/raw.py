@@ -7,6 +7,11 @@ must do on the bare transport when the peers' counts are not known: exchange the
 Allgather or Alltoall), then the v-collective (NCCL's grouped sends: told the counts). It
 returns None where the transport has no such call (MPI has no bfloat16; torch.distributed has
 no uneven all_gather; NCCL has no barrier), and the table prints "-" there.
+
+``round(case, x)`` is the stand-in for the default check's price where it is one small round on the
+caller's thread before the call (MPI; torch on a Gloo group): the transport's own 8-byte integer
+all_reduce, run before the raw call in the "raw+round" column. None where the check costs no such
+round (send and recv, barrier; a call checked beside it on a device stream: NCCL).
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ import numpy as np
 
 from .cases import Case, ping_pong
 
+#: The collectives whose default check is no round of its own: send_recv's (a header only in
+#: debug mode), barrier's (its round is the barrier).
+UNROUNDED = ("send_recv", "barrier")
+
 
 class Raw:
     """The bare transport of one communicator."""
@@ -27,6 +36,10 @@ class Raw:
 
     def bind(self, case: Case, x: Any, out: Any) -> Callable[[], Any] | None:
         raise NotImplementedError
+
+    def round(self, case: Case, x: Any) -> Callable[[], Any] | None:
+        """One small round of this transport (see the module's docstring), or None."""
+        return None
 
     def barrier(self) -> None:
         raise NotImplementedError
@@ -112,6 +125,13 @@ class RawMPI(Raw):
                              lambda peer: comm.Send(out_spec, peer))
         return None
 
+    def round(self, case: Case, x: Any) -> Callable[[], Any] | None:
+        if case.op in UNROUNDED:
+            return None
+        MPI, comm, word = self.MPI, self.comm, np.zeros(1, np.int64)
+        spec = [word, MPI.INT64_T]
+        return lambda: comm.Allreduce(MPI.IN_PLACE, spec, MPI.BAND)
+
     def _cuda_aware(self) -> bool:
         from collectives.backends.mpi_buffers import mpi_cuda_aware  # noqa: PLC0415
 
@@ -183,6 +203,13 @@ class RawTorch(Raw):
                              lambda peer: dist.recv(out, peer_of(peer), group),
                              lambda peer: dist.send(out, peer_of(peer), group))
         return None  # all_gather_v: torch.distributed has no uneven all_gather
+
+    def round(self, case: Case, x: Any) -> Callable[[], Any] | None:
+        if case.op in UNROUNDED or x.is_cuda:  # (a CUDA tensor's check goes beside it)
+            return None
+        dist, group, torch = self.dist, self.group, sys.modules["torch"]
+        word = torch.zeros(1, dtype=torch.int64)
+        return lambda: dist.all_reduce(word, group=group)
 
     def barrier(self) -> None:
         self._comm.barrier()

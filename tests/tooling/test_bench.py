@@ -22,8 +22,8 @@ BIN = Path(sys.executable).parent
 SMALL = ["-b", "64", "-e", "256", "-f", "4", "-n", "3", "-w", "1", "--check"]
 
 
-def bench(*args: str, launcher: list[str] | None = None, timeout: float = 240) -> str:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+def bench(*args: str, launcher: list[str] | None = None, timeout: float = 240, **extra: str) -> str:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra}
     env.pop("COLLECTIVES_BACKEND", None)
     done = subprocess.run([*(launcher or []), str(BIN / "collectives-bench"), *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -48,6 +48,13 @@ def test_every_collective_runs_right_under_mpiexec_against_raw_mpi4py(tmp_path: 
     assert {r["op"] for r in rows} == set(OPS)
     assert all(r["wrong"] == 0 for r in rows)
     assert all(r["raw_time_us"] and r["ratio"] for r in rows)  # MPI has every one of them
+    # the default check's price beside it: the raw call after one small round, but where the
+    # check makes no round of its own
+    assert "raw+round" in text
+    rounded = {r["op"] for r in rows if r.get("round_time_us")}
+    assert rounded == set(OPS) - {"send_recv", "barrier"}
+    assert all(r["ratio_round"] == pytest.approx(r["time_us"] / r["round_time_us"], rel=0.01)
+               for r in rows if r["op"] in rounded)
     doc = json.loads(out.read_text())
     assert doc["meta"]["ranks"] == 2
     assert [(r["op"], r["bytes"], r["wrong"]) for r in doc["results"]] == \
@@ -61,14 +68,18 @@ def test_every_collective_runs_right_under_mpiexec_against_raw_mpi4py(tmp_path: 
 
 
 def test_every_collective_runs_right_under_torchrun_against_raw_torch_distributed(tmp_path: Path) -> None:
+    """(With the check off: ours without its round, and no raw+round column.)"""
     from collectives.testing.launch import free_port
 
     port = str(free_port())
     out = tmp_path / "bench.json"
     text = bench("all", *SMALL, "--raw", "--json", str(out), launcher=[
-        str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", port, "--no-python"])
+        str(BIN / "torchrun"), "--nproc_per_node", "2", "--master_port", port, "--no-python"],
+        COLLECTIVES_DEBUG="0")
     assert "backend torch" in text and "raw: torch.distributed" in text
+    assert "raw+round" not in text
     rows = parse_table(text)
+    assert not any("round_time_us" in r for r in rows)
     assert {r["op"] for r in rows} == set(OPS)
     assert all(r["wrong"] == 0 for r in rows)
     # torch.distributed has every one but an uneven all_gather
