@@ -141,8 +141,13 @@ class TorchTransport(TorchGroup):
         if key not in self._kind_plans:
             # (batches looked up at each call, as the rows' _send and _recv do)
             self._kind_plans[key] = torch_plans.fast_path(self, call, dtype, reduce_op, _DIRECT, _GATHER_DIRECT,
-                                                          NARROW_WIRE, lambda t: batches(t))
+                                                          NARROW_WIRE, lambda t: batches(t), self._device_check())
         return self._kind_plans[key]
+
+    def _device_check(self) -> Callable[[Any], Any] | None:
+        """What a planned kind's method takes on a device stream (``torch_plans.device_check``: a
+        plain CUDA tensor) where the group runs calls on device streams (NCCL); else None."""
+        return torch_plans.device_check(self._torch) if self._watches_streams else None
 
     def _forget_plans(self) -> None:
         """Drop the plans (they hold the group's bound methods), here and the communicator's

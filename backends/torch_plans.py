@@ -1,4 +1,4 @@
-"""The torch backend's plans: what the first call of a kind (row, dtype, op) of plain CPU tensors
+"""The torch backend's plans: what the first call of a kind (row, dtype, op) of plain tensors
 binds once, so that the later calls of that kind make one check of the tensor and the process
 group's own call.
 
@@ -17,8 +17,14 @@ buffer as scratch), broadcast of every dtype it moves as it is, all_gather, gath
 the even all_to_all of the dtypes every transport gathers as they are (all of these but
 all_reduce, broadcast and reduce only where this communicator's rank order is torch's), and send
 and recv from a named rank of those dtypes (``ProcessGroup.send``/``recv``). Every
-other kind, array and tensor (CUDA tensors, numpy and CuPy arrays, a non-contiguous or read-only
-tensor, a tensor subclass, an empty x of gather, scatter or all_to_all) takes the row's method.
+other kind, array and tensor (numpy and CuPy arrays, a non-contiguous or read-only tensor, a tensor
+subclass, an empty x of gather, scatter or all_to_all) takes the row's method.
+
+A plain CUDA tensor of a planned kind on a group with NCCL takes the same plan through the kind's
+method (``device_check``), never its fast path: its call is ordered on the caller's current
+stream (torch's ``asyncOp`` off: a blocking NCCL call runs there, and its handle's ``wait()`` makes
+the stream wait, not the host), its check goes beside it and its timeout is watched after it
+(torch_dist's ``_method_of``), as a CUDA tensor's row method does, without ``dist.*``'s Python.
 
 Imports: the interface (arrays, calls) and torch_handles; never torch_dist (which calls these).
 """
@@ -38,22 +44,45 @@ _AVG = ReduceOp.AVG
 _check_array = arrays.TORCH.check_array
 
 
-def tensor_check(torch: Any) -> Callable[[Any, bool], Any]:
-    """The per-array check of the planned kinds (see ``Transport._array_check``): ``x`` itself
-    where the plan's process-group call takes it as it is (a plain CPU tensor, dense, contiguous,
-    without a negative bit, not requiring grad: autograd would track the views torch's call makes
-    of it), else ``TorchAdapter.check_array``'s verdict (its error, or ``None``: the row's method
-    takes x, detached)."""
+def plain_tensor(torch: Any) -> Callable[[Any], bool]:
+    """Whether a tensor is one a plan's process-group call takes as it is: a plain torch tensor,
+    dense, contiguous, without a negative bit, not requiring grad (autograd would track the views
+    torch's call makes of it); it passes ``TorchAdapter.check_array`` on CPU and CUDA."""
     tensor, strided = torch.Tensor, torch.strided
 
+    def plain(x: Any) -> bool:
+        return type(x) is tensor and x.is_contiguous() and not x.requires_grad and x.layout is strided \
+            and not x.is_nested and not x.is_neg()
+
+    return plain
+
+
+def tensor_check(torch: Any, stream_device: str = "cuda") -> Callable[[Any, bool], Any]:
+    """The per-array check of the planned kinds (see ``Transport._array_check``): ``x`` itself
+    where the plan's fast path takes it as it is (a plain CPU tensor: ``plain_tensor``); ``None``
+    for a plain tensor on ``stream_device`` (its checks hold: the kind's method takes it, see
+    ``device_check``; "cpu": a CPU twin of CUDA's, every plain tensor); else
+    ``TorchAdapter.check_array``'s verdict (its error, or ``None``: the row's method takes x)."""
+    plain, twin = plain_tensor(torch), stream_device == "cpu"
+
     def check(x: Any, in_place: bool) -> Any:
-        if type(x) is tensor and x.is_cpu and x.is_contiguous() and not x.requires_grad \
-                and x.layout is strided and not x.is_nested and not x.is_neg():
-            return x
+        if plain(x):
+            if x.is_cpu and not twin:
+                return x
+            if twin or x.is_cuda:
+                return None
         _check_array(x, in_place)
         return None
 
     return check
+
+
+def device_check(torch: Any, stream_device: str = "cuda") -> Callable[[Any], Any]:
+    """What a kind's method takes on a device stream (see the module's docstring): ``x`` itself
+    where it is a plain tensor (``plain_tensor``) on ``stream_device`` ("cpu": the CPU twin's),
+    else ``None`` (the row's method)."""
+    plain, on_cpu = plain_tensor(torch), stream_device == "cpu"
+    return lambda x: x if plain(x) and (x.is_cpu if on_cpu else x.is_cuda) else None
 
 
 class _Options:
@@ -92,14 +121,16 @@ def process_group(transport: Any) -> Any:
 
 def fast_path(transport: Any, call: Any, dtype: str, op: ReduceOp | None,
               direct: dict[str, dict[ReduceOp, ReduceOp]], gather_direct: frozenset[str],
-              narrow: dict[str, str], batches: Callable[[Any], bool]
+              narrow: dict[str, str], batches: Callable[[Any], bool],
+              device: Callable[[Any], Any] | None = None
               ) -> tuple[Callable[..., Any], Callable[[Request], Any]] | None:
     """The blocking fast path ``(t, root, out, extra)`` and the method (``Request``) of the
-    planned kind (row ``call``, ``dtype``, ``op``) of CPU tensors on ``transport``, or ``None``
+    planned kind (row ``call``, ``dtype``, ``op``) of tensors on ``transport``, or ``None``
     where the kind is not planned. ``direct``, ``gather_direct`` and ``narrow``: what every torch
     transport reduces, gathers and moves as it is (torch_dist's tables); ``batches(t)``: whether
     an asynchronous send or recv of ``t`` joins this thread's batch (torch_handles.batches: the
-    row's method takes it)."""
+    row's method takes it); ``device(x)``: the tensor the method takes on a device stream where
+    the per-array check gave none (``device_check``; ``None``: no such tensor)."""
     if call is calls.ALL_REDUCE or call is calls.REDUCE_SCATTER or call is calls.REDUCE:
         if op is None or direct[dtype].get(op) is None or (call is calls.REDUCE_SCATTER and transport._reordered):
             return None
@@ -116,7 +147,8 @@ def fast_path(transport: Any, call: Any, dtype: str, op: ReduceOp | None,
         start = _point_to_point(transport, call, batches)
     else:
         return None
-    return _planned(transport, start, getattr(transport, call.method), call is calls.SEND or call is calls.RECV)
+    return _planned(transport, start, getattr(transport, call.method), call is calls.SEND or call is calls.RECV,
+                    device)
 
 
 #: What a plan's ``start(t, root, out, extra, async_op)`` returns: the call's result, torch's handle
@@ -225,14 +257,17 @@ def _point_to_point(transport: Any, call: Any, batches: Callable[[Any], bool]) -
 
 
 def _planned(transport: Any, start: Start, fallback: Callable[[Request], Any],
-             joins_batch: bool) -> tuple[Callable[..., Any], Callable[[Request], Any]]:
+             joins_batch: bool, device: Callable[[Any], Any] | None
+             ) -> tuple[Callable[..., Any], Callable[[Request], Any]]:
     """A planned kind's fast path (blocking: the call path handed it a checked tensor ``t`` and a
-    checked ``out=`` or ``None``) and method (an asynchronous call; a tensor the check did not
-    take, ``r.view`` None, and a blocking call go to ``fallback``, the row's method) around
-    ``start(t, root, out, extra, async_op)`` (see ``Started``); what start does not take goes to
-    the row's method too. A batch of asynchronous CUDA sends/recvs goes out first, as before any
-    call of this backend but an asynchronous send or recv (``joins_batch``: the batch stays open,
-    as the rows' _send and _recv leave it); AVG divides the sum once the call completed."""
+    checked ``out=`` or ``None``) and method around ``start(t, root, out, extra, async_op)`` (see
+    ``Started``): the method takes an asynchronous call of a checked tensor (``r.view``) and a call
+    of a tensor on a device stream (``device(r.x)``: blocking too, its handle's ``wait()`` a
+    stream's); a blocking call of a checked tensor (the fast path did not take it), a tensor
+    neither takes and what start does not take go to ``fallback``, the row's method. A batch of
+    asynchronous CUDA sends/recvs goes out first, as before any call of this backend but an
+    asynchronous send or recv (``joins_batch``: the batch stays open, as the rows' _send and _recv
+    leave it); AVG divides the sum once the call completed."""
     size = transport.size
 
     def fast(t: Any, root: Any, out: Any, extra: Any) -> Any:
@@ -249,15 +284,24 @@ def _planned(transport: Any, start: Start, fallback: Callable[[Request], Any],
         return result
 
     def method(r: Request) -> Any:
-        t = r.view
-        if t is None or not r.async_op:
+        t, async_op = r.view, r.async_op
+        if t is None:
+            if device is None or (t := device(r.x)) is None:
+                return fallback(r)
+        elif not async_op:
             return fallback(r)
-        if pending_batches and not joins_batch:
+        if pending_batches and not (joins_batch and async_op):
             launch_batch()
-        started = start(t, r.root, r.out, r.extra, True)
+        started = start(t, r.root, r.out, r.extra, async_op)
         if started is None:
             return fallback(r)
         result, work, quotient = started
+        if not async_op:  # (on a device stream: NCCL's wait() makes the caller's stream wait)
+            if work is not None:
+                work.wait()
+            if quotient is not None:
+                quotient.div_(size)
+            return result
         return _TorchWork(result, work, None if quotient is None else (lambda: quotient.div_(size)), transport)
 
     return fast, method

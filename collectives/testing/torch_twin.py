@@ -7,9 +7,10 @@ bookkeeping: no CPU collective and no wait of the calling thread per call, a mis
 later call on every rank, nothing left running after ``close()`` (tests/collective_calls/
 test_posted_checks.py; scripts/bench/host_cost.py ``--twin``).
 
-The calls go where a CUDA tensor's go (no CPU tensor's fast path: the row's method through the
-kind's plan) and, under a timeout, on the transport's watch (backends/torch_watch.py) as a CUDA
-call does: the twin's device stream is :class:`TwinStream` (the Gloo works enqueued on it, in
+The calls go where a CUDA tensor's go (no CPU tensor's fast path: a plain tensor of a planned
+kind through the kind's method, the plan's process-group call, as on NCCL; else the row's method)
+and, under a timeout, on the transport's watch (backends/torch_watch.py) as a CUDA call does: the
+twin's device stream is :class:`TwinStream` (the Gloo works enqueued on it, in
 order) and its events :class:`TwinEvents` (pooled; an event completes once every work enqueued
 before it was recorded has). With ``enqueues=True`` a blocking call that needs no host step after
 it (an all_reduce SUM, a broadcast...) runs as Gloo's asynchronous call put on the stream and
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from collectives import arrays
+from collectives.backends import torch_plans
 from collectives.backends.torch_dist import TorchCommunicator, TorchTransport
 from collectives.communicator import Communicator
 
@@ -57,6 +59,13 @@ class StreamOrderedTwin(TorchTransport):
 
     def _fast_path(self, call: Any, adapter: Any, dtype: str, reduce_op: Any) -> None:
         return None  # (a CUDA tensor's call never takes a CPU tensor's fast path)
+
+    def _array_check(self, adapter: Any) -> Callable[[Any, bool], Any] | None:
+        # a plain tensor's verdict is a CUDA tensor's: checked, for the kind's method
+        return torch_plans.tensor_check(self._torch, "cpu") if adapter is _TORCH else None
+
+    def _device_check(self) -> Callable[[Any], Any] | None:
+        return torch_plans.device_check(self._torch, "cpu")  # (the plan's call on the twin's stream)
 
     def _stream_of(self, x: Any, adapter: Any) -> TwinStream | None:
         return self.stream if adapter is _TORCH else None

@@ -9,9 +9,11 @@ check's rounds that the calling thread makes on the transport's own group. Refer
 every rank's inputs, computed here.
 """
 
+import collections
 import os
 import re
 import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -25,6 +27,10 @@ from collectives.testing.launch import torchrun_command
 
 SETTLE = 30.0  # seconds a rank waits for the watchdog's verdict at most (a bug fails, not hangs)
 WATCHDOG = "collectives-stream-watchdog"
+#: torch.distributed's collective functions (what a row's method calls; a plan calls the group's own)
+DIST_CALLS = frozenset({"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+                        "all_gather_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+                        "gather", "scatter", "all_to_all_single", "send", "recv", "isend", "irecv"})
 
 
 def _data(seed, rank, shape, dtype="float32"):
@@ -58,6 +64,13 @@ def matched_job(comm, calls):
     twin.all_reduce(_t(0, r, (2,)))  # the first collective: checked in full before it runs
     before = (transport.agreed, transport.exchanged)
     got = []
+    through_dist = collections.Counter()  # the calling thread's calls of torch.distributed's functions
+
+    def count_dist(frame, event, arg):
+        code = frame.f_code
+        if event == "call" and code.co_name in DIST_CALLS and code.co_filename.endswith("distributed_c10d.py"):
+            through_dist[code.co_name] += 1
+    sys.setprofile(count_dist)
     for i in range(calls):
         kind = i % 6
         if kind == 0:
@@ -72,12 +85,14 @@ def matched_job(comm, calls):
             got.append(twin.reduce_scatter(_t(i, r, (n, 3))).numpy().copy())
         else:
             got.append(twin.all_reduce(_t(i, r, (4,), "float64"), "avg", async_op=True).wait().numpy().copy())
+    sys.setprofile(None)
     rounds = (transport.agreed - before[0], transport.exchanged - before[1])
     posted, group = getattr(transport, "_posted", None), getattr(transport, "_posting_group", None)
     during = len(_watchdogs())
     twin.close()  # every posted check compared first
     names = dist.distributed_c10d._world.pg_names
-    return dict(got=got, rounds=rounds, compared=getattr(posted, "rounds", 0), failed=getattr(posted, "failed", None),
+    return dict(got=got, rounds=rounds, through_dist=dict(through_dist), compared=getattr(posted, "rounds", 0),
+                failed=getattr(posted, "failed", None),
                 during=during, after=len(_watchdogs()), group_alive=group is None or group in names)
 
 
@@ -106,6 +121,9 @@ def test_stream_ordered_calls_make_no_check_round_and_match_numpy(world):
     for rank, result in enumerate(results):
         # (a) no round of the check word and no fingerprint exchange on the calling thread
         assert result["rounds"] == (0, 0), result["rounds"]
+        # (b) every call took its kind's plan (the process group's own call, as a CUDA tensor's
+        # does on NCCL), none torch.distributed's function
+        assert result["through_dist"] == {}, result["through_dist"]
         # the checks were compared beside the calls, and found nothing
         assert result["compared"] >= 1 and result["failed"] is False
         # (c) the results, against numpy
