@@ -92,10 +92,7 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
         """The group rank a recv from any source received from (torch's ``dist.recv`` with no
         ``src`` returns it, as Gloo's handle says it), once the recv completed."""
         self.wait()
-        source = self.received[0].source if self.received else None
-        if source is None:
-            raise ValueError(f"{self._outcome.name} is no recv from any source: it has no source rank")
-        return source
+        return source_rank(self.received, self._outcome.name)
 
     def wait(self, timeout: Any = None) -> bool:
         seconds = _seconds(timeout)
@@ -125,6 +122,14 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
     def result(self) -> Any:
         self.wait()
         return self._outcome.value
+
+
+def source_rank(received: list[Work], name: str) -> int:
+    """The rank the recv from any source of ``received`` (its handle, once made) received from."""
+    source = received[0].source if received else None
+    if source is None:
+        raise ValueError(f"{name} is no recv from any source: it has no source rank")
+    return int(source)
 
 
 def _seconds(timeout: Any) -> float | None:

@@ -12,7 +12,8 @@ mpiexec (or torchrun), its calls move the arrays' host memory over MPI (or Gloo)
 transport.
 
 What the host waits for is counted: :attr:`Device.host_waits` (event and stream
-``synchronize()``, ``ndarray.get()``) and :attr:`Device.queries` (event queries, by thread).
+``synchronize()``, ``ndarray.get()``) and :attr:`Device.queries` (event queries, by thread);
+:func:`host_calls` lists the C functions (collectives, waits) a thread calls outside the stand-in.
 No CUDA, no NCCL: what this proves is our own bookkeeping around them.
 """
 
@@ -428,6 +429,31 @@ def device() -> Device:
 
 def _current_stream() -> Stream:
     return _STREAM
+
+
+@contextlib.contextmanager
+def host_calls(names: set[str]) -> Iterator[list[str]]:
+    """The C functions of ``names`` (MPI's or Gloo's collectives, waits, sleeps...) that the calling
+    thread calls inside the ``with`` outside this stand-in (its frames, and what they call: they
+    stand in for the GPU's work), in order: a list filled as they are called."""
+    called: list[str] = []
+    me, here, inside = threading.get_ident(), __file__, [0]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if threading.get_ident() != me:
+            return
+        if frame.f_code.co_filename == here and event in ("call", "return"):
+            inside[0] += 1 if event == "call" else -1
+        elif event == "c_call" and not inside[0] and frame.f_code.co_filename != here:
+            name = getattr(arg, "__name__", "")
+            if name in names:
+                called.append(name)
+
+    sys.setprofile(profile)
+    try:
+        yield called
+    finally:
+        sys.setprofile(None)
 
 
 def _module() -> Any:
