@@ -443,7 +443,8 @@ def host_calls(names: set[str]) -> Iterator[list[str]]:
         if threading.get_ident() != me:
             return
         if frame.f_code.co_filename == here and event in ("call", "return"):
-            inside[0] += 1 if event == "call" else -1
+            # (never below 0: this function's own frame returns once the profile is on)
+            inside[0] = inside[0] + 1 if event == "call" else max(0, inside[0] - 1)
         elif event == "c_call" and not inside[0] and frame.f_code.co_filename != here:
             name = getattr(arg, "__name__", "")
             if name in names:
