@@ -5,7 +5,7 @@ through its one call path: the same checks, sequence numbers, fingerprints
 (``COLLECTIVES_DEBUG=1``) and timeouts (``COLLECTIVES_TIMEOUT``) as every other call.
 The operation runs on the group's worker thread (see :mod:`collectives.c10d.worker`),
 but over the cupy transport an operation on CUDA tensors is enqueued on the caller's stream
-by the caller's thread (see :mod:`collectives.c10d.streams`); what can be checked without
+by the caller's thread (see ``collectives.c10d.streams``); what can be checked without
 communicating (the reduce op, dtype x op, the device) is checked at once, on the caller's
 thread, so a bad call raises there on every rank.
 """
@@ -97,7 +97,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     ``"cpu:gloo,cuda:collectives"`` need CPU tensors, and torch 2.13 gives a Python process
     group every device of its group. Over the cupy transport the operations on CUDA tensors
     run on ``comm``, on the thread that made the group (or a backward pass's), enqueued on
-    the caller's stream (:mod:`collectives.c10d.streams`)."""
+    the caller's stream (``collectives.c10d.streams``)."""
 
     def __init__(self, comm: Communicator, worker_comm: Communicator, rank: int, size: int,
                  host: Any = None) -> None:

@@ -84,7 +84,7 @@ def failure_of(comm: Communicator) -> Exception | None:
 
 class StreamWork(_TorchWork):  # type: ignore[misc]
     """The handle torch gets for an operation enqueued on the caller's stream (see the module):
-    ``end``, its end (an :class:`EventEnd`, or the communicator's handle of the sends and recvs it
+    ``end``, its end (an ``EventEnd``, or the communicator's handle of the sends and recvs it
     started); ``value``, what its future gives (as Gloo's); ``comm``, the communicator it ran on."""
 
     def __init__(self, end: Any, value: Any, name: str, comm: Communicator, futures: FutureWatch) -> None:
