@@ -24,7 +24,7 @@ import ctypes
 import sys
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -432,10 +432,11 @@ def _current_stream() -> Stream:
 
 
 @contextlib.contextmanager
-def host_calls(names: set[str]) -> Iterator[list[str]]:
+def host_calls(names: set[str], benign: Callable[[Any], bool] | None = None) -> Iterator[list[str]]:
     """The C functions of ``names`` (MPI's or Gloo's collectives, waits, sleeps...) that the calling
     thread calls inside the ``with`` outside this stand-in (its frames, and what they call: they
-    stand in for the GPU's work), in order: a list filled as they are called."""
+    stand in for the GPU's work), in order: a list filled as they are called. ``benign(function)``:
+    one of those names that is no host wait (a CUDA event's ``wait``, which makes a stream wait)."""
     called: list[str] = []
     me, here, inside = threading.get_ident(), __file__, [0]
 
@@ -447,7 +448,7 @@ def host_calls(names: set[str]) -> Iterator[list[str]]:
             inside[0] = inside[0] + 1 if event == "call" else max(0, inside[0] - 1)
         elif event == "c_call" and not inside[0] and frame.f_code.co_filename != here:
             name = getattr(arg, "__name__", "")
-            if name in names:
+            if name in names and (benign is None or not benign(arg)):
                 called.append(name)
 
     sys.setprofile(profile)

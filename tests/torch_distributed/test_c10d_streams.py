@@ -59,6 +59,7 @@ def _group(cuda):
             yield pg, fake_cupy.Device()  # (nothing counts on it: the profile does)
         finally:
             dist.destroy_process_group(pg)
+            pg.comm.close()
         return
     from collectives.testing.c10d_twin import twin_group
 
@@ -79,6 +80,13 @@ def _tensor(values, cuda):
     return t.cuda() if cuda else t
 
 
+def _stream_waits(function):
+    """A CUDA event's ``wait(stream)``: the stream waits for it, the host does not."""
+    import torch
+
+    return function.__name__ == "wait" and isinstance(getattr(function, "__self__", None), torch.cuda.Event)
+
+
 def blocking_job(comm, calls, cuda=False):
     """The first all_reduce (checked before it runs), then ``calls`` blocking all_reduces (each
     ``allreduce(...).wait()``, what ``dist.all_reduce`` does) profiled, then one whose future the
@@ -94,7 +102,7 @@ def blocking_job(comm, calls, cuda=False):
         xs = [_tensor(_data(i, r, (5,)), cuda) for i in range(calls)]
         me = threading.get_ident()
         before = device.host_waits, device.queries.get(me, 0)
-        with fake_cupy.host_calls(HOST_CALLS) as called:
+        with fake_cupy.host_calls(HOST_CALLS, _stream_waits if cuda else None) as called:
             for x in xs:
                 pg.allreduce([x], opts).wait()
         waits, queries = device.host_waits - before[0], device.queries.get(me, 0) - before[1]
