@@ -12,7 +12,9 @@ worker fulfils its ``torch.futures.Future`` when the operation has completed, so
 asynchronous work completes without anyone polling, and a bucket's all_reduce runs on
 the worker while autograd computes the next bucket's gradients (MPI calls release the
 GIL). The group's own communicator (``collectives.c10d.communicator(group)``) stays with
-the thread that made it, for the user's own calls (SyncBatchNorm, DataParallel).
+the thread that made it, for the user's own calls (SyncBatchNorm, DataParallel); over the
+cupy transport it also takes the operations on CUDA tensors made on that thread (or in a
+backward pass), enqueued on the caller's stream (collectives/c10d/streams.py), not here.
 
 Point-to-point operations are started nonblocking and completed by the same worker
 between operations (a blocking send would deadlock ``batch_isend_irecv``, where both
