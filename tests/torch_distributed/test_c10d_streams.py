@@ -114,12 +114,14 @@ def blocking_job(comm, calls, cuda=False):
             torch.cuda._sleep(200_000_000)
         else:
             device.stalled = True
-        future = pg.allreduce([last], opts).get_future()
-        pending, completed_by = not future.done(), []
+        work = pg.allreduce([last], opts)
+        future = work.get_future()
+        pending, completed_by = not future.done() and not work.is_completed(), []
         chained = future.then(lambda f: completed_by.append(threading.get_ident()))
         device.resume()
         chained.wait()
         value = future.wait()
+        pending = pending and work.is_completed() and work.is_success()  # (and completed now)
         posted = pg.comm._transport._posted
         rounds, failed = (posted.rounds, posted.failed) if posted is not None else (0, None)
         return dict(got=[x.cpu().numpy().copy() for x in xs], future=[t.cpu().numpy().copy() for t in value],
