@@ -129,12 +129,22 @@ def host_channel(launch: LaunchInfo, timeout: float | None) -> Any:
         return MPIHost(MPI, MPI.COMM_WORLD.Dup())
     if route == "store":
         import torch  # noqa: PLC0415
-        from collectives.backends.cupy_host import GlooHost  # noqa: PLC0415
 
-        store = torch.distributed.PrefixStore(f"{CHECKS_PREFIX}/{next(_hosts)}", torchrun_store(launch))
-        seconds = datetime.timedelta(days=365) if timeout is None else datetime.timedelta(seconds=timeout)
-        return GlooHost(torch, store, launch.rank, launch.size, seconds)
+        prefixed = torch.distributed.PrefixStore(f"{CHECKS_PREFIX}/{next(_hosts)}", torchrun_store(launch))
+        return gloo_host(prefixed, launch.rank, launch.size, timeout)
     return None
+
+
+def gloo_host(store: Any, rank: int, size: int, timeout: float | None) -> Any:
+    """A :class:`~collectives.backends.cupy_host.GlooHost` of ``size`` ranks (this one ``rank``) on
+    ``store``, a prefix of torch's store that is the channel's own (collective over the ranks; its
+    Gloo calls under ``timeout`` seconds, None: none): the CPU channel under torchrun, and that of a
+    "collectives" process group's cupy communicator (collectives.c10d, on the group's store)."""
+    import torch  # noqa: PLC0415
+    from collectives.backends.cupy_host import GlooHost  # noqa: PLC0415
+
+    seconds = datetime.timedelta(days=365) if timeout is None else datetime.timedelta(seconds=timeout)
+    return GlooHost(torch, store, rank, size, seconds)
 
 
 def _checked(raw: bytes) -> bytes:

@@ -19,6 +19,9 @@ from typing import Any
 import torch
 import torch.distributed
 
+from collectives import arrays
+from collectives.ops import ReduceOp, check_reduction
+
 
 def _shape(t: torch.Tensor) -> tuple[int, ...]:
     return tuple(t.shape)
@@ -220,3 +223,24 @@ def all_to_all(outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], 
     for name, tensors in (("input_tensor_list", inputs), ("output_tensor_list", outputs)):
         for index, t in enumerate(tensors):
             _same_kind(name, index, t, inputs[0], "input_tensor_list[0]")
+
+
+_RED: Any = torch.distributed.ReduceOp.RedOpType
+#: torch's reduce ops, by their RedOpType, as ours.
+REDUCE_OPS = {_RED.SUM: ReduceOp.SUM, _RED.PRODUCT: ReduceOp.PROD, _RED.MIN: ReduceOp.MIN,
+              _RED.MAX: ReduceOp.MAX, _RED.BAND: ReduceOp.BAND, _RED.BOR: ReduceOp.BOR,
+              _RED.BXOR: ReduceOp.BXOR, _RED.AVG: ReduceOp.AVG}
+
+
+def reduce_op(op: Any, tensors: list[torch.Tensor]) -> ReduceOp:
+    """Our ReduceOp for torch's ``op``, checked against the dtypes of ``tensors``."""
+    kind = getattr(op, "op", op)
+    if kind not in REDUCE_OPS:
+        names = ", ".join(f"ReduceOp.{t.name}" for t in REDUCE_OPS)
+        label = f"ReduceOp.{kind.name}" if hasattr(kind, "name") else repr(op)
+        raise ValueError(f"the 'collectives' backend does not take {label}; it takes {names} "
+                         "(PREMUL_SUM: multiply by the factor first, then reduce with SUM)")
+    ours = REDUCE_OPS[kind]
+    for t in tensors:
+        check_reduction(arrays.TORCH.dtype_name(t), ours)
+    return ours

@@ -3,14 +3,18 @@
 Each torch operation becomes one call (or a few) of the Communicator's collective set,
 through its one call path: the same checks, sequence numbers, fingerprints
 (``COLLECTIVES_DEBUG=1``) and timeouts (``COLLECTIVES_TIMEOUT``) as every other call.
-The operation runs on the group's worker thread (see :mod:`collectives.c10d.worker`);
-what can be checked without communicating (the reduce op, dtype x op, the device) is
-checked at once, on the caller's thread, so a bad call raises there on every rank.
+The operation runs on the group's worker thread (see :mod:`collectives.c10d.worker`),
+but over the cupy transport an operation on CUDA tensors is enqueued on the caller's stream
+by the caller's thread (see ``collectives.c10d.streams``); what can be checked without
+communicating (the reduce op, dtype x op, the device) is checked at once, on the caller's
+thread, so a bad call raises there on every rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -18,38 +22,22 @@ import torch
 import torch.distributed as dist
 
 from collectives import arrays
+from collectives.checks import in_backward_pass
 from collectives.communicator import Communicator
 from collectives.errors import CollectiveMismatch
-from collectives.ops import ReduceOp, check_reduction
+from collectives.ops import ReduceOp
 from collectives.work import AllOf, Work
 
 from . import arguments
 from .agreement import agree, agree_splits
+from .arguments import REDUCE_OPS, reduce_op
+from .streams import FutureWatch, StreamWork, TorchStreams, after_current_stream
 from .worker import CollectivesWork, Started, Worker
 
+#: A handle of the group's: of an operation on its worker, or enqueued on the caller's stream.
+GroupWork = CollectivesWork | StreamWork
 #: The name torch knows this backend by (``init_process_group(backend=...)``).
 BACKEND_NAME = "collectives"
-
-_RED: Any = dist.ReduceOp.RedOpType
-#: torch's reduce ops, by their RedOpType, as ours.
-REDUCE_OPS = {_RED.SUM: ReduceOp.SUM, _RED.PRODUCT: ReduceOp.PROD, _RED.MIN: ReduceOp.MIN,
-              _RED.MAX: ReduceOp.MAX, _RED.BAND: ReduceOp.BAND, _RED.BOR: ReduceOp.BOR,
-              _RED.BXOR: ReduceOp.BXOR, _RED.AVG: ReduceOp.AVG}
-
-
-def reduce_op(op: Any, tensors: list[torch.Tensor]) -> ReduceOp:
-    """Our ReduceOp for torch's ``op``, checked against the dtypes of ``tensors``."""
-    kind = getattr(op, "op", op)
-    if kind not in REDUCE_OPS:
-        names = ", ".join(f"ReduceOp.{t.name}" for t in REDUCE_OPS)
-        label = f"ReduceOp.{kind.name}" if hasattr(kind, "name") else repr(op)
-        raise ValueError(f"the 'collectives' backend does not take {label}; it takes {names} "
-                         "(PREMUL_SUM: multiply by the factor first, then reduce with SUM)")
-    ours = REDUCE_OPS[kind]
-    for t in tensors:
-        check_reduction(arrays.TORCH.dtype_name(t), ours)
-    return ours
-
 
 def _refused(call: Callable[[Communicator, torch.Tensor, Any], Any], comm: Communicator, t: torch.Tensor,
              op: Any) -> None:
@@ -90,7 +78,7 @@ def _operation(host_name: str) -> Callable[[Any], Any]:
         @functools.wraps(method)
         def operation(self: Any, *args: Any) -> Any:
             args = _detached(args)
-            if self._host is not None and not any(t.is_cuda for t in _tensors(args)):
+            if self._host is not None and not any(self._on_device(t) for t in _tensors(args)):
                 return getattr(self._host, host_name)(*args)
             return method(self, *args)
         return operation
@@ -107,13 +95,20 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     torch backend (Gloo) that takes the operations on CPU tensors, for a transport that
     takes CUDA tensors only (cupy): torch's object collectives and the mixed form
     ``"cpu:gloo,cuda:collectives"`` need CPU tensors, and torch 2.13 gives a Python process
-    group every device of its group."""
+    group every device of its group. Over the cupy transport the operations on CUDA tensors
+    run on ``comm``, on the thread that made the group (or a backward pass's), enqueued on
+    the caller's stream (``collectives.c10d.streams``)."""
 
     def __init__(self, comm: Communicator, worker_comm: Communicator, rank: int, size: int,
                  host: Any = None) -> None:
         super().__init__(rank, size)
         self.comm = comm
         self._host = host
+        # The stream-ordered operations' streams (cupy: NCCL runs on the caller's stream), the
+        # thread that may make them (the one that made comm), and their futures' watch.
+        self._streams = TorchStreams(comm.device) if comm.backend == "cupy" else None  # type: ignore[attr-defined]
+        self._caller = threading.get_ident()
+        self._futures = FutureWatch(f"collectives-pg-{comm.backend}-{id(self):x}-stream")
         # A fault-tolerant communicator hears of its group's failed operations: torch hands
         # their errors to the caller as RuntimeError, which collectives.elastic.run reads as a
         # RankFailure through the communicator (its part FaultTolerance.failed_elsewhere).
@@ -145,9 +140,10 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     def shutdown(self) -> None:
         self._worker.stop()
+        self._futures.stop()
 
     def abort(self) -> None:
-        self._worker.stop()
+        self.shutdown()
 
     # -- what torch asks of a group's devices ---------------------------------------------
 
@@ -178,18 +174,51 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     # -- the operations --------------------------------------------------------------------
 
-    def _submit(self, tensors: list[torch.Tensor], operation: Any, name: str) -> CollectivesWork:
+    def _submit(self, tensors: list[torch.Tensor], operation: Any, name: str) -> GroupWork:
         for t in tensors:
             self._check_device(t)
             arrays.TORCH.dtype_name(t)  # a dtype the transports take (TypeError, at the call)
+        if self._stream_ordered(tensors):
+            return self._on_stream(operation, name)
         if any(t.is_cuda for t in tensors):
-            operation = _after_current_stream(operation, tensors)
+            operation = after_current_stream(operation, tensors)
         return self._worker.submit(operation, name)
+
+    def _on_device(self, t: torch.Tensor) -> bool:  # (the twin's: every tensor)
+        return bool(t.is_cuda)
+
+    def _stream_ordered(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether an operation on ``tensors`` is enqueued on the caller's stream by the caller's
+        thread (:meth:`_on_stream`): over the cupy transport, device tensors, on the thread that
+        may call ``comm``."""
+        return self._streams is not None and any(self._on_device(t) for t in tensors) and \
+            (threading.get_ident() == self._caller or in_backward_pass())
+
+    def _on_stream(self, operation: Callable[[Communicator], Any], name: str) -> StreamWork:
+        """``operation(comm)`` here, enqueued on the current stream: its handle. Errors found once
+        the ranks compared their calls: a ``CollectiveMismatch``, as on the worker."""
+        try:
+            value = operation(self.comm)
+        except (TypeError, ValueError) as error:
+            raise CollectiveMismatch(str(error)) from error
+        if isinstance(value, Started):  # sends and recvs: the communicator's handle ends them
+            return StreamWork(value.handle, value.value, name, self.comm, self._futures)
+        assert self._streams is not None
+        return StreamWork(self._streams.end(), value, name, self.comm, self._futures)
+
+    def _refusal(self, t: torch.Tensor, operation: Callable[[Communicator], Any], name: str) -> None:
+        """A refusing rank's part in the call it refused, where the others make it (its own
+        error is raised at the call)."""
+        if self._stream_ordered([t]):
+            with contextlib.suppress(CollectiveMismatch):
+                operation(self.comm)
+        else:
+            self._worker.submit(operation, name)
 
     def _check_device(self, t: torch.Tensor) -> None:
         if t.is_cuda and self.comm.backend == "local":
             return
-        if not t.is_cuda and self.comm.backend == "cupy":
+        if not self._on_device(t) and self.comm.backend == "cupy":
             raise TypeError(f"the 'collectives' backend over the cupy transport takes CUDA tensors; "
                             f"got a tensor on {t.device} (use 'cpu:gloo,cuda:collectives' for CPU "
                             "tensors, or COLLECTIVES_BACKEND=mpi)")
@@ -207,11 +236,11 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             single = inputs if operation == "gather" else outputs  # the tensor every rank passes
             if len(single) == 1:
                 t, reason = single[0], str(error)
-                self._worker.submit(lambda comm: agree(comm, operation, t, reason), f"{operation} (refused)")
+                self._refusal(t, lambda comm: agree(comm, operation, t, reason), f"{operation} (refused)")
             raise
 
     def _each_tensor(self, tensors: list[torch.Tensor], call: Callable[[Communicator, torch.Tensor], Any],
-                     name: str) -> CollectivesWork:
+                     name: str) -> GroupWork:
         """``call(comm, t)`` for each tensor of ``tensors``, in place (arguments checked)."""
         def run(comm: Communicator) -> Any:
             for t in tensors:
@@ -232,11 +261,11 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         except (TypeError, ValueError):
             if len(tensors) == 1:
                 t, op = tensors[0], REDUCE_OPS.get(getattr(torch_op, "op", torch_op), torch_op)
-                self._worker.submit(lambda comm: _refused(call, comm, t, op), "refused reduction")
+                self._refusal(t, lambda comm: _refused(call, comm, t, op), "refused reduction")
             raise
 
     @_operation("allreduce")
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> GroupWork:
         if any(t.layout == torch.sparse_coo for t in tensors):
             arguments.sparse_allreduce(tensors, _opt(opts, "reduceOp", dist.ReduceOp.SUM))
 
@@ -254,13 +283,13 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         return self.allreduce(tensors, opts)
 
     @_operation("broadcast")
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> GroupWork:
         arguments.allreduce(tensors)
         root = _opt(opts, "rootRank", 0)
         return self._each_tensor(tensors, lambda comm, t: comm.broadcast(t, root), "broadcast")
 
     @_operation("reduce")
-    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> CollectivesWork:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> GroupWork:
         arguments.allreduce(tensors)
         root = _opt(opts, "rootRank", 0)
         op = self._reduce_op(opts, tensors, lambda comm, t, op: comm.reduce(t, op, root))
@@ -268,7 +297,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     @_operation("allgather")
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-                  opts: Any = None) -> CollectivesWork:
+                  opts: Any = None) -> GroupWork:
         arguments.allgather(output_tensors, input_tensors, self.size())
 
         def run(comm: Communicator) -> Any:
@@ -279,7 +308,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     @_operation("allgather_coalesced")
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
-                            opts: Any = None) -> CollectivesWork:
+                            opts: Any = None) -> GroupWork:
         arguments.allgather_coalesced(output_lists, input_list, self.size())
 
         # output_lists[r][i] receives rank r's input_list[i].
@@ -290,7 +319,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         return self._submit([*input_list, *_flat(output_lists)], run, "all_gather_coalesced")
 
     @_operation("_allgather_base")
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> CollectivesWork:
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> GroupWork:
         arguments.all_gather_into_tensor(output, input, self.size())
 
         def run(comm: Communicator) -> Any:
@@ -301,7 +330,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                    opts: Any = None) -> CollectivesWork:
+                                    opts: Any = None) -> GroupWork:
         self._check_pairs("all_gather_into_tensor", outputs, inputs, arguments.all_gather_into_tensor)
         return self._each_pair("all_gather_into_tensor", outputs, inputs, _all_gather_single)
 
@@ -315,7 +344,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             check(output, x, self.size())
 
     def _each_pair(self, name: str, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                   single: Callable[[Communicator, torch.Tensor, torch.Tensor], Any]) -> CollectivesWork:
+                   single: Callable[[Communicator, torch.Tensor, torch.Tensor], Any]) -> GroupWork:
         """``name``_coalesced (arguments checked): ``single(comm, output, input)`` for each pair."""
         def run(comm: Communicator) -> Any:
             for output, x in zip(outputs, inputs):
@@ -327,7 +356,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     @_operation("reduce_scatter")
     def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
-                       opts: Any = None) -> CollectivesWork:
+                       opts: Any = None) -> GroupWork:
         arguments.reduce_scatter(output_tensors, input_tensors, self.size())
         op = self._reduce_op(opts, output_tensors,
                              lambda comm, t, op: _reduce_scatter_single(comm, t, torch.stack(input_tensors[0]), op))
@@ -339,7 +368,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         return self._submit([*output_tensors, *_flat(input_tensors)], run, "reduce_scatter")
 
     @_operation("_reduce_scatter_base")
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> CollectivesWork:
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> GroupWork:
         arguments.reduce_scatter_tensor(output, input, self.size())
         op = self._reduce_op(opts, [output], lambda comm, t, op: _reduce_scatter_single(comm, t, input, op))
 
@@ -351,7 +380,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any = None) -> CollectivesWork:
+                                        opts: Any = None) -> GroupWork:
         self._check_pairs("reduce_scatter_tensor", outputs, inputs, arguments.reduce_scatter_tensor)
         op = reduce_op(_opt(opts, "reduceOp", dist.ReduceOp.SUM), outputs)
         return self._each_pair("reduce_scatter_tensor", outputs, inputs,
@@ -361,7 +390,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     @_operation("alltoall_base")
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
-                          input_split_sizes: list[int], opts: Any = None) -> CollectivesWork:
+                          input_split_sizes: list[int], opts: Any = None) -> GroupWork:
         output_splits, input_splits = list(output_split_sizes), list(input_split_sizes)
         arguments.all_to_all_single(output, input, output_splits, input_splits, self.size())
 
@@ -374,7 +403,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     @_operation("alltoall")
     def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
-                 opts: Any = None) -> CollectivesWork:
+                 opts: Any = None) -> GroupWork:
         arguments.all_to_all(output_tensors, input_tensors, self.size())
 
         def run(comm: Communicator) -> Any:
@@ -390,7 +419,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     @_operation("gather")
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-               opts: Any = None) -> CollectivesWork:
+               opts: Any = None) -> GroupWork:
         def run(comm: Communicator, root: int) -> Any:
             gathered = comm.gather(input_tensors[0], root)
             if gathered is not None:
@@ -402,7 +431,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     @_operation("scatter")
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
-                opts: Any = None) -> CollectivesWork:
+                opts: Any = None) -> GroupWork:
         def run(comm: Communicator, root: int) -> Any:
             output = output_tensors[0]
             if comm.rank == root:
@@ -419,7 +448,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
 
     def _rooted(self, operation: str, check: Any, outputs: Any, inputs: Any, opts: Any,
                 body: Callable[[Communicator, int], Any], tensors: Callable[[], list[torch.Tensor]]
-                ) -> CollectivesWork:
+                ) -> GroupWork:
         """gather's and scatter's frame: the root from ``opts``, the arguments checked (see
         :meth:`_check_rooted`), then ``body(comm, root)`` once the ranks have agreed on the
         call (:mod:`collectives.c10d.agreement`); ``tensors()``: every tensor of the call."""
@@ -433,15 +462,15 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         return self._submit(tensors(), run, operation)
 
     @_operation("send")
-    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> CollectivesWork:  # noqa: N803
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int) -> GroupWork:  # noqa: N803
         return self._point_to_point(tensors, dstRank, tag, "send", f"send to rank {dstRank} (tag {tag})")
 
     @_operation("recv")
-    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> CollectivesWork:  # noqa: N803
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int) -> GroupWork:  # noqa: N803
         return self._point_to_point(tensors, srcRank, tag, "recv", f"recv from rank {srcRank} (tag {tag})")
 
     def _point_to_point(self, tensors: list[torch.Tensor], peer: int, tag: int, method: str,
-                        name: str) -> CollectivesWork:
+                        name: str) -> GroupWork:
         """send or recv (``method``) of each tensor with ``peer``, started together: the work
         completes once all have."""
         def run(comm: Communicator) -> Any:
@@ -449,7 +478,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
             return Started(AllOf(move(t, peer, tag=tag, async_op=True) for t in tensors), tensors, name)
         return self._submit(tensors, run, name)
 
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> CollectivesWork:
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> GroupWork:
         """A recv from any source (``dist.recv(t)`` without ``src``): the work's ``_source_rank()``
         is the group rank that sent, as Gloo's (one tensor, as Gloo takes)."""
         if len(tensors) != 1:
@@ -464,7 +493,7 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         work.received = received
         return work
 
-    def barrier(self, opts: Any = None) -> CollectivesWork:
+    def barrier(self, opts: Any = None) -> GroupWork:
         def run(comm: Communicator) -> Any:
             comm.barrier()
             return []
@@ -558,18 +587,3 @@ def _all_to_all_single(comm: Communicator, output: torch.Tensor, x: torch.Tensor
     if received is not output:
         output.copy_(received)
 
-
-def _after_current_stream(operation: Any, tensors: list[torch.Tensor]) -> Any:
-    """``operation``, run once the caller's current CUDA stream has produced ``tensors``
-    (the worker's stream knows nothing of it); the worker waits for its own stream after."""
-    device = next(t.device for t in tensors if t.is_cuda)
-    ready = torch.cuda.Event()
-    ready.record(torch.cuda.current_stream(device))
-
-    def on_device(comm: Communicator) -> Any:
-        with torch.cuda.device(device):
-            ready.synchronize()
-            value = operation(comm)
-            torch.cuda.current_stream(device).synchronize()
-        return value
-    return on_device

@@ -160,15 +160,7 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
     else:
         name = transport()
         comm = _subgroup_communicator(name, options.store, rank, ranks)
-    worker_comm = comm.split(0)
-    assert worker_comm is not None
-    if os.environ.get(config.TIMEOUT, "").strip() == "":
-        # torch's timeout (init_process_group / new_group) unless COLLECTIVES_TIMEOUT says.
-        worker_comm.timeout = options.timeout.total_seconds()
-    host = None
-    if name == "cupy":  # NCCL takes CUDA tensors only: CPU tensors go to Gloo (see ProcessGroupCollectives)
-        host = dist.ProcessGroupGloo(dist.PrefixStore("host/", options.store), rank, size, options.timeout)
-    pg = ProcessGroupCollectives(comm, worker_comm, rank, size, host)
+    pg = group_over(name, comm, options.store, rank, size, options.timeout)
     if name == "mpi" and size > 1 and elastic is None:
         # init_process_group wraps sys.excepthook (to prefix tracebacks with the rank): ours goes
         # around it again, so that an uncaught exception on one rank ends the job (MPI_Abort).
@@ -177,6 +169,23 @@ def create_process_group(options: Any, backend_options: Any = None) -> ProcessGr
 
         install_abort_on_uncaught_exception(import_mpi())
     return pg
+
+
+def group_over(name: str, comm: Communicator, store: Any, rank: int, size: int, timeout: datetime.timedelta,
+               group_class: type[ProcessGroupCollectives] = ProcessGroupCollectives) -> ProcessGroupCollectives:
+    """The group (of ``group_class``) over ``comm``, a communicator of the ``name`` transport, with
+    its worker's communicator and, over cupy, its host backend (Gloo, on ``store``); ``timeout``:
+    torch's for the group's operations, unless ``COLLECTIVES_TIMEOUT`` says."""
+    worker_comm = comm.split(0)
+    assert worker_comm is not None
+    if os.environ.get(config.TIMEOUT, "").strip() == "":
+        # (over cupy, the group's own communicator runs the operations on CUDA tensors too)
+        for runs in (worker_comm, comm) if name == "cupy" else (worker_comm,):
+            runs.timeout = timeout.total_seconds()
+    host = None
+    if name == "cupy":  # NCCL takes CUDA tensors only: CPU tensors go to Gloo (see ProcessGroupCollectives)
+        host = dist.ProcessGroupGloo(dist.PrefixStore("host/", store), rank, size, timeout)
+    return group_class(comm, worker_comm, rank, size, host)
 
 
 def elastic_communicator() -> Communicator | None:
@@ -242,20 +251,25 @@ def _default_communicator(name: str) -> Communicator:
 _NCCL_ID_KEY = "collectives/nccl-unique-id"
 
 
-def _cupy_communicator(store: Any, rank: int, size: int) -> Communicator:
+def _cupy_communicator(store: Any, rank: int, size: int, transport_class: Any = None) -> Communicator:
     """An NCCL communicator over the group's ranks, its id made by the group's rank 0 and
     handed to the others through torch's store (CUDA device: ``LOCAL_RANK`` % devices, or
-    the one ``torch.cuda.set_device`` chose)."""
+    the one ``torch.cuda.set_device`` chose), with its CPU channel (a Gloo group on the store,
+    as under torchrun: backends/cupy_host.py), so its default check goes beside its calls (its
+    Gloo calls under ``COLLECTIVES_TIMEOUT``). ``transport_class``: the transport's class
+    (:class:`~collectives.backends.cupy_nccl.CupyNcclTransport`, or a twin of it)."""
     from collectives.backends.cupy_channel import import_cupy_nccl  # noqa: PLC0415
-    from collectives.backends.cupy_id import comm_id_argument, id_to_bytes  # noqa: PLC0415
+    from collectives.backends.cupy_id import comm_id_argument, gloo_host, id_to_bytes  # noqa: PLC0415
     from collectives.backends.cupy_nccl import CupyNcclCommunicator  # noqa: PLC0415
 
     cupy, nccl = import_cupy_nccl()
     launch = detect_launcher()
-    device = torch.cuda.current_device()
+    device = torch.cuda.current_device() if torch.cuda.is_available() else int(cupy.cuda.Device().id)
     if rank == 0:
         store.set(_NCCL_ID_KEY, id_to_bytes(nccl.get_unique_id()))
     raw = bytes(store.get(_NCCL_ID_KEY))
     with cupy.cuda.Device(device):
         comm = nccl.NcclCommunicator(size, comm_id_argument(raw, cupy.__version__), rank)
-    return CupyNcclCommunicator(comm, rank, size, launch.local_rank, device)
+    host = gloo_host(dist.PrefixStore("checks/", store), rank, size, config.timeout_seconds()) if size > 1 else None
+    made = (transport_class or CupyNcclCommunicator.transport_class)(comm, rank, size, launch.local_rank, device, host)
+    return CupyNcclCommunicator._adopt(made)

@@ -12,7 +12,9 @@ worker fulfils its ``torch.futures.Future`` when the operation has completed, so
 asynchronous work completes without anyone polling, and a bucket's all_reduce runs on
 the worker while autograd computes the next bucket's gradients (MPI calls release the
 GIL). The group's own communicator (``collectives.c10d.communicator(group)``) stays with
-the thread that made it, for the user's own calls (SyncBatchNorm, DataParallel).
+the thread that made it, for the user's own calls (SyncBatchNorm, DataParallel); over the
+cupy transport it also takes the operations on CUDA tensors made on that thread (or in a
+backward pass), enqueued on the caller's stream (collectives/c10d/streams.py), not here.
 
 Point-to-point operations are started nonblocking and completed by the same worker
 between operations (a blocking send would deadlock ``batch_isend_irecv``, where both
@@ -92,10 +94,7 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
         """The group rank a recv from any source received from (torch's ``dist.recv`` with no
         ``src`` returns it, as Gloo's handle says it), once the recv completed."""
         self.wait()
-        source = self.received[0].source if self.received else None
-        if source is None:
-            raise ValueError(f"{self._outcome.name} is no recv from any source: it has no source rank")
-        return source
+        return source_rank(self.received, self._outcome.name)
 
     def wait(self, timeout: Any = None) -> bool:
         seconds = _seconds(timeout)
@@ -125,6 +124,14 @@ class CollectivesWork(_TorchWork):  # type: ignore[misc]
     def result(self) -> Any:
         self.wait()
         return self._outcome.value
+
+
+def source_rank(received: list[Work], name: str) -> int:
+    """The rank the recv from any source of ``received`` (its handle, once made) received from."""
+    source = received[0].source if received else None
+    if source is None:
+        raise ValueError(f"{name} is no recv from any source: it has no source rank")
+    return int(source)
 
 
 def _seconds(timeout: Any) -> float | None:

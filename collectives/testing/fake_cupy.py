@@ -12,7 +12,8 @@ mpiexec (or torchrun), its calls move the arrays' host memory over MPI (or Gloo)
 transport.
 
 What the host waits for is counted: :attr:`Device.host_waits` (event and stream
-``synchronize()``, ``ndarray.get()``) and :attr:`Device.queries` (event queries, by thread).
+``synchronize()``, ``ndarray.get()``) and :attr:`Device.queries` (event queries, by thread);
+:func:`host_calls` lists the C functions (collectives, waits) a thread calls outside the stand-in.
 No CUDA, no NCCL: what this proves is our own bookkeeping around them.
 """
 
@@ -23,7 +24,7 @@ import ctypes
 import sys
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -428,6 +429,33 @@ def device() -> Device:
 
 def _current_stream() -> Stream:
     return _STREAM
+
+
+@contextlib.contextmanager
+def host_calls(names: set[str], benign: Callable[[Any], bool] | None = None) -> Iterator[list[str]]:
+    """The C functions of ``names`` (MPI's or Gloo's collectives, waits, sleeps...) that the calling
+    thread calls inside the ``with`` outside this stand-in (its frames, and what they call: they
+    stand in for the GPU's work), in order: a list filled as they are called. ``benign(function)``:
+    one of those names that is no host wait (a CUDA event's ``wait``, which makes a stream wait)."""
+    called: list[str] = []
+    me, here, inside = threading.get_ident(), __file__, [0]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if threading.get_ident() != me:
+            return
+        if frame.f_code.co_filename == here and event in ("call", "return"):
+            # (never below 0: this function's own frame returns once the profile is on)
+            inside[0] = inside[0] + 1 if event == "call" else max(0, inside[0] - 1)
+        elif event == "c_call" and not inside[0] and frame.f_code.co_filename != here:
+            name = getattr(arg, "__name__", "")
+            if name in names and (benign is None or not benign(arg)):
+                called.append(name)
+
+    sys.setprofile(profile)
+    try:
+        yield called
+    finally:
+        sys.setprofile(None)
 
 
 def _module() -> Any:

@@ -12,7 +12,6 @@ makes it (the NCCL id over MPI, or through torchrun's store). References: numpy 
 
 from __future__ import annotations
 
-import sys
 import threading
 
 import numpy as np
@@ -46,33 +45,6 @@ def _cupy_world(timeout=60.0):
     return CupyNcclCommunicator.from_launcher(detect_launcher(), timeout=timeout)
 
 
-class _HostCalls:
-    """The C functions of :data:`HOST_CALLS` the calling thread called outside the twin's NCCL
-    (the fake's frames, and what they call)."""
-
-    def __init__(self):
-        self.names = []
-
-    def __enter__(self):
-        names, me, twin, inside = self.names, threading.get_ident(), fake_cupy.__file__, [0]
-
-        def profile(frame, event, arg):
-            if threading.get_ident() != me:
-                return
-            if frame.f_code.co_filename == twin and event in ("call", "return"):
-                inside[0] += 1 if event == "call" else -1
-            elif event == "c_call" and not inside[0] and frame.f_code.co_filename != twin:
-                name = getattr(arg, "__name__", "")
-                if name in HOST_CALLS:
-                    names.append(name)
-
-        sys.setprofile(profile)
-        return self
-
-    def __exit__(self, *exc):
-        sys.setprofile(None)
-
-
 def matched_job(comm, calls):
     """The first call (checked before it runs), then ``calls`` blocking all_reduces and
     all_gathers profiled: their results, what the calling thread called on the host, whether a
@@ -87,7 +59,7 @@ def matched_job(comm, calls):
         xs = [cupy.asarray(_data(i, r, (5,) if i % 2 else (3, 2), "float32" if i % 2 else "int32"))
               for i in range(calls)]
         got, before = [], (device.host_waits, device.queries.get(threading.get_ident(), 0))
-        with _HostCalls() as called:
+        with fake_cupy.host_calls(HOST_CALLS) as called:
             for i, x in enumerate(xs):
                 got.append(gpu.all_reduce(x) if i % 2 else gpu.all_gather(x))
         waits, queries = device.host_waits - before[0], device.queries.get(threading.get_ident(), 0) - before[1]
@@ -95,7 +67,7 @@ def matched_job(comm, calls):
         barrier_waited = device.queries.get(threading.get_ident(), 0) - before[1] > queries
         posted = getattr(gpu._transport, "_posted", None)
         gpu.close()  # every posted check compared first
-        return dict(got=[x.host.copy() for x in got], called=called.names, waits=waits, queries=queries,
+        return dict(got=[x.host.copy() for x in got], called=called, waits=waits, queries=queries,
                     compared=getattr(posted, "rounds", 0), failed=getattr(posted, "failed", None),
                     barrier_waited=barrier_waited)
 

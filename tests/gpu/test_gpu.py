@@ -1070,6 +1070,25 @@ def test_c10d_ddp_with_torch_syncbatchnorm_on_cuda_equals_one_process(world_id, 
                 np.testing.assert_allclose(out["got"][name], want, rtol=0, atol=1e-10, err_msg=name)
 
 
+@pytest.mark.parametrize("world_id, backend, ranks, launcher, env", C10D_WORLDS[:2],
+                         ids=[w[0] for w in C10D_WORLDS[:2]])
+def test_c10d_over_cupy_enqueues_cuda_operations_on_the_callers_stream(world_id, backend, ranks, launcher, env):
+    """Its CPU twin's checks (tests/torch_distributed/test_c10d_streams.py) on CUDA tensors: 40
+    blocking all_reduces equal numpy with no host wait and no CPU collective on the calling thread,
+    a future completed off it; at 2 ranks a reduce op that differs on rank 1 raises
+    CollectiveMismatch at the next call and at the mismatched call's wait() on every rank."""
+    reason = skip_reason(backend, ranks, launcher, env)
+    if reason:
+        pytest.skip(reason)
+    import test_c10d_streams as streams
+
+    with RankPool(backend, ranks, launcher=launcher, env=env, job_timeout=JOB_TIMEOUT) as pool:
+        streams.check_blocking(pool.run(streams.blocking_job, args=(40, True), timeout=JOB_TIMEOUT), 40)
+        for wait in (False, True) if ranks > 1 else ():
+            streams.check_mismatch(pool.run(streams.mismatch_job, args=("op", wait, True), timeout=JOB_TIMEOUT),
+                                   "reduce op differs: SUM on rank 0; MAX on rank 1", cuda=True)
+
+
 # -- a fault-tolerant job on CUDA (collectives-elastic, torch backend: NCCL per generation) ------
 
 ELASTIC_WORLDS = [
