@@ -150,6 +150,28 @@ def test_crash_is_named_in_the_dump_of_the_rank_behind(launcher, tmp_path):
         assert_verdict(found, "crash", "all_reduce", behind=[], odd=[], seq=CALLS - 1, dumps=[2])
 
 
+LATE_SIGTERM = """
+import signal, sys
+from collectives.diagnostics import process_hooks, recorder
+recorder.dump(sys.argv[1])  # what this rank wrote first (its excepthook, a timeout, SIGUSR1)
+process_hooks._die_of(signal.SIGTERM)  # then the launcher's SIGTERM, handled while it still ends
+"""
+
+
+@pytest.mark.parametrize("first, kept", [("uncaught RuntimeError: the last rank fails", True),
+                                         ("timeout: all_reduce call #5", True), ("SIGUSR1", False)])
+def test_a_late_sigterm_keeps_the_dump_that_says_more(first, kept, tmp_path):
+    """The race under torchrun, forced: the launcher's SIGTERM reaches the rank that failed after
+    its dump; the process still ends by SIGTERM, and the dump that names the failure stays (one
+    written on request is rewritten)."""
+    env = {**without_launcher_variables(dict(os.environ)), "COLLECTIVES_TRACE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", LATE_SIGTERM, first], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    reason = json.loads((tmp_path / "rank-0.json").read_text())["reason"]
+    assert reason == (first if kept else "SIGTERM")
+
+
 @pytest.mark.timeout(120)
 def test_rank_killed_with_sigkill_leaves_no_dump_and_the_verdict_says_so(tmp_path):
     job = Job("mpiexec", "hang", 3, tmp_path)
