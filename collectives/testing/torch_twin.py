@@ -57,11 +57,9 @@ class StreamOrderedTwin(TorchTransport):
         self.stream = TwinStream()
         self._events = TwinEvents()
 
-    def _fast_path(self, call: Any, adapter: Any, dtype: str, reduce_op: Any) -> None:
-        return None  # (a CUDA tensor's call never takes a CPU tensor's fast path)
-
     def _array_check(self, adapter: Any) -> Callable[[Any, bool], Any] | None:
-        # a plain tensor's verdict is a CUDA tensor's: checked, for the kind's method
+        # a plain tensor's verdict is a CUDA tensor's: checked, for the kind's method (never the
+        # fast path, which takes only the tensors this check returns)
         return torch_plans.tensor_check(self._torch, "cpu") if adapter is _TORCH else None
 
     def _device_check(self) -> Callable[[Any], Any] | None:

@@ -12,7 +12,9 @@ call completes at once and moves nothing), so what is counted is the host work i
 transport: torch.distributed's Python and C++ for raw, and ours on top of it. Each case runs a loop
 of ``--calls`` calls inside ``functools.reduce``; callgrind collects only inside that C function
 (``--toggle-collect``) and dumps after each loop (``--dump-after``), so one child process gives one
-count per loop, and a loop of no-op steps, subtracted, takes the loop's own cost away.
+count per loop, and a loop of no-op steps, subtracted, takes the loop's own cost away. The heap made
+before the loops is frozen (``gc.freeze``), so that a full collection falling into one loop does not
+add its walk of that heap to that loop alone.
 
 Cases (4 KiB float32 CPU tensors): all_reduce; async all_reduce + wait; all_gather(out=) against
 ``all_gather_into_tensor``; reduce_scatter(out=) against ``reduce_scatter_tensor``; broadcast; and
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import glob
 import json
 import os
@@ -77,6 +80,10 @@ def child(calls: int, world: int, rank: int, cases: list[tuple[str, str, str]], 
     names = {"torch": torch, "dist": dist, "comm": comm, "pg": pg, "opts": opts,
              "t": torch.ones(ELEMENTS), "gathered": torch.empty(world, ELEMENTS),
              "rows": torch.ones(world, ELEMENTS), "mine": torch.empty(1, ELEMENTS), "peer": (rank + 1) % world}
+    # The heap so far (torch's modules) out of the collector's way: a full collection that falls
+    # into one loop would add its walk of that heap to that loop's count alone.
+    gc.collect()
+    gc.freeze()
     run_loops([FLOOR[1]] + [s for _, ours, raw in cases for s in (ours, raw)], names, calls,
               (lambda: _steady_watch(comm._transport, calls)) if twin else None)
     if twin:  # (the fake group's handles never say they completed: nothing to wait for at close)
