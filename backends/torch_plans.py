@@ -284,24 +284,21 @@ def _planned(transport: Any, start: Start, fallback: Callable[[Request], Any],
         return result
 
     def method(r: Request) -> Any:
-        t, async_op = r.view, r.async_op
+        t = r.view
         if t is None:
             if device is None or (t := device(r.x)) is None:
                 return fallback(r)
-        elif not async_op:
+            if not r.async_op:  # (the fast path's steps, on a device stream: NCCL's wait() is the stream's)
+                result = fast(t, r.root, r.out, r.extra)
+                return fallback(r) if result is NOT_TAKEN else result
+        elif not r.async_op:
             return fallback(r)
-        if pending_batches and not (joins_batch and async_op):
+        if pending_batches and not joins_batch:
             launch_batch()
-        started = start(t, r.root, r.out, r.extra, async_op)
+        started = start(t, r.root, r.out, r.extra, True)
         if started is None:
             return fallback(r)
         result, work, quotient = started
-        if not async_op:  # (on a device stream: NCCL's wait() makes the caller's stream wait)
-            if work is not None:
-                work.wait()
-            if quotient is not None:
-                quotient.div_(size)
-            return result
         return _TorchWork(result, work, None if quotient is None else (lambda: quotient.div_(size)), transport)
 
     return fast, method

@@ -238,12 +238,12 @@ class Case:
         """The same collective on the bare transport (None where the transport has none)."""
         return raw.bind(self, self.x_raw, self.out_raw)  # type: ignore[no-any-return]
 
-    def raw_round(self, raw: Any) -> Callable[[], Any] | None:
-        """The raw call after one small round of the transport (``raw.round``): what the default
-        check's round adds to a raw program; None where the check makes no round or the transport
-        has no raw call."""
-        call, first = raw.bind(self, self.x_raw, self.out_raw), raw.round(self, self.x_raw)
-        if call is None or first is None:
+    def raw_round(self, raw: Any, call: Callable[[], Any]) -> Callable[[], Any] | None:
+        """The raw call ``call`` (:meth:`raw`'s) after one small round of the transport
+        (``raw.round``): what the default check's round adds to a raw program; None where the
+        check makes no round."""
+        first = raw.round(self, self.x_raw)
+        if first is None:
             return None
 
         def after_round() -> None:

@@ -206,7 +206,7 @@ def measure(case: Case, raw: Raw | None, barrier: Any, sync: Any,
         raw_wrong = int(total(comm, arr, float(case.wrong(raw)), "sum"))
     if raw_call is not None:
         fns.append(raw_call)
-    round_call = case.raw_round(raw) if rounds and raw_call is not None else None
+    round_call = case.raw_round(raw, raw_call) if rounds and raw_call is not None else None
     if round_call is not None:
         fns.append(round_call)
     iters = args.iters
