@@ -41,20 +41,32 @@ _TorchWork: Any = dist._Work
 
 class TorchStreams:
     """torch's CUDA streams and events on CUDA device ``device``, as the stream-ordered operations
-    use them (a twin stands in for them on CPU: collectives.testing.c10d_twin)."""
+    use them (a twin stands in for them on CPU: collectives.testing.c10d_twin). An operation's
+    event is pooled: it goes back to ``pool`` once its handle is gone (no one waits on it or
+    queries it again; a stream already told to wait on it keeps the record it waited for), and
+    the next operation records it again, as torch's NCCL group reuses its events."""
 
     def __init__(self, device: int) -> None:
         self.device = device
+        self.pool: list[Any] = []
+
+    def current_stream(self) -> Any:
+        return torch.cuda.current_stream(self.device)
+
+    @staticmethod
+    def new_event() -> Any:
+        return torch.cuda.Event()
 
     def end(self) -> EventEnd:
         """The end of what was just enqueued on the current stream."""
-        event = torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
+        pool = self.pool
+        event = pool.pop() if pool else self.new_event()
+        event.record(self.current_stream())
         return EventEnd(self, event)
 
     def wait_event(self, event: Any) -> None:
         """The current stream waits for ``event`` (the host does not)."""
-        torch.cuda.current_stream(self.device).wait_event(event)
+        self.current_stream().wait_event(event)
 
     @staticmethod
     def query(event: Any) -> bool:
@@ -63,7 +75,7 @@ class TorchStreams:
 
 class EventEnd:
     """An operation's end on a stream: an event recorded after it (``wait()``, ``is_completed()``,
-    as a communicator's handle has them)."""
+    as a communicator's handle has them), given back to its streams' pool when the end is gone."""
 
     __slots__ = ("_streams", "_event")
 
@@ -75,6 +87,9 @@ class EventEnd:
 
     def is_completed(self) -> bool:
         return bool(self._streams.query(self._event))
+
+    def __del__(self) -> None:
+        self._streams.pool.append(self._event)
 
 
 def failure_of(comm: Communicator) -> Exception | None:

@@ -24,7 +24,7 @@ from collectives.backends.cupy_handles import _TorchStreams
 from collectives.backends.cupy_nccl import CupyNcclTransport
 from collectives.c10d.process_group import ProcessGroupCollectives
 from collectives.c10d.rendezvous import _cupy_communicator, group_over
-from collectives.c10d.streams import EventEnd
+from collectives.c10d.streams import TorchStreams
 
 
 def _cuda() -> Any:
@@ -66,17 +66,18 @@ class TwinTransport(CupyNcclTransport):
         return super()._library(adapter)
 
 
-class TwinStreams:
+class TwinStreams(TorchStreams):
     """The group's streams and events (collectives.c10d.streams.TorchStreams) on the fake device."""
 
-    def end(self) -> EventEnd:
-        event = _cuda().Event()
-        event.record(_cuda().get_current_stream())
-        return EventEnd(self, event)
+    def __init__(self) -> None:
+        super().__init__(0)
+
+    def current_stream(self) -> Any:
+        return _cuda().get_current_stream()
 
     @staticmethod
-    def wait_event(event: Any) -> None:
-        _cuda().get_current_stream().wait_event(event)
+    def new_event() -> Any:
+        return _cuda().Event()
 
     @staticmethod
     def query(event: Any) -> bool:
@@ -88,7 +89,7 @@ class TwinGroup(ProcessGroupCollectives):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._streams = TwinStreams()  # type: ignore[assignment]
+        self._streams = TwinStreams()
 
     def _on_device(self, t: Any) -> bool:
         return True

@@ -102,9 +102,13 @@ def blocking_job(comm, calls, cuda=False):
         xs = [_tensor(_data(i, r, (5,)), cuda) for i in range(calls)]
         me = threading.get_ident()
         before = device.host_waits, device.queries.get(me, 0)
+        events = []  # (each operation's event: pooled, the one before's once its handle is gone)
         with fake_cupy.host_calls(HOST_CALLS, _stream_waits if cuda else None) as called:
             for x in xs:
-                pg.allreduce([x], opts).wait()
+                work = pg.allreduce([x], opts)
+                work.wait()
+                events.append(work._end._event)
+                del work
         waits, queries = device.host_waits - before[0], device.queries.get(me, 0) - before[1]
         last = _tensor(_data(calls, r, (4,)), cuda)
         # (the device held busy, so the future cannot complete before its callback is added)
@@ -126,7 +130,8 @@ def blocking_job(comm, calls, cuda=False):
         rounds, failed = (posted.rounds, posted.failed) if posted is not None else (0, None)
         return dict(got=[x.cpu().numpy().copy() for x in xs], future=[t.cpu().numpy().copy() for t in value],
                     off_thread=pending and bool(completed_by) and me not in completed_by, called=list(called),
-                    waits=waits, queries=queries, compared=rounds, failed=failed, size=pg.size())
+                    waits=waits, queries=queries, compared=rounds, failed=failed, size=pg.size(),
+                    events=len({id(event) for event in events}))
 
 
 def check_blocking(results, calls):
@@ -141,6 +146,7 @@ def check_blocking(results, calls):
         assert result["off_thread"], result  # (the future completed on a completer thread)
         # the calling thread neither waited nor made a CPU collective: the checks went beside
         assert result["called"] == [] and result["waits"] == 0 and result["queries"] == 0, result
+        assert result["events"] == 1, result  # one event, reused by every operation
         if size > 1:
             assert result["compared"] >= 1 and result["failed"] is False, result
 
