@@ -65,7 +65,8 @@ class CommunicatorContext(CallContext):
 
     @property
     def call(self) -> tuple[str, int]:
-        return self.comm._operation, self.comm._seq
+        comm = self.comm  # (the call path's operation read as it is: a frame less, on every GPU call watched)
+        return comm._path.operation, comm._seq
 
     @property
     def name(self) -> str:
