@@ -31,7 +31,7 @@ from collectives.work import AllOf, Work
 from . import arguments
 from .agreement import agree, agree_splits
 from .arguments import REDUCE_OPS, reduce_op
-from .streams import FutureWatch, StreamWork, TorchStreams, after_current_stream
+from .streams import FutureWatch, StreamWork, TorchStreams, after_current_stream, after_end
 from .worker import CollectivesWork, Started, Worker
 
 #: A handle of the group's: of an operation on its worker, or enqueued on the caller's stream.
@@ -497,6 +497,8 @@ class ProcessGroupCollectives(_ProcessGroup):  # type: ignore[misc]
         def run(comm: Communicator) -> Any:
             comm.barrier()
             return []
+        if self._streams is not None:  # over cupy: after the NCCL calls on the caller's stream (as NCCL's)
+            return self._submit([], after_end(run, self._streams.end()), "barrier")
         return self._submit([], run, "barrier")
 
 

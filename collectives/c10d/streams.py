@@ -72,6 +72,11 @@ class TorchStreams:
     def query(event: Any) -> bool:
         return bool(event.query())
 
+    @staticmethod
+    def synchronize(event: Any) -> None:
+        """The host waits for ``event``."""
+        event.synchronize()
+
 
 class EventEnd:
     """An operation's end on a stream: an event recorded after it (``wait()``, ``is_completed()``,
@@ -87,6 +92,10 @@ class EventEnd:
 
     def is_completed(self) -> bool:
         return bool(self._streams.query(self._event))
+
+    def synchronize(self) -> None:
+        """The host waits for the operation's end."""
+        self._streams.synchronize(self._event)
 
     def __del__(self) -> None:
         self._streams.pool.append(self._event)
@@ -190,6 +199,18 @@ class FutureWatch:
             stream_watch.unwatch(self)
         if self._completer is not None:
             self._completer.stop(STOP_GRACE)
+
+
+def after_end(operation: Any, end: EventEnd) -> Any:
+    """``operation`` on the worker thread, run once ``end`` (what the caller had enqueued on its
+    stream when it asked for the operation: ``TorchStreams.end()``) has run on the device: an
+    operation with no tensor (a barrier) over NCCL, which would otherwise be launched beside the
+    caller's NCCL calls still queued on another stream (NCCL may then hang: one communicator's
+    calls must run in the order they were made)."""
+    def after(comm: Communicator) -> Any:
+        end.synchronize()
+        return operation(comm)
+    return after
 
 
 def after_current_stream(operation: Any, tensors: list[torch.Tensor]) -> Any:

@@ -20,7 +20,7 @@ import sys
 from typing import Any
 
 from collectives import arrays
-from collectives.backends.cupy_handles import _TorchStreams
+from collectives.backends.cupy_handles import _TorchStreams, wait_for
 from collectives.backends.cupy_nccl import CupyNcclTransport
 from collectives.c10d.process_group import ProcessGroupCollectives
 from collectives.c10d.rendezvous import _cupy_communicator, group_over
@@ -82,6 +82,13 @@ class TwinStreams(TorchStreams):
     @staticmethod
     def query(event: Any) -> bool:
         return bool(event.done)
+
+    @staticmethod
+    def synchronize(event: Any) -> None:
+        """(The fake device's events complete when the test resumes it: polled, as the cupy
+        transport's host waits poll.)"""
+        event.synchronize()
+        wait_for(lambda: event.done, 60.0)
 
 
 class TwinGroup(ProcessGroupCollectives):

@@ -196,3 +196,41 @@ def check_mismatch(results, difference, cuda=False):
 ], ids=["shape-next-call", "op-wait"])
 def test_a_mismatch_on_rank_1_raises_at_the_next_call_or_wait_on_every_rank(world, how, wait, difference):
     check_mismatch(world.run(mismatch_job, args=(how, wait), timeout=120), difference)
+
+
+def barrier_job(comm):
+    """An all_reduce enqueued on the caller's stream while the device is held, then a barrier (it
+    runs on the group's worker, on the worker's communicator: it has no tensor): whether the barrier
+    had started (its call number taken) when the worker was first waiting, and after the device
+    resumed."""
+    import torch.distributed as dist
+
+    from collectives.context import poll_until
+    from collectives.diagnostics.recorder import clock
+
+    with _group(False) as (pg, device):
+        r, opts = pg.rank(), dist.AllreduceOptions()
+        pg.allreduce([_tensor(_data(99, r, (3,)), False)], opts).wait()
+        x = _tensor(_data(1, r, (5,)), False)
+        device.stalled = True
+        pg.allreduce([x], opts)
+        worker = pg._worker.comm  # (the worker's communicator, split off the group's)
+        seq, waits = worker._seq, device.host_waits
+        work = pg.barrier()
+        waited = poll_until(lambda: device.host_waits > waits, clock() + SETTLE)  # (the worker's wait)
+        started = worker._seq != seq or work.is_completed()
+        device.resume()
+        work.wait()
+        return dict(waited=waited, started=started, after=worker._seq - seq, got=x.numpy().copy())
+
+
+@WORLD
+def test_a_barrier_starts_after_the_nccl_calls_on_the_callers_stream(world):
+    """NCCL runs one communicator's calls in the order they were made: a barrier launched beside
+    an all_reduce still queued on the caller's stream could hang. The barrier waits for it."""
+    results = world.run(barrier_job, timeout=120)
+    want = np.sum([_data(1, peer, (5,)) for peer in range(len(results))], axis=0)
+    for rank, result in enumerate(results):
+        assert result["waited"] and not result["started"], (rank, result)
+        assert result["after"] == 1, (rank, result)
+        np.testing.assert_array_equal(result["got"], want)
