@@ -32,9 +32,9 @@ PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PI
 .PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite test-many-ranks fuzz-c10d test-environments test-torch-versions \
 	test-ci-slice test-python-forms wheels test-free-threaded typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
 
-# backends/_carried*.c and the sources of setup.py's COMPILED (Cython) are compiled by the install: a change
+# The sources of setup.py's COMPILED (Cython) are compiled by the install: a change
 # to them installs again.
-$(STAMP): pyproject.toml setup.py collectives/callpath.py collectives/callpath.pxd collectives/host_views.py $(wildcard backends/_carried*.[ch])
+$(STAMP): pyproject.toml setup.py collectives/callpath.py collectives/callpath.pxd collectives/host_views.py
 	@test -n "$(PYTHON_VERSION)" || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

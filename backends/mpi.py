@@ -70,7 +70,7 @@ from .mpi_buffers import (
     hand_over,
     tensor_address,
 )
-from .mpi_carried import carried_uneven, compiled_uneven
+from .mpi_carried import carried_uneven
 from .mpi_channel import MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
 from .mpi_requests import (
     FAST_POLLS,
@@ -106,14 +106,6 @@ class MPITransport(MPIChannel):
 
     def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
         super().__init__(comm, local_rank)
-        # The uneven methods compiled where the round is (backends/_carried_uneven.c): instance
-        # attributes over this class's functions, which they run for what they do not take.
-        if self._compiled_round is not None:
-            cls = type(self)
-            if cls._all_gather_v is MPITransport._all_gather_v:
-                self._all_gather_v = compiled_uneven(self, calls.ALL_GATHER_V, self._all_gather_v)  # type: ignore[method-assign]
-            if cls._all_to_all_v is MPITransport._all_to_all_v:
-                self._all_to_all_v = compiled_uneven(self, calls.ALL_TO_ALL_V, self._all_to_all_v)  # type: ignore[method-assign]
 
     @classmethod
     def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPITransport:

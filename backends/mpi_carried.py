@@ -31,30 +31,22 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from collectives import arrays, calls, config
+from collectives import calls
 from collectives.calls import NOT_TAKEN
 from collectives.ops import ReduceOp
 from collectives.wire import FAST_BIT
 from collectives.work import Work
 
 from ._buffers import row_bytes
-from .mpi_requests import FAST_POLLS
 from .mpi_staged import (
-    LEAST_BLOCK,
-    STAGED_BYTES,
-    UNEVEN_STAGED,
-    staged_table,
     staged_uneven,
     uneven_block,
     uneven_stage,
 )
-
-if TYPE_CHECKING:
-    from ._carried import Round
 
 #: Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block.
 CARRIED = FAST_BIT
@@ -147,55 +139,14 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
         blocks = state.blocks  # (the blocks of the size the round ran with)
         each, rows = shapes.get((view.shape, blocks.strides[0])) or views(view, blocks)
         return word, make(view, root, out, each, rows)
-    compiled = channel._compiled_round
-    if compiled is None:
-        return carry
-    from ._carried import Carrier  # noqa: PLC0415  (the module that made the channel's Round)
+    return carry
 
-    # (past the block, the fast path's staged request of the shape runs in the Carrier too)
-    return Carrier(call.name, compiled, carry, NOT_TAKEN, new, local, mpi_type, avg, dtype,
-                   "" if op is None else op.value, staged_table(channel, call, dtype, op), STAGED_BYTES)
-
-
-#: The interface of backends/_carried*.c this module expects (CARRIED_VERSION there).
-COMPILED_VERSION = 11
 
 
 def compiled_module() -> Any:
-    """backends/_carried*.c's module (Round, Carrier, CheckedCarry, CheckedCounts, PointToPoint), or
-    None where it was not built (or was built from other sources: its VERSION is not
-    :data:`COMPILED_VERSION`) or ``COLLECTIVES_COMPILED=0`` turns it off."""
-    return config.compiled_extension(f"{__package__}._carried", COMPILED_VERSION)
-
-
-def compiled_uneven(channel: Any, call: Any, method: Any) -> Any:
-    """``method`` (the channel's ``_all_gather_v`` or ``_all_to_all_v``), compiled
-    (backends/_carried_uneven.c) over the channel's compiled round for synchronous calls on
-    contiguous numpy arrays and CPU tensors: :func:`carried_uneven`, else the v-collective as
-    ``MPITransport._move_bytes`` makes it."""
-    from ._carried import Uneven  # noqa: PLC0415  (the module that made the Round)
-
-    gathered, comm = call is calls.ALL_GATHER_V, channel._comm
-    blocking, nonblocking = (comm.Allgatherv, comm.Iallgatherv) if gathered else (comm.Alltoallv, comm.Ialltoallv)
-    return Uneven(channel._compiled_round, method, gathered, arrays.NUMPY, arrays.TORCH, new_result(False),
-                  new_result(True), lambda block: uneven_stage(channel, call, block), channel._staged_tables,
-                  (call, *UNEVEN_STAGED), LEAST_BLOCK, blocking, nonblocking, channel._byte)
-
-
-def compiled_round(channel: Any) -> Round | None:
-    """The channel's round, compiled (backends/_carried_round.c: ``MPIChannel._round`` and
-    ``_agree_counts`` in C), where the round gathers blocks and :func:`compiled_module` is there;
-    the channel's other compiled parts (Carrier, CheckedCarry, CheckedCounts) exist only beside it, made from the
-    same module whatever ``COLLECTIVES_COMPILED`` says later (a communicator keeps its form). It
-    runs the channel's :class:`~.mpi_round.Round` (``state``: its requests, and the views it keeps
-    in step with its own switch)."""
-    state = channel.round
-    module = channel._compiled if state.gathers else None
-    if module is None:
-        return None
-    module.bind_mpi(channel._MPI)  # (its persistent request started and tested by MPI itself, where found)
-    return module.Round(channel, state.block, state.memory, state.payloads,  # type: ignore[no-any-return]
-                        state.payload_offset, FAST_POLLS, state.small_bytes, state)
+    """The MPI backend's compiled round and carried calls: none is built at this commit (the
+    Python forms run)."""
+    return None
 
 
 Make = Callable[[Any, Any, Any, "list[Any]", Any], Any]
@@ -306,8 +257,6 @@ def carried_uneven(r: Any, channel: Any, rank: int) -> Any:
     result, got = _result(r, (sum(got_rows), *x.shape[1:]))
     if entry is not None:
         staged_uneven(channel, entry, block, _host(r), got, counts, row, rank)
-    elif channel._compiled_round is not None:  # (any C-contiguous writable buffer: got's bytes)
-        channel._compiled_round.rows_into(got, counts, row, rank)
     else:
         got, at = got.reshape(-1).view(np.uint8), 0
         for k, n in enumerate(got_rows):

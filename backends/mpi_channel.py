@@ -38,7 +38,7 @@ from collectives.transport import Transport
 from . import _float_order
 from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
 from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
-from .mpi_carried import WORD_BITS, carried_path, compiled_module, compiled_round
+from .mpi_carried import WORD_BITS, carried_path
 from .mpi_library import (
     float16_datatype,
     library_version,
@@ -146,11 +146,9 @@ class MPIChannel(Transport):
         # Whether every rank runs the running call on its fast path, as its check's round said
         # (wire.FAST_BIT; False without one): only then a staged persistent request (see _staged).
         self._everyone_fast = False
-        # backends/_carried*.c's module where it was built (None: the Python forms), and _round and
-        # _agree_counts compiled with it, where the round gathers blocks; their Python bodies
-        # below are the reference.
-        self._compiled = compiled_module()
-        self._compiled_round = compiled_round(self)
+        # The compiled round where it was built (None: the Python forms).
+        self._compiled: Any = None
+        self._compiled_round: Any = None
         warn_if_not_compiled()  # (once per process, where they were not built)
 
     @property
@@ -304,8 +302,6 @@ class MPIChannel(Transport):
         block of 56 bytes, 0.82 with the 1080 of CARRY_BYTES (MPI_Start and tests, in a loop).
         More ranks: an MPI_Allreduce (BAND) of the word. ``waiting()`` runs when the fast polls
         did not see it complete. Sets ``_everyone_fast`` (bit 63 of every rank's word)."""
-        if self._compiled_round is not None:
-            return self._compiled_round(word, waiting)
         reduced = self.round.run(word, waiting)
         self._everyone_fast = reduced < 0
         return reduced
@@ -351,9 +347,6 @@ class MPIChannel(Transport):
     def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
         """:meth:`_agree_word` with this rank's ``row`` (and ``view``, x's bytes, if given) in its
         block: every rank's row in rank order, and every rank's x where every rank carried it."""
-        compiled = self._compiled_round
-        if compiled is not None and (found := compiled.agree_counts(word, row, view)) is not None:
-            return found
         return self.round.agree_counts(word, row, view, self._round)
 
     def _tell_peers_left(self, how: int) -> None:
