@@ -318,13 +318,6 @@ class MPIChannel(Transport):
             waiting()
         self._wait(request)
 
-    def _compiled_checks(self) -> tuple[Any, Any, int] | None:
-        """backends/_carried*.c's module, the compiled round and :attr:`_uneven_bytes`, where the
-        round is compiled (see Transport._compiled_checks)."""
-        if self._compiled_round is None:
-            return None
-        return self._compiled, self._compiled_round, self._uneven_bytes
-
     @property
     def _uneven_bytes(self) -> int:  # type: ignore[override]
         """An uneven call's host x of at most this many bytes marks its word in the counts' round

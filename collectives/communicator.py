@@ -36,7 +36,7 @@ from .diagnostics import process_hooks, recorder
 from .diagnostics.recorder import END, STARTED, CallRecord, HookHandle
 from .errors import CollectiveError
 from .fault_tolerance import FaultTolerance, check_flag
-from .reliability import CallCheck, MonitoredBarrier
+from .reliability import MonitoredBarrier, call_check_for
 from .transport import Transport
 from .work import MAX_PENDING, KeptHandles, Work, deliver  # noqa: F401  (MAX_PENDING: also here)
 
@@ -94,7 +94,7 @@ class Communicator(Collectives):
         self._farewells = farewells = farewell.Farewells(transport, size)
         self._context = context = CommunicatorContext(self, transport, farewells)
         transport.attach(context, config.timeout_seconds(timeout))
-        self._call_check = call_check = CallCheck(transport, context, size)
+        self._call_check = call_check = call_check_for(transport, context, size)
         self._p2p = CheckedPointToPoint(transport, handles, self)
         self._monitored = MonitoredBarrier(transport, rank, size, handles, call_check)
         # The call path's shortcuts into its parts (one attribute read each).

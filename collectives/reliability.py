@@ -17,6 +17,7 @@ work (never the communicator).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,8 @@ from .wire import FAST_BIT, REFUSED_WORD, call_hash, check_word, words_agree
 from .work import KeptHandles, Work
 
 _clock = recorder.clock
+# (bound once: the compiled form reads it as a C int, collectives/reliability.pxd)
+_CHECKS_DEFAULT = config.CHECKS_DEFAULT
 
 #: Kinds of call whose hash a communicator keeps (a program with more forgets and hashes again).
 MAX_CALL_HASHES = 4096
@@ -40,10 +43,14 @@ MAX_CALL_HASHES = 4096
 class CallCheck:
     """Every rank makes the same collective call, checked before it moves data, on a
     communicator of ``size`` ranks over ``transport``; ``context`` is the communicator's side
-    (the running call, its exchange, what errors become)."""
+    (the running call, its exchange, what errors become).
+
+    Compiled as it stands where it was built (the module ``collectives._reliability_c``, with the
+    types of collectives/reliability.pxd: :func:`call_check` makes the communicator's); its
+    methods are the same in both forms."""
 
     __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "hashes", "carries", "fast_bit",
-                 "posts")
+                 "posts", "_kept_call", "_kept_dtype", "_kept_op", "_kept_root", "_kept_shape", "_kept_hash")
 
     def __init__(self, transport: Transport, context: CommunicatorContext, size: int) -> None:
         self._transport, self._context = transport, context
@@ -62,6 +69,14 @@ class CallCheck:
         self.first_checked = size > 1 and (level != config.CHECKS_OFF or transport._checks_by_default)
         #: The hashes of the kinds of call seen, by (call, dtype, reduce_op, root, shape) (see check).
         self.hashes: dict[tuple[Any, ...], int] = {}
+        # The kind of call hashed last and its hash (see _call_hash): a loop of one kind of call
+        # looks nothing up (a reduce op's hash is a Python function of Enum's).
+        self._kept_call: Any = None
+        self._kept_dtype: Any = None
+        self._kept_op: Any = None
+        self._kept_root: Any = None
+        self._kept_shape: Any = None
+        self._kept_hash = 0
         #: Whether an uneven call's counts travel in its check's round (see check_counts).
         self.carries = transport._counts_with_check and level == config.CHECKS_DEFAULT
         #: What a word on the fast path adds (FAST_BIT where the transport reads it).
@@ -71,18 +86,8 @@ class CallCheck:
 
     def forms(self) -> tuple[Callable[..., None], Callable[..., Any], Callable[[Request], bool]]:
         """What the call path calls for the default check: :meth:`check`, :meth:`carry` and
-        :meth:`check_counts`, or, where the transport's round is compiled (its
-        ``_compiled_checks()``: the compiled module and its round), their compiled forms with the
-        same arguments and results, made here from this check and the communicator (which they
-        read the running call's number of); the transport is handed nothing of either."""
-        compiled = self._transport._compiled_checks()
-        if compiled is None:
-            return self.check, self.carry, self.check_counts
-        module, round_, uneven_bytes = compiled
-        default = config.CHECKS_DEFAULT
-        return (module.CheckedWord(self, self._comm, round_, default, self.fast_bit),
-                module.CheckedCarry(self, self._comm, default),
-                module.CheckedCounts(self, self._comm, round_, uneven_bytes, ALL_GATHER_V))
+        :meth:`check_counts` (compiled, where this check is: see :func:`call_check`)."""
+        return self.check, self.carry, self.check_counts
 
     def check(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
               shape: tuple[int, ...], waiting: Callable[[], None] | None = None, fast: bool = False) -> None:
@@ -105,17 +110,14 @@ class CallCheck:
             if self.carries and seq != 1:
                 return  # its counts travel in its check's round (check_counts)
             dtype, shape = None, ()
-        if self.level != config.CHECKS_DEFAULT or seq == 1:
+        if self.level != _CHECKS_DEFAULT or seq == 1:
             if waiting is not None:
                 waiting()
             self.compare_fingerprints(reduce_op, root, dtype, shape)
             if self.level == config.CHECKS_OFF:
                 self._context.stop_checking()
             return
-        try:
-            h = self.hashes[call, dtype, reduce_op, root, shape]
-        except KeyError:
-            h = self._hash_call(call, reduce_op, root, dtype, shape)
+        h = self._call_hash(call, reduce_op, root, dtype, shape)
         # (the check word: wire.py's, the one place that says its format)
         reduced = self._transport._agree_word(check_word(h, seq) | (self.fast_bit if fast else 0), waiting)
         if not words_agree(reduced):
@@ -134,10 +136,7 @@ class CallCheck:
             self.check(call, reduce_op, root, dtype, shape)
             return
         shape = tuple(shape)
-        try:
-            h = self.hashes[call, dtype, reduce_op, root, shape]
-        except KeyError:
-            h = self._hash_call(call, reduce_op, root, dtype, shape)
+        h = self._call_hash(call, reduce_op, root, dtype, shape)
         self._transport._post_check(check_word(h, seq), call.name, seq, reduce_op, root, dtype, shape)
 
     def carry(self, carry: Callable[[Any, Any, Any, Any, int], tuple[int, Any]], call: Call,
@@ -148,13 +147,10 @@ class CallCheck:
         the data did not travel (the call is checked; it runs as usual)."""
         seq: int = self._comm._seq
         shape = view.shape
-        if self.level != config.CHECKS_DEFAULT or seq == 1:
+        if self.level != _CHECKS_DEFAULT or seq == 1:
             self.check(call, reduce_op, root, dtype, shape)
             return NOT_TAKEN
-        try:
-            h = self.hashes[call, dtype, reduce_op, root, shape]
-        except KeyError:
-            h = self._hash_call(call, reduce_op, root, dtype, shape)
+        h = self._call_hash(call, reduce_op, root, dtype, shape)
         reduced, result = carry(view, root, out, extra, check_word(h, seq))
         if not words_agree(reduced):
             self.disagreed(reduce_op, root, dtype, shape)
@@ -182,10 +178,7 @@ class CallCheck:
             return False
         call, x = r.call, r.x
         rest = x.shape[1:]  # (a tuple; a tensor's torch.Size is one too)
-        try:
-            h = self.hashes[call, r.dtype, None, -1, rest]
-        except KeyError:
-            h = self._hash_call(call, None, -1, r.dtype, rest)
+        h = self._call_hash(call, None, -1, r.dtype, rest)
         gathered = call is ALL_GATHER_V
         row = [int(x.shape[0])] if gathered else [int(n) for n in r.extra]
         row.append(-1 if r.out is None else int(r.out.shape[0]))
@@ -204,19 +197,33 @@ class CallCheck:
             return True
         size = len(rows)
         splits = [row[:size] for row in rows]
-        if any(row[size] != -1 and row[size] != sum(sent[rank] for sent in splits)
-               for rank, row in enumerate(rows)):
-            return False
+        for rank in range(size):  # (loops, not generators: the compiled form runs them in C)
+            if rows[rank][size] != -1:
+                total = 0
+                for sent in splits:
+                    total += sent[rank]
+                if rows[rank][size] != total:
+                    return False  # an out of the wrong rows
         r.extra, r.carried = splits, carried
         return True
 
-    def _hash_call(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
+    def _call_hash(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
                    shape: tuple[int, ...]) -> int:
-        """:func:`collectives.wire.call_hash` of a kind of call, remembered."""
-        if len(self.hashes) >= MAX_CALL_HASHES:
-            self.hashes.clear()
-        h = call_hash(call.name, reduce_op, root, dtype, tuple(shape))
-        self.hashes[call, dtype, reduce_op, root, shape] = h
+        """:func:`collectives.wire.call_hash` of a kind of call: the last one's as it was kept, else
+        from :attr:`hashes`, else hashed and remembered there (all forgotten first where it holds
+        :data:`MAX_CALL_HASHES`)."""
+        if (call is self._kept_call and dtype is self._kept_dtype and reduce_op is self._kept_op
+                and root == self._kept_root and shape == self._kept_shape):
+            return self._kept_hash
+        hashes = self.hashes
+        key = (call, dtype, reduce_op, root, shape)
+        h = hashes.get(key)
+        if h is None:
+            if len(hashes) >= MAX_CALL_HASHES:
+                hashes.clear()
+            h = hashes[key] = call_hash(call.name, reduce_op, root, dtype, tuple(shape))
+        self._kept_call, self._kept_dtype, self._kept_op, self._kept_root, self._kept_shape = key
+        self._kept_hash = h
         return h
 
     def refused(self, call: Call, x: Any, op: Any, root: Any, error: Exception, record: list[Any] | None) -> None:
@@ -286,6 +293,19 @@ class CallCheck:
             raise
         except Exception as error:
             raise context.transport_error(error) from error
+
+
+def call_check_for(transport: Transport, context: CommunicatorContext, size: int) -> CallCheck:
+    """The communicator's :class:`CallCheck` (see there), compiled where its compiled form was built
+    from this source and collectives/wire.py's (``collectives._reliability_c``, which calls
+    ``collectives._wire_c``'s check word in C) and ``COLLECTIVES_COMPILED`` leaves it on; a
+    communicator keeps the form it was made with."""
+    from . import wire  # noqa: PLC0415
+
+    module = config.compiled_extension(f"{__package__}._reliability_c", sys.modules[__name__])
+    if module is None or config.compiled_extension(f"{__package__}._wire_c", wire) is None:
+        return CallCheck(transport, context, size)
+    return module.CallCheck(transport, context, size)  # type: ignore[no-any-return]
 
 
 class MonitoredBarrier:

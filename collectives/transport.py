@@ -313,14 +313,6 @@ class Transport(abc.ABC):
     #: most (at least :attr:`_carry_bytes`; past it, x does not travel: its word is marked).
     _uneven_bytes: int = 0
 
-    def _compiled_checks(self) -> tuple[Any, Any, int] | None:
-        """Where this transport's check round is compiled: ``(module, round, uneven_bytes)``, the
-        compiled module whose ``CheckedWord``, ``CheckedCarry`` and ``CheckedCounts`` the
-        communicator's :class:`~collectives.reliability.CallCheck` makes its compiled forms from
-        (:meth:`~collectives.reliability.CallCheck.forms`), the round they run and
-        :attr:`_uneven_bytes`; ``None`` (the default): the Python forms."""
-        return None
-
     #: Whether the default check's words mark the ranks on the fast path (``wire.FAST_BIT``):
     #: :meth:`_agree_word` then gets words with bit 63 set, and may learn that every rank runs
     #: the call on its fast path.

@@ -171,9 +171,8 @@ def check_word(call_hash: int, seq: int) -> int:
     its sequence number in the high half, its complement in the low half (a non-negative
     int64). The BAND of every rank's word passes :func:`words_agree` exactly when every
     rank's ``h`` is the same: a bit where two ranks differ is 0 in both halves. The one
-    definition of the word's format, with :func:`words_agree` (the compiled check,
-    backends/_carried_check.c, mirrors both; tests/collective_calls/test_carried.py compares its
-    word with this one)."""
+    definition of the word's format, with :func:`words_agree` (compiled from this source with the
+    types of collectives/wire.pxd, where the compiled checks call both in C)."""
     h = (call_hash ^ seq) & 0x7FFFFFFF
     return (h << 32) | (h ^ _LOW)
 
