@@ -28,7 +28,8 @@ from setuptools.command.build_ext import build_ext
 COMPILED = {"collectives._callpath_c": "collectives/callpath.py",
             "collectives._host_views_c": "collectives/host_views.py",
             "collectives._wire_c": "collectives/wire.py",
-            "collectives._reliability_c": "collectives/reliability.py"}
+            "collectives._reliability_c": "collectives/reliability.py",
+            "collectives.backends._p2p_c": "backends/mpi_p2p.py"}
 
 #: The compiled modules that are safe without the GIL (Cython's freethreading_compatible); the
 #: others ask for the GIL on a free-threaded interpreter.

@@ -72,10 +72,8 @@ from .mpi_buffers import (
 )
 from .mpi_carried import carried_uneven
 from .mpi_channel import MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
-from .mpi_requests import (
-    FAST_POLLS,
-    _Request,
-)
+from .mpi_p2p import point_to_point_class, short_message
+from .mpi_requests import _Request
 from .mpi_staged import staged_or, staged_table
 
 #: Elements per MPI call: MPI counts are C ints unless the library has large counts.
@@ -106,6 +104,8 @@ class MPITransport(MPIChannel):
 
     def __init__(self, comm: Any = None, local_rank: int | None = None) -> None:
         super().__init__(comm, local_rank)
+        # send's and recv's fast paths, compiled where they were built (a transport keeps its form).
+        self._point_to_point = point_to_point_class()
 
     @classmethod
     def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPITransport:
@@ -246,49 +246,9 @@ class MPITransport(MPIChannel):
             result_shape=lambda shape: shape[1:], new=new)
 
     def _fast_point_to_point(self, call: Any, dtype: str) -> Callable[[Any, Any, Any, Any], Any]:
-        """send's and recv's fast paths (see _fast_path): the blocking call on x's memory;
-        a recv whose message is shorter than x raises (MPI refuses a longer one)."""
-        comm, most, byte = self._comm, MAX_COUNT, self._byte
-        if call is calls.SEND:
-            send_to, start_send, one_call = comm.Send, comm.Isend, self._call
-
-            def send(buf: Any, dst: Any, out: Any, tag: Any) -> Any:
-                if buf.nbytes <= most:
-                    one_call(send_to, start_send, [buf, byte], dst, tag)
-                    return None
-                return NOT_TAKEN
-            return self._compiled_p2p(send, start_send, None, dtype)
-        start_recv, status = comm.Irecv, self._MPI.Status()
-        complete, context = self._complete_request, self.context
-
-        def recv(buf: Any, src: Any, out: Any, tag: Any) -> Any:
-            if buf.nbytes > most:
-                return NOT_TAKEN
-            request = start_recv([buf, byte], src, tag)
-            test = request.Test
-            for _ in range(FAST_POLLS):  # (a message a moment behind: no _wait frame)
-                if test(status):
-                    break
-            else:
-                complete(request, context.call, status)
-            got = status.Get_count(byte)
-            if got != buf.nbytes:
-                raise _short_message(src, tag, got, buf.nbytes, buf.shape, dtype)
-            return buf
-        return self._compiled_p2p(recv, start_recv, status, dtype)
-
-    def _compiled_p2p(self, python: Any, start: Any, status: Any, dtype: str) -> Callable[[Any, Any, Any, Any], Any]:
-        """``python`` (send's fast path, or recv's with its ``status``) compiled
-        (backends/_carried_p2p.c), under a timeout, where the module was built and this class
-        completes requests as MPITransport does."""
-        module = self._compiled
-        if module is None or type(self)._call is not MPITransport._call:
-            return python  # type: ignore[no-any-return]
-
-        def short_message(src: int, tag: int, got: int, holds: int, shape: Any) -> ValueError:
-            return _short_message(src, tag, got, holds, shape, dtype)
-        return module.PointToPoint(  # type: ignore[no-any-return]
-            status is not None, start, self._byte, self, status, python, short_message, MAX_COUNT, FAST_POLLS)
+        """send's and recv's fast paths (see _fast_path): backends/mpi_p2p.py's
+        :class:`~.mpi_p2p.PointToPoint` on x's memory, in this transport's form."""
+        return self._point_to_point(self, call is calls.RECV, dtype, MAX_COUNT).run
 
     def _all_reduce(self, r: Request) -> Any:
         x, adapter, dtype, op, async_op = r.x, r.adapter, r.dtype, r.op, r.async_op
@@ -468,7 +428,7 @@ class MPITransport(MPIChannel):
             # MPI refuses a longer message (MPI_ERR_TRUNCATE) but takes a shorter one.
             got, holds = status.Get_count(self._byte), len(data)
             if got != holds:
-                raise _short_message(sender, tag, got, holds, x.shape, dtype)
+                raise short_message(sender, tag, got, holds, x.shape, dtype)
             if writeback is not None:
                 writeback()
 
@@ -527,12 +487,6 @@ _NUMPY = arrays.NUMPY
 
 #: The byte-moving collectives of even shapes with a fast path, and MPI's name of each.
 _MOVES = {calls.ALL_GATHER: "Allgather", calls.GATHER: "Gather", calls.SCATTER: "Scatter", calls.ALL_TO_ALL: "Alltoall"}
-
-
-def _short_message(src: int, tag: int, got: int, holds: int, shape: Any, dtype: str) -> ValueError:
-    """A recv's error for a message shorter than x (MPI refuses a longer one: MPI_ERR_TRUNCATE)."""
-    return ValueError(f"recv from rank {src} (tag {tag}) got {got} bytes, but x holds {holds} (shape "
-                      f"{tuple(shape)}, {dtype}): the sender's array has another shape or dtype")
 
 
 def _new_numpy(buf: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:
