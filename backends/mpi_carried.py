@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives import calls
+from collectives import calls, config
 from collectives.calls import NOT_TAKEN
 from collectives.ops import ReduceOp
 from collectives.wire import FAST_BIT
@@ -144,9 +144,12 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
 
 
 def compiled_module() -> Any:
-    """The MPI backend's compiled round and carried calls: none is built at this commit (the
-    Python forms run)."""
-    return None
+    """The compiled round (backends/mpi_round.py compiled: ``collectives.backends._round_c``), or
+    None where it was not built (or from another version of the file) or ``COLLECTIVES_COMPILED=0``
+    turns it off."""
+    from . import mpi_round  # noqa: PLC0415  (it imports this module's constants)
+
+    return config.compiled_extension(f"{__package__}._round_c", mpi_round)
 
 
 Make = Callable[[Any, Any, Any, "list[Any]", Any], Any]
