@@ -27,7 +27,8 @@ from setuptools.command.build_ext import build_ext
 #: that runs as Python (its twin, importable beside it).
 COMPILED = {"collectives._callpath_c": "collectives/callpath.py",
             "collectives._host_views_c": "collectives/host_views.py",
-            "collectives.backends._round_c": "backends/mpi_round.py"}
+            "collectives.backends._round_c": "backends/mpi_round.py",
+            "collectives.backends._carried_c": "backends/mpi_carried.py"}
 
 #: The compiled modules that are safe without the GIL (Cython's freethreading_compatible); the
 #: others ask for the GIL on a free-threaded interpreter.

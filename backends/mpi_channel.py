@@ -38,7 +38,7 @@ from collectives.transport import Transport
 from . import _float_order
 from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
 from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
-from .mpi_carried import WORD_BITS, carried_path, compiled_module
+from .mpi_carried import WORD_BITS, carried_path, compiled_carrier, compiled_module
 from .mpi_library import (
     float16_datatype,
     library_version,
@@ -150,6 +150,9 @@ class MPIChannel(Transport):
         # The compiled round where it was built (None: the Python forms).
         self._compiled: Any = None
         self._compiled_round: Any = None if compiled is None else self.round
+        # (the carried calls compiled beside it: backends/mpi_carried.py's Carrier in C)
+        carrier = None if compiled is None else compiled_carrier()
+        self._carried_path_of = carried_path if carrier is None else carrier.carried_path
         warn_if_not_compiled()  # (once per process, where they were not built)
 
     @property
@@ -347,7 +350,7 @@ class MPIChannel(Transport):
 
     def _carried_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
                       reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:
-        return carried_path(self, call, dtype, reduce_op, adapter is not arrays.NUMPY)
+        return self._carried_path_of(self, call, dtype, reduce_op, adapter is not arrays.NUMPY)
 
     def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
         """:meth:`_agree_word` with this rank's ``row`` (and ``view``, x's bytes, if given) in its
