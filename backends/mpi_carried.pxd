@@ -22,9 +22,24 @@ cdef class Carrier:
     cdef public bint held
     cdef Py_buffer x
 
+    @cython.locals(n=Py_ssize_t, reduced=int64_t)
     cpdef tuple run(self, object view, object root, object out, object extra, int64_t word)
     cpdef place_numpy(self, object view)
     cpdef made_numpy(self, object view, object root, object out)
+
+
+cdef extern from "<stdint.h>":
+    const int64_t INT64_MIN, INT64_MAX
+
+
+cdef inline int64_t marked(int64_t word) noexcept:
+    """``word`` with bit 63 (mpi_carried.CARRIED): this rank's x travels in its block."""
+    return word | INT64_MIN
+
+
+cdef inline int64_t unmarked(int64_t word) noexcept:
+    """``word`` less bit 63 (mpi_carried.WORD_BITS)."""
+    return word & INT64_MAX
 
 
 # The kinds (mpi_carried.KINDS).

@@ -152,12 +152,12 @@ class Carrier:
         try:
             round_.wants(n)
             if n > round_.carry_bytes:
-                return round_.run(word | CARRIED) & WORD_BITS, NOT_TAKEN
+                return unmarked(round_.run(marked(word))), NOT_TAKEN
             if not self.on_root or root == self.rank:
                 place(self, view)
-            reduced = round_.run(word | CARRIED)
-            if reduced >= 0 or reduced & WORD_BITS != word:  # a rank did not carry, or another call
-                return reduced & WORD_BITS, NOT_TAKEN
+            reduced = round_.run(marked(word))
+            if reduced >= 0 or unmarked(reduced) != word:  # a rank did not carry, or another call
+                return unmarked(reduced), NOT_TAKEN
             return word, made(self, view, root, out)
         finally:
             release(self)
@@ -188,6 +188,14 @@ class Carrier:
 
 
 if not cython.compiled:  # the Python form of mpi_carried.pxd's C helpers
+    def marked(word: int) -> int:
+        """``word`` with bit 63 (:data:`CARRIED`): this rank's x travels in its block."""
+        return word | CARRIED
+
+    def unmarked(word: int) -> int:
+        """``word`` less bit 63."""
+        return word & WORD_BITS
+
     def hold(c: Carrier, view: Any) -> int:
         """x's bytes (the compiled form holds its buffer)."""
         return int(view.nbytes)

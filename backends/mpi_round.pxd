@@ -59,6 +59,7 @@ cdef class Round:
     cdef void *handle
     cdef void *staged_handle
 
+    @cython.locals(done=bint, switching=bint, everyone=bint, reduced=int64_t)
     cpdef int64_t run(self, int64_t word, object waiting=*) except? -1
     cpdef void wants(self, Py_ssize_t nbytes) noexcept
     cpdef set_row(self, Py_ssize_t i, int64_t value)
