@@ -43,6 +43,8 @@ from collectives.work import Work
 
 from ._buffers import row_bytes
 from .mpi_staged import (
+    STAGED_BYTES,
+    staged_table,
     staged_uneven,
     uneven_block,
     uneven_stage,
@@ -111,7 +113,9 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
         if spec is None:
             return None
         mpi_type, local = spec[0], spec[1].Reduce_local
-    return Carrier(state, call, dtype, op, tensors, mpi_type, local).run
+    carrier = Carrier(state, call, dtype, op, tensors, mpi_type, local)
+    carrier.channel, carrier.staged = channel, staged_table(channel, call, dtype, op)
+    return carrier.run
 
 
 class Carrier:
@@ -141,6 +145,12 @@ class Carrier:
         self.places: dict[Any, Any] = {}
         self.shapes: dict[Any, tuple[list[Any], Any]] = {}
         self.held = False
+        #: Whether the call has a root; the channel and its table of staged requests of this kind
+        #: of call (None: it keeps none), the most bytes of x they take (see :func:`staged_call`).
+        self.rooted = call in (calls.REDUCE, calls.BROADCAST, calls.GATHER, calls.SCATTER)
+        self.channel: Any = None
+        self.staged: dict[Any, tuple[Any, Any]] | None = None
+        self.staged_bytes = STAGED_BYTES
 
     def run(self, view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]:
         """The call carried in the round about to run (the payload every rank's alike, see
@@ -151,8 +161,11 @@ class Carrier:
         n = hold(self, view)
         try:
             round_.wants(n)
-            if n > round_.carry_bytes:
-                return unmarked(round_.run(marked(word))), NOT_TAKEN
+            if n > round_.carry_bytes:  # the round of the word alone (every rank of this call: x this size)
+                reduced = round_.run(marked(word))
+                if reduced >= 0 or unmarked(reduced) != word:
+                    return unmarked(reduced), NOT_TAKEN
+                return word, staged_call(self, view, root, out)
             if not self.on_root or root == self.rank:
                 place(self, view)
             reduced = round_.run(marked(word))
@@ -210,6 +223,12 @@ if not cython.compiled:  # the Python form of mpi_carried.pxd's C helpers
     def made(c: Carrier, view: Any, root: Any, out: Any) -> Any:
         """The call's result from every rank's x."""
         return c.made_numpy(view, root, out)
+
+    def staged_call(c: Carrier, view: Any, root: Any, out: Any) -> Any:
+        """A call past the payload whose round said every rank runs it on its fast path: NOT_TAKEN,
+        the fast path runs its staged request (mpi_staged.staged_or). The compiled form runs the
+        same request here where the fast path made it (the same MPI calls, without its frames)."""
+        return NOT_TAKEN
 
 
 def compiled_module() -> Any:
