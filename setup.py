@@ -29,7 +29,9 @@ COMPILED = {"collectives._callpath_c": "collectives/callpath.py",
             "collectives._host_views_c": "collectives/host_views.py",
             "collectives._wire_c": "collectives/wire.py",
             "collectives._reliability_c": "collectives/reliability.py",
-            "collectives.backends._p2p_c": "backends/mpi_p2p.py"}
+            "collectives.backends._p2p_c": "backends/mpi_p2p.py",
+            "collectives.backends._round_c": "backends/mpi_round.py",
+            "collectives.backends._carried_c": "backends/mpi_carried.py"}
 
 #: The compiled modules that are safe without the GIL (Cython's freethreading_compatible); the
 #: others ask for the GIL on a free-threaded interpreter.
@@ -75,10 +77,10 @@ class BuildExt(build_ext):
                 print("warning: Cython is not installed: the compiled forms are not built (the Python runs)")
                 self.extensions = [ext for ext in self.extensions if ext.name not in COMPILED]
             else:
-                # (every copy first: a .pxd that cimports another compiled module's finds it)
+                # every copy first: a .pxd cimports another module's by its compiled name
+                copies = {ext.name: generated_source(ext.name, COMPILED[ext.name]) for ext in compiled}
                 for ext in compiled:
-                    ext.sources = [generated_source(ext.name, COMPILED[ext.name])]
-                for ext in compiled:
+                    ext.sources = [copies[ext.name]]
                     # annotation_typing off: the sources' annotations are for mypy; Cython would
                     # enforce `x: int` with errors of its own (the argument checks are the library's)
                     directives = {"language_level": 3, "binding": True, "annotation_typing": False,
