@@ -16,6 +16,7 @@ Set COLLECTIVES_COMPILED=0 to count the Python forms.
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import os
 import re
@@ -35,6 +36,7 @@ CASES = [
     ("gather", "comm.gather(x8, 0)"),
     ("scatter", "comm.scatter(rows, 0)"),
     ("all_to_all", "comm.all_to_all(x16)"),
+    ("send", "comm.send(x8, 1) if comm.rank == 0 else comm.recv(x8, 0)"),  # (rank 0 sends, rank 1 receives)
 ]
 #: The MPI library's functions of the round's polls (MPICH names them PMPI_*, the weak MPI_* alike).
 POLLS = re.compile(r"^\s*([\d,]+) \([ \d.]+%\)\s+\S*:P?MPI_(?:Start|Test) \[")
@@ -52,6 +54,8 @@ def child(calls: int, cases: list[str], array: str) -> None:
 
         x8, x4k, x16, rows = (torch.from_numpy(a) for a in (x8, x4k, x16, rows))
     names = {"comm": comm, "x8": x8, "x4k": x4k, "x16": x16, "rows": rows}
+    gc.collect()
+    gc.freeze()  # (as host_cost: a full collection in one loop does not add its walk of the heap to it)
     run_loops([statement for name, statement in CASES if name in cases], names, calls)
     comm.close()
 
