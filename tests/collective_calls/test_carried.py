@@ -532,25 +532,29 @@ def test_past_counts_ranks_the_one_word_check_keeps_mixed_routes_right(world):
                 assert got[:4] == [total] * 4 and len(set(got)) == 1, (name, got[:4])
 
 
-def test_the_compiled_module_is_built_and_its_check_word_is_wires(monkeypatch):
-    """The test set-up builds backends/_carried*.c; its word is wire.check_word's (the call path's
-    CallCheck.carry runs compiled as CheckedCarry), over hashes of every width and sequence
-    numbers past 31 bits; COLLECTIVES_COMPILED=0 turns the module off."""
-    from collectives.backends.mpi_carried import compiled_module
-
-    from collectives.wire import call_hash, check_word
+def test_the_compiled_check_word_is_wires(monkeypatch):
+    """The test set-up builds collectives/wire.py compiled (collectives._wire_c, whose check_word and
+    words_agree the compiled CallCheck calls in C): its word is the Python form's over hashes of
+    every width and sequence numbers past 31 bits, and so is its verdict over words with and
+    without bit 63; COLLECTIVES_COMPILED=0 turns the module off."""
+    from collectives import config, wire
 
     monkeypatch.setenv(COMPILED, "1")  # (whatever the caller's environment says)
-    module = compiled_module()
-    assert module is not None, "backends/_carried*.c was not built (or is stale): reinstall the checkout"
+    module = config.compiled_extension("collectives._wire_c", wire)
+    assert module is not None, "collectives/wire.py was not compiled (or is stale): reinstall the checkout"
     rng = np.random.default_rng(3)
-    hashes = [call_hash("all_reduce", None, -1, "float32", (n,)) for n in range(50)]
+    hashes = [wire.call_hash("all_reduce", None, -1, "float32", (n,)) for n in range(50)]
     hashes += [int(h) for h in rng.integers(0, 2**63, 200, dtype=np.int64)] + [0, 2**31 - 1, 2**31, 2**64 - 1]
     seqs = [1, 2, 2**31 - 1, 2**31, 2**40 + 5] + [int(s) for s in rng.integers(1, 2**62, 50, dtype=np.int64)]
-    wrong = [(h, s) for h in hashes for s in seqs if module.check_word(h, s) != check_word(h, s)]
+    wrong = [(h, s) for h in hashes for s in seqs if module.check_word(h, s) != wire.check_word(h, s)]
     assert wrong == []
+    words = [wire.check_word(h, s) for h in hashes[:20] for s in seqs[:5]]
+    reduced = words + [w & v for w, v in zip(words, words[1:])] + [w | wire.FAST_BIT for w in words]
+    reduced += [int(r) for r in rng.integers(-2**63, 2**63 - 1, 500, dtype=np.int64)] + [-1, 0, wire.FAST_BIT]
+    assert [module.words_agree(r) for r in reduced] == [wire.words_agree(r) for r in reduced]
+    assert sum(wire.words_agree(r) for r in reduced) > len(words)  # (both verdicts among them)
     monkeypatch.setenv(COMPILED, "0")
-    assert compiled_module() is None
+    assert config.compiled_extension("collectives._wire_c", wire) is None
 
 
 def direct_job(comm):
@@ -573,7 +577,7 @@ def direct_job(comm):
             found[direct] = (small.tolist(), float(large.sum()), counts, got[:, 0].tolist(), b.tolist(),
                              everyone_carried(sub))
         sub.barrier()  # (its check: CallCheck.check compiled)
-        return was_direct, type(sub._check_call).__name__, found
+        return was_direct, type(sub._call_check).__module__, found
 
 
 @WORLDS
@@ -582,7 +586,7 @@ def test_the_round_started_by_mpi_itself_gives_what_mpi4pys_calls_give(world):
     rows = sum(([float(r)] * (r + 1) for r in range(world.size)), [])
     for was_direct, check, found in world.run(direct_job, timeout=120):
         assert was_direct  # (every MPI of the test beds: MPI_Start and MPI_Test in mpi4py's library)
-        assert check == "CheckedWord"
+        assert check == "collectives._reliability_c"  # (CallCheck compiled)
         assert found[True] == found[False] == (
             [total] * 3, total * 2 * CARRY_BYTES // 8, list(range(1, world.size + 1)), rows,
             [float(world.size - 1)] * 2, True)
