@@ -155,6 +155,10 @@ cdef inline void bind_memory(Round r) except *:
     r.memory_at = <char *><size_t>r.memory.ctypes.data if r.memory is not None else NULL
 
 
+cdef inline bint made(Round r) noexcept:
+    return r.block_at != NULL
+
+
 cdef inline void put(Round r, Py_ssize_t slot, int64_t value) noexcept:
     (<int64_t *>r.block_at)[slot] = value
 
