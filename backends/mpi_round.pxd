@@ -228,7 +228,7 @@ cdef inline int start_direct(Round r, object request, bint staged) except -1:
     cdef void *handle
     cdef int code, flag = 0, i
     cdef char status[STATUS_ROOM]
-    if not r.direct:
+    if not r.direct or r.mpi_start == NULL:  # (direct set where bind_mpi found none: mpi4py's)
         request.Start()
         test = request.Test
         for i in range(r.polls):
