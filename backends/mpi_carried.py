@@ -158,6 +158,8 @@ class Carrier:
         the payload (the round of the word alone: every rank of this call has x of this size),
         a rank did not carry, or the ranks made different calls."""
         round_ = self.round
+        if round_ is None:
+            raise RuntimeError("a Carrier is made by carried_path")
         n = hold(self, view)
         try:
             round_.wants(n)
@@ -229,15 +231,6 @@ if not cython.compiled:  # the Python form of mpi_carried.pxd's C helpers
         the fast path runs its staged request (mpi_staged.staged_or). The compiled form runs the
         same request here where the fast path made it (the same MPI calls, without its frames)."""
         return NOT_TAKEN
-
-
-def compiled_module() -> Any:
-    """The compiled round (backends/mpi_round.py compiled: ``collectives.backends._round_c``), or
-    None where it was not built (or from another version of the file) or ``COLLECTIVES_COMPILED=0``
-    turns it off."""
-    from . import mpi_round  # noqa: PLC0415  (it imports this module's constants)
-
-    return config.compiled_extension(f"{__package__}._round_c", mpi_round)
 
 
 def compiled_carrier() -> Any:
