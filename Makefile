@@ -34,7 +34,8 @@ PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PI
 
 # The sources of setup.py's COMPILED (Cython) are compiled by the install: a change
 # to them installs again.
-$(STAMP): pyproject.toml setup.py collectives/callpath.py collectives/callpath.pxd collectives/host_views.py
+$(STAMP): pyproject.toml setup.py collectives/callpath.py collectives/callpath.pxd collectives/host_views.py \
+	backends/mpi_uneven.py backends/mpi_uneven.pxd
 	@test -n "$(PYTHON_VERSION)" || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

@@ -26,7 +26,8 @@ from setuptools.command.build_ext import build_ext
 #: The compiled forms: the compiled module's import name -> its source, a module of the library
 #: that runs as Python (its twin, importable beside it).
 COMPILED = {"collectives._callpath_c": "collectives/callpath.py",
-            "collectives._host_views_c": "collectives/host_views.py"}
+            "collectives._host_views_c": "collectives/host_views.py",
+            "collectives.backends._uneven_c": "backends/mpi_uneven.py"}
 
 #: The compiled modules that are safe without the GIL (Cython's freethreading_compatible); the
 #: others ask for the GIL on a free-threaded interpreter.

@@ -1,0 +1,149 @@
+# The types of backends/mpi_uneven.py's compiled form (collectives.backends._uneven_c, setup.py's
+# COMPILED): Cython reads this file beside the .py it compiles; the Python form never does. The
+# counts are C integers here, and the byte copies (the .py's Python forms of host_row, payload_room,
+# payload_rows, stage_in, stage_out) memcpy between the buffers' memory.
+
+cimport cython
+from cpython.buffer cimport (
+    PyBUF_C_CONTIGUOUS,
+    PyBUF_STRIDES,
+    PyBUF_WRITABLE,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from libc.string cimport memcpy
+
+
+cdef class Uneven:
+    cdef readonly object channel, call, method
+    cdef readonly bint gathered
+    cdef readonly Py_ssize_t size, rank
+    cdef object numpy_adapter, torch_adapter, tables, kind, blocking, nonblocking, byte, start, empty
+    # the running call's counts (see read): per rank, and the most and the total
+    cdef Py_ssize_t sent[64]
+    cdef Py_ssize_t got[64]
+    cdef Py_ssize_t skip[64]
+    cdef Py_ssize_t mine[64]
+    cdef Py_ssize_t most_sent, most_block, total
+
+    @cython.locals(counts=list, entry=object, block=Py_ssize_t)
+    cdef rows(self, r, view, Py_ssize_t row, carried, int kind)
+    @cython.locals(size=Py_ssize_t, rank=Py_ssize_t, k=Py_ssize_t, j=Py_ssize_t, n=Py_ssize_t,
+                   every=Py_ssize_t, splits=list)
+    cdef int read(self, list counts) except -1
+    cdef stage_of(self, Py_ssize_t block)
+    cdef tuple new(self, r, view, tuple shape, int kind)
+    @cython.locals(size=Py_ssize_t, k=Py_ssize_t, n=Py_ssize_t, gets=list, sends=list, send=list)
+    cdef bint plain(self, view, got, Py_ssize_t row) except -1
+
+
+cdef inline Py_ssize_t host_row(object view) except -2:
+    """The bytes of a row of ``view``, -1 where it is not one C-contiguous buffer."""
+    cdef Py_buffer b
+    cdef Py_ssize_t row
+    cdef int d
+    try:
+        PyObject_GetBuffer(view, &b, PyBUF_C_CONTIGUOUS)
+    except (BufferError, TypeError, ValueError):
+        return -1
+    if b.ndim < 1:
+        PyBuffer_Release(&b)
+        raise ValueError("an uneven call's x has rows")
+    row = b.itemsize
+    for d in range(1, b.ndim):
+        row *= b.shape[d]
+    PyBuffer_Release(&b)
+    return row
+
+
+cdef inline Py_ssize_t payload_room(object carried) except -1:
+    """The bytes of a payload of the round's blocks (``carried``: every rank's, one row each)."""
+    cdef Py_buffer b
+    cdef Py_ssize_t room
+    PyObject_GetBuffer(carried, &b, PyBUF_STRIDES)
+    room = b.shape[1] if b.ndim == 2 else -1
+    PyBuffer_Release(&b)
+    if room < 0:
+        raise ValueError("the round's payloads are one row per rank")
+    return room
+
+
+cdef inline int payload_rows(Uneven uneven, object carried, object got, Py_ssize_t row) except -1:
+    """Every rank's rows for this one out of the round's payloads, back to back into ``got``."""
+    cdef Py_buffer payloads, into
+    cdef Py_ssize_t k, n, start, at = 0
+    PyObject_GetBuffer(carried, &payloads, PyBUF_STRIDES)
+    try:
+        PyObject_GetBuffer(got, &into, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+    except BaseException:
+        PyBuffer_Release(&payloads)
+        raise
+    try:
+        if payloads.ndim != 2 or payloads.shape[0] < uneven.size:
+            raise ValueError("the round's payloads are one row per rank")
+        for k in range(uneven.size):
+            n, start = uneven.got[k] * row, uneven.skip[k] * row
+            if start + n > payloads.shape[1] or at + n > into.len:
+                raise ValueError("the rows are past the payload or the result")
+            memcpy(<char *>into.buf + at, <char *>payloads.buf + k * payloads.strides[0] + start, n)
+            at += n
+    finally:
+        PyBuffer_Release(&into)
+        PyBuffer_Release(&payloads)
+    return 0
+
+
+cdef inline Py_ssize_t stage_in(Uneven uneven, object stage, object view, Py_ssize_t block,
+                                Py_ssize_t row) except -1:
+    """x's rows into the staging array's blocks; the bytes this rank sends."""
+    cdef Py_buffer staged, data
+    cdef Py_ssize_t j, n, at = 0
+    cdef Py_ssize_t sends = block if uneven.gathered else uneven.size * block
+    PyObject_GetBuffer(stage, &staged, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+    try:
+        PyObject_GetBuffer(view, &data, PyBUF_C_CONTIGUOUS)
+    except BaseException:
+        PyBuffer_Release(&staged)
+        raise
+    try:
+        if sends + uneven.size * block > staged.len:
+            raise ValueError("the blocks are past the staging array")
+        if uneven.gathered:
+            if data.len > block:
+                raise ValueError("the rows are past a block")
+            memcpy(staged.buf, data.buf, data.len)
+        else:
+            for j in range(uneven.size):
+                n = uneven.mine[j] * row
+                if n > block or at + n > data.len:
+                    raise ValueError("the rows are past a block or x")
+                memcpy(<char *>staged.buf + j * block, <char *>data.buf + at, n)
+                at += n
+    finally:
+        PyBuffer_Release(&data)
+        PyBuffer_Release(&staged)
+    return sends
+
+
+cdef inline int stage_out(Uneven uneven, object stage, Py_ssize_t sends, Py_ssize_t block, object got,
+                          Py_ssize_t row) except -1:
+    """Every rank's rows for this one out of the blocks it got, back to back into ``got``."""
+    cdef Py_buffer staged, into
+    cdef Py_ssize_t k, n, at = 0
+    PyObject_GetBuffer(stage, &staged, PyBUF_C_CONTIGUOUS)
+    try:
+        PyObject_GetBuffer(got, &into, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+    except BaseException:
+        PyBuffer_Release(&staged)
+        raise
+    try:
+        for k in range(uneven.size):
+            n = uneven.got[k] * row
+            if n > block or sends + k * block + n > staged.len or at + n > into.len:
+                raise ValueError("the rows are past a block or the result")
+            memcpy(<char *>into.buf + at, <char *>staged.buf + sends + k * block, n)
+            at += n
+    finally:
+        PyBuffer_Release(&into)
+        PyBuffer_Release(&staged)
+    return 0
