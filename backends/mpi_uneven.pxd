@@ -25,6 +25,11 @@ cdef class Uneven:
     cdef Py_ssize_t skip[64]
     cdef Py_ssize_t mine[64]
     cdef Py_ssize_t most_sent, most_block, total
+    cdef int ndim
+    # the round's payloads last read: where they lie, a payload's bytes and the stride between two
+    cdef object payloads
+    cdef const char *payloads_at
+    cdef Py_ssize_t room, stride
 
     @cython.locals(counts=list, entry=object, block=Py_ssize_t)
     cdef rows(self, r, view, Py_ssize_t row, carried, int kind)
@@ -37,8 +42,9 @@ cdef class Uneven:
     cdef bint plain(self, view, got, Py_ssize_t row) except -1
 
 
-cdef inline Py_ssize_t host_row(object view) except -2:
-    """The bytes of a row of ``view``, -1 where it is not one C-contiguous buffer."""
+cdef inline Py_ssize_t host_row(Uneven uneven, object view) except -2:
+    """The bytes of a row of ``view``, -1 where it is not one C-contiguous buffer; its dimensions
+    in ``uneven.ndim``."""
     cdef Py_buffer b
     cdef Py_ssize_t row
     cdef int d
@@ -49,6 +55,7 @@ cdef inline Py_ssize_t host_row(object view) except -2:
     if b.ndim < 1:
         PyBuffer_Release(&b)
         raise ValueError("an uneven call's x has rows")
+    uneven.ndim = b.ndim
     row = b.itemsize
     for d in range(1, b.ndim):
         row *= b.shape[d]
@@ -56,40 +63,38 @@ cdef inline Py_ssize_t host_row(object view) except -2:
     return row
 
 
-cdef inline Py_ssize_t payload_room(object carried) except -1:
-    """The bytes of a payload of the round's blocks (``carried``: every rank's, one row each)."""
+cdef inline Py_ssize_t payload_room(Uneven uneven, object carried) except -1:
+    """The bytes of a payload of the round's blocks (``carried``: every rank's, one row each),
+    kept with where they lie (the round's views of its memory outlive calls; kept, they stay)."""
     cdef Py_buffer b
-    cdef Py_ssize_t room
+    if carried is uneven.payloads:
+        return uneven.room
     PyObject_GetBuffer(carried, &b, PyBUF_STRIDES)
-    room = b.shape[1] if b.ndim == 2 else -1
-    PyBuffer_Release(&b)
-    if room < 0:
-        raise ValueError("the round's payloads are one row per rank")
-    return room
+    try:
+        if b.ndim != 2 or b.shape[0] < uneven.size:
+            raise ValueError("the round's payloads are one row per rank")
+        uneven.payloads_at, uneven.room, uneven.stride = <const char *>b.buf, b.shape[1], b.strides[0]
+        uneven.payloads = carried
+    finally:
+        PyBuffer_Release(&b)
+    return uneven.room
 
 
 cdef inline int payload_rows(Uneven uneven, object carried, object got, Py_ssize_t row) except -1:
     """Every rank's rows for this one out of the round's payloads, back to back into ``got``."""
-    cdef Py_buffer payloads, into
+    cdef Py_buffer into
     cdef Py_ssize_t k, n, start, at = 0
-    PyObject_GetBuffer(carried, &payloads, PyBUF_STRIDES)
+    cdef Py_ssize_t room = payload_room(uneven, carried)
+    PyObject_GetBuffer(got, &into, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
     try:
-        PyObject_GetBuffer(got, &into, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
-    except BaseException:
-        PyBuffer_Release(&payloads)
-        raise
-    try:
-        if payloads.ndim != 2 or payloads.shape[0] < uneven.size:
-            raise ValueError("the round's payloads are one row per rank")
         for k in range(uneven.size):
             n, start = uneven.got[k] * row, uneven.skip[k] * row
-            if start + n > payloads.shape[1] or at + n > into.len:
+            if start + n > room or at + n > into.len:
                 raise ValueError("the rows are past the payload or the result")
-            memcpy(<char *>into.buf + at, <char *>payloads.buf + k * payloads.strides[0] + start, n)
+            memcpy(<char *>into.buf + at, uneven.payloads_at + k * uneven.stride + start, n)
             at += n
     finally:
         PyBuffer_Release(&into)
-        PyBuffer_Release(&payloads)
     return 0
 
 

@@ -69,6 +69,11 @@ class Uneven:
         if not cython.compiled:  # (compiled: C arrays of MOST_RANKS)
             self.sent, self.got, self.skip, self.mine = [0] * size, [0] * size, [0] * size, [0] * size
         self.most_sent = self.most_block = self.total = 0
+        #: x's dimensions (host_row: of the running call's x).
+        self.ndim = 0
+        #: The round's payloads last read (``r.carried``) and their bytes each (payload_room).
+        self.payloads: Any = None
+        self.room = 0
 
     def __call__(self, r: Any) -> Any:
         adapter, carried = r.adapter, r.carried
@@ -76,7 +81,7 @@ class Uneven:
             if carried is None:
                 return self.method(r)
             view = r.view if r.view is not None else adapter.host_view(r.x, False)
-            row = -1 if view is None else host_row(view)
+            row = -1 if view is None else host_row(self, view)
             if row < 0:
                 raise ValueError("an uneven call's rows went in the round but x has no host view")
             return self.rows(r, view, row, carried, -1)
@@ -87,7 +92,7 @@ class Uneven:
                 view = r.x.numpy() if tensors else r.x
             except (RuntimeError, TypeError):
                 view = None
-        row = -1 if view is None else host_row(view)
+        row = -1 if view is None else host_row(self, view)
         if row < 0:
             if carried is not None:  # (its rank marked the round: x has a C-contiguous host view)
                 raise ValueError("an uneven call's rows went in the round but x has no host view")
@@ -103,7 +108,7 @@ class Uneven:
         self.read(counts)
         entry = None
         block = 0
-        if carried is not None and self.most_sent * row > payload_room(carried):
+        if carried is not None and self.most_sent * row > payload_room(self, carried):
             # past a payload: the staged request of its block, found, made now (collective), or none
             block = uneven_block(self.most_block * row)
             entry = self.stage_of(block)
@@ -111,7 +116,7 @@ class Uneven:
                 if kind < 0:
                     return self.method(r)
                 carried = None
-        result, got = self.new(r, view, (self.total, *view.shape[1:]), kind)
+        result, got = self.new(r, view, (self.total,) if self.ndim == 1 else (self.total, *view.shape[1:]), kind)
         if carried is None:
             if not self.plain(view, got, row):
                 return NOT_TAKEN
@@ -208,18 +213,22 @@ class Uneven:
 # -- the byte copies: numpy here, memcpy in the compiled form (mpi_uneven.pxd) --------------------
 
 if not cython.compiled:
-    def host_row(view: Any) -> int:
+    def host_row(uneven: Uneven, view: Any) -> int:
         """The bytes of a row of ``view`` (a host array), -1 where it is not one C-contiguous numpy
-        array."""
+        array; its dimensions in ``uneven.ndim``."""
         if type(view) is not np.ndarray or not view.flags.c_contiguous:
             return -1
         if view.ndim < 1:
             raise ValueError("an uneven call's x has rows")
+        uneven.ndim = view.ndim
         return int(view.itemsize * np.prod(view.shape[1:], dtype=np.int64))
 
-    def payload_room(carried: Any) -> int:
-        """The bytes of a payload of the round's blocks (``carried``: every rank's)."""
-        return int(carried.shape[1])
+    def payload_room(uneven: Uneven, carried: Any) -> int:
+        """The bytes of a payload of the round's blocks (``carried``: every rank's), kept with them
+        in ``uneven`` (the compiled form keeps where they lie: the round's views outlive calls)."""
+        if carried is not uneven.payloads:
+            uneven.payloads, uneven.room = carried, int(carried.shape[1])
+        return uneven.room
 
     def _flat(array: Any) -> Any:
         return array.reshape(-1).view(np.uint8)
@@ -227,9 +236,10 @@ if not cython.compiled:
     def payload_rows(uneven: Uneven, carried: Any, got: Any, row: int) -> None:
         """Every rank's rows for this one out of the round's payloads, back to back into ``got``."""
         into, at = _flat(got), 0
+        room = payload_room(uneven, carried)
         for k in range(uneven.size):
             n, start = uneven.got[k] * row, uneven.skip[k] * row
-            if start + n > carried.shape[1]:
+            if start + n > room:
                 raise ValueError("the rows are past the payload")
             into[at:at + n] = carried[k, start:start + n]
             at += n
