@@ -32,10 +32,10 @@ PIP_FROM_WHEELS := $(if $(WHEELS),PIP_FIND_LINKS="$$PIP_FIND_LINKS $(WHEELS)" PI
 .PHONY: demo demo-collectives test test-pythons test-oldest test-torch-suite test-many-ranks fuzz-c10d test-environments test-torch-versions \
 	test-ci-slice test-python-forms wheels test-free-threaded typecheck docs lint bench bench-train bench-c10d clean rehearse-gpu-image
 
-# The sources of setup.py's COMPILED (Cython) are compiled by the install: a change
-# to them installs again.
-$(STAMP): pyproject.toml setup.py collectives/callpath.py collectives/callpath.pxd collectives/host_views.py \
-	backends/mpi_uneven.py backends/mpi_uneven.pxd
+# The sources of setup.py's COMPILED (Cython), each with the .pxd beside it, are compiled by the
+# install: a change to them installs again.
+COMPILED_SOURCES := $(shell sed -n 's/^.*": "\([^"]*\.py\)"[,}].*$$/\1/p' setup.py)
+$(STAMP): pyproject.toml setup.py $(COMPILED_SOURCES) $(wildcard $(COMPILED_SOURCES:.py=.pxd))
 	@test -n "$(PYTHON_VERSION)" || { echo "need $(PYTHON) (Python >= 3.10); set PYTHON=..."; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip

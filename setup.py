@@ -27,6 +27,8 @@ from setuptools.command.build_ext import build_ext
 #: that runs as Python (its twin, importable beside it).
 COMPILED = {"collectives._callpath_c": "collectives/callpath.py",
             "collectives._host_views_c": "collectives/host_views.py",
+            "collectives.backends._round_c": "backends/mpi_round.py",
+            "collectives.backends._carried_c": "backends/mpi_carried.py",
             "collectives.backends._uneven_c": "backends/mpi_uneven.py"}
 
 #: The compiled modules that are safe without the GIL (Cython's freethreading_compatible); the
@@ -73,8 +75,10 @@ class BuildExt(build_ext):
                 print("warning: Cython is not installed: the compiled forms are not built (the Python runs)")
                 self.extensions = [ext for ext in self.extensions if ext.name not in COMPILED]
             else:
+                # every copy first: a .pxd cimports another module's by its compiled name
+                copies = {ext.name: generated_source(ext.name, COMPILED[ext.name]) for ext in compiled}
                 for ext in compiled:
-                    ext.sources = [generated_source(ext.name, COMPILED[ext.name])]
+                    ext.sources = [copies[ext.name]]
                     # annotation_typing off: the sources' annotations are for mypy; Cython would
                     # enforce `x: int` with errors of its own (the argument checks are the library's)
                     directives = {"language_level": 3, "binding": True, "annotation_typing": False,

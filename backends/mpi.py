@@ -109,8 +109,9 @@ class MPITransport(MPIChannel):
         # The uneven methods after their counts' round (backends/mpi_uneven.py, compiled where built):
         # instance attributes over this class's functions, which they run for what they do not take,
         # where the round gathers the counts and payloads they read.
-        if self.round.gathers:
-            compiled = config.compiled_extension(f"{__package__}._uneven_c", mpi_uneven)
+        if self.round.gathers:  # (the compiled Uneven runs the compiled Round's methods in C)
+            compiled = config.compiled_extension(f"{__package__}._uneven_c", mpi_uneven) \
+                if self._compiled_round is not None else None
             uneven = (compiled or mpi_uneven).Uneven
             cls = type(self)
             if cls._all_gather_v is MPITransport._all_gather_v:

@@ -35,10 +35,17 @@ from typing import Any
 
 import numpy as np
 
-from collectives import calls
+from collectives import calls, config
 from collectives.calls import NOT_TAKEN
 from collectives.ops import ReduceOp
 from collectives.wire import FAST_BIT
+
+try:
+    import cython
+except ImportError:  # (the Python form where Cython is not installed)
+    from types import SimpleNamespace
+
+    cython = SimpleNamespace(compiled=False)
 
 #: Bit 63 of a check word (collectives.wire.FAST_BIT): this rank's x travels in its block.
 CARRIED = FAST_BIT
@@ -67,17 +74,28 @@ def new_result(tensors: bool) -> Callable[[Any, tuple[int, ...], Any], tuple[Any
     return new
 
 
+#: The kinds of carried call (Carrier.kind), by the collective.
+KINDS = {calls.ALL_REDUCE: 0, calls.REDUCE: 1, calls.REDUCE_SCATTER: 2, calls.BROADCAST: 3, calls.ALL_GATHER: 4,
+         calls.GATHER: 5, calls.SCATTER: 6, calls.ALL_TO_ALL: 7}
+#: The reductions the compiled form makes in C (plain C arithmetic, MPI's result bit for bit:
+#: integers wrap, float SUM and PROD are IEEE's), by (dtype, op): (its code, the dtype's bytes);
+#: the others (bool, float16) through mpi4py's MPI_Reduce_local, as the Python form does.
+ARITHMETIC = {(dtype, op): (10 * t + o, size)
+              for t, (dtype, size) in enumerate((("int8", 1), ("uint8", 1), ("int16", 2), ("int32", 4), ("int64", 8),
+                                                 ("float32", 4), ("float64", 8)))
+              for o, op in enumerate(("sum", "prod", "min", "max", "band", "bor", "bxor", "avg"))
+              if t < 5 and op != "avg" or t >= 5 and op in ("sum", "prod", "avg")}
+
+
 def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tensors: bool) -> Carry | None:
     """The carried form of ``call`` on host arrays of ``dtype`` (and ``op``) over ``channel`` (an
     MPIChannel): ``carry(view, root, out, extra, word)`` -> ``(AND of the ranks' words, result)``,
     the result NOT_TAKEN unless every rank agreed and carried (``tensors``: x is a CPU tensor,
-    ``view`` its numpy view). None where the channel's round carries nothing or the call cannot
-    be carried."""
+    ``view`` its numpy view): a :class:`Carrier`'s ``run``. None where the channel's round
+    carries nothing or the call cannot be carried."""
     state = channel.round
-    if not state.gathers:
+    if not state.gathers or call not in KINDS:
         return None
-    new = new_result(tensors)
-    size, rank, start, block = channel.size, channel.rank, state.payload_offset, state.block
     mpi_type: Any = None
     local: Any = None
     if call.reduces:  # (MPI_Reduce_local: MPI's own arithmetic, where MPI reduces the pair as it is)
@@ -85,60 +103,120 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
         if spec is None:
             return None
         mpi_type, local = spec[0], spec[1].Reduce_local
-    avg = op is ReduceOp.AVG
-    places: dict[Any, Any] = {}
-    shapes: dict[Any, tuple[list[Any], Any]] = {}
+    return Carrier(state, call, dtype, op, tensors, mpi_type, local).run
 
-    def place(x: Any) -> Any:
-        """x's place in this rank's block (the same in either size of block), kept per shape."""
-        if len(places) >= CARRIED_SHAPES:
-            places.clear()
-        into = places[x.shape] = np.ndarray(x.shape, x.dtype, buffer=block, offset=start)
-        return into
 
-    def views(x: Any, blocks: Any) -> tuple[list[Any], Any]:
-        """Every rank's x in ``blocks`` (the round's blocks of the size it ran with,
-        backends/mpi_round.py), as a list and as one array (views). Kept per shape and block size,
-        up to CARRIED_SHAPES (then forgotten and made again)."""
-        shape, kind, stride = x.shape, x.dtype, blocks.strides[0]
-        if len(shapes) >= CARRIED_SHAPES:
-            shapes.clear()
-        rows = np.ndarray((size, *shape), kind, buffer=blocks, offset=start, strides=(stride, *x.strides))
-        found = shapes[shape, stride] = ([rows[r, ...] for r in range(size)], rows)  # (also of 0-d x)
-        return found
+class Carrier:
+    """The carried form of one kind of call (``call``, ``dtype``, ``op``) over the round ``round_``
+    (the channel's :class:`~.mpi_round.Round`): :meth:`run`. Its Python form keeps numpy views
+    of x's place in this rank's block and of every rank's x in the blocks, per shape (up to
+    CARRIED_SHAPES: then forgotten and made again), and makes the result with numpy and
+    MPI_Reduce_local (:func:`result_maker`); the compiled form copies bytes with ``memcpy`` and
+    reduces in C where the op is plain C arithmetic (:data:`ARITHMETIC`; mpi_carried.pxd)."""
 
-    round_ = channel._round  # (the channel's: it says whether every rank runs the call on its fast path)
+    def __init__(self, round_: Any, call: Any, dtype: str, op: ReduceOp | None, tensors: bool, mpi_type: Any,
+                 local: Any) -> None:
+        self.round = round_
+        self.size, self.rank, self.start = round_.size, round_.rank, round_.payload_offset
+        self.kind = KINDS[call]
+        self.avg = op is ReduceOp.AVG
+        #: Whether only the root's x is read (broadcast, scatter), and whether x is the result.
+        self.on_root = call is calls.BROADCAST or call is calls.SCATTER
+        self.writes_x = call is calls.ALL_REDUCE or call is calls.REDUCE or call is calls.BROADCAST
+        self.mpi_type, self.local = mpi_type, local
+        self.new = new_result(tensors)
+        self.arith, self.item = ARITHMETIC.get((dtype, "" if op is None else op.value), (-1, 1))
+        make = result_maker(call, self.size, self.rank, self.new, mpi_type, local, self.avg)
+        if make is None:  # (every kind of KINDS has one)
+            raise ValueError(f"{call.name} is not carried")
+        self.make = make
+        self.places: dict[Any, Any] = {}
+        self.shapes: dict[Any, tuple[list[Any], Any]] = {}
+        self.held = False
 
-    make = result_maker(call, size, rank, new, mpi_type, local, avg)
-    if make is None:
-        return None
-    on_root = call is calls.BROADCAST or call is calls.SCATTER  # (only the root's x is read)
+    def run(self, view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]:
+        """The call carried in the round about to run (the payload every rank's alike, see
+        backends/mpi_round.py): ``(AND of the ranks' words, result)``, NOT_TAKEN where x is past
+        the payload (the round of the word alone: every rank of this call has x of this size),
+        a rank did not carry, or the ranks made different calls."""
+        round_ = self.round
+        n = hold(self, view)
+        try:
+            round_.wants(n)
+            if n > round_.carry_bytes:
+                return unmarked(round_.run(marked(word))), NOT_TAKEN
+            if not self.on_root or root == self.rank:
+                place(self, view)
+            reduced = round_.run(marked(word))
+            if reduced >= 0 or unmarked(reduced) != word:  # a rank did not carry, or another call
+                return unmarked(reduced), NOT_TAKEN
+            return word, made(self, view, root, out)
+        finally:
+            release(self)
 
-    def carry(view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]:
-        # (the payload of the round about to run: every rank's alike, see backends/mpi_round.py)
-        n = view.nbytes
-        state.wants(n)
-        if n > state.carry_bytes:  # the round of the word alone (every rank of this call: x this size)
-            return round_(word | CARRIED) & WORD_BITS, NOT_TAKEN
-        if not on_root or root == rank:
-            into = places.get(view.shape)
-            if into is None:
-                into = place(view)
-            into[...] = view
-        reduced = round_(word | CARRIED)
-        if reduced >= 0 or reduced & WORD_BITS != word:  # a rank did not carry, or another call
-            return reduced & WORD_BITS, NOT_TAKEN
-        blocks = state.blocks  # (the blocks of the size the round ran with)
-        each, rows = shapes.get((view.shape, blocks.strides[0])) or views(view, blocks)
-        return word, make(view, root, out, each, rows)
-    return carry
+    def place_numpy(self, view: Any) -> None:
+        """x into its place in this rank's block (the same in either size of block)."""
+        into = self.places.get(view.shape)
+        if into is None:
+            if len(self.places) >= CARRIED_SHAPES:
+                self.places.clear()
+            into = self.places[view.shape] = np.ndarray(view.shape, view.dtype, buffer=self.round.block,
+                                                        offset=self.start)
+        into[...] = view
 
+    def made_numpy(self, view: Any, root: Any, out: Any) -> Any:
+        """The result from every rank's x in the blocks of the size the round ran with, as numpy
+        views (a list and one array)."""
+        blocks = self.round.blocks
+        shape, stride = view.shape, blocks.strides[0]
+        found = self.shapes.get((shape, stride))
+        if found is None:
+            if len(self.shapes) >= CARRIED_SHAPES:
+                self.shapes.clear()
+            rows = np.ndarray((self.size, *shape), view.dtype, buffer=blocks, offset=self.start,
+                              strides=(stride, *view.strides))
+            found = self.shapes[shape, stride] = ([rows[r, ...] for r in range(self.size)], rows)  # (also of 0-d x)
+        return self.make(view, root, out, found[0], found[1])
+
+
+if not cython.compiled:  # the Python form of mpi_carried.pxd's C helpers
+    def marked(word: int) -> int:
+        """``word`` with bit 63 (:data:`CARRIED`): this rank's x travels in its block."""
+        return word | CARRIED
+
+    def unmarked(word: int) -> int:
+        """``word`` less bit 63."""
+        return word & WORD_BITS
+
+    def hold(c: Carrier, view: Any) -> int:
+        """x's bytes (the compiled form holds its buffer)."""
+        return int(view.nbytes)
+
+    def release(c: Carrier) -> None:
+        """The buffer :func:`hold` held, released."""
+
+    def place(c: Carrier, view: Any) -> None:
+        """x's bytes into this rank's payload."""
+        c.place_numpy(view)
+
+    def made(c: Carrier, view: Any, root: Any, out: Any) -> Any:
+        """The call's result from every rank's x."""
+        return c.made_numpy(view, root, out)
 
 
 def compiled_module() -> Any:
-    """The MPI backend's compiled round and carried calls: none is built at this commit (the
-    Python forms run)."""
-    return None
+    """The compiled round (backends/mpi_round.py compiled: ``collectives.backends._round_c``), or
+    None where it was not built (or from another version of the file) or ``COLLECTIVES_COMPILED=0``
+    turns it off."""
+    from . import mpi_round  # noqa: PLC0415  (it imports this module's constants)
+
+    return config.compiled_extension(f"{__package__}._round_c", mpi_round)
+
+
+def compiled_carrier() -> Any:
+    """This module compiled (``collectives.backends._carried_c``: its :class:`Carrier` in C), or None
+    where it was not built (or from another version of the file) or ``COLLECTIVES_COMPILED=0``."""
+    return config.compiled_extension(f"{__package__}._carried_c", sys.modules[f"{__package__}.mpi_carried"])
 
 
 Make = Callable[[Any, Any, Any, "list[Any]", Any], Any]

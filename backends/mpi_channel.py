@@ -38,7 +38,7 @@ from collectives.transport import Transport
 from . import _float_order
 from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
 from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
-from .mpi_carried import WORD_BITS, carried_path
+from .mpi_carried import WORD_BITS, carried_path, compiled_carrier, compiled_module
 from .mpi_library import (
     float16_datatype,
     library_version,
@@ -137,19 +137,29 @@ class MPIChannel(Transport):
         #: all_to_all, reduce_scatter; see _staged): not where the library's persistent all_gather
         #: is wrong (persistent_allgather_works).
         self._stages_gathers = persistent_allgather_works(library_version(MPI))
-        self.round = Round(self._comm, MPI, ranks, self._counts_with_check, self._stages_gathers, self._wait_saying)
+        # (the compiled Round where built: collectives.backends._round_c, setup.py's COMPILED; a
+        # communicator keeps its form whatever COLLECTIVES_COMPILED says later)
+        compiled = compiled_module()
+        kind = Round if compiled is None else compiled.Round
+        self.round = kind(self._comm, MPI, ranks, self._counts_with_check, self._stages_gathers, self._wait_saying)
         self._persistent = self.round.persistent
         # The fast paths' persistent requests of small calls (see _staged): one table per kind
         # of call (row, dtype, op), {shape (and root): (request, its staging array)}.
         self._staged_tables: dict[Any, dict[Any, tuple[Any, Any]]] = {}
         self._unheard: set[int] = set()  # once closed: the peers whose farewell has not arrived
-        # Whether every rank runs the running call on its fast path, as its check's round said
-        # (wire.FAST_BIT; False without one): only then a staged persistent request (see _staged).
-        self._everyone_fast = False
         # The compiled round where it was built (None: the Python forms).
         self._compiled: Any = None
-        self._compiled_round: Any = None
+        self._compiled_round: Any = None if compiled is None else self.round
+        # (the carried calls compiled beside it: backends/mpi_carried.py's Carrier in C)
+        carrier = None if compiled is None else compiled_carrier()
+        self._carried_path_of = carried_path if carrier is None else carrier.carried_path
         warn_if_not_compiled()  # (once per process, where they were not built)
+
+    @property
+    def _everyone_fast(self) -> bool:
+        """Whether every rank runs the running call on its fast path, as its check's round said
+        (wire.FAST_BIT; False without one): only then a staged persistent request (see _staged)."""
+        return self.round.everyone_fast
 
     @property
     def mpi_comm(self) -> Any:
@@ -302,9 +312,7 @@ class MPIChannel(Transport):
         block of 56 bytes, 0.82 with the 1080 of CARRY_BYTES (MPI_Start and tests, in a loop).
         More ranks: an MPI_Allreduce (BAND) of the word. ``waiting()`` runs when the fast polls
         did not see it complete. Sets ``_everyone_fast`` (bit 63 of every rank's word)."""
-        reduced = self.round.run(word, waiting)
-        self._everyone_fast = reduced < 0
-        return reduced
+        return self.round.run(word, waiting)
 
     def _wait_saying(self, request: Any, waiting: Callable[[], None] | None) -> None:
         """:meth:`_wait` for ``request`` once the fast polls did not see it complete; with
@@ -321,7 +329,7 @@ class MPIChannel(Transport):
     def _compiled_checks(self) -> tuple[Any, Any, int] | None:
         """backends/_carried*.c's module, the compiled round and :attr:`_uneven_bytes`, where the
         round is compiled (see Transport._compiled_checks)."""
-        if self._compiled_round is None:
+        if self._compiled is None or self._compiled_round is None:  # (the checks' module: CallCheck's)
             return None
         return self._compiled, self._compiled_round, self._uneven_bytes
 
@@ -342,12 +350,12 @@ class MPIChannel(Transport):
 
     def _carried_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
                       reduce_op: ReduceOp | None) -> Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None:
-        return carried_path(self, call, dtype, reduce_op, adapter is not arrays.NUMPY)
+        return self._carried_path_of(self, call, dtype, reduce_op, adapter is not arrays.NUMPY)
 
     def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
         """:meth:`_agree_word` with this rank's ``row`` (and ``view``, x's bytes, if given) in its
         block: every rank's row in rank order, and every rank's x where every rank carried it."""
-        return self.round.agree_counts(word, row, view, self._round)
+        return self.round.agree_counts(word, row, view)
 
     def _tell_peers_left(self, how: int) -> None:
         """A small message to every peer on this communicator (tag FAREWELL_TAG): [this

@@ -26,6 +26,15 @@ the round they read (``blocks``, ``payloads``: set as a round starts), its write
 the payload of the next round (``carry_bytes``: set as a round ends).
 
 Past ``COUNTS_RANKS`` ranks the round is a one-word MPI_Allreduce (BAND): no blocks, no payload.
+
+The compiled form (setup.py's ``COMPILED``: ``collectives.backends._round_c``) is this file,
+compiled by Cython with the types of mpi_round.pxd: the Round a ``cdef class``, the helpers
+defined below for the Python form (``if not cython.compiled:``) replaced by the .pxd's C forms of
+the same names: the words read from the blocks' memory, x's bytes copied by ``memcpy``, and the
+persistent request started and tested by MPI_Start and MPI_Test themselves, found as the process
+resolves them (its global symbols first, where a PMPI tool preloaded with LD_PRELOAD defines
+them: the tool sees the round's calls), else in the library mpi4py loaded. The Python form starts
+and tests it through mpi4py (``Prequest.Start``, ``Test``): the same MPI calls, the same blocks.
 """
 
 from __future__ import annotations
@@ -37,6 +46,13 @@ import numpy as np
 
 from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS
 from .mpi_requests import FAST_POLLS
+
+try:
+    import cython
+except ImportError:  # (the Python form where Cython is not installed)
+    from types import SimpleNamespace
+
+    cython = SimpleNamespace(compiled=False)
 
 #: The payload of the round's large block, bytes.
 LARGE_CARRY_BYTES = 4096
@@ -69,6 +85,9 @@ class Round:
         # (``large``: the library's persistent all_gather is right; where not, the round's requests
         # are freed again and the small block alone gathers, by MPI_Iallgather)
         self._comm, self._wait = comm, wait
+        self.size, self.rank = ranks, comm.Get_rank()
+        #: Tests of a started round before the channel's wait (a direct MPI_Test: as many times more).
+        self.polls = FAST_POLLS
         #: Whether the round gathers every rank's block (else the one word's MPI_Allreduce).
         self.gathers = gathers
         #: The next round's block (0 the small one, 1 the large one) and the last round's (its readers').
@@ -77,10 +96,18 @@ class Round:
         self.streak = 0
         #: Whether this rank's call wants the large block in the next round (:meth:`wants`).
         self.want = False
+        #: Whether the last round's every word had bit 63 (:data:`CARRIED`): every rank runs the
+        #: call on its fast path (the channel's staged requests ask).
+        self.everyone_fast = False
         #: The small block's payload bytes, and the large one's (0: none; see :meth:`wants`).
         self.rooms = (0, 0)
+        self.small_room = self.large_room = 0
+        self.memory = None
+        #: Whether MPI_Start and MPI_Test are called directly (the compiled form, where found).
+        self.direct = bind_mpi(self, MPI)
         if not gathers:
             self._one_word(MPI)
+            bind_memory(self)
             return
         header = 3 + ranks  # the word, the row, the want
         small = header + CARRY_BYTES // 8
@@ -95,7 +122,7 @@ class Round:
         memory[:, self.want_slot] = 0
         self._geometries = [self._views(MPI, memory.reshape(-1), ranks, k) for k in dict.fromkeys((small, n))]
         self._read_views(0)
-        self.requests: list[Any] = []
+        self.requests = []
         for geometry in self._geometries:
             try:
                 self.requests.append(comm.Allgather_init(*geometry[0]))
@@ -107,11 +134,14 @@ class Round:
         #: The bytes of the small block, where there is a large one (else 0); the memory of every rank's blocks.
         self.small_bytes = small * 8 if len(self._geometries) > 1 else 0
         self.memory = memory
-        self.rooms = (self._geometries[0][3].shape[1], self._geometries[-1][3].shape[1] if self.small_bytes else 0)
+        self.small_room = self._geometries[0][3].shape[1]
+        self.large_room = self._geometries[-1][3].shape[1] if self.small_bytes else 0
+        self.rooms = (self.small_room, self.large_room)
         #: Whether the library made the round's persistent requests (MPI-4).
         self.persistent = self.requests[0] is not None
         self._start = comm.Iallgather
         self._write_views(0)
+        bind_memory(self)
         if not large:
             self.free()
 
@@ -139,9 +169,10 @@ class Round:
 
     def _read_views(self, geometry: int) -> None:
         """The round about to run uses block ``geometry``: its readers' ``blocks``, ``words`` and
-        ``payloads``."""
+        ``payloads``, and the stride of its blocks."""
         _, self.blocks, self._heads, self.payloads = self._geometries[geometry]
         self.words = self.blocks[:, 0]
+        self.stride = self.blocks.strides[0]
         self.read = geometry
 
     def _write_views(self, geometry: int) -> None:
@@ -149,9 +180,8 @@ class Round:
         its writers may fill (``carry_bytes``)."""
         self.args = self._geometries[geometry][0]
         self.request = self.requests[geometry]
-        self.carry_bytes = self.rooms[geometry]
+        self.carry_bytes = self.large_room if geometry else self.small_room
 
-    # (the compiled round's: it keeps these views in step with its own switch)
     def read_geometry(self, geometry: int) -> Any:
         """:meth:`_read_views` of ``geometry``; its payloads."""
         self._read_views(geometry)
@@ -174,62 +204,111 @@ class Round:
     def wants(self, nbytes: int) -> None:
         """This rank's call of ``nbytes`` of x, carried in the next round, wants the large block:
         its x is past the small payload and fits the large one."""
-        small, large = self.rooms
-        self.want = small < nbytes <= large
+        self.want = self.small_room < nbytes <= self.large_room
 
     def run(self, word: int, waiting: Callable[[], None] | None = None) -> int:
         """The round with ``word`` in this rank's block (and its want, where there is a large
         block): the bitwise AND of every rank's word, and the switch (every rank switches at the
-        same round, from what every rank's block said)."""
+        same round, from what every rank's block said). Sets :attr:`everyone_fast`."""
         if self.read != self.geometry:  # (the last round switched: its readers' views)
             self._read_views(self.geometry)
-        block = self.block
-        block[0] = word
+        put(self, 0, word)
         switching = self.small_bytes != 0
         if switching:
-            block[self.want_slot] = self.want
+            put(self, self.want_slot, self.want)
             self.want = False
-        request = self.start()
-        test = request.Test
-        for _ in range(FAST_POLLS):  # the peers' words land within microseconds: no frame more
-            if test():
-                break
+        request = self.request
+        if request is None:  # (no persistent request: MPI < 4, or a library whose persistent all_gather fails)
+            request = self._start(*self.args)
+            done = polled(self, request)
         else:
+            done = start_direct(self, request, False)
+        if not done:
             self._wait(request, waiting)
-        if not self.gathers:
-            return int(block[0])
-        reduced = -1
-        if not switching:
-            for each in self.words.tolist():  # (a 2-4 item loop costs less than numpy's reduce)
-                reduced &= each
-            return reduced
-        everyone = True
-        for each, want in self._heads.tolist():
-            reduced &= each
-            everyone = everyone and want == 1
-        self.streak = self.streak + 1 if (not everyone if self.geometry else everyone) else 0
-        if self.streak >= ROUND_STREAK:
-            self.streak = 0
-            self.geometry ^= 1
-            self._write_views(self.geometry)
+        reduced = words_and(self)
+        self.everyone_fast = reduced < 0
+        if switching:
+            everyone = everyone_wants(self)
+            self.streak = self.streak + 1 if (not everyone if self.geometry else everyone) else 0
+            if self.streak >= ROUND_STREAK:
+                self.streak = 0
+                self.geometry ^= 1
+                self._write_views(self.geometry)
         return reduced
 
-    def agree_counts(self, word: int, row: list[int], view: Any, run: Callable[[int], int]
-                     ) -> tuple[int, list[list[int]], Any]:
-        """The round ``run(word)`` (:meth:`run`, or the channel's that wraps it) with this rank's
-        ``row`` (and ``view``, x's bytes, if given, in its payload where it fits; with it, bit 63
-        of the word, see MPIChannel._uneven_bytes): the AND of every rank's word less bit 63,
-        every rank's row, and every rank's payload where every rank marked its word (else None)."""
-        block = self.block
-        for i, n in enumerate(row):  # (item by item: a slice of a list costs twice as much)
-            block[1 + i] = n
+    def set_row(self, i: int, value: int) -> None:
+        """Item ``i`` of this rank's row (the uneven calls' counts) in the next round's block."""
+        if not 0 <= i <= self.size:
+            raise IndexError(f"a row holds {self.size + 1} items")
+        put(self, 1 + i, value)
+
+    def row_value(self, rank: int, i: int) -> int:
+        """Item ``i`` of rank ``rank``'s row in the last round's blocks."""
+        if not (0 <= rank < self.size and 0 <= i <= self.size):
+            raise IndexError(f"{self.size} rows of {self.size + 1} items")
+        return row_item(self, rank, i)
+
+    def agree(self, word: int, view: Any) -> int:
+        """The counts' round, this rank's row set (:meth:`set_row`), with ``view`` (x's bytes, if
+        given) in its payload where it fits (with it, bit 63 of the word, see
+        MPIChannel._uneven_bytes: a larger one is marked alone): the AND of every rank's word,
+        bit 63 included."""
         if view is not None:  # (past the payload: marked alone, see MPIChannel._uneven_bytes)
-            if view.nbytes <= self.carry_bytes:
-                self.payload[:view.nbytes] = view.reshape(-1).view(np.uint8)
+            if not copy_into_payload(self, view):
+                raise ValueError("an uneven call's carried x must be one C-contiguous buffer")
             word |= CARRIED
-        reduced = run(word)
-        rows = self.blocks[:, 1:1 + len(row)].tolist()
+        return self.run(word)
+
+    def agree_counts(self, word: int, row: list[int], view: Any) -> tuple[int, list[list[int]], Any]:
+        """The round :meth:`run` with this rank's ``row`` (and ``view``, x's bytes, if given, in
+        its payload where it fits; with it, bit 63 of the word, see MPIChannel._uneven_bytes): the
+        AND of every rank's word less bit 63, every rank's row, and every rank's payload where
+        every rank marked its word (else None)."""
+        n = len(row)
+        if 2 + n > self.payload_offset // 8:
+            raise ValueError("the row must fit the block")
+        for i in range(n):  # (item by item: a slice of a list costs twice as much)
+            put(self, 1 + i, row[i])
+        reduced = self.agree(word, view)
+        rows = [[row_item(self, k, i) for i in range(n)] for k in range(self.size)]
         return reduced & WORD_BITS, rows, self.payloads if view is not None and reduced < 0 else None
+
+    def rows_into(self, got: Any, counts: Any, row: int, rank: int = -1) -> None:
+        """The uneven calls' results out of the last round's payloads into ``got`` (a C-contiguous
+        buffer), rows of ``row`` bytes: with ``rank`` -1, every rank's first ``counts[k]`` rows back
+        to back (all_gather_v); else, ``counts`` being the splits, the rows each rank k sent to
+        ``rank`` (``counts[k][rank]`` of them, after its ``counts[k][:rank]``)."""
+        gathered = rank < 0
+        at = 0
+        for k in range(self.size):
+            if gathered:
+                n, start = counts[k], 0
+            else:
+                sent = counts[k]
+                n, start = sent[rank], 0
+                for j in range(rank):
+                    start += sent[j]
+            copy_rows(self, got, at, k, start * row, n * row)
+            at += n * row
+
+    def start_staged(self, request: Any) -> bool:
+        """A staged persistent request of the channel's fast paths started and completed: MPI_Start
+        and the fast polls (directly where bound), then the channel's wait; whether the fast polls
+        saw it complete."""
+        done = start_direct(self, request, True)
+        if not done:
+            self._wait(request, None)
+        return done
+
+    def staged(self, request: Any, src: Any, stage: Any, dst: Any) -> None:
+        """A staged call (MPIChannel._staged): ``src``'s bytes into the first bytes of ``stage``
+        (where ``src`` is not None), ``request`` run (:meth:`start_staged`), the last bytes of
+        ``stage`` into ``dst`` (where ``dst`` is not None)."""
+        if src is not None:
+            copy_staged(src, stage, False)
+        self.start_staged(request)
+        if dst is not None:
+            copy_staged(stage, dst, True)
 
     def free(self) -> None:
         """Frees the round's persistent requests (made by every rank alike: freed by every rank alike)."""
@@ -238,4 +317,73 @@ class Round:
                 request.Free()
         self.requests = [None] * len(self.requests)
         self.request = None
+        self.handle_of = self.staged_of = None
 
+
+def polled(r: Round, request: Any) -> bool:
+    """The fast polls of a started ``request`` (mpi4py's Test): whether it completed."""
+    test = request.Test
+    for _ in range(r.polls):  # the peers' words land within microseconds: no frame more
+        if test():
+            return True
+    return False
+
+
+def binds_mpi(MPI: Any) -> bool:
+    """Whether the compiled round calls MPI_Start and MPI_Test itself for mpi4py's module ``MPI``
+    (found as the process resolves them, else in mpi4py's library); False in the Python form."""
+    return bind_mpi(None, MPI)  # type: ignore[arg-type]
+
+
+if not cython.compiled:  # the Python form of the .pxd's C helpers (the compiled module has those)
+    def bind_mpi(r: Round, MPI: Any) -> bool:
+        """Whether MPI_Start and MPI_Test are bound for direct calls: never in the Python form."""
+        return False
+
+    def bind_memory(r: Round) -> None:
+        """The blocks' addresses (the compiled form's)."""
+
+    def put(r: Round, slot: int, value: int) -> None:
+        """Int64 ``slot`` of this rank's block."""
+        r.block[slot] = value
+
+    def words_and(r: Round) -> int:
+        """The AND of every rank's word in the last round's blocks (the one word where it does not gather)."""
+        if not r.gathers:
+            return int(r.block[0])
+        reduced = -1
+        for each in r.words.tolist():  # (a 2-4 item loop costs less than numpy's reduce)
+            reduced &= each
+        return reduced
+
+    def everyone_wants(r: Round) -> bool:
+        """Whether every rank's block in the last round wanted the large block."""
+        return all(want == 1 for _, want in r._heads.tolist())
+
+    def row_item(r: Round, rank: int, i: int) -> int:
+        """Item ``i`` of rank ``rank``'s row in the last round's blocks."""
+        return int(r.blocks[rank, 1 + i])
+
+    def start_direct(r: Round, request: Any, staged: bool) -> bool:
+        """The persistent ``request`` started and its fast polls (mpi4py's Start and Test)."""
+        request.Start()
+        return polled(r, request)
+
+    def copy_into_payload(r: Round, view: Any) -> bool:
+        """``view``'s bytes into this rank's payload, where they fit the next round's."""
+        if view.nbytes <= r.carry_bytes:
+            r.payload[:view.nbytes] = view.reshape(-1).view(np.uint8)
+        return True
+
+    def copy_rows(r: Round, got: Any, at: int, rank: int, start: int, n: int) -> None:
+        """Bytes [start, start + n) of rank ``rank``'s payload into got's bytes from ``at``."""
+        into = got.reshape(-1).view(np.uint8) if isinstance(got, np.ndarray) else memoryview(got).cast("B")
+        into[at:at + n] = r.payloads[rank, start:start + n]
+
+    def copy_staged(src: Any, dst: Any, at_end: bool) -> None:
+        """src's bytes into the first bytes of dst, or (``at_end``) the last bytes of src into dst."""
+        a, b = memoryview(src).cast("B"), memoryview(dst).cast("B")
+        if at_end:
+            b[:] = a[len(a) - len(b):]
+        else:
+            b[:len(a)] = a

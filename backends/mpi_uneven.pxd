@@ -13,12 +13,15 @@ from cpython.buffer cimport (
 )
 from libc.string cimport memcpy
 
+from collectives.backends._round_c cimport Round
+
 
 cdef class Uneven:
     cdef readonly object channel, call, method
     cdef readonly bint gathered
     cdef readonly Py_ssize_t size, rank
-    cdef object numpy_adapter, torch_adapter, tables, kind, blocking, nonblocking, byte, start, empty
+    cdef readonly Round round
+    cdef object numpy_adapter, torch_adapter, tables, kind, blocking, nonblocking, byte, empty
     # the running call's counts (see read): per rank, and the most and the total
     cdef Py_ssize_t sent[64]
     cdef Py_ssize_t got[64]

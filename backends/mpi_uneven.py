@@ -64,7 +64,9 @@ class Uneven:
         self.tables, self.kind = channel._staged_tables, (call, *UNEVEN_STAGED)
         self.blocking, self.nonblocking = (comm.Allgatherv, comm.Iallgatherv) if self.gathered else \
             (comm.Alltoallv, comm.Ialltoallv)
-        self.byte, self.start = channel._byte, channel._start
+        self.byte = channel._byte
+        #: The channel's check round (mpi_round.Round: its start_staged runs a staged request).
+        self.round = channel.round
         self.empty = np.empty
         if not cython.compiled:  # (compiled: C arrays of MOST_RANKS)
             self.sent, self.got, self.skip, self.mine = [0] * size, [0] * size, [0] * size, [0] * size
@@ -123,7 +125,7 @@ class Uneven:
         elif entry is not None:
             request, stage = entry
             sends = stage_in(self, stage, view, block, row)
-            self.start(request)
+            self.round.start_staged(request)
             stage_out(self, stage, sends, block, got, row)
         else:
             payload_rows(self, carried, got, row)

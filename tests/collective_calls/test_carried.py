@@ -2,8 +2,8 @@
 and up to COUNTS_RANKS ranks, a call whose host x is at most CARRY_BYTES travels in the round's
 MPI_Allgather and makes its result from every rank's x, without its data collective.
 
-The call runs in two forms, each test in both: the compiled carry (backends/_carried.c, where it
-was built; the test set-up builds it) and the Python one (COLLECTIVES_COMPILED=0), its reference.
+The call runs in two forms, each test in both: the compiled carry (backends/mpi_carried.py compiled
+by Cython; the test set-up builds it) and the Python one (COLLECTIVES_COMPILED=0), its reference.
 Every result against numpy (float64 sums, or the same float32 sums in rank order, bit for bit);
 that the call did travel is read from the round's gathered words (bit 63 set on every rank's
 word: every rank carried); ranks that decide differently (one asynchronous, one
@@ -35,10 +35,11 @@ REDUCTIONS = {"int32": ("sum", "prod", "min", "max", "band", "bor", "bxor"), "in
 
 def in_form(comm, form, job, *args):
     """``job`` (a name of this module) on a split of ``comm`` in ``form``: its result, and the
-    names of the carried paths' types it planned (Carrier: the compiled one)."""
+    modules of the Carriers whose runs it planned as carried paths (the compiled one:
+    collectives.backends._carried_c)."""
     with split_in_form(comm, form) as sub:
         found = globals()[job](sub, *args)
-        return found, {type(plan.carry).__name__ for plan in sub._plans.values() if plan.carry is not None}
+        return found, {type(plan.carry.__self__).__module__ for plan in sub._plans.values() if plan.carry is not None}
 
 
 def formed(world, form, job, per_rank=None):
@@ -46,7 +47,8 @@ def formed(world, form, job, per_rank=None):
     per_rank = per_rank or [()] * world.size
     results = world.run(in_form, [(form, job, *args) for args in per_rank], timeout=120)
     for _, paths in results:
-        assert paths == ({"Carrier"} if form == "compiled" else {"function"}), paths
+        assert paths == ({"collectives.backends._carried_c"} if form == "compiled"
+                         else {"collectives.backends.mpi_carried"}), paths
     return [found for found, _ in results]
 
 

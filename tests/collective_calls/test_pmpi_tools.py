@@ -1,7 +1,8 @@
 """PMPI tools see the library's MPI calls in both forms: a tool preloaded with LD_PRELOAD (mpiP,
 Score-P, Darshan, MUST) defines MPI_Start, MPI_Test... itself and forwards to PMPI_Start,
-PMPI_Test; the compiled round (backends/_carried_round.c) calls the process's global MPI_Start
-and MPI_Test, as mpi4py's calls do, so the tool counts the same calls as in the Python form.
+PMPI_Test; the compiled round (backends/mpi_round.py compiled, collectives.backends._round_c) calls
+the process's global MPI_Start and MPI_Test, as mpi4py's calls do, so the tool counts the same calls
+as in the Python form.
 
 The tool here is a counting shim, compiled by the system's C compiler and linked to the libmpi
 mpi4py loads (as a PMPI tool links the MPI it measures); a 2-rank mpiexec job preloads it and
@@ -101,7 +102,7 @@ def counts(shim, form):
 
 def test_a_preloaded_pmpi_tool_sees_every_mpi_start_and_mpi_test_in_both_forms(shim):
     compiled, python = counts(shim, "compiled"), counts(shim, "python")
-    assert all(rank["compiled_round"] for rank in compiled), "backends/_carried*.c was not built: reinstall"
+    assert all(rank["compiled_round"] for rank in compiled), "backends/mpi_round.py was not compiled: reinstall"
     assert not any(rank["compiled_round"] for rank in python)
     for form in (compiled, python):
         for rank in form:
@@ -112,13 +113,13 @@ def test_a_preloaded_pmpi_tool_sees_every_mpi_start_and_mpi_test_in_both_forms(s
 
 
 def test_an_mpi_module_without_a_file_leaves_the_round_to_mpi4pys_calls():
-    """bind_mpi on an MPI module with no ``__file__`` (and no MPI in the process): not bound, no error."""
+    """binds_mpi on an MPI module with no ``__file__`` (and no MPI in the process): not bound, no error."""
     program = ("import types; from collectives.backends import mpi_carried; "
                "module = mpi_carried.compiled_module(); "
-               "print('unbuilt' if module is None else module.bind_mpi(types.ModuleType('MPI')))")
+               "print('unbuilt' if module is None else module.binds_mpi(types.ModuleType('MPI')))")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, COLLECTIVES_COMPILED="1"))
     assert done.returncode == 0, done.stderr[-3000:]
     if done.stdout.strip() == "unbuilt":
-        pytest.skip("backends/_carried*.c was not built")
+        pytest.skip("backends/mpi_round.py was not compiled")
     assert done.stdout.strip() == "False"
