@@ -33,7 +33,7 @@ from . import mpi_staged
 from .mpi_staged import UNEVEN_STAGED, uneven_block
 
 try:
-    import cython  # type: ignore[import-untyped]
+    import cython
 except ImportError:  # (the Python form where Cython is not installed)
     from types import SimpleNamespace
 
