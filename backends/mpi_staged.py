@@ -81,20 +81,6 @@ def staged_or(channel: Any, table: dict[Any, tuple[Any, Any]] | None, plain: Fas
 #: An uneven call whose x is host memory of at most this many bytes on every rank, not all of it
 #: in the check's round, goes through a staged request (see backends/mpi_uneven.py).
 UNEVEN_BYTES = 8192
-#: The least block of an uneven call's staged request (see uneven_block), in bytes.
-LEAST_BLOCK = 256
-
-
-def uneven_block(need: int) -> int:
-    """The block of an uneven call's staged request for ``need`` bytes a rank (all_gather_v) or a
-    pair (all_to_all): at least :data:`LEAST_BLOCK`, else ``need`` rounded up to a multiple of an
-    eighth of the next power of two (at most a quarter more; a few requests serve counts that vary)."""
-    if need <= LEAST_BLOCK:
-        return LEAST_BLOCK
-    step = 1 << max(0, (need - 1).bit_length() - 3)
-    return -(-need // step) * step
-
-
 #: The dtype and op of an uneven call's table of staged requests (its kind: (call, dtype, op); the
 #: uneven method looks its requests up there, backends/mpi_uneven.py).
 UNEVEN_STAGED = ("uint8", None)

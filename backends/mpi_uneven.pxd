@@ -1,7 +1,7 @@
 # The types of backends/mpi_uneven.py's compiled form (collectives.backends._uneven_c, setup.py's
 # COMPILED): Cython reads this file beside the .py it compiles; the Python form never does. The
 # counts are C integers here, and the byte copies (the .py's Python forms of host_row, payload_room,
-# payload_rows, stage_in, stage_out) memcpy between the buffers' memory.
+# payload_rows, staged_rows) memcpy between the buffers' memory.
 
 cimport cython
 from cpython.buffer cimport (
@@ -16,12 +16,17 @@ from libc.string cimport memcpy
 from collectives.backends._round_c cimport Round
 
 
+@cython.locals(bits=Py_ssize_t, left=Py_ssize_t, step=Py_ssize_t)
+cpdef Py_ssize_t uneven_block(Py_ssize_t need) except -1
+
+
 cdef class Uneven:
     cdef readonly object channel, call, method
     cdef readonly bint gathered
     cdef readonly Py_ssize_t size, rank
     cdef readonly Round round
-    cdef object numpy_adapter, torch_adapter, tables, kind, blocking, nonblocking, byte, empty
+    cdef object numpy_adapter, torch_adapter, kind, blocking, nonblocking, byte, empty
+    cdef dict tables
     # the running call's counts (see read): per rank, and the most and the total
     cdef Py_ssize_t sent[64]
     cdef Py_ssize_t got[64]
@@ -39,6 +44,7 @@ cdef class Uneven:
     @cython.locals(size=Py_ssize_t, rank=Py_ssize_t, k=Py_ssize_t, j=Py_ssize_t, n=Py_ssize_t,
                    every=Py_ssize_t, splits=list)
     cdef int read(self, list counts) except -1
+    @cython.locals(table=dict)
     cdef stage_of(self, Py_ssize_t block)
     cdef tuple new(self, r, view, tuple shape, int kind)
     @cython.locals(size=Py_ssize_t, k=Py_ssize_t, n=Py_ssize_t, gets=list, sends=list, send=list)
@@ -101,57 +107,48 @@ cdef inline int payload_rows(Uneven uneven, object carried, object got, Py_ssize
     return 0
 
 
-cdef inline Py_ssize_t stage_in(Uneven uneven, object stage, object view, Py_ssize_t block,
-                                Py_ssize_t row) except -1:
-    """x's rows into the staging array's blocks; the bytes this rank sends."""
-    cdef Py_buffer staged, data
-    cdef Py_ssize_t j, n, at = 0
-    cdef Py_ssize_t sends = block if uneven.gathered else uneven.size * block
+cdef inline int staged_rows(Uneven uneven, tuple entry, Py_ssize_t block, object view, object got,
+                            Py_ssize_t row) except -1:
+    """``entry``'s staged request run on x's rows, every rank's rows for this one out of the blocks
+    it got, back to back into ``got`` (the staging array's, x's and got's buffers held throughout)."""
+    cdef Py_buffer staged, data, into
+    cdef Py_ssize_t j, k, n, at = 0
+    cdef Py_ssize_t size = uneven.size
+    cdef Py_ssize_t sends = block if uneven.gathered else size * block
+    cdef char *stage_at
+    request, stage = entry
     PyObject_GetBuffer(stage, &staged, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
     try:
         PyObject_GetBuffer(view, &data, PyBUF_C_CONTIGUOUS)
-    except BaseException:
-        PyBuffer_Release(&staged)
-        raise
-    try:
-        if sends + uneven.size * block > staged.len:
-            raise ValueError("the blocks are past the staging array")
-        if uneven.gathered:
-            if data.len > block:
-                raise ValueError("the rows are past a block")
-            memcpy(staged.buf, data.buf, data.len)
-        else:
-            for j in range(uneven.size):
-                n = uneven.mine[j] * row
-                if n > block or at + n > data.len:
-                    raise ValueError("the rows are past a block or x")
-                memcpy(<char *>staged.buf + j * block, <char *>data.buf + at, n)
-                at += n
+        try:
+            PyObject_GetBuffer(got, &into, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+            try:
+                stage_at = <char *>staged.buf
+                if sends + size * block > staged.len:
+                    raise ValueError("the blocks are past the staging array")
+                if uneven.gathered:
+                    if data.len > block:
+                        raise ValueError("the rows are past a block")
+                    memcpy(stage_at, data.buf, data.len)
+                else:
+                    for j in range(size):
+                        n = uneven.mine[j] * row
+                        if n > block or at + n > data.len:
+                            raise ValueError("the rows are past a block or x")
+                        memcpy(stage_at + j * block, <char *>data.buf + at, n)
+                        at += n
+                uneven.round.start_staged(request)
+                at = 0
+                for k in range(size):
+                    n = uneven.got[k] * row
+                    if n > block or at + n > into.len:
+                        raise ValueError("the rows are past a block or the result")
+                    memcpy(<char *>into.buf + at, stage_at + sends + k * block, n)
+                    at += n
+            finally:
+                PyBuffer_Release(&into)
+        finally:
+            PyBuffer_Release(&data)
     finally:
-        PyBuffer_Release(&data)
-        PyBuffer_Release(&staged)
-    return sends
-
-
-cdef inline int stage_out(Uneven uneven, object stage, Py_ssize_t sends, Py_ssize_t block, object got,
-                          Py_ssize_t row) except -1:
-    """Every rank's rows for this one out of the blocks it got, back to back into ``got``."""
-    cdef Py_buffer staged, into
-    cdef Py_ssize_t k, n, at = 0
-    PyObject_GetBuffer(stage, &staged, PyBUF_C_CONTIGUOUS)
-    try:
-        PyObject_GetBuffer(got, &into, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
-    except BaseException:
-        PyBuffer_Release(&staged)
-        raise
-    try:
-        for k in range(uneven.size):
-            n = uneven.got[k] * row
-            if n > block or sends + k * block + n > staged.len or at + n > into.len:
-                raise ValueError("the rows are past a block or the result")
-            memcpy(<char *>into.buf + at, <char *>staged.buf + sends + k * block, n)
-            at += n
-    finally:
-        PyBuffer_Release(&into)
         PyBuffer_Release(&staged)
     return 0

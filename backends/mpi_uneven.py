@@ -8,7 +8,7 @@ every rank's x is host memory of at most ``MPIChannel._uneven_bytes``, marked ev
 data collective where every rank's x fits its payload: each rank's rows copied out of the payloads;
 else (every rank's x within UNEVEN_BYTES, some past the payload) the rows go through the staged
 request of padded blocks of ``mpi_staged.uneven_stage``, one per block size
-(:func:`~.mpi_staged.uneven_block`: every rank picks the same one from the counts it holds). Where
+(:func:`uneven_block`: every rank picks the same one from the counts it holds). Where
 the round did not mark them, the v-collective on x's and the result's memory (MPI_Allgatherv,
 MPI_Alltoallv: blocking with no timeout, else nonblocking and completed under the deadline).
 
@@ -30,7 +30,7 @@ from collectives.calls import NOT_TAKEN
 from collectives.work import Work
 
 from . import mpi_staged
-from .mpi_staged import UNEVEN_STAGED, uneven_block
+from .mpi_staged import UNEVEN_STAGED
 
 try:
     import cython
@@ -44,6 +44,24 @@ except ImportError:  # (the Python form where Cython is not installed)
 MOST_RANKS = 64
 #: Bytes of an MPI message at most: a C int.
 MAX_MESSAGE = 2**31 - 1
+#: The least block of an uneven call's staged request (see uneven_block), in bytes.
+LEAST_BLOCK = 256
+
+
+def uneven_block(need: int) -> int:
+    """The block of an uneven call's staged request for ``need`` bytes a rank (all_gather_v) or a
+    pair (all_to_all): at least :data:`LEAST_BLOCK`, else ``need`` rounded up to a multiple of an
+    eighth of the next power of two (at most a quarter more; a few requests serve counts that vary).
+    Every rank computes it from the counts it holds alike, in either form (this function, compiled
+    or not): ranks that picked different blocks would start different requests and hang."""
+    if need <= LEAST_BLOCK:
+        return LEAST_BLOCK
+    bits, left = 0, need - 1  # (need - 1).bit_length(), in C integers where compiled
+    while left:
+        bits += 1
+        left >>= 1
+    step = 1 << max(0, bits - 3)
+    return -(-need // step) * step
 
 
 class Uneven:
@@ -123,10 +141,7 @@ class Uneven:
             if not self.plain(view, got, row):
                 return NOT_TAKEN
         elif entry is not None:
-            request, stage = entry
-            sends = stage_in(self, stage, view, block, row)
-            self.round.start_staged(request)
-            stage_out(self, stage, sends, block, got, row)
+            staged_rows(self, entry, block, view, got, row)
         else:
             payload_rows(self, carried, got, row)
         if self.gathered:
@@ -173,7 +188,7 @@ class Uneven:
         """The staged request of blocks of ``block`` bytes and its staging array: found in its
         table, else made now (collective: mpi_staged.uneven_stage), or None where none is kept."""
         table = self.tables.get(self.kind)
-        entry = None if table is None else table.get(block)
+        entry = None if table is None else table.get(block)  # (the request's key: its block)
         if entry is None:
             entry = mpi_staged.uneven_stage(self.channel, self.call, block)
         return entry
@@ -246,34 +261,33 @@ if not cython.compiled:
             into[at:at + n] = carried[k, start:start + n]
             at += n
 
-    def stage_in(uneven: Uneven, stage: Any, view: Any, block: int, row: int) -> int:
-        """x's rows into the staging array's blocks (all_gather_v: its first block; all_to_all: the
-        rows for rank j into block j); the bytes this rank sends, where the blocks it gets start."""
-        data = _flat(view)
-        if (block if uneven.gathered else uneven.size * block) + uneven.size * block > stage.size:
+    def staged_rows(uneven: Uneven, entry: tuple[Any, Any], block: int, view: Any, got: Any, row: int) -> None:
+        """``entry``'s staged request (its request and staging array, blocks of ``block`` bytes)
+        run on x's rows (``view``: all_gather_v, into the first block; all_to_all, the rows for rank
+        j into block j), the rows each rank sent this one out of the blocks it got (after the ones
+        this rank sends), back to back into ``got``."""
+        request, stage = entry
+        data, size = _flat(view), uneven.size
+        sends = block if uneven.gathered else size * block
+        if sends + size * block > stage.size:
             raise ValueError("the blocks are past the staging array")
         if uneven.gathered:
-            sends = block
             if data.size > block:
                 raise ValueError("the rows are past a block")
             stage[:data.size] = data
         else:
-            sends, at = uneven.size * block, 0
-            for j in range(uneven.size):
+            at = 0
+            for j in range(size):
                 n = uneven.mine[j] * row
                 if n > block or at + n > data.size:
                     raise ValueError("the rows are past a block or x")
                 stage[j * block:j * block + n] = data[at:at + n]
                 at += n
-        return sends
-
-    def stage_out(uneven: Uneven, stage: Any, sends: int, block: int, got: Any, row: int) -> None:
-        """Every rank's rows for this one out of the blocks it got (after ``sends`` bytes), back to
-        back into ``got``."""
+        uneven.round.start_staged(request)
         into, at = _flat(got), 0
-        for k in range(uneven.size):
+        for k in range(size):
             n, start = uneven.got[k] * row, sends + k * block
-            if n > block or start + n > stage.size:
+            if n > block or at + n > into.size:
                 raise ValueError("the rows are past a block or the result")
             into[at:at + n] = stage[start:start + n]
             at += n

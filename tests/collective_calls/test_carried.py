@@ -20,7 +20,8 @@ import warnings
 import numpy as np
 import pytest
 from collectives.backends.mpi_carried import CARRY_BYTES
-from collectives.backends.mpi_staged import UNEVEN_BYTES, uneven_block
+from collectives.backends.mpi_staged import UNEVEN_BYTES
+from collectives.backends.mpi_uneven import uneven_block
 from forms import split_in_form
 
 from collectives.config import COMPILED
@@ -586,3 +587,19 @@ def test_the_round_started_by_mpi_itself_gives_what_mpi4pys_calls_give(world):
         assert found[True] == found[False] == (
             [total] * 3, total * 2 * CARRY_BYTES // 8, list(range(1, world.size + 1)), rows,
             [float(world.size - 1)] * 2, True)
+
+
+def test_both_forms_pick_the_same_block_for_an_uneven_staged_request():
+    """uneven_block, compiled and not, against its rule written out (ranks in different forms
+    that picked different blocks would start different requests and hang)."""
+    from collectives.backends import mpi_uneven
+
+    from collectives import config
+
+    compiled = config.compiled_extension("collectives.backends._uneven_c", mpi_uneven)
+    forms = [mpi_uneven.uneven_block] + ([compiled.uneven_block] if compiled is not None else [])
+    for need in [*range(0, 3000), 4095, 4096, 4097, 8191, 8192, 8193, 10**6 + 1]:
+        step = 1 << max(0, (need - 1).bit_length() - 3)
+        want = 256 if need <= 256 else (need + step - 1) // step * step
+        assert [block(need) for block in forms] == [want] * len(forms), need
+    assert os.environ.get(COMPILED) == "0" or compiled is not None  # (the install builds it)
