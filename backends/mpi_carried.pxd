@@ -11,14 +11,17 @@ from libc.string cimport memcpy
 
 from collectives.backends._round_c cimport Round, held_buffer, own_payload, payload_at
 
+from collectives.calls import NOT_TAKEN
+
 
 cdef class Carrier:
     cdef readonly Round round
     cdef readonly int size, rank, kind, arith
     cdef readonly Py_ssize_t start, item
-    cdef readonly bint avg, on_root, writes_x
-    cdef public object mpi_type, local, new, make
-    cdef public dict places, shapes
+    cdef readonly bint avg, on_root, writes_x, rooted
+    cdef public object mpi_type, local, new, make, channel
+    cdef public dict places, shapes, staged
+    cdef public Py_ssize_t staged_bytes
     cdef public bint held
     cdef Py_buffer x
 
@@ -238,3 +241,62 @@ cdef inline object made(Carrier c, object view, object root, object out):
     result, target = new_into(c, view, (shape[0] // size,) + shape[1:], out, part, &to)
     reduction(c, target, to, rank * part, part, False)
     return result
+
+
+cdef inline object staged_call(Carrier c, object view, object root, object out):
+    """The call after its round (x past the payload, every rank on its fast path) through the fast
+    path's staged request of its shape (and root), as backends/mpi_staged.py runs it: x into the
+    stage's first bytes, the request started and completed (the Round's start_staged), the result
+    out of its last bytes. NOT_TAKEN where there is none yet (the fast path makes it), under no
+    timeout, or for AVG."""
+    cdef Py_buffer stage
+    cdef Py_ssize_t n = c.x.len, need
+    cdef char *to = NULL
+    cdef const char *end
+    cdef bint mine, sends, gets
+    cdef int kind = c.kind, size = c.size
+    if c.staged is None or c.avg or not c.held or n == 0 or n > c.staged_bytes or c.channel.timeout is None:
+        return NOT_TAKEN
+    shape = view.shape
+    entry = c.staged.get((shape, root) if c.rooted else shape)
+    if entry is None:
+        return NOT_TAKEN
+    request, array = entry
+    mine = not c.rooted or root == c.rank
+    sends = mine if c.on_root else True
+    gets = mine if kind == REDUCE or kind == GATHER else (not mine if kind == BROADCAST else True)
+    if (kind == REDUCE_SCATTER or kind == SCATTER) and c.x.ndim < 1:
+        return NOT_TAKEN
+    if not held_buffer(array, &stage, True):
+        raise ValueError("a staged call's stage must be one C-contiguous writable buffer")
+    try:
+        if n > stage.len:
+            raise ValueError("a staged call's x does not fit its staging array")
+        if sends:
+            memcpy(stage.buf, c.x.buf, n)
+        c.round.start_staged(request)
+        end = <const char *>stage.buf + stage.len
+        if kind == ALL_REDUCE or kind == REDUCE or kind == BROADCAST:  # (x is the result)
+            if gets:
+                memcpy(c.x.buf, end - n, n)
+            return view
+        if kind == REDUCE_SCATTER:
+            need = n // size
+            result, _ = new_into(c, view, (shape[0] // size,) + shape[1:], out, need, &to)
+        elif kind == ALL_GATHER or kind == GATHER:
+            if not gets:
+                return None
+            need = size * n
+            result, _ = new_into(c, view, (size,) + shape, out, need, &to)
+        elif kind == SCATTER:
+            need = n // size
+            result, _ = new_into(c, view, shape[1:], out, need, &to)
+        else:  # ALL_TO_ALL
+            need = n
+            result, _ = new_into(c, view, shape, out, need, &to)
+        if need > stage.len:
+            raise ValueError("a staged call's result is past its staging array")
+        memcpy(to, end - need, need)
+        return result
+    finally:
+        PyBuffer_Release(&stage)

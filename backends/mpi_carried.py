@@ -40,6 +40,8 @@ from collectives.calls import NOT_TAKEN
 from collectives.ops import ReduceOp
 from collectives.wire import FAST_BIT
 
+from .mpi_staged import STAGED_BYTES, staged_table
+
 try:
     import cython
 except ImportError:  # (the Python form where Cython is not installed)
@@ -103,7 +105,9 @@ def carried_path(channel: Any, call: Any, dtype: str, op: ReduceOp | None, tenso
         if spec is None:
             return None
         mpi_type, local = spec[0], spec[1].Reduce_local
-    return Carrier(state, call, dtype, op, tensors, mpi_type, local).run
+    carrier = Carrier(state, call, dtype, op, tensors, mpi_type, local)
+    carrier.channel, carrier.staged = channel, staged_table(channel, call, dtype, op)
+    return carrier.run
 
 
 class Carrier:
@@ -133,6 +137,12 @@ class Carrier:
         self.places: dict[Any, Any] = {}
         self.shapes: dict[Any, tuple[list[Any], Any]] = {}
         self.held = False
+        #: Whether the call has a root; the channel and its table of staged requests of this kind
+        #: of call (None: it keeps none), the most bytes of x they take (see :func:`staged_call`).
+        self.rooted = call in (calls.REDUCE, calls.BROADCAST, calls.GATHER, calls.SCATTER)
+        self.channel: Any = None
+        self.staged: dict[Any, tuple[Any, Any]] | None = None
+        self.staged_bytes = STAGED_BYTES
 
     def run(self, view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]:
         """The call carried in the round about to run (the payload every rank's alike, see
@@ -140,11 +150,16 @@ class Carrier:
         the payload (the round of the word alone: every rank of this call has x of this size),
         a rank did not carry, or the ranks made different calls."""
         round_ = self.round
+        if round_ is None:
+            raise RuntimeError("a Carrier is made by carried_path")
         n = hold(self, view)
         try:
             round_.wants(n)
-            if n > round_.carry_bytes:
-                return unmarked(round_.run(marked(word))), NOT_TAKEN
+            if n > round_.carry_bytes:  # the round of the word alone (every rank of this call: x this size)
+                reduced = round_.run(marked(word))
+                if reduced >= 0 or unmarked(reduced) != word:
+                    return unmarked(reduced), NOT_TAKEN
+                return word, staged_call(self, view, root, out)
             if not self.on_root or root == self.rank:
                 place(self, view)
             reduced = round_.run(marked(word))
@@ -203,14 +218,11 @@ if not cython.compiled:  # the Python form of mpi_carried.pxd's C helpers
         """The call's result from every rank's x."""
         return c.made_numpy(view, root, out)
 
-
-def compiled_module() -> Any:
-    """The compiled round (backends/mpi_round.py compiled: ``collectives.backends._round_c``), or
-    None where it was not built (or from another version of the file) or ``COLLECTIVES_COMPILED=0``
-    turns it off."""
-    from . import mpi_round  # noqa: PLC0415  (it imports this module's constants)
-
-    return config.compiled_extension(f"{__package__}._round_c", mpi_round)
+    def staged_call(c: Carrier, view: Any, root: Any, out: Any) -> Any:
+        """A call past the payload whose round said every rank runs it on its fast path: NOT_TAKEN,
+        the fast path runs its staged request (mpi_staged.staged_or). The compiled form runs the
+        same request here where the fast path made it (the same MPI calls, without its frames)."""
+        return NOT_TAKEN
 
 
 def compiled_carrier() -> Any:

@@ -38,7 +38,7 @@ from collectives.transport import Transport
 from . import _float_order
 from ._buffers import INT_OF_WIDTH, divide_, flat_bytes, itemsize, stage
 from .mpi_buffers import device_buffer, hand_over, host_view, mpi_cuda_aware, tensor_address
-from .mpi_carried import WORD_BITS, carried_path, compiled_carrier, compiled_module
+from .mpi_carried import WORD_BITS, carried_path, compiled_carrier
 from .mpi_library import (
     float16_datatype,
     library_version,
@@ -47,7 +47,7 @@ from .mpi_library import (
     wrapping_wire,
 )
 from .mpi_requests import FAST_POLLS, POLL, _Request, poll_policy
-from .mpi_round import Round
+from .mpi_round import Round, compiled_module
 from .mpi_staged import UNEVEN_BYTES
 
 

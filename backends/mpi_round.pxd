@@ -155,6 +155,10 @@ cdef inline void bind_memory(Round r) except *:
     r.memory_at = <char *><size_t>r.memory.ctypes.data if r.memory is not None else NULL
 
 
+cdef inline bint made(Round r) noexcept:
+    return r.block_at != NULL
+
+
 cdef inline void put(Round r, Py_ssize_t slot, int64_t value) noexcept:
     (<int64_t *>r.block_at)[slot] = value
 
@@ -224,7 +228,7 @@ cdef inline int start_direct(Round r, object request, bint staged) except -1:
     cdef void *handle
     cdef int code, flag = 0, i
     cdef char status[STATUS_ROOM]
-    if not r.direct:
+    if not r.direct or r.mpi_start == NULL:  # (direct set where bind_mpi found none: mpi4py's)
         request.Start()
         test = request.Test
         for i in range(r.polls):

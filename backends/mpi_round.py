@@ -39,10 +39,13 @@ and tests it through mpi4py (``Prequest.Start``, ``Test``): the same MPI calls, 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from collectives import config
 
 from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS
 from .mpi_requests import FAST_POLLS
@@ -210,6 +213,8 @@ class Round:
         """The round with ``word`` in this rank's block (and its want, where there is a large
         block): the bitwise AND of every rank's word, and the switch (every rank switches at the
         same round, from what every rank's block said). Sets :attr:`everyone_fast`."""
+        if not made(self):
+            raise RuntimeError("a Round is made by Round(...), which every rank calls")
         if self.read != self.geometry:  # (the last round switched: its readers' views)
             self._read_views(self.geometry)
         put(self, 0, word)
@@ -238,7 +243,7 @@ class Round:
 
     def set_row(self, i: int, value: int) -> None:
         """Item ``i`` of this rank's row (the uneven calls' counts) in the next round's block."""
-        if not 0 <= i <= self.size:
+        if not made(self) or not 0 <= i <= self.size:
             raise IndexError(f"a row holds {self.size + 1} items")
         put(self, 1 + i, value)
 
@@ -253,6 +258,8 @@ class Round:
         given) in its payload where it fits (with it, bit 63 of the word, see
         MPIChannel._uneven_bytes: a larger one is marked alone): the AND of every rank's word,
         bit 63 included."""
+        if not made(self):
+            raise RuntimeError("a Round is made by Round(...), which every rank calls")
         if view is not None:  # (past the payload: marked alone, see MPIChannel._uneven_bytes)
             if not copy_into_payload(self, view):
                 raise ValueError("an uneven call's carried x must be one C-contiguous buffer")
@@ -265,7 +272,7 @@ class Round:
         AND of every rank's word less bit 63, every rank's row, and every rank's payload where
         every rank marked its word (else None)."""
         n = len(row)
-        if 2 + n > self.payload_offset // 8:
+        if not made(self) or 2 + n > self.payload_offset // 8:
             raise ValueError("the row must fit the block")
         for i in range(n):  # (item by item: a slice of a list costs twice as much)
             put(self, 1 + i, row[i])
@@ -278,6 +285,8 @@ class Round:
         buffer), rows of ``row`` bytes: with ``rank`` -1, every rank's first ``counts[k]`` rows back
         to back (all_gather_v); else, ``counts`` being the splits, the rows each rank k sent to
         ``rank`` (``counts[k][rank]`` of them, after its ``counts[k][:rank]``)."""
+        if not made(self) or not self.gathers:
+            raise RuntimeError("rows_into needs a Round that gathers blocks")
         gathered = rank < 0
         at = 0
         for k in range(self.size):
@@ -295,6 +304,8 @@ class Round:
         """A staged persistent request of the channel's fast paths started and completed: MPI_Start
         and the fast polls (directly where bound), then the channel's wait; whether the fast polls
         saw it complete."""
+        if not made(self):
+            raise RuntimeError("a Round is made by Round(...), which every rank calls")
         done = start_direct(self, request, True)
         if not done:
             self._wait(request, None)
@@ -320,6 +331,12 @@ class Round:
         self.handle_of = self.staged_of = None
 
 
+def compiled_module() -> Any:
+    """This module compiled (``collectives.backends._round_c``: the Round in C), or None where it was
+    not built (or from another version of the file) or ``COLLECTIVES_COMPILED=0`` turns it off."""
+    return config.compiled_extension(f"{__package__}._round_c", sys.modules[f"{__package__}.mpi_round"])
+
+
 def polled(r: Round, request: Any) -> bool:
     """The fast polls of a started ``request`` (mpi4py's Test): whether it completed."""
     test = request.Test
@@ -342,6 +359,10 @@ if not cython.compiled:  # the Python form of the .pxd's C helpers (the compiled
 
     def bind_memory(r: Round) -> None:
         """The blocks' addresses (the compiled form's)."""
+
+    def made(r: Round) -> bool:
+        """Whether ``r``'s __init__ ran (the compiled form's blocks are bound)."""
+        return True
 
     def put(r: Round, slot: int, value: int) -> None:
         """Int64 ``slot`` of this rank's block."""

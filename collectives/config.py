@@ -47,7 +47,8 @@ ELASTIC_STORE = "COLLECTIVES_ELASTIC_STORE"
 #: for the first ranks; n, n+1, ... for replacements, which wait to join).
 ELASTIC_ID = "COLLECTIVES_ELASTIC_ID"
 #: 0 runs the pure-Python form of what has a compiled one (the call path, collectives/callpath.py,
-#: compiled by Cython; the MPI backend's check round and carried small calls, backends/_carried*.c),
+#: compiled by Cython; the MPI backend's check round and carried small calls, backends/mpi_round.py
+#: and mpi_carried.py, compiled the same way),
 #: the reference the compiled form is tested against; read when a communicator is made (it keeps
 #: its form).
 COMPILED = "COLLECTIVES_COMPILED"

@@ -135,11 +135,12 @@ def mpi_report() -> dict[str, Any]:
         return {"usable": False, "why": f"mpi4py cannot load an MPI library: {error} "
                                         "(pip install mpich, or set MPI4PY_LIBMPI)"}
     from collectives.backends.mpi_buffers import mpi_cuda_aware  # noqa: PLC0415
-    from collectives.backends.mpi_carried import compiled_module  # noqa: PLC0415
+    from collectives.backends.mpi_carried import compiled_carrier  # noqa: PLC0415
     from collectives.backends.mpi_library import library_version  # noqa: PLC0415
+    from collectives.backends.mpi_round import compiled_module  # noqa: PLC0415
 
     library = library_version(MPI)
-    compiled = compiled_module() is not None
+    compiled = compiled_module() is not None and compiled_carrier() is not None
     forced = os.environ.get(config.MPI_CUDA_AWARE, "").strip()
     try:
         aware = mpi_cuda_aware(MPI)
@@ -175,15 +176,18 @@ _warned = False
 def warn_if_not_compiled() -> None:
     """A :class:`NotCompiledWarning`, once per process, where a compiled form of the MPI backend's
     calls (the call path, collectives._callpath_c; the check round and small calls,
-    collectives.backends._carried) is missing though ``COLLECTIVES_COMPILED`` leaves them on.
+    collectives.backends._round_c and _carried_c) is missing though ``COLLECTIVES_COMPILED`` leaves them on.
     Called when an MPI transport is made; ``COLLECTIVES_COMPILED=0`` silences it."""
     global _warned
     if _warned or not config.compiled():
         return
-    from collectives.backends.mpi_carried import compiled_module  # noqa: PLC0415
+    from collectives.backends.mpi_carried import compiled_carrier  # noqa: PLC0415
+    from collectives.backends.mpi_round import compiled_module  # noqa: PLC0415
 
     missing = [name for name, module in (("the call path (collectives._callpath_c)", front.compiled_module()),
-                                         ("the MPI check round (collectives.backends._carried)", compiled_module()))
+                                         ("the MPI check round (collectives.backends._round_c)", compiled_module()),
+                                         ("the MPI carried calls (collectives.backends._carried_c)",
+                                          compiled_carrier()))
                if module is None]
     _warned = True
     if missing:

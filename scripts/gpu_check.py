@@ -52,13 +52,14 @@ def _nccl_text(library: str) -> str:
 
 def _compiled_forms() -> str:
     """Which form of each optional compiled module loaded: compiled, or the Python beside it."""
-    from collectives.backends import mpi_carried  # noqa: PLC0415
+    from collectives.backends import mpi_carried, mpi_round  # noqa: PLC0415
 
     from collectives import config, front  # noqa: PLC0415
 
     why = "off, COLLECTIVES_COMPILED=0" if not config.compiled() else "not built or stale"
     forms = {"collectives._callpath_c (call path)": front.compiled_module(),
-             "collectives.backends._carried (MPI round)": mpi_carried.compiled_module()}
+             "collectives.backends._round_c (MPI round)": mpi_round.compiled_module(),
+             "collectives.backends._carried_c (MPI carried calls)": mpi_carried.compiled_carrier()}
     return "; ".join(f"{name}: {'compiled' if module is not None else f'Python ({why})'}"
                      for name, module in forms.items())
 

@@ -1,7 +1,8 @@
 """Communicators in a form: the compiled one (what the install builds: the call path,
 collectives/callpath.py compiled by Cython, and the MPI backend's round and carried calls,
-backends/_carried*.c) or the Python one, their reference (COLLECTIVES_COMPILED=0). A communicator takes its form when
-it is made, so a test makes a split under the variable."""
+backends/mpi_round.py and mpi_carried.py compiled the same way) or the Python one, their reference
+(COLLECTIVES_COMPILED=0). A communicator takes its form when it is made, so a test makes a split
+under the variable."""
 
 from __future__ import annotations
 

@@ -537,7 +537,7 @@ def test_the_compiled_module_is_built_and_its_check_word_is_wires(monkeypatch):
     """The test set-up builds backends/_carried*.c; its word is wire.check_word's (the call path's
     CallCheck.carry runs compiled as CheckedCarry), over hashes of every width and sequence
     numbers past 31 bits; COLLECTIVES_COMPILED=0 turns the module off."""
-    from collectives.backends.mpi_carried import compiled_module
+    from collectives.backends.mpi_round import compiled_module
 
     from collectives.wire import call_hash, check_word
 

@@ -114,8 +114,8 @@ def test_a_preloaded_pmpi_tool_sees_every_mpi_start_and_mpi_test_in_both_forms(s
 
 def test_an_mpi_module_without_a_file_leaves_the_round_to_mpi4pys_calls():
     """binds_mpi on an MPI module with no ``__file__`` (and no MPI in the process): not bound, no error."""
-    program = ("import types; from collectives.backends import mpi_carried; "
-               "module = mpi_carried.compiled_module(); "
+    program = ("import types; from collectives.backends import mpi_round; "
+               "module = mpi_round.compiled_module(); "
                "print('unbuilt' if module is None else module.binds_mpi(types.ModuleType('MPI')))")
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, COLLECTIVES_COMPILED="1"))

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from collectives.backends.mpi_carried import compiled_module
+from collectives.backends.mpi_round import compiled_module
 
 from collectives.front import compiled_module as front_module
 from collectives.testing.launch import mpi_command
@@ -23,7 +23,7 @@ import sys
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):
-        if name in ("collectives._callpath_c", "collectives.backends._carried"):
+        if name in ("collectives._callpath_c", "collectives.backends._round_c", "collectives.backends._carried_c"):
             raise ImportError(f"{name} refused (the test's stand-in for a build without a C compiler)")
         return None
 
@@ -63,7 +63,8 @@ def job_stderr(tmp_path, built, compiled):
 def test_a_job_without_the_compiled_forms_warns_once_per_rank_saying_how_to_get_them(tmp_path):
     stderr = job_stderr(tmp_path, built=False, compiled=None)
     assert stderr.count(WARNING) == 2, stderr  # (one per rank, though each made two communicators)
-    assert "collectives._callpath_c" in stderr and "collectives.backends._carried" in stderr
+    assert "collectives._callpath_c" in stderr and "collectives.backends._round_c" in stderr
+    assert "collectives.backends._carried_c" in stderr
     assert "pip install --no-cache-dir --force-reinstall" in stderr and "COLLECTIVES_COMPILED=0" in stderr
 
 

@@ -56,7 +56,8 @@ def test_mpi_library_version_and_cuda_awareness_are_printed(report):
 
 
 def test_the_compiled_check_round_is_reported(monkeypatch, report):
-    """The test set-up builds backends/_carried*.c: reported as compiled; COLLECTIVES_COMPILED=0 says off."""
+    """The test set-up compiles backends/mpi_round.py and mpi_carried.py: reported as compiled;
+    COLLECTIVES_COMPILED=0 says off."""
     if not report["backends"]["mpi"]["usable"]:
         pytest.skip("MPI unavailable here")
     assert report["backends"]["mpi"]["compiled"] is True
