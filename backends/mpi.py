@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from collectives import arrays, calls
+from collectives import arrays, calls, config
 from collectives.arrays import ArrayAdapter
 from collectives.calls import NOT_TAKEN, Request
 from collectives.communicator import Communicator
@@ -58,6 +58,7 @@ from collectives.launcher import LaunchInfo, check_world_size
 from collectives.ops import ReduceOp
 from collectives.work import Work
 
+from . import mpi_uneven
 from ._buffers import (
     clone,
     count,
@@ -70,7 +71,6 @@ from .mpi_buffers import (
     hand_over,
     tensor_address,
 )
-from .mpi_carried import carried_uneven
 from .mpi_channel import MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
 from .mpi_p2p import point_to_point_class, short_message
 from .mpi_requests import _Request
@@ -106,6 +106,18 @@ class MPITransport(MPIChannel):
         super().__init__(comm, local_rank)
         # send's and recv's fast paths, compiled where they were built (a transport keeps its form).
         self._point_to_point = point_to_point_class()
+        # The uneven methods after their counts' round (backends/mpi_uneven.py, compiled where built):
+        # instance attributes over this class's functions, which they run for what they do not take,
+        # where the round gathers the counts and payloads they read.
+        if self.round.gathers:  # (the compiled Uneven runs the compiled Round's methods in C)
+            compiled = config.compiled_extension(f"{__package__}._uneven_c", mpi_uneven) \
+                if self._compiled_round is not None else None
+            uneven = (compiled or mpi_uneven).Uneven
+            cls = type(self)
+            if cls._all_gather_v is MPITransport._all_gather_v:
+                self._all_gather_v = uneven(self, calls.ALL_GATHER_V, self._all_gather_v)  # type: ignore[method-assign]
+            if cls._all_to_all_v is MPITransport._all_to_all_v:
+                self._all_to_all_v = uneven(self, calls.ALL_TO_ALL_V, self._all_to_all_v)  # type: ignore[method-assign]
 
     @classmethod
     def from_launcher(cls, launch: LaunchInfo, *, timeout: Any = None) -> MPITransport:
@@ -368,8 +380,8 @@ class MPITransport(MPIChannel):
                                 lambda send, recv: ([send, byte], [recv, byte]))
 
     def _all_gather_v(self, r: Request) -> Any:
-        if r.carried is not None and (found := carried_uneven(r, self, -1)) is not None:
-            return found  # x travelled with the counts, or staged (backends/mpi_carried.py)
+        """The v-collective (MPI_Allgatherv); where the round gathers, :class:`~.mpi_uneven.Uneven`
+        runs first (the rows the counts' round carried or marked) and this for what it does not take."""
         x, adapter, counts, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         result = out if out is not None else adapter.empty(x, (sum(counts), *x.shape[1:]))
         row = row_bytes(x)
@@ -379,8 +391,7 @@ class MPITransport(MPIChannel):
                                 lambda send, recv: ([send, byte], [recv, sizes, byte]))
 
     def _all_to_all_v(self, r: Request) -> Any:
-        if r.carried is not None and (found := carried_uneven(r, self, self.rank)) is not None:
-            return found
+        """The v-collective (MPI_Alltoallv); see :meth:`_all_gather_v`."""
         x, adapter, splits, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))

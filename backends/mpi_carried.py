@@ -6,7 +6,7 @@ COUNTS_RANKS ranks an MPI_Allgather of one fixed block per rank (see ``MPIChanne
 check word, the uneven collectives' counts and CARRY_BYTES of payload. A call whose host ``x``
 fits there puts its bytes in its block and sets bit 63 of its word (:data:`CARRIED`): the
 collectives of even shapes through :func:`carried_path`, the uneven ones with their counts
-(``MPIChannel._agree_counts``, then :func:`carried_uneven`).
+(``MPIChannel._agree_counts``, then backends/mpi_uneven.py).
 A call of even shapes on the fast path whose ``x`` is larger makes the same round with its word
 alone (bit 63 set: it runs on the fast path; every rank of the same call has ``x`` of the same
 size, as the word hashes its shape and dtype), then runs as usual: its check costs no Python.
@@ -39,16 +39,8 @@ from collectives import calls, config
 from collectives.calls import NOT_TAKEN
 from collectives.ops import ReduceOp
 from collectives.wire import FAST_BIT
-from collectives.work import Work
 
-from ._buffers import row_bytes
-from .mpi_staged import (
-    STAGED_BYTES,
-    staged_table,
-    staged_uneven,
-    uneven_block,
-    uneven_stage,
-)
+from .mpi_staged import STAGED_BYTES, staged_table
 
 try:
     import cython
@@ -305,52 +297,3 @@ def result_maker(call: Any, size: int, rank: int, new: Any, mpi_type: Any, local
             return result
         return all_to_all
     return None
-
-
-# -- the uneven rows: x travelled with the counts (see MPIChannel._agree_counts) ----------------
-
-def _result(r: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
-    """An uneven call's result (``r.out`` or a new array of x's kind) and its numpy view."""
-    result = r.out
-    if result is None:
-        if type(r.x) is np.ndarray:
-            result = np.empty(shape, r.x.dtype)
-            return result, result
-        result = r.adapter.empty(r.x, shape)
-    return result, result if type(result) is np.ndarray else result.numpy()
-
-
-def _done(r: Any, result: Any) -> Any:
-    return Work(result) if r.async_op else result
-
-
-def _host(r: Any) -> Any:
-    """x's bytes as a C-contiguous numpy array (its rank marked the round: x has a host view)."""
-    return r.view if r.view is not None else r.adapter.host_view(r.x, False)
-
-
-def carried_uneven(r: Any, channel: Any, rank: int) -> Any:
-    """An uneven call's result from ``r.carried`` (rank -1: all_gather_v, ``(result, counts)`` of every
-    rank's x; else the uneven all_to_all, what each rank sent to ``rank``, this one), copied by the
-    channel's compiled round where there is one; where not every rank's x is in the round's blocks
-    (every rank's is host memory of at most UNEVEN_BYTES: the round said so), through the staged
-    request of :func:`~.mpi_staged.staged_uneven`; None where the channel keeps none (the
-    v-collective runs). Compiled (with the staged request): backends/_carried_uneven.c."""
-    x, counts, carried = r.x, r.extra, r.carried
-    row, gathered = row_bytes(x), rank < 0
-    entry = None
-    if (max(counts) if gathered else max(sum(sent) for sent in counts)) * row > carried.shape[1]:
-        block = uneven_block((max(counts) if gathered else max(max(sent) for sent in counts)) * row)
-        if (entry := uneven_stage(channel, r.call, block)) is None:
-            return None
-    got_rows = counts if gathered else [sent[rank] for sent in counts]
-    result, got = _result(r, (sum(got_rows), *x.shape[1:]))
-    if entry is not None:
-        staged_uneven(channel, entry, block, _host(r), got, counts, row, rank)
-    else:
-        got, at = got.reshape(-1).view(np.uint8), 0
-        for k, n in enumerate(got_rows):
-            start = 0 if gathered else sum(counts[k][:rank]) * row
-            got[at:at + n * row] = carried[k, start:start + n * row]
-            at += n * row
-    return _done(r, (result, counts) if gathered else result)

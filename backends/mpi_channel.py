@@ -330,7 +330,7 @@ class MPIChannel(Transport):
     def _uneven_bytes(self) -> int:  # type: ignore[override]
         """An uneven call's host x of at most this many bytes marks its word in the counts' round
         (bit 63): carried in its block where every rank's fits there, else, every rank's marked,
-        moved by a staged request (mpi_staged.staged_uneven), which needs the round's blocks and
+        moved by a staged request (backends/mpi_uneven.py), which needs the round's blocks and
         persistent gathering requests (not MPI < 4, ULFM, or Intel MPI's wrong persistent
         all_gather): without them, the block's payload."""
         staged = self.round.gathers and self._persistent and self._stages_gathers

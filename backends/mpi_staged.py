@@ -79,24 +79,10 @@ def staged_or(channel: Any, table: dict[Any, tuple[Any, Any]] | None, plain: Fas
 # -- the uneven collectives past the round's payload -----------------------------------------
 
 #: An uneven call whose x is host memory of at most this many bytes on every rank, not all of it
-#: in the check's round, goes through a staged request (see staged_uneven).
+#: in the check's round, goes through a staged request (see backends/mpi_uneven.py).
 UNEVEN_BYTES = 8192
-#: The least block of an uneven call's staged request (see uneven_block), in bytes.
-LEAST_BLOCK = 256
-
-
-def uneven_block(need: int) -> int:
-    """The block of an uneven call's staged request for ``need`` bytes a rank (all_gather_v) or a
-    pair (all_to_all): at least :data:`LEAST_BLOCK`, else ``need`` rounded up to a multiple of an
-    eighth of the next power of two (at most a quarter more; a few requests serve counts that vary)."""
-    if need <= LEAST_BLOCK:
-        return LEAST_BLOCK
-    step = 1 << max(0, (need - 1).bit_length() - 3)
-    return -(-need // step) * step
-
-
 #: The dtype and op of an uneven call's table of staged requests (its kind: (call, dtype, op); the
-#: compiled uneven method looks its requests up there, backends/_carried_uneven.c).
+#: uneven method looks its requests up there, backends/mpi_uneven.py).
 UNEVEN_STAGED = ("uint8", None)
 
 
@@ -118,32 +104,3 @@ def uneven_stage(channel: Any, call: Any, block: int) -> tuple[Any, Any] | None:
         entry = channel._stage(table, block, (sends + size * block,), np.uint8,
                                lambda stage: init([stage[:sends], byte], [stage[sends:], byte]))
     return entry
-
-
-def staged_uneven(channel: Any, entry: tuple[Any, Any], block: int, x: Any, got: Any, counts: list[Any], row: int,
-                  rank: int) -> None:
-    """An uneven call (all_gather_v: ``rank`` -1, ``counts`` every rank's rows; the uneven
-    all_to_all: ``rank`` this rank, ``counts`` the splits) whose counts' round said that every
-    rank's x is host memory of at most :data:`UNEVEN_BYTES`, not all of it in the round's blocks,
-    moved through ``entry``, :func:`uneven_stage`'s request of blocks of ``block`` bytes and its
-    staging array: x's rows (``x``: its C-contiguous bytes) into the staging array's blocks
-    (all_gather_v: its first block; all_to_all: the rows for peer j into block j), the request run
-    (``MPIChannel._start``), every rank's rows out of the blocks it got, back to back into ``got``.
-    Compiled: backends/_carried_uneven.c."""
-    request, stage = entry
-    sends = block if rank < 0 else channel.size * block
-    data = np.asarray(x).reshape(-1).view(np.uint8)
-    if rank < 0:
-        stage[:data.size] = data
-    else:
-        at = 0
-        for j, n in enumerate(counts[rank]):
-            stage[j * block:j * block + n * row] = data[at:at + n * row]
-            at += n * row
-    channel._start(request)
-    into, at = np.asarray(got).reshape(-1).view(np.uint8), 0
-    for k in range(channel.size):
-        n = (counts[k] if rank < 0 else counts[k][rank]) * row
-        start = sends + k * block
-        into[at:at + n] = stage[start:start + n]
-        at += n

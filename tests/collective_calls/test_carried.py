@@ -20,7 +20,8 @@ import warnings
 import numpy as np
 import pytest
 from collectives.backends.mpi_carried import CARRY_BYTES
-from collectives.backends.mpi_staged import UNEVEN_BYTES, uneven_block
+from collectives.backends.mpi_staged import UNEVEN_BYTES
+from collectives.backends.mpi_uneven import uneven_block
 from forms import split_in_form
 
 from collectives.config import COMPILED
@@ -321,20 +322,20 @@ def uneven_staged_job(comm, kind):
     (its method's Python form, the others' compiled one), each against numpy; whether every rank
     marked its word, per call; the blocks of the staged requests made."""
     import torch
-    from collectives.backends import mpi_carried
+    from collectives.backends import mpi_staged
 
     wrap = torch.from_numpy if kind == "torch" else np.asarray
     size, rank = comm.size, comm.rank
     wrong, marked, staged = [], [], []
-    kept = mpi_carried.uneven_stage  # (counted: the compiled method calls it only to make a request)
-    mpi_carried.uneven_stage = lambda *args: staged.append(args[2]) or kept(*args)
+    kept = mpi_staged.uneven_stage  # (counted: the method calls it only to make a request)
+    mpi_staged.uneven_stage = lambda *args: staged.append(args[2]) or kept(*args)
     try:
         turns(comm, wrap, size, rank, wrong, marked)
     finally:
-        mpi_carried.uneven_stage = kept
+        mpi_staged.uneven_stage = kept
     blocks = sorted(block for key, table in comm._transport._staged_tables.items() if key[1] == "uint8"
                     for block in table)
-    methods = {type(comm._transport._all_gather_v).__name__, type(comm._transport._all_to_all_v).__name__}
+    methods = {type(comm._transport._all_gather_v).__module__, type(comm._transport._all_to_all_v).__module__}
     return wrong, marked, blocks, methods, comm._transport._uneven_bytes, len(staged)
 
 
@@ -378,12 +379,12 @@ def test_uneven_calls_past_the_block_go_staged_or_through_their_v_collective_and
         sizes += [max(rows_of(r) for r in range(size)) * 16] * 2
         sizes.append(max(sum((rows_of(r) + j) // size for j in range(size)) for r in range(size)) * 12)
     for wrong, marked, blocks, methods, most, staged in results:
-        # uneven_stage: called by the compiled method only to make a request (it finds a made one
-        # itself), by the Python one for every staged call
-        assert staged == len(blocks) if form == "compiled" or most != UNEVEN_BYTES else staged > len(blocks)
+        # uneven_stage: called only to make a request (the method finds a made one itself)
+        assert staged == len(blocks)
         assert marked == [n <= most for n in sizes], marked
         assert most in (UNEVEN_BYTES, CARRY_BYTES)
-        assert methods == ({"Uneven"} if form == "compiled" else {"method"}), methods
+        module = "_uneven_c" if form == "compiled" else "mpi_uneven"  # (backends/mpi_uneven.py, or its build)
+        assert methods == {f"collectives.backends.{module}"}, methods
         assert wrong == []
         assert blocks == (sorted(expected) if most == UNEVEN_BYTES else []), blocks  # (none: nothing staged)
 
@@ -590,3 +591,19 @@ def test_the_round_started_by_mpi_itself_gives_what_mpi4pys_calls_give(world):
         assert found[True] == found[False] == (
             [total] * 3, total * 2 * CARRY_BYTES // 8, list(range(1, world.size + 1)), rows,
             [float(world.size - 1)] * 2, True)
+
+
+def test_both_forms_pick_the_same_block_for_an_uneven_staged_request():
+    """uneven_block, compiled and not, against its rule written out (ranks in different forms
+    that picked different blocks would start different requests and hang)."""
+    from collectives.backends import mpi_uneven
+
+    from collectives import config
+
+    compiled = config.compiled_extension("collectives.backends._uneven_c", mpi_uneven)
+    forms = [mpi_uneven.uneven_block] + ([compiled.uneven_block] if compiled is not None else [])
+    for need in [*range(0, 3000), 4095, 4096, 4097, 8191, 8192, 8193, 10**6 + 1]:
+        step = 1 << max(0, (need - 1).bit_length() - 3)
+        want = 256 if need <= 256 else (need + step - 1) // step * step
+        assert [block(need) for block in forms] == [want] * len(forms), need
+    assert os.environ.get(COMPILED) == "0" or compiled is not None  # (the install builds it)
