@@ -143,6 +143,8 @@ class MPIChannel(Transport):
         kind = Round if compiled is None else compiled.Round
         self.round = kind(self._comm, MPI, ranks, self._counts_with_check, self._stages_gathers, self._wait_saying)
         self._persistent = self.round.persistent
+        # The counts' round is the Round's own: the check calls it with no frame of the channel's between.
+        self._agree_counts = self.round.agree_counts  # type: ignore[method-assign,assignment]
         # The fast paths' persistent requests of small calls (see _staged): one table per kind
         # of call (row, dtype, op), {shape (and root): (request, its staging array)}.
         self._staged_tables: dict[Any, dict[Any, tuple[Any, Any]]] = {}

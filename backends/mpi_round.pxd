@@ -65,6 +65,7 @@ cdef class Round:
     cpdef set_row(self, Py_ssize_t i, int64_t value)
     cpdef int64_t row_value(self, Py_ssize_t rank, Py_ssize_t i) except? -1
     cpdef int64_t agree(self, int64_t word, object view) except? -1
+    @cython.locals(n=Py_ssize_t, i=Py_ssize_t, k=Py_ssize_t, reduced=int64_t, rows=list, counts=list)
     cpdef tuple agree_counts(self, int64_t word, list row, object view)
     cpdef rows_into(self, object got, object counts, Py_ssize_t row, int rank=*)
     cpdef bint start_staged(self, object request) except -1

@@ -277,7 +277,12 @@ class Round:
         for i in range(n):  # (item by item: a slice of a list costs twice as much)
             put(self, 1 + i, row[i])
         reduced = self.agree(word, view)
-        rows = [[row_item(self, k, i) for i in range(n)] for k in range(self.size)]
+        rows = []
+        for k in range(self.size):  # (loops over C integers where compiled: no range objects)
+            counts = []
+            for i in range(n):
+                counts.append(row_item(self, k, i))
+            rows.append(counts)
         return reduced & WORD_BITS, rows, self.payloads if view is not None and reduced < 0 else None
 
     def rows_into(self, got: Any, counts: Any, row: int, rank: int = -1) -> None:

@@ -120,16 +120,13 @@ def compiled_extension(name: str, source: Any) -> Any:
     """The compiled form ``name`` (a module's full name), or None where :func:`compiled` says no,
     it was not built, or it was built from other sources: ``source`` is its Python twin, the module
     it was compiled from (setup.py stamps the compiled module with the sha256 of that file,
-    ``__source_sha256__``: a build left from another version of the file is not used); for an
-    extension written in C, the ``VERSION`` it must have."""
+    ``__source_sha256__``: a build left from another version of the file is not used)."""
     if not compiled():
         return None
     try:
         module = importlib.import_module(name)
     except ImportError:
         return None
-    if isinstance(source, int):
-        return module if getattr(module, "VERSION", None) == source else None
     stamp = getattr(module, "__source_sha256__", None)
     return module if stamp is not None and stamp == source_sha256(source.__file__) else None
 

@@ -36,6 +36,8 @@ CASES = [
     ("gather", "comm.gather(x8, 0)"),
     ("scatter", "comm.scatter(rows, 0)"),
     ("all_to_all", "comm.all_to_all(x16)"),
+    ("all_gather_v", "comm.all_gather_v(x8)"),
+    ("all_to_all_splits", "comm.all_to_all(x16, [1, 1])"),
     ("send", "comm.send(x8, 1) if comm.rank == 0 else comm.recv(x8, 0)"),  # (rank 0 sends, rank 1 receives)
 ]
 #: The MPI library's functions of the round's polls (MPICH names them PMPI_*, the weak MPI_* alike).

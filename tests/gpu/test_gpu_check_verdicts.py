@@ -127,5 +127,5 @@ def test_the_smoke_runs_again_on_the_python_forms_and_the_preflight_names_the_fo
         "smoke COLLECTIVES_COMPILED=", "full torch-nccl-1 COLLECTIVES_COMPILED=",
         "full torch-nccl-2 COLLECTIVES_COMPILED=", "smoke COLLECTIVES_COMPILED=0"]
     assert re.search(r"^- compiled modules: collectives\._callpath_c \(call path\): (compiled|Python \(.*\)); "
-                     r"collectives\.backends\._carried \(MPI round\): ", report, re.MULTILINE), report
+                     r"collectives\.backends\._round_c \(MPI round\): ", report, re.MULTILINE), report
     assert "- smoke with COLLECTIVES_COMPILED=0 (the Python forms): 1 passed" in report
