@@ -173,25 +173,38 @@ class NotCompiledWarning(RuntimeWarning):
 _warned = False
 
 
+#: The compiled forms an install builds (setup.py's COMPILED, the same modules): the compiled module
+#: -> the Python module it is compiled from (its twin, which runs where it is not there).
+COMPILED_FORMS = {"collectives._callpath_c": "collectives.callpath",
+                  "collectives._host_views_c": "collectives.host_views",
+                  "collectives._wire_c": "collectives.wire",
+                  "collectives._reliability_c": "collectives.reliability",
+                  "collectives.backends._p2p_c": "collectives.backends.mpi_p2p",
+                  "collectives.backends._round_c": "collectives.backends.mpi_round",
+                  "collectives.backends._carried_c": "collectives.backends.mpi_carried",
+                  "collectives.backends._uneven_c": "collectives.backends.mpi_uneven"}
+
+
+def compiled_forms() -> dict[str, bool]:
+    """Whether each of :data:`COMPILED_FORMS` runs here: built from the installed sources, and
+    ``COLLECTIVES_COMPILED`` leaving it on (``collectives.config.compiled_extension``). Imports
+    no transport (the twins take theirs as arguments)."""
+    return {name: config.compiled_extension(name, importlib.import_module(twin)) is not None
+            for name, twin in COMPILED_FORMS.items()}
+
+
 def warn_if_not_compiled() -> None:
-    """A :class:`NotCompiledWarning`, once per process, where a compiled form of the MPI backend's
-    calls (the call path, collectives._callpath_c; the check round and small calls,
-    collectives.backends._round_c and _carried_c) is missing though ``COLLECTIVES_COMPILED`` leaves them on.
-    Called when an MPI transport is made; ``COLLECTIVES_COMPILED=0`` silences it."""
+    """A :class:`NotCompiledWarning`, once per process, naming every compiled form (of
+    :data:`COMPILED_FORMS`: the call path, the check, the MPI backend's round, small, uneven and
+    point-to-point calls) that is missing though ``COLLECTIVES_COMPILED`` leaves them on. Called when
+    an MPI transport is made; ``COLLECTIVES_COMPILED=0`` silences it."""
     global _warned
     if _warned or not config.compiled():
         return
-    from collectives.backends.mpi_carried import compiled_carrier  # noqa: PLC0415
-    from collectives.backends.mpi_round import compiled_module  # noqa: PLC0415
-
-    missing = [name for name, module in (("the call path (collectives._callpath_c)", front.compiled_module()),
-                                         ("the MPI check round (collectives.backends._round_c)", compiled_module()),
-                                         ("the MPI carried calls (collectives.backends._carried_c)",
-                                          compiled_carrier()))
-               if module is None]
     _warned = True
+    missing = [name for name, runs in compiled_forms().items() if not runs]
     if missing:
-        warnings.warn(f"collectives: the compiled forms of {' and '.join(missing)} are {NOT_BUILT}",
+        warnings.warn(f"collectives: the compiled forms of {', '.join(missing)} are {NOT_BUILT}",
                       NotCompiledWarning, stacklevel=2)
 
 
@@ -253,19 +266,29 @@ def collect() -> dict[str, Any]:
         "cupy": cupy_info,
     }
     compiled = front.compiled_module() is not None
+    forms = compiled_forms()
     return {"launcher": launch.launcher, "rank": launch.rank, "size": launch.size,
             "backend_env": os.environ.get(config.BACKEND, ""),
             "call_path_compiled": compiled, "call_path_why": "" if compiled else _not_compiled(),
+            "compiled_forms": forms, "compiled_forms_why": "" if all(forms.values()) else _not_compiled(),
             "backends": backends, "gpus": gpus_seen(torch_info),
             "nccl": {"cupy": cupy_info.get("nccl"), "torch": torch_info.get("nccl"),
                      "torch_build": torch_info.get("nccl_build")}}
+
+
+def _forms_line(forms: dict[str, bool], why: str) -> str:
+    """How many of the compiled forms run, and which do not and why."""
+    missing = [name for name, runs in forms.items() if not runs]
+    line = f"compiled forms: {len(forms) - len(missing)} of {len(forms)} run"
+    return line if not missing else f"{line}; not {', '.join(missing)}: {why}"
 
 
 def render(info: dict[str, Any]) -> str:
     """The human-readable report."""
     lines = [f"launcher: {info['launcher'] or 'none'} (rank {info['rank']} of {info['size']}); "
              f"{config.BACKEND}={info['backend_env'] or '(unset: auto)'}",
-             f"call path compiled: {'yes' if info['call_path_compiled'] else 'no, ' + info['call_path_why']}"]
+             f"call path compiled: {'yes' if info['call_path_compiled'] else 'no, ' + info['call_path_why']}",
+             _forms_line(info["compiled_forms"], info["compiled_forms_why"])]
     for name, entry in info["backends"].items():
         state = "usable" if entry.get("usable") else "unavailable"
         detail = entry.get("note") or entry.get("why") or ""

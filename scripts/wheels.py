@@ -128,8 +128,8 @@ def glibc_needed(library: bytes, work: Path) -> list[str]:
 
 def check_installed(python: str, wheel: Path, modules: list[str], work: Path) -> str:
     """Installs ``wheel`` (with mpi4py and the MPICH wheel) into a fresh venv of ``python``, imports
-    its compiled modules there and returns what collectives-info says of the call path and the MPI
-    check round (an error where either is not compiled)."""
+    its compiled modules there and returns what collectives-info says of the call path, the MPI
+    check round and every compiled form (an error where one is not compiled)."""
     venv = work / "venv"
     subprocess.run([python, "-m", "venv", str(venv)], check=True)
     subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--only-binary", ":all:",
@@ -140,14 +140,16 @@ def check_installed(python: str, wheel: Path, modules: list[str], work: Path) ->
                           text=True, cwd=work)
     info = json.loads(done.stdout)
     mpi = info["backends"]["mpi"]
-    if not info["call_path_compiled"] or not mpi.get("compiled"):
-        raise SystemExit(f"wheels: {wheel.name} installed, but not compiled: {info['call_path_why']} "
-                         f"{mpi.get('compiled_why') or mpi.get('why', '')}")
+    missing = [name for name, runs in info["compiled_forms"].items() if not runs]
+    if not info["call_path_compiled"] or not mpi.get("compiled") or missing:
+        raise SystemExit(f"wheels: {wheel.name} installed, but not compiled: {', '.join(missing)} "
+                         f"{info['compiled_forms_why']} {mpi.get('compiled_why') or mpi.get('why', '')}")
     job = subprocess.run([str(venv / "bin" / "mpiexec"), "-n", "2", str(venv / "bin" / "python"), "-c", JOB],
                          capture_output=True, text=True, timeout=300, cwd=work)
     if job.returncode != 0 or job.stdout.count("call path compiled: True") != 2:
         raise SystemExit(f"wheels: {wheel.name}: the 2-rank job failed:\n{job.stdout}{job.stderr[-3000:]}")
-    return "call path compiled: yes; check round compiled: yes; 2 ranks x 1,500 calls right"
+    return (f"call path compiled: yes; check round compiled: yes; compiled forms: {len(info['compiled_forms'])} of "
+            f"{len(info['compiled_forms'])} run; 2 ranks x 1,500 calls right")
 
 
 def verdict(bin_dir: Path, wheel: Path) -> str:

@@ -41,6 +41,17 @@ def compiled_table():
     return ast.literal_eval(table)
 
 
+def test_the_library_knows_every_compiled_form_setup_py_builds():
+    """collectives.info.COMPILED_FORMS (what collectives-info and the warning report) is setup.py's
+    COMPILED: the same modules, each with the module its source is (backends/ installs as
+    collectives.backends)."""
+    from collectives.info import COMPILED_FORMS  # noqa: PLC0415
+
+    twins = {name: "collectives." + source.removeprefix("collectives/")[:-3].replace("/", ".")
+             for name, source in compiled_table().items()}
+    assert COMPILED_FORMS == twins
+
+
 def test_no_c_source_in_collectives_and_no_generated_c_committed():
     assert committed("collectives/*.c", "collectives/*.h") == []
     generated = [name for name in committed("*.c", "*.h")

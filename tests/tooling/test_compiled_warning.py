@@ -15,6 +15,7 @@ import pytest
 from collectives.backends.mpi_round import compiled_module
 
 from collectives.front import compiled_module as front_module
+from collectives.info import COMPILED_FORMS
 from collectives.testing.launch import mpi_command
 
 #: Imported at start-up from PYTHONPATH: the compiled modules' imports fail, as where not built.
@@ -23,7 +24,7 @@ import sys
 
 class Refuse:
     def find_spec(self, name, path=None, target=None):
-        if name in ("collectives._callpath_c", "collectives.backends._round_c", "collectives.backends._carried_c"):
+        if name in REFUSED:
             raise ImportError(f"{name} refused (the test's stand-in for a build without a C compiler)")
         return None
 
@@ -40,21 +41,22 @@ JOB = ("import numpy as np, collectives\n"
 WARNING = "NotCompiledWarning: collectives: the compiled forms of"
 
 
-def environment(tmp_path, built, compiled):
-    """The environment of a process where the compiled modules are there or not (``built``), and
-    COLLECTIVES_COMPILED (None: unset)."""
+def environment(tmp_path, built, compiled, refused=tuple(COMPILED_FORMS)):
+    """The environment of a process where the compiled modules are there or not (``built``: else
+    the ``refused`` ones are not), and COLLECTIVES_COMPILED (None: unset)."""
     env = {key: value for key, value in os.environ.items() if key != "COLLECTIVES_COMPILED"}
     if not built:
-        (tmp_path / "sitecustomize.py").write_text(REFUSE)
+        (tmp_path / "sitecustomize.py").write_text(f"REFUSED = {set(refused)!r}\n{REFUSE}")
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
     if compiled is not None:
         env["COLLECTIVES_COMPILED"] = compiled
     return env
 
 
-def job_stderr(tmp_path, built, compiled):
+def job_stderr(tmp_path, built, compiled, refused=tuple(COMPILED_FORMS)):
     """The stderr of a 2-rank job making two MPI communicators."""
-    done = subprocess.run(mpi_command(2, [sys.executable, "-c", JOB]), env=environment(tmp_path, built, compiled),
+    done = subprocess.run(mpi_command(2, [sys.executable, "-c", JOB]),
+                          env=environment(tmp_path, built, compiled, refused),
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr
@@ -63,9 +65,18 @@ def job_stderr(tmp_path, built, compiled):
 def test_a_job_without_the_compiled_forms_warns_once_per_rank_saying_how_to_get_them(tmp_path):
     stderr = job_stderr(tmp_path, built=False, compiled=None)
     assert stderr.count(WARNING) == 2, stderr  # (one per rank, though each made two communicators)
-    assert "collectives._callpath_c" in stderr and "collectives.backends._round_c" in stderr
-    assert "collectives.backends._carried_c" in stderr
+    assert [name for name in COMPILED_FORMS if name not in stderr] == []
     assert "pip install --no-cache-dir --force-reinstall" in stderr and "COLLECTIVES_COMPILED=0" in stderr
+
+
+def test_one_compiled_form_missing_is_named_alone(tmp_path):
+    if compiled_module() is None or front_module() is None:
+        pytest.skip("the compiled forms were not built here")
+    stderr = job_stderr(tmp_path, built=False, compiled=None, refused=["collectives.backends._uneven_c"])
+    lines = [line for line in stderr.splitlines() if WARNING in line]
+    assert len(lines) == 2, stderr  # (one per rank)
+    assert all([name for name in COMPILED_FORMS if name in line] == ["collectives.backends._uneven_c"]
+               for line in lines), lines
 
 
 @pytest.mark.parametrize(("built", "compiled"), [(False, "0"), (True, None)], ids=["python-form-chosen", "built"])
@@ -79,6 +90,6 @@ def test_collectives_info_says_the_compiled_forms_are_missing_and_how_to_get_the
     done = subprocess.run([sys.executable, "-m", "collectives.info"], env=environment(tmp_path, False, None),
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if "compiled: no" in line]
-    assert len(lines) == 2, done.stdout  # (the call path, and the MPI backend's check round)
+    lines = [line for line in done.stdout.splitlines() if "compiled: no" in line or "compiled forms: 0 of" in line]
+    assert len(lines) == 3, done.stdout  # (the call path, the MPI backend's check round, every form)
     assert all("pip install --no-cache-dir --force-reinstall" in line for line in lines), lines

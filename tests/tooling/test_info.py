@@ -74,6 +74,19 @@ def test_the_compiled_call_path_is_reported(monkeypatch, report):
     assert "call path compiled: no, off (COLLECTIVES_COMPILED=0)" in run_info()
 
 
+def test_every_compiled_form_is_reported(monkeypatch, report):
+    """The test set-up builds every compiled form: each reported as running; COLLECTIVES_COMPILED=0
+    names every one as off."""
+    from collectives.info import COMPILED_FORMS  # noqa: PLC0415
+
+    assert report["compiled_forms"] == dict.fromkeys(COMPILED_FORMS, True)
+    assert f"compiled forms: {len(COMPILED_FORMS)} of {len(COMPILED_FORMS)} run\n" in run_info()
+    monkeypatch.setenv("COLLECTIVES_COMPILED", "0")
+    [line] = [line for line in run_info().splitlines() if line.startswith("compiled forms:")]
+    assert line.startswith(f"compiled forms: 0 of {len(COMPILED_FORMS)} run; not ")
+    assert [name for name in COMPILED_FORMS if name not in line] == [] and line.endswith("off (COLLECTIVES_COMPILED=0)")
+
+
 def test_forced_cuda_awareness_is_reported_as_forced(monkeypatch):
     monkeypatch.setenv("COLLECTIVES_MPI_CUDA_AWARE", "1")
     text = run_info()
