@@ -150,7 +150,6 @@ class MPIChannel(Transport):
         self._staged_tables: dict[Any, dict[Any, tuple[Any, Any]]] = {}
         self._unheard: set[int] = set()  # once closed: the peers whose farewell has not arrived
         # The compiled round where it was built (None: the Python forms).
-        self._compiled: Any = None
         self._compiled_round: Any = None if compiled is None else self.round
         # (the carried calls compiled beside it: backends/mpi_carried.py's Carrier in C)
         carrier = None if compiled is None else compiled_carrier()
@@ -313,7 +312,8 @@ class MPIChannel(Transport):
         collectives' counts, a small call's x): at 2 ranks on one node 0.73 us a call with a
         block of 56 bytes, 0.82 with the 1080 of CARRY_BYTES (MPI_Start and tests, in a loop).
         More ranks: an MPI_Allreduce (BAND) of the word. ``waiting()`` runs when the fast polls
-        did not see it complete. Sets ``_everyone_fast`` (bit 63 of every rank's word)."""
+        did not see it complete. The Round then knows whether every rank set bit 63 of its word
+        (``_everyone_fast``)."""
         return self.round.run(word, waiting)
 
     def _wait_saying(self, request: Any, waiting: Callable[[], None] | None) -> None:
@@ -349,7 +349,9 @@ class MPIChannel(Transport):
 
     def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
         """:meth:`_agree_word` with this rank's ``row`` (and ``view``, x's bytes, if given) in its
-        block: every rank's row in rank order, and every rank's x where every rank carried it."""
+        block: every rank's row in rank order, and every rank's x where every rank carried it.
+        (Each channel's ``__init__`` puts the Round's own bound method in its place, the same call
+        without this frame: this is what the class says the Transport method is.)"""
         return self.round.agree_counts(word, row, view)
 
     def _tell_peers_left(self, how: int) -> None:
