@@ -20,7 +20,7 @@ from . import config, farewell
 from .config import TIMEOUT
 from .diagnostics import recorder
 from .diagnostics.recorder import END, OP, SEQ, STARTED, STATE, mark_failed
-from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, RankFailure, timed_out
+from .errors import CollectiveError, CollectiveMismatch, CollectiveTimeout, PeerLeft, RankFailure, timed_out
 from .polling import SPIN_YIELD_EVERY, PollPolicy, wait_until
 from .transport import CallContext, Transport
 from .work import Work
@@ -134,13 +134,13 @@ class CommunicatorContext(CallContext):
 
     def hear_farewells(self, call: tuple[str, int] | None = None) -> None:
         """While a call waits (``call``: its operation and number; default the running one):
-        :class:`~collectives.farewell.PeerLeft` when a peer left before making it."""
+        :class:`~collectives.errors.PeerLeft` when a peer left before making it."""
         seq = call[1] if call is not None else self.comm._seq
         gone = self.farewells.gone_before(seq)
         if not gone:
             return
         call_name = self.call_name(call)
-        error = farewell.PeerLeft(
+        error = PeerLeft(
             f"{call_name} cannot complete: {farewell.describe(gone)}, so it will never make this "
             f"call (#{seq}): the ranks made different numbers of collective calls. This "
             "communicator is now unusable: every later call on it raises.")

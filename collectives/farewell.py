@@ -26,7 +26,7 @@ import zlib
 from typing import TYPE_CHECKING, Any
 
 from .diagnostics import _exits, recorder
-from .errors import PeerLeft as PeerLeft  # (also importable from here, where it used to live)
+from .errors import PeerLeft as PeerLeft  # (a public name of this module: users import it from here too)
 
 if TYPE_CHECKING:
     from .transport import Transport
