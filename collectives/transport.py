@@ -312,6 +312,9 @@ class Transport(abc.ABC):
     #: The bytes of an uneven call's host ``x`` that :meth:`_agree_counts` takes as ``view`` at
     #: most (at least :attr:`_carry_bytes`; past it, x does not travel: its word is marked).
     _uneven_bytes: int = 0
+    #: :attr:`_uneven_bytes` where it holds for the transport's life (the check reads it once,
+    #: when the communicator is made), else -1 (read on every uneven call).
+    _uneven_bytes_fixed: int = -1
 
     #: Whether the default check's words mark the ranks on the fast path (``wire.FAST_BIT``):
     #: :meth:`_agree_word` then gets words with bit 63 set, and may learn that every rank runs
