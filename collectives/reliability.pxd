@@ -28,7 +28,7 @@ cdef class CallCheck:
     cpdef carry(self, carry, call, reduce_op, root, dtype, view, out, extra)
 
     @cython.locals(seq=int64_t, h=int64_t, gathered=bint, total=int64_t, size=Py_ssize_t, rank=Py_ssize_t,
-                   outs=int64_t, limit=Py_ssize_t, row=list, rows=list, counts=list, splits=list)
+                   outs=int64_t, limit=Py_ssize_t, row=list, rows=list, got=list)
     cpdef bint check_counts(self, r) except -1
 
     @cython.locals(hashes=dict, key=tuple)

@@ -180,8 +180,8 @@ class CallCheck:
         seq: int = self._comm._seq
         if not self.carries or seq == 1:
             return False
-        call, x, out, view = r.call, r.x, r.out, r.view  # (view: the call path's host view of x, or None)
-        shape = x.shape if view is None else view.shape  # (a tuple; a tensor's torch.Size, made per read, is one too)
+        call, out, view = r.call, r.out, r.view  # (view: the call path's host view of x, or None)
+        shape = r.x.shape if view is None else view.shape  # (a tuple; a tensor's torch.Size, made per read, is one too)
         h = self._call_hash(call, None, -1, r.dtype, shape[1:])
         gathered = call is ALL_GATHER_V
         if gathered:
@@ -202,29 +202,27 @@ class CallCheck:
         size = len(rows)
         total = 0
         if gathered:
-            counts = []
             for got in rows:
-                count = got[0]
-                counts.append(count)
-                total += count
-            for got in rows:
+                total += got[0]
+            for rank in range(size):  # (the round's rows are new lists: each becomes its rank's count)
+                got = rows[rank]
                 outs = got[1]
                 if outs != -1 and outs != total:
                     return False  # an out of the wrong rows
-            r.extra, r.carried = counts, carried
+                rows[rank] = got[0]  # type: ignore[call-overload]
+            r.extra, r.carried = rows, carried
             return True
-        splits = []
-        for got in rows:
-            splits.append(got[:size])
         for rank in range(size):  # (loops, not generators: the compiled form runs them in C)
             outs = rows[rank][size]
             if outs != -1:
                 total = 0
-                for sent in splits:
+                for sent in rows:
                     total += sent[rank]
                 if outs != total:
                     return False  # an out of the wrong rows
-        r.extra, r.carried = splits, carried
+        for got in rows:  # (the round's rows are new lists: each loses its out rows, the splits stay)
+            got.pop()
+        r.extra, r.carried = rows, carried
         return True
 
     def _call_hash(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,

@@ -386,11 +386,12 @@ class Transport(abc.ABC):
 
     def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
         """:meth:`_agree_word`'s result, every rank's ``row`` (at most ``size + 1`` ints) in
-        rank order, from the same one small collective, where ``_counts_with_check`` (the
-        default check of an uneven collective: its counts travel in the check's round), and
-        where every rank gave a ``view`` (x's host view, at most :attr:`_uneven_bytes`, or None)
-        every rank's x as bytes (see ``Request.carried``; a view past :attr:`_carry_bytes` does
-        not travel, the rows say whose did), else None. Every call's check word must then travel
+        rank order (new lists: the caller's to keep or change), from the same one small
+        collective, where ``_counts_with_check`` (the default check of an uneven collective: its
+        counts travel in the check's round), and where every rank gave a ``view`` (x's host
+        view, at most :attr:`_uneven_bytes`, or None) every rank's x as bytes (see
+        ``Request.carried``; a view past :attr:`_carry_bytes` does not travel, the rows say whose
+        did), else None. Every call's check word must then travel
         in the same collective, so that a rank in another call meets it."""
         raise NotImplementedError(f"{type(self).__name__} carries no counts with its check word")
 

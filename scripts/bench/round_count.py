@@ -38,6 +38,8 @@ CASES = [
     ("all_to_all", "comm.all_to_all(x16)"),
     ("all_gather_v", "comm.all_gather_v(x8)"),
     ("all_to_all_splits", "comm.all_to_all(x16, [1, 1])"),
+    ("all_gather_v_4k", "comm.all_gather_v(x4k)"),  # (past the round's payload: the staged request)
+    ("all_to_all_splits_4k", "comm.all_to_all(x4k, [256, 256])"),
     ("send", "comm.send(x8, 1) if comm.rank == 0 else comm.recv(x8, 0)"),  # (rank 0 sends, rank 1 receives)
 ]
 #: The MPI library's functions of the round's polls (MPICH names them PMPI_*, the weak MPI_* alike).
