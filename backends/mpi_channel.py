@@ -335,8 +335,17 @@ class MPIChannel(Transport):
         moved by a staged request (backends/mpi_uneven.py), which needs the round's blocks and
         persistent gathering requests (not MPI < 4, ULFM, or Intel MPI's wrong persistent
         all_gather): without them, the block's payload."""
+        fixed = self._uneven_bytes_fixed
+        return fixed if fixed >= 0 else self.round.carry_bytes
+
+    @property
+    def _uneven_bytes_fixed(self) -> int:  # type: ignore[override]
+        """UNEVEN_BYTES where the staged requests move what the payload does not take (the round
+        gathers blocks, with persistent requests, and the library's persistent all_gather is
+        right: none of which changes once the transport is made), else -1: the round's payload,
+        which changes with its block."""
         staged = self.round.gathers and self._persistent and self._stages_gathers
-        return UNEVEN_BYTES if staged else self.round.carry_bytes
+        return UNEVEN_BYTES if staged else -1
 
     @property
     def _carry_bytes(self) -> int:  # type: ignore[override]

@@ -39,6 +39,10 @@ cdef enum:
     STATUS_ROOM = 256
 
 
+# Bit 63 of a word and the rest (mpi_round.py's _MARK and _WORD: INT64_MIN and INT64_MAX).
+cdef int64_t _MARK, _WORD
+
+
 cdef class Round:
     # (the Python form's attributes, as they are there)
     cdef public object _comm, _wait, _start, _exception, _addressof

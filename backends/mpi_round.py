@@ -50,6 +50,11 @@ from collectives import config
 from .mpi_carried import CARRIED, CARRY_BYTES, WORD_BITS
 from .mpi_requests import FAST_POLLS
 
+#: Bit 63 of a word (:data:`CARRIED`) and the rest (:data:`WORD_BITS`), C integers where compiled
+#: (mpi_round.pxd): the counts' round marks and unmarks its word without a Python int.
+_MARK: int = CARRIED
+_WORD: int = WORD_BITS
+
 try:
     import cython
 except ImportError:  # (the Python form where Cython is not installed)
@@ -263,7 +268,7 @@ class Round:
         if view is not None:  # (past the payload: marked alone, see MPIChannel._uneven_bytes)
             if not copy_into_payload(self, view):
                 raise ValueError("an uneven call's carried x must be one C-contiguous buffer")
-            word |= CARRIED
+            word |= _MARK
         return self.run(word)
 
     def agree_counts(self, word: int, row: list[int], view: Any) -> tuple[int, list[list[int]], Any]:
@@ -283,7 +288,7 @@ class Round:
             for i in range(n):
                 counts.append(row_item(self, k, i))
             rows.append(counts)
-        return reduced & WORD_BITS, rows, self.payloads if view is not None and reduced < 0 else None
+        return reduced & _WORD, rows, self.payloads if view is not None and reduced < 0 else None
 
     def rows_into(self, got: Any, counts: Any, row: int, rank: int = -1) -> None:
         """The uneven calls' results out of the last round's payloads into ``got`` (a C-contiguous

@@ -17,7 +17,7 @@ cdef class Collectives:
 
 cdef class CallPath(Collectives):
     cdef readonly object comm, checks, call_check, context, pending, reap, keep, handles
-    cdef readonly object check_call, carry_call, raise_failed, p2p, stream_ordered, post_call
+    cdef readonly object check_call, carry_call, check_counts, raise_failed, p2p, stream_ordered, post_call
     cdef readonly dict plans, twins
     cdef readonly list hooks
     cdef readonly Py_ssize_t size

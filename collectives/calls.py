@@ -188,14 +188,15 @@ def check_splits(comm: Any, shape: Shape, splits: Sequence[int], root: Any) -> N
     if len(splits) != comm.size:
         raise ValueError(f"send_splits must have one entry per rank (size={comm.size}); "
                          f"got {len(splits)}")
-    for count in splits:
+    total = 0
+    for count in splits:  # (one loop, no generator: this runs on every uneven all_to_all)
         if isinstance(count, bool) or not is_int(count):
             raise TypeError(f"send_splits must hold ints; got {type(count).__name__}")
         if count < 0:
             raise ValueError(f"send_splits must be >= 0; got {list(splits)}")
-    if sum(int(c) for c in splits) != shape[0]:
-        raise ValueError(f"send_splits must sum to x.shape[0]={shape[0]}; got {list(splits)} "
-                         f"(sum {sum(int(c) for c in splits)})")
+        total += int(count)
+    if total != shape[0]:
+        raise ValueError(f"send_splits must sum to x.shape[0]={shape[0]}; got {list(splits)} (sum {total})")
 
 
 #: The tag of the barrier's own messages under a timeout (see ``Communicator.barrier``): a

@@ -100,7 +100,7 @@ class Communicator(Collectives):
         # The call path's shortcuts into its parts (one attribute read each).
         self._pending, self._reap, self._keep = handles.pending, handles.reap, handles.keep
         self._plans = checks.plans
-        # (_check_counts: emulations.counted calls it)
+        # (_check_counts: the call path calls it before emulations.counted)
         self._check_call, self._carry_call, self._check_counts = call_check.forms()
         # What an error raised inside a call becomes (the context's: see raise_failed).
         self._raise_failed = context.raise_failed

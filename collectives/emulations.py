@@ -43,9 +43,8 @@ def counted(comm: Any, r: Request) -> None:
     """The uneven rows' counts exchange, run by the call path before the transport's method:
     ``r.extra`` becomes every rank's row counts (all_gather_v) or the splits ``splits[i][j]``
     (uneven all_to_all, from each rank's ``send_splits``). Where the transport carries them in
-    the check's round (``CallCheck.check_counts``) that round was the exchange."""
-    if comm._checking and comm._check_counts(r):
-        return
+    the check's round (``CallCheck.check_counts``), the call path ran that round first and calls
+    this only where it did not."""
     if r.call is ALL_GATHER_V:
         r.extra = header_rows(rows_of_everyone(comm, r.x, r.dtype, r.out, None))
     else:

@@ -19,6 +19,7 @@ cdef class CallCheck:
     cdef public int64_t fast_bit
     cdef object _kept_call, _kept_dtype, _kept_op, _kept_root, _kept_shape
     cdef int64_t _kept_hash
+    cdef Py_ssize_t _uneven_fixed
 
     @cython.locals(seq=int64_t, h=int64_t)
     cpdef check(self, call, reduce_op, root, dtype, shape, waiting=*, fast=*)
@@ -26,7 +27,8 @@ cdef class CallCheck:
     @cython.locals(seq=int64_t, h=int64_t)
     cpdef carry(self, carry, call, reduce_op, root, dtype, view, out, extra)
 
-    @cython.locals(seq=int64_t, h=int64_t, gathered=bint, total=int64_t, size=Py_ssize_t)
+    @cython.locals(seq=int64_t, h=int64_t, gathered=bint, total=int64_t, size=Py_ssize_t, rank=Py_ssize_t,
+                   outs=int64_t, limit=Py_ssize_t, row=list, rows=list, got=list)
     cpdef bint check_counts(self, r) except -1
 
     @cython.locals(hashes=dict, key=tuple)

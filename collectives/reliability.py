@@ -50,7 +50,8 @@ class CallCheck:
     methods are the same in both forms."""
 
     __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "hashes", "carries", "fast_bit",
-                 "posts", "_kept_call", "_kept_dtype", "_kept_op", "_kept_root", "_kept_shape", "_kept_hash")
+                 "posts", "_kept_call", "_kept_dtype", "_kept_op", "_kept_root", "_kept_shape", "_kept_hash",
+                 "_uneven_fixed")
 
     def __init__(self, transport: Transport, context: CommunicatorContext, size: int) -> None:
         self._transport, self._context = transport, context
@@ -79,6 +80,9 @@ class CallCheck:
         self._kept_hash = 0
         #: Whether an uneven call's counts travel in its check's round (see check_counts).
         self.carries = transport._counts_with_check and level == config.CHECKS_DEFAULT
+        # The bound on an uneven call's carried x where the transport's holds for its life (-1:
+        # read on every call; see check_counts).
+        self._uneven_fixed = transport._uneven_bytes_fixed
         #: What a word on the fast path adds (FAST_BIT where the transport reads it).
         self.fast_bit = FAST_BIT if transport._marks_fast_path else 0
         #: Whether the default check of a stream-ordered call is posted beside it (see :meth:`post`).
@@ -168,7 +172,7 @@ class CallCheck:
         transport carries counts with the check word (``_agree_counts``, the default check):
         ``r.extra`` becomes every rank's row counts (all_gather_v) or the splits ``splits[i][j]``
         (all_to_all), and where every rank's x travelled with it (host memory of at most the
-        transport's ``_carry_bytes``), ``r.carried`` every rank's x. The word hashes the call's
+        transport's ``_uneven_bytes``), ``r.carried`` every rank's x. The word hashes the call's
         kind, dtype, ``x.shape[1:]`` and sequence number; a rank in another call is
         :class:`CollectiveMismatch` on every rank. False where the call path's own counts
         exchange runs instead: the first call, debug mode, or ranks whose dtypes, trailing
@@ -176,35 +180,49 @@ class CallCheck:
         seq: int = self._comm._seq
         if not self.carries or seq == 1:
             return False
-        call, x = r.call, r.x
-        rest = x.shape[1:]  # (a tuple; a tensor's torch.Size is one too)
-        h = self._call_hash(call, None, -1, r.dtype, rest)
+        call, out, view = r.call, r.out, r.view  # (view: the call path's host view of x, or None)
+        shape = r.x.shape if view is None else view.shape  # (a tuple; a tensor's torch.Size, made per read, is one too)
+        h = self._call_hash(call, None, -1, r.dtype, shape[1:])
         gathered = call is ALL_GATHER_V
-        row = [int(x.shape[0])] if gathered else [int(n) for n in r.extra]
-        row.append(-1 if r.out is None else int(r.out.shape[0]))
-        view = r.view if x.nbytes <= self._transport._uneven_bytes else None  # (the call path's host view)
+        if gathered:
+            row = [int(shape[0])]
+        else:
+            row = []
+            for n in r.extra:  # (a loop, not a comprehension: the compiled form runs it in C)
+                row.append(int(n))
+        row.append(-1 if out is None else int(out.shape[0]))
+        if view is not None:  # (x's bytes travel where they are few enough)
+            limit = self._uneven_fixed
+            if view.nbytes > (limit if limit >= 0 else self._transport._uneven_bytes):
+                view = None
         reduced, rows, carried = self._transport._agree_counts(check_word(h, seq), row, view)
         if not words_agree(reduced):
             self.compare_fingerprints(None, -1, None, ())  # another call: the mismatch
             return False  # the same call, another dtype or x.shape[1:]: the exchange says which
-        if gathered:
-            counts = [row[0] for row in rows]
-            total = sum(counts)
-            for row in rows:
-                if row[1] != -1 and row[1] != total:
-                    return False  # an out of the wrong rows
-            r.extra, r.carried = counts, carried
-            return True
         size = len(rows)
-        splits = [row[:size] for row in rows]
-        for rank in range(size):  # (loops, not generators: the compiled form runs them in C)
-            if rows[rank][size] != -1:
-                total = 0
-                for sent in splits:
-                    total += sent[rank]
-                if rows[rank][size] != total:
+        total = 0
+        if gathered:
+            for got in rows:
+                total += got[0]
+            for rank in range(size):  # (the round's rows are new lists: each becomes its rank's count)
+                got = rows[rank]
+                outs = got[1]
+                if outs != -1 and outs != total:
                     return False  # an out of the wrong rows
-        r.extra, r.carried = splits, carried
+                rows[rank] = got[0]  # type: ignore[call-overload]
+            r.extra, r.carried = rows, carried
+            return True
+        for rank in range(size):  # (loops, not generators: the compiled form runs them in C)
+            outs = rows[rank][size]
+            if outs != -1:
+                total = 0
+                for sent in rows:
+                    total += sent[rank]
+                if outs != total:
+                    return False  # an out of the wrong rows
+        for got in rows:  # (the round's rows are new lists: each loses its out rows, the splits stay)
+            got.pop()
+        r.extra, r.carried = rows, carried
         return True
 
     def _call_hash(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,

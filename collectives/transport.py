@@ -312,6 +312,9 @@ class Transport(abc.ABC):
     #: The bytes of an uneven call's host ``x`` that :meth:`_agree_counts` takes as ``view`` at
     #: most (at least :attr:`_carry_bytes`; past it, x does not travel: its word is marked).
     _uneven_bytes: int = 0
+    #: :attr:`_uneven_bytes` where it holds for the transport's life (the check reads it once,
+    #: when the communicator is made), else -1 (read on every uneven call).
+    _uneven_bytes_fixed: int = -1
 
     #: Whether the default check's words mark the ranks on the fast path (``wire.FAST_BIT``):
     #: :meth:`_agree_word` then gets words with bit 63 set, and may learn that every rank runs
@@ -383,11 +386,12 @@ class Transport(abc.ABC):
 
     def _agree_counts(self, word: int, row: list[int], view: Any = None) -> tuple[int, list[list[int]], Any]:
         """:meth:`_agree_word`'s result, every rank's ``row`` (at most ``size + 1`` ints) in
-        rank order, from the same one small collective, where ``_counts_with_check`` (the
-        default check of an uneven collective: its counts travel in the check's round), and
-        where every rank gave a ``view`` (x's host view, at most :attr:`_uneven_bytes`, or None)
-        every rank's x as bytes (see ``Request.carried``; a view past :attr:`_carry_bytes` does
-        not travel, the rows say whose did), else None. Every call's check word must then travel
+        rank order (new lists: the caller's to keep or change), from the same one small
+        collective, where ``_counts_with_check`` (the default check of an uneven collective: its
+        counts travel in the check's round), and where every rank gave a ``view`` (x's host
+        view, at most :attr:`_uneven_bytes`, or None) every rank's x as bytes (see
+        ``Request.carried``; a view past :attr:`_carry_bytes` does not travel, the rows say whose
+        did), else None. Every call's check word must then travel
         in the same collective, so that a rank in another call meets it."""
         raise NotImplementedError(f"{type(self).__name__} carries no counts with its check word")
 

@@ -38,10 +38,15 @@ CASES = [
     ("all_to_all", "comm.all_to_all(x16)"),
     ("all_gather_v", "comm.all_gather_v(x8)"),
     ("all_to_all_splits", "comm.all_to_all(x16, [1, 1])"),
+    ("all_gather_v_4k", "comm.all_gather_v(x4k)"),  # (past the round's payload: the staged request)
+    ("all_to_all_splits_4k", "comm.all_to_all(x4k, [256, 256])"),
     ("send", "comm.send(x8, 1) if comm.rank == 0 else comm.recv(x8, 0)"),  # (rank 0 sends, rank 1 receives)
 ]
 #: The MPI library's functions of the round's polls (MPICH names them PMPI_*, the weak MPI_* alike).
 POLLS = re.compile(r"^\s*([\d,]+) \([ \d.]+%\)\s+\S*:P?MPI_(?:Start|Test) \[")
+#: The round itself (the compiled Round's run; round_run in the hand-written C before it): its
+#: waits vary with how far the peer is ahead, the rest of a call does not.
+RUN = re.compile(r"^\s*([\d,]+) \([ \d.]+%\)\s+\S*:(?:__pyx_f_\w+Round_run|round_run) \[")
 
 
 def child(calls: int, cases: list[str], array: str) -> None:
@@ -62,11 +67,15 @@ def child(calls: int, cases: list[str], array: str) -> None:
     comm.close()
 
 
-def polls(path: str) -> int:
-    """The inclusive instructions of the MPI library's MPI_Start and MPI_Test in one dump."""
+def polls(path: str) -> tuple[int, int | None]:
+    """The inclusive instructions of the MPI library's MPI_Start and MPI_Test in one dump, and of
+    the round's run (None where it is not compiled: the Python form's is no C function)."""
     out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", path],
                          capture_output=True, text=True, check=True).stdout
-    return sum(int(m.group(1).replace(",", "")) for line in out.splitlines() if (m := POLLS.match(line)))
+    lines = out.splitlines()
+    runs = [int(m.group(1).replace(",", "")) for line in lines if (m := RUN.match(line))]
+    return (sum(int(m.group(1).replace(",", "")) for line in lines if (m := POLLS.match(line))),
+            runs[0] if runs else None)
 
 
 def main() -> None:
@@ -99,11 +108,14 @@ def main() -> None:
         dumps = sorted(glob.glob(f"{folder}/rank0.*.*"), key=lambda p: int(p.rsplit(".", 1)[1]))[-(1 + len(cases)):]
         totals = [_total(p) for p in dumps]
         rounds = [polls(p) for p in dumps]
-    print(f"{'case':<16}{'a call':>10}{'less round':>12}   (thousands of instructions, rank 0, {args.array})")
+    print(f"{'case':<16}{'a call':>10}{'less round':>12}{'less run':>10}   "
+          f"(thousands of instructions, rank 0, {args.array})")
     for i, name in enumerate(cases):
         total = (totals[i + 1] - totals[0]) / args.calls
-        less = total - (rounds[i + 1] - rounds[0]) / args.calls
-        print(f"{name:<16}{total / 1e3:>10.1f}{less / 1e3:>12.1f}")
+        less = total - (rounds[i + 1][0] - rounds[0][0]) / args.calls
+        run = rounds[i + 1][1]  # (the no-op loop runs no round; the warm-up's calls are outside the loops)
+        steady = "-" if run is None else f"{(total - run / args.calls) / 1e3:.1f}"
+        print(f"{name:<16}{total / 1e3:>10.1f}{less / 1e3:>12.1f}{steady:>10}")
 
 
 if __name__ == "__main__":
