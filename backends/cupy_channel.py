@@ -268,8 +268,11 @@ class CupyNcclChannel(PostingTransport):
 
     # -- the default check, beside the calls (backends/cupy_host.py, backends/posted_checks.py) --
 
+    #: (every call runs on a CUDA stream: host arrays are refused, their check posted too)
+    _all_stream_ordered = True
+
     def _stream_ordered(self, x: Any) -> bool:
-        return True  # (every call runs on a CUDA stream: host arrays are refused, their check posted too)
+        return True
 
     def _posting_rounds(self) -> Rounds:
         assert self._host is not None, "only a transport with a CPU channel posts checks"

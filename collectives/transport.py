@@ -337,6 +337,10 @@ class Transport(abc.ABC):
     #: before it moves data all the same.
     _posts_checks: bool = False
 
+    #: Whether every call of this transport is stream-ordered (:meth:`_stream_ordered` is true of
+    #: every x): the call path then does not ask it per call.
+    _all_stream_ordered: bool = False
+
     def _stream_ordered(self, x: Any) -> bool:
         """Whether a call on ``x`` is ordered on a device stream and returns once enqueued (a
         CUDA array on NCCL): then, where :attr:`_posts_checks`, its check is posted."""
