@@ -307,7 +307,7 @@ class CupyNcclChannel(PostingTransport):
     def _stop_posting(self, settle: bool = True) -> None:
         """Compare what was posted (``settle``: within the timeout, unless the communicator is
         unusable), stop the watchdog's look, and free the CPU channel."""
-        posted, self._posted = self._posted, None
+        posted, self._posted, self._post_to = self._posted, None, None
         _posting.discard(self)
         try:
             if posted is not None:

@@ -14,7 +14,8 @@ cdef class ArrayCheck:
 
 
 cdef class PlannedCall:
-    cdef readonly object transport, launch, library, open_groups, fallback, current_stream, comm
+    cdef readonly object transport, launch, library, open_groups, fallback, current_stream, comm, inflight
+    cdef readonly list free
     cdef readonly Py_ssize_t nccl_type, width, nccl_op
     cdef readonly bint rooted, cupy_arrays
 

@@ -73,19 +73,21 @@ class PlannedCall:
         self.rooted, self.nccl_op, self.library, self.cupy_arrays = rooted, nccl_op, library, cupy_arrays
         self.open_groups, self.fallback = open_groups, fallback
         self.current_stream, self.comm = library.current_stream, transport.context.comm
+        self.inflight: Any = None  # (the watch's calls in flight and free entries, from the first watched call)
+        self.free: list[Any] = []
 
     def fast(self, x: Any, root: Any, out: Any, extra: Any) -> Any:
         """The blocking call of ``x`` (which the check took): enqueued on the current stream,
         then, with a timeout, on the watch (``CupyNcclChannel._watch_blocking``'s line, here:
         a frame less); returns ``x``."""
         stream = self.enqueue(x, root)
-        transport = self.transport
-        timeout = transport.timeout
+        timeout = self.transport.timeout
         if timeout is not None:
-            watch = transport._stream_watch or transport._start_watch()
+            if self.inflight is None:  # (the transport's watch, made at its first watched call, is kept)
+                watch = self.transport._stream_watch or self.transport._start_watch()
+                self.inflight, self.free = watch._inflight, watch._free
             comm = self.comm  # (the running call as CallContext.call says it: its operation and number)
-            watch_post(watch._inflight, watch._free, self.library, stream, (comm._path.operation, comm._seq),
-                       timeout)
+            watch_post(self.inflight, self.free, self.library, stream, (comm._path.operation, comm._seq), timeout)
         return x
 
     def method(self, r: Any) -> Any:

@@ -281,6 +281,7 @@ class PostingTransport(Transport):
     def _start_posting(self) -> PostedChecks:
         self._posted = posted = PostedChecks(self._posting_rounds(), self.size, self.context.posted_mismatch,
                                              self._posted_failed)
+        self._post_to = posted.post
         posted.start()
         return posted
 
