@@ -14,7 +14,7 @@ cdef class ArrayCheck:
 
 
 cdef class PlannedCall:
-    cdef readonly object transport, launch, library, open_groups, fallback, current_stream, comm, inflight
+    cdef readonly object transport, launch, library, open_groups, fallback, current_stream, context, inflight
     cdef readonly list free
     cdef readonly Py_ssize_t nccl_type, width, nccl_op
     cdef readonly bint rooted, cupy_arrays

@@ -7,7 +7,8 @@ of one array library's planned kinds, and :class:`PlannedCall`, the NCCL call of
 The compiled form (setup.py's ``COMPILED``: ``collectives.backends._cupy_fast_c``) is this file,
 compiled by Cython with the types of cupy_fast.pxd: the classes are ``cdef class`` es whose fields
 are C reads, so a call crosses no Python frame between the call path and NCCL's call but the
-library's own (the stream getter, the event's record) and the watch's. It imports nothing of CuPy
+library's own (the stream getter, the event's record) and, under a timeout, the context's
+``call`` (the running call's name and number, on the watch). It imports nothing of CuPy
 or torch (the array library's calls are handed in), so it is built and counted without them.
 
 Also here, so that it is compiled: :func:`watch_post`, the steps of ``StreamWatch.post``
@@ -72,7 +73,7 @@ class PlannedCall:
         self.transport, self.launch, self.nccl_type, self.width = transport, launch, nccl_type, width
         self.rooted, self.nccl_op, self.library, self.cupy_arrays = rooted, nccl_op, library, cupy_arrays
         self.open_groups, self.fallback = open_groups, fallback
-        self.current_stream, self.comm = library.current_stream, transport.context.comm
+        self.current_stream, self.context = library.current_stream, transport.context
         self.inflight: Any = None  # (the watch's calls in flight and free entries, from the first watched call)
         self.free: list[Any] = []
 
@@ -86,8 +87,7 @@ class PlannedCall:
             if self.inflight is None:  # (the transport's watch, made at its first watched call, is kept)
                 watch = self.transport._stream_watch or self.transport._start_watch()
                 self.inflight, self.free = watch._inflight, watch._free
-            comm = self.comm  # (the running call as CallContext.call says it: its operation and number)
-            watch_post(self.inflight, self.free, self.library, stream, (comm._path.operation, comm._seq), timeout)
+            watch_post(self.inflight, self.free, self.library, stream, self.context.call, timeout)
         return x
 
     def method(self, r: Any) -> Any:

@@ -103,11 +103,16 @@ class KindPlan:
         self.nccl_op = NCCL_OPS[plan.nccl_op] if plan is not None and plan.nccl_op is not None else -1
 
 
+def compiled_fast_module() -> Any:
+    """The compiled form of backends/cupy_fast.py (``collectives.backends._cupy_fast_c``), or None
+    where it was not built (or from another version of that file) or the compiled forms are off."""
+    return config.compiled_extension(f"{__package__}._cupy_fast_c", cupy_fast)
+
+
 def fast_module() -> Any:
-    """The module of the planned calls' classes: the compiled form of backends/cupy_fast.py
-    (``collectives.backends._cupy_fast_c``) where it was built from that file and the compiled
-    forms are on, else that file itself (its Python twin)."""
-    return config.compiled_extension(f"{__package__}._cupy_fast_c", cupy_fast) or cupy_fast
+    """The module of the planned calls' classes: :func:`compiled_fast_module`, else
+    backends/cupy_fast.py itself (its Python twin)."""
+    return compiled_fast_module() or cupy_fast
 
 
 def array_check(adapter: ArrayAdapter, device: int, check_device: Callable[[Any, ArrayAdapter], None]
