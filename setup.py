@@ -32,7 +32,8 @@ COMPILED = {"collectives._callpath_c": "collectives/callpath.py",
             "collectives.backends._p2p_c": "backends/mpi_p2p.py",
             "collectives.backends._round_c": "backends/mpi_round.py",
             "collectives.backends._carried_c": "backends/mpi_carried.py",
-            "collectives.backends._uneven_c": "backends/mpi_uneven.py"}
+            "collectives.backends._uneven_c": "backends/mpi_uneven.py",
+            "collectives.backends._cupy_fast_c": "backends/cupy_fast.py"}
 
 #: The compiled modules that are safe without the GIL (Cython's freethreading_compatible); the
 #: others ask for the GIL on a free-threaded interpreter.

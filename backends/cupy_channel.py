@@ -268,8 +268,11 @@ class CupyNcclChannel(PostingTransport):
 
     # -- the default check, beside the calls (backends/cupy_host.py, backends/posted_checks.py) --
 
+    #: (every call runs on a CUDA stream: host arrays are refused, their check posted too)
+    _all_stream_ordered = True
+
     def _stream_ordered(self, x: Any) -> bool:
-        return True  # (every call runs on a CUDA stream: host arrays are refused, their check posted too)
+        return True
 
     def _posting_rounds(self) -> Rounds:
         assert self._host is not None, "only a transport with a CPU channel posts checks"
@@ -304,7 +307,7 @@ class CupyNcclChannel(PostingTransport):
     def _stop_posting(self, settle: bool = True) -> None:
         """Compare what was posted (``settle``: within the timeout, unless the communicator is
         unusable), stop the watchdog's look, and free the CPU channel."""
-        posted, self._posted = self._posted, None
+        posted, self._posted, self._post_to = self._posted, None, None
         _posting.discard(self)
         try:
             if posted is not None:

@@ -212,7 +212,8 @@ class _StreamWork(Work):
         if not self._completed:
             if comm.context.broken:  # aborted: the call may have ended early, its result is not trusted
                 raise comm.context.failure()
-            comm._flush_group()  # launches this call if it is in the open group
+            if OPEN_GROUPS:  # (some thread has an open group: this call may be in it, launched here)
+                comm._flush_group()
             if comm.timeout is not None and self._host is not None:
                 try:
                     comm._complete(self._library, self._event, self._call)

@@ -2,9 +2,9 @@
 dtype x op reduction runs on NCCL (:func:`reduce_plan`; float MIN/MAX through order keys,
 :func:`order_keys`, which work on any array library), what the first call of a kind binds for
 the later ones (:class:`KindPlan`, and the planned calls: :func:`array_check`,
-:func:`planned_call`), and which bytes go to which peer in the collectives NCCL builds from
-send/recv (:class:`P2PPlan`). Checked on CPU by tests/gpu/test_cupy_backend.py and (with CuPy
-stood in for) tests/gpu/test_stream_watch.py.
+:func:`planned_call`, made of backends/cupy_fast.py's classes, compiled where built), and which
+bytes go to which peer in the collectives NCCL builds from send/recv (:class:`P2PPlan`). Checked on
+CPU by tests/gpu/test_cupy_backend.py and (with CuPy stood in for) tests/gpu/test_stream_watch.py.
 
 The planned calls: all_reduce of a kind NCCL reduces as it is (no staging, order keys, fold or
 division) and broadcast, of CuPy arrays and CUDA tensors. The first call of the kind binds the
@@ -15,7 +15,8 @@ NCCL call and ends as every call of the backend does: a blocking one with a time
 event recorded after it on the watchdog's watch (``CupyNcclChannel._watch_blocking``'s line), an
 asynchronous one returns ``CupyNcclChannel._done``'s handle.
 
-Imports: the interface (arrays, calls, ops) and cupy_handles (this thread's open group).
+Imports: the interface (arrays, calls, config, ops), cupy_fast (the planned calls' classes) and
+cupy_handles (this thread's open group).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from collectives import arrays, calls
+from collectives import arrays, calls, config
 from collectives.arrays import ArrayAdapter
 from collectives.calls import Request
 from collectives.ops import ReduceOp
 
-from . import _float_order
+from . import _float_order, cupy_fast
 from ._buffers import BITWISE, INT_OF_WIDTH, NARROW_WIRE, bitwise_as_min_max, offsets
 from .cupy_handles import OPEN_GROUPS
 
@@ -102,44 +103,38 @@ class KindPlan:
         self.nccl_op = NCCL_OPS[plan.nccl_op] if plan is not None and plan.nccl_op is not None else -1
 
 
+def compiled_fast_module() -> Any:
+    """The compiled form of backends/cupy_fast.py (``collectives.backends._cupy_fast_c``), or None
+    where it was not built (or from another version of that file) or the compiled forms are off."""
+    return config.compiled_extension(f"{__package__}._cupy_fast_c", cupy_fast)
+
+
+def fast_module() -> Any:
+    """The module of the planned calls' classes: :func:`compiled_fast_module`, else
+    backends/cupy_fast.py itself (its Python twin)."""
+    return compiled_fast_module() or cupy_fast
+
+
 def array_check(adapter: ArrayAdapter, device: int, check_device: Callable[[Any, ArrayAdapter], None]
                 ) -> Callable[[Any, bool], Any]:
     """The per-array check of the planned kinds of ``adapter``'s arrays (see
-    ``Transport._array_check``): ``x`` itself where NCCL takes its memory as it is (on CUDA device
-    ``device``, C-contiguous, so no zero stride: writable in place; a tensor dense, without a
-    negative bit, not requiring grad), else ``adapter.check_array``'s and ``check_device``'s
-    verdict, in the call path's order (their error, or ``None``: the row's method takes x)."""
-    check_array = adapter.check_array
+    ``Transport._array_check``; cupy_fast's ``ArrayCheck.check``): ``x`` itself where NCCL takes
+    its memory as it is, else ``adapter.check_array``'s and ``check_device``'s verdict."""
+    module = fast_module()
     if adapter is arrays.CUPY:
-        def check(x: Any, in_place: bool) -> Any:
-            # (the memory's device id: x.device would make a cupy.cuda.Device per call)
-            if x.data.device_id == device and x.flags.c_contiguous:
-                return x
-            check_array(x, in_place)
-            check_device(x, adapter)
-            return None
-        return check
+        return module.ArrayCheck(adapter, True, device, check_device).check  # type: ignore[no-any-return]
     torch = sys.modules["torch"]
-    tensor, strided = torch.Tensor, torch.strided
-
-    def check_tensor(x: Any, in_place: bool) -> Any:
-        # (get_device(), an int: x.device would make a torch.device per call)
-        if x.is_cuda and x.get_device() == device and type(x) is tensor and x.layout is strided and \
-                not x.is_nested and x.is_contiguous() and not x.requires_grad and not x.is_neg():
-            return x
-        check_array(x, in_place)
-        check_device(x, adapter)
-        return None
-    return check_tensor
+    return module.ArrayCheck(adapter, False, device, check_device,  # type: ignore[no-any-return]
+                             torch.Tensor, torch.strided).check
 
 
 def planned_call(transport: Any, call: calls.Call, kind: KindPlan, fallback: Callable[[Request], Any]
                  ) -> tuple[Callable[[Any, Any, Any, Any], Any], Callable[[Request], Any]] | None:
     """The blocking fast path ``(x, root, out, extra)`` and the method (``Request``) of a planned
     kind (row ``call``, ``kind``) on ``transport`` (a ``CupyNcclChannel``), or ``None`` where the
-    kind is not planned. The method takes the asynchronous calls of an ``x`` that
-    :func:`array_check` took (``Request.view``); every other call goes to ``fallback``, the row's
-    method."""
+    kind is not planned: cupy_fast's ``PlannedCall.fast`` and ``PlannedCall.method``. The method
+    takes the asynchronous calls of an ``x`` that :func:`array_check` took (``Request.view``);
+    every other call goes to ``fallback``, the row's method."""
     nccl = transport.nccl_comm
     if call is calls.ALL_REDUCE and kind.direct and kind.reduce is not None:
         # allReduce(send, recv, count, ncclDataType_t, ncclRedOp_t, stream), in place
@@ -149,37 +144,9 @@ def planned_call(transport: Any, call: calls.Call, kind: KindPlan, fallback: Cal
         launch, nccl_type, width, rooted = nccl.broadcast, NCCL_DTYPES["uint8"], 1, True
     else:
         return None
-    lib, nccl_op, flush, done, context = kind.library, kind.nccl_op, transport._flush_group, transport._done, \
-        transport.context
-    current_stream, open_groups, cupy_arrays = lib.current_stream, OPEN_GROUPS, lib.adapter is arrays.CUPY
-
-    # A blocking call ends on the watch (with a timeout); an asynchronous one (the method's) as
-    # _done ends it, with a handle.
-    def fast(x: Any, root: Any, out: Any, extra: Any, asynchronous: bool = False) -> Any:
-        stream = current_stream()
-        if open_groups:  # (this thread's open group of sends/recvs goes out first)
-            flush()
-        # x's pointer and the stream's, read as attributes: a getter object's call costs the
-        # interpreter more than the rest of the line.
-        if cupy_arrays:
-            ptr, stream_ptr = x.data.ptr, stream.ptr
-        else:
-            ptr, stream_ptr = x.data_ptr(), stream.cuda_stream
-        launch(ptr, ptr, x.nbytes // width, nccl_type, root if rooted else nccl_op, stream_ptr)
-        if asynchronous:
-            return done(lib, stream, True, x)
-        timeout = transport.timeout
-        if timeout is not None:  # (_watch_blocking's line, here: a frame less)
-            (transport._stream_watch or transport._start_watch()).post(lib, stream, context.call, timeout)
-        return x
-
-    def method(r: Request) -> Any:
-        x = r.view
-        if x is None or not r.async_op:
-            return fallback(r)
-        return fast(x, r.root, None, None, True)
-
-    return fast, method
+    planned = fast_module().PlannedCall(transport, launch, nccl_type, width, rooted, kind.nccl_op, kind.library,
+                                        kind.library.adapter is arrays.CUPY, OPEN_GROUPS, fallback)
+    return planned.fast, planned.method
 
 
 def _key_wire(dtype: str) -> str:

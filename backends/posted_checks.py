@@ -141,6 +141,8 @@ class PostedChecks:
         self._rounds, self._size = rounds, size
         self._mismatch, self._failed = mismatch, failed
         self._queue: collections.deque[Posted] = collections.deque()
+        #: (The call path's thread.) One call's check, in call order: the queue's own append (no frame).
+        self.post: Callable[[Posted], None] = self._queue.append
         self._capacity = 0  # (the calls a round compares at most, as every rank agreed: _resize)
         self._resize(ROUND_CALLS)
         self._work: Round | None = None  # the round in flight
@@ -152,9 +154,6 @@ class PostedChecks:
         #: Rounds completed (of words and of fingerprints).
         self.rounds = 0
 
-    def post(self, entry: Posted) -> None:
-        """(The call path's thread.) One call's check, in call order."""
-        self._queue.append(entry)
 
     def idle(self) -> bool:
         """Whether every posted check was compared (or a mismatch found)."""
@@ -282,6 +281,7 @@ class PostingTransport(Transport):
     def _start_posting(self) -> PostedChecks:
         self._posted = posted = PostedChecks(self._posting_rounds(), self.size, self.context.posted_mismatch,
                                              self._posted_failed)
+        self._post_to = posted.post
         posted.start()
         return posted
 

@@ -20,7 +20,8 @@ thread looks at anything else with a ``tick()`` (:class:`Ticking`, :func:`look_a
 the checks of CUDA calls (torch with NCCL, cupy under an MPI launcher), compared beside the calls
 (backends/posted_checks.py).
 
-Imports: nothing of the library but the recorder's clock (no transport).
+Imports: nothing of the library but the recorder's clock and cupy_fast (:meth:`StreamWatch.post`'s
+steps, compiled there for the cupy backend's planned calls; no transport).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from collectives.diagnostics.recorder import clock
+
+from . import cupy_fast
 
 #: How often the watchdog thread looks at the calls in flight (seconds).
 PERIOD_SECONDS = 0.05
@@ -63,16 +66,7 @@ class StreamWatch:
     def post(self, library: Any, stream: Any, call: tuple[str, int], seconds: float) -> Any:
         """Record an event after the call just enqueued on ``stream`` (a pooled one) and watch
         it against the deadline ``seconds`` from now; returns the event."""
-        pool, free = library.pool, self._free
-        event = pool.pop() if pool else library.new_event()
-        event.record(stream)
-        if free:
-            entry = free.pop()
-            entry[0], entry[1], entry[2], entry[3], entry[4] = library, event, clock() + seconds, call, True
-        else:
-            entry = [library, event, clock() + seconds, call, True]
-        self._inflight.append(entry)
-        return event
+        return cupy_fast.watch_post(self._inflight, self._free, library, stream, call, seconds)
 
     def add(self, library: Any, event: Any, call: tuple[str, int], seconds: float) -> None:
         """Watch ``event`` (a handle's own: it never goes to the pool) against the deadline

@@ -432,7 +432,7 @@ class TorchGroup(PostingTransport):
     def _stop_posting(self, settle: bool) -> None:
         """Stop comparing posted checks (``settle``: once those posted are compared, within the
         timeout) and destroy their group, before the transport's own."""
-        posted, self._posted = self._posted, None
+        posted, self._posted, self._post_to = self._posted, None, None
         if posted is None:
             return
         try:

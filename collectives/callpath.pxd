@@ -21,7 +21,7 @@ cdef class CallPath(Collectives):
     cdef readonly dict plans, twins
     cdef readonly list hooks
     cdef readonly Py_ssize_t size
-    cdef readonly bint debug, posting
+    cdef readonly bint debug, posting, all_ordered
     cdef public object gate, ring, operation
     cdef public bint checking
 

@@ -203,6 +203,7 @@ class CallPath(Collectives):
         self.check_counts = comm._check_counts
         self.p2p, self.hooks, self.size, self.debug = comm._p2p, comm._hooks, comm.size, comm.debug
         self.posting, self.stream_ordered, self.post_call = comm._posting, comm._stream_ordered, comm._post_call
+        self.all_ordered = comm._transport._all_stream_ordered  # (every call: no per-call question)
 
     def own_form(self, check: Any) -> Any:
         """The per-array check ``check`` in this call path's form: where its function has a
@@ -269,7 +270,7 @@ class CallPath(Collectives):
             if self.checking and collective:
                 if on_fast_path and plan.carry is not None:  # (carried where x fits its round)
                     result = self.carry_call(plan.carry, call, reduce_op, root, dtype, view, out, extra)
-                elif self.posting and self.stream_ordered(x):  # (beside a call on a device stream)
+                elif self.posting and (self.all_ordered or self.stream_ordered(x)):  # (beside a device stream's call)
                     self.post_call(call, reduce_op, root, dtype, x.shape)
                 else:
                     self.check_call(call, reduce_op, root, dtype, x.shape, None, on_fast_path)

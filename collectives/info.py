@@ -182,7 +182,8 @@ COMPILED_FORMS = {"collectives._callpath_c": "collectives.callpath",
                   "collectives.backends._p2p_c": "collectives.backends.mpi_p2p",
                   "collectives.backends._round_c": "collectives.backends.mpi_round",
                   "collectives.backends._carried_c": "collectives.backends.mpi_carried",
-                  "collectives.backends._uneven_c": "collectives.backends.mpi_uneven"}
+                  "collectives.backends._uneven_c": "collectives.backends.mpi_uneven",
+                  "collectives.backends._cupy_fast_c": "collectives.backends.cupy_fast"}
 
 
 def compiled_forms() -> dict[str, bool]:
@@ -196,7 +197,7 @@ def compiled_forms() -> dict[str, bool]:
 def warn_if_not_compiled() -> None:
     """A :class:`NotCompiledWarning`, once per process, naming every compiled form (of
     :data:`COMPILED_FORMS`: the call path, the check, the MPI backend's round, small, uneven and
-    point-to-point calls) that is missing though ``COLLECTIVES_COMPILED`` leaves them on. Called when
+    point-to-point calls, the cupy backend's planned calls) that is missing though ``COLLECTIVES_COMPILED`` leaves them on. Called when
     an MPI transport is made; ``COLLECTIVES_COMPILED=0`` silences it."""
     global _warned
     if _warned or not config.compiled():

@@ -141,7 +141,11 @@ class CallCheck:
             return
         shape = tuple(shape)
         h = self._call_hash(call, reduce_op, root, dtype, shape)
-        self._transport._post_check(check_word(h, seq), call.name, seq, reduce_op, root, dtype, shape)
+        post_to = self._transport._post_to
+        if post_to is None:  # (the first: the transport starts posting)
+            self._transport._post_check(check_word(h, seq), call.name, seq, reduce_op, root, dtype, shape)
+        else:  # (the tuple _post_check makes, with no frame of its own)
+            post_to((check_word(h, seq), call.name, seq, reduce_op, root, dtype, shape, None))
 
     def carry(self, carry: Callable[[Any, Any, Any, Any, int], tuple[int, Any]], call: Call,
               reduce_op: ReduceOp | None, root: int, dtype: str, view: Any, out: Any, extra: Any) -> Any:

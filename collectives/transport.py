@@ -340,10 +340,20 @@ class Transport(abc.ABC):
     #: before it moves data all the same.
     _posts_checks: bool = False
 
+    #: Whether every call of this transport is stream-ordered (:meth:`_stream_ordered` is true of
+    #: every x): the call path then does not ask it per call.
+    _all_stream_ordered: bool = False
+
     def _stream_ordered(self, x: Any) -> bool:
         """Whether a call on ``x`` is ordered on a device stream and returns once enqueued (a
         CUDA array on NCCL): then, where :attr:`_posts_checks`, its check is posted."""
         return False
+
+    #: Once the transport posts checks (its first :meth:`_post_check` started them), the call that
+    #: takes a posted check's tuple, ``(word, operation, seq, reduce_op, root, dtype, shape,
+    #: refused)``, as :meth:`_post_check` makes it (the queue's append: the call path posts with
+    #: no frame of the transport's); ``None`` before and once stopped.
+    _post_to: Callable[[tuple[Any, ...]], None] | None = None
 
     def _post_check(self, word: int, operation: str, seq: int, reduce_op: ReduceOp | None,
                     root: int, dtype: str | None, shape: tuple[int, ...],

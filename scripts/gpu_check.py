@@ -52,14 +52,15 @@ def _nccl_text(library: str) -> str:
 
 def _compiled_forms() -> str:
     """Which form of each optional compiled module loaded: compiled, or the Python beside it."""
-    from collectives.backends import mpi_carried, mpi_round  # noqa: PLC0415
+    from collectives.backends import cupy_plans, mpi_carried, mpi_round  # noqa: PLC0415
 
     from collectives import config, front  # noqa: PLC0415
 
     why = "off, COLLECTIVES_COMPILED=0" if not config.compiled() else "not built or stale"
     forms = {"collectives._callpath_c (call path)": front.compiled_module(),
              "collectives.backends._round_c (MPI round)": mpi_round.compiled_module(),
-             "collectives.backends._carried_c (MPI carried calls)": mpi_carried.compiled_carrier()}
+             "collectives.backends._carried_c (MPI carried calls)": mpi_carried.compiled_carrier(),
+             "collectives.backends._cupy_fast_c (cupy planned calls)": cupy_plans.compiled_fast_module()}
     return "; ".join(f"{name}: {'compiled' if module is not None else f'Python ({why})'}"
                      for name, module in forms.items())
 

@@ -261,6 +261,38 @@ def test_a_planned_kind_hands_nccl_what_the_rows_method_does_and_gives_numpys_re
         comm.close()
 
 
+@pytest.mark.parametrize("compiled", ["1", "0"], ids=["compiled", "python"])
+def test_the_planned_calls_run_in_the_form_the_config_picks_and_hand_nccl_the_same_arguments(compiled, monkeypatch):
+    """The planned calls are backends/cupy_fast.py's classes: compiled
+    (collectives.backends._cupy_fast_c) where built, the Python twin under COLLECTIVES_COMPILED=0;
+    either hands NCCL x's pointer, its count, ncclFloat32 or ncclUint8, the op or root and the
+    stream, and leaves numpy's result."""
+    from collectives.backends import cupy_fast, cupy_plans
+
+    monkeypatch.setenv("COLLECTIVES_COMPILED", compiled)
+    module = cupy_plans.compiled_fast_module()
+    if compiled == "1" and module is None:
+        pytest.skip("backends/cupy_fast.py's compiled form was not built here")
+    expected = module if compiled == "1" else cupy_fast
+    with fake_cupy.installed():
+        import cupy
+
+        nccl_comm = cupy.cuda.nccl.NcclCommunicator(1, None, 0)
+        comm = _communicator(nccl_comm, timeout=30.0)
+        values = np.arange(6, dtype=np.float32)
+        x = cupy.asarray(values)
+        for _ in range(2):  # (the first call plans the kind; the second runs the plan as it is)
+            assert comm.all_reduce(x) is x and comm.broadcast(x, 0) is x
+        plan = _planned_kind(comm, "all_reduce", x, "sum")
+        assert type(plan.fast.__self__) is expected.PlannedCall
+        assert type(plan.check.__self__) is expected.ArrayCheck
+        ptr = x.data.ptr
+        assert nccl_comm.arguments[-2:] == [("allReduce", (ptr, ptr, 6, 7, 0, 0)),
+                                            ("broadcast", (ptr, ptr, 24, 1, 0, 0))]
+        np.testing.assert_array_equal(x.host, values)  # (one rank: its sum, its broadcast)
+        comm.close()
+
+
 def test_an_array_the_plan_does_not_take_goes_through_the_rows_method_and_a_foreign_device_is_refused():
     """A non-contiguous array of a planned kind is staged by the row's method (NCCL gets a
     contiguous copy, x gets the result); an array on another device is refused with the device

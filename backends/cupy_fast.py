@@ -1,0 +1,135 @@
+"""The planned calls of the cupy backend (backends/cupy_plans.py makes them): what each later call
+of a planned kind runs, bound at the kind's first call. :class:`ArrayCheck`, the per-array check
+of one array library's planned kinds, and :class:`PlannedCall`, the NCCL call of one planned kind
+(all_reduce of a kind NCCL reduces as it is, broadcast): its blocking fast path
+(:meth:`PlannedCall.fast`) and its method (:meth:`PlannedCall.method`, the asynchronous calls).
+
+The compiled form (setup.py's ``COMPILED``: ``collectives.backends._cupy_fast_c``) is this file,
+compiled by Cython with the types of cupy_fast.pxd: the classes are ``cdef class`` es whose fields
+are C reads, so a call crosses no Python frame between the call path and NCCL's call but the
+library's own (the stream getter, the event's record) and, under a timeout, the context's
+``call`` (the running call's name and number, on the watch). It imports nothing of CuPy
+or torch (the array library's calls are handed in), so it is built and counted without them.
+
+Also here, so that it is compiled: :func:`watch_post`, the steps of ``StreamWatch.post``
+(backends/stream_watch.py), which the planned calls make without its frame.
+
+Imports: nothing of the library but the recorder's clock (its parts are handed in by cupy_plans).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from collectives.diagnostics.recorder import clock
+
+
+class ArrayCheck:
+    """The per-array check of the planned kinds of one array library (see
+    ``Transport._array_check``): :meth:`check`. ``adapter``: the library's ArrayAdapter;
+    ``cupy_arrays``: CuPy's arrays, else torch's tensors (``tensor`` and ``strided``:
+    torch.Tensor and torch.strided); ``device``: the communicator's CUDA device;
+    ``check_device(x, adapter)`` and the adapter's ``check_array``: the checks that name the
+    fault, run where the one test fails."""
+
+    def __init__(self, adapter: Any, cupy_arrays: bool, device: int, check_device: Callable[[Any, Any], None],
+                 tensor: Any = None, strided: Any = None) -> None:
+        self.adapter, self.cupy_arrays, self.device = adapter, cupy_arrays, device
+        self.check_array, self.check_device = adapter.check_array, check_device
+        self.tensor, self.strided = tensor, strided
+
+    def check(self, x: Any, in_place: bool) -> Any:
+        """``x`` itself where NCCL takes its memory as it is (on the device, C-contiguous, so no
+        zero stride: writable in place; a tensor dense, without a negative bit, not requiring
+        grad), else the checks' verdict, in the call path's order (their error, or ``None``:
+        the row's method takes x)."""
+        if self.cupy_arrays:
+            # (the memory's device id: x.device would make a cupy.cuda.Device per call)
+            if x.data.device_id == self.device and x.flags.c_contiguous:
+                return x
+        # (get_device(), an int: x.device would make a torch.device per call)
+        elif x.is_cuda and x.get_device() == self.device and type(x) is self.tensor and \
+                x.layout is self.strided and not x.is_nested and x.is_contiguous() and \
+                not x.requires_grad and not x.is_neg():
+            return x
+        self.check_array(x, in_place)
+        self.check_device(x, self.adapter)
+        return None
+
+
+class PlannedCall:
+    """The NCCL call of one planned kind on a ``CupyNcclChannel`` (``transport``): ``launch``, the
+    NCCL communicator's bound call (``allReduce`` or ``broadcast``, in place); ``nccl_type`` its
+    ncclDataType_t, ``width`` the bytes of an element of that type; ``rooted``: the call takes
+    the root where an all_reduce takes ``nccl_op``, its ncclRedOp_t; ``library``: the stream API
+    of the array kind (its ``current_stream``); ``cupy_arrays``: CuPy's arrays, else torch's;
+    ``open_groups``: the threads with an open NCCL group (cupy_handles.OPEN_GROUPS); ``fallback``:
+    the row's method, for the calls the method does not take."""
+
+    def __init__(self, transport: Any, launch: Callable[..., None], nccl_type: int, width: int, rooted: bool,
+                 nccl_op: int, library: Any, cupy_arrays: bool, open_groups: Any,
+                 fallback: Callable[[Any], Any]) -> None:
+        self.transport, self.launch, self.nccl_type, self.width = transport, launch, nccl_type, width
+        self.rooted, self.nccl_op, self.library, self.cupy_arrays = rooted, nccl_op, library, cupy_arrays
+        self.open_groups, self.fallback = open_groups, fallback
+        self.current_stream, self.context = library.current_stream, transport.context
+        self.inflight: Any = None  # (the watch's calls in flight and free entries, from the first watched call)
+        self.free: list[Any] = []
+
+    def fast(self, x: Any, root: Any, out: Any, extra: Any) -> Any:
+        """The blocking call of ``x`` (which the check took): enqueued on the current stream,
+        then, with a timeout, on the watch (``CupyNcclChannel._watch_blocking``'s line, here:
+        a frame less); returns ``x``."""
+        stream = self.enqueue(x, root)
+        timeout = self.transport.timeout
+        if timeout is not None:
+            if self.inflight is None:  # (the transport's watch, made at its first watched call, is kept)
+                watch = self.transport._stream_watch or self.transport._start_watch()
+                self.inflight, self.free = watch._inflight, watch._free
+            watch_post(self.inflight, self.free, self.library, stream, self.context.call, timeout)
+        return x
+
+    def method(self, r: Any) -> Any:
+        """The row's method for this kind (a ``Request``): the asynchronous calls of an ``x`` the
+        check took (``r.view``) end as ``CupyNcclChannel._done`` ends them, with a handle; every
+        other call goes to ``fallback``."""
+        x = r.view
+        if x is None or not r.async_op:
+            return self.fallback(r)
+        stream = self.enqueue(x, r.root)
+        return self.transport._done(self.library, stream, True, x)
+
+    def enqueue(self, x: Any, root: Any) -> Any:
+        """NCCL's call on ``x`` on the current stream (this thread's open group of sends and
+        recvs launched first, if there is one); the stream."""
+        stream = self.current_stream()
+        if self.open_groups:
+            self.transport._flush_group()
+        # x's pointer and the stream's, read as attributes: a getter object's call costs the
+        # interpreter more than the rest of the line.
+        if self.cupy_arrays:
+            ptr, stream_ptr = x.data.ptr, stream.ptr
+        else:
+            ptr, stream_ptr = x.data_ptr(), stream.cuda_stream
+        self.launch(ptr, ptr, x.nbytes // self.width, self.nccl_type, root if self.rooted else self.nccl_op,
+                    stream_ptr)
+        return stream
+
+
+def watch_post(inflight: Any, free: list[Any], library: Any, stream: Any, call: tuple[str, int],
+               seconds: float) -> Any:
+    """``StreamWatch.post`` (backends/stream_watch.py) on the watch's ``inflight`` and ``free``
+    entries: an event recorded after the call just enqueued on ``stream`` (a pooled one of
+    ``library``'s, else a new one), watched against the deadline ``seconds`` from now; returns the
+    event."""
+    pool = library.pool
+    event = pool.pop() if pool else library.new_event()
+    event.record(stream)
+    if free:
+        entry = free.pop()
+        entry[0], entry[1], entry[2], entry[3], entry[4] = library, event, clock() + seconds, call, True
+    else:
+        entry = [library, event, clock() + seconds, call, True]
+    inflight.append(entry)
+    return event
