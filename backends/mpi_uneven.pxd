@@ -9,6 +9,7 @@ from cpython.buffer cimport (
     PyBUF_STRIDES,
     PyBUF_WRITABLE,
     PyBuffer_Release,
+    PyObject_CheckBuffer,
     PyObject_GetBuffer,
 )
 from libc.string cimport memcpy
@@ -49,6 +50,23 @@ cdef class Uneven:
     cdef tuple new(self, r, view, tuple shape, int kind)
     @cython.locals(size=Py_ssize_t, k=Py_ssize_t, n=Py_ssize_t, gets=list, sends=list, send=list)
     cdef bint plain(self, view, got, Py_ssize_t row) except -1
+
+
+cdef inline object tensor_target(object out):
+    """An out= CPU tensor as the copies write it: the tensor itself, at its address (its numpy view
+    costs about 0.7 us a call: see result_buffer)."""
+    return out
+
+
+cdef inline int result_buffer(object got, Py_buffer *into) except -1:
+    """``got``'s memory in ``*into`` (buf and len): 1 where it is a writable C-contiguous buffer,
+    held (release it), else 0: an out= CPU tensor at its address, nothing held."""
+    if PyObject_CheckBuffer(got):
+        PyObject_GetBuffer(got, into, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+        return 1
+    into.buf = <void *><size_t>got.data_ptr()
+    into.len = got.nbytes
+    return 0
 
 
 cdef inline Py_ssize_t host_row(Uneven uneven, object view) except -2:
@@ -94,7 +112,7 @@ cdef inline int payload_rows(Uneven uneven, object carried, object got, Py_ssize
     cdef Py_buffer into
     cdef Py_ssize_t k, n, start, at = 0
     cdef Py_ssize_t room = payload_room(uneven, carried)
-    PyObject_GetBuffer(got, &into, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+    cdef int held = result_buffer(got, &into)
     try:
         for k in range(uneven.size):
             n, start = uneven.got[k] * row, uneven.skip[k] * row
@@ -103,7 +121,8 @@ cdef inline int payload_rows(Uneven uneven, object carried, object got, Py_ssize
             memcpy(<char *>into.buf + at, uneven.payloads_at + k * uneven.stride + start, n)
             at += n
     finally:
-        PyBuffer_Release(&into)
+        if held:
+            PyBuffer_Release(&into)
     return 0
 
 
@@ -116,12 +135,13 @@ cdef inline int staged_rows(Uneven uneven, tuple entry, Py_ssize_t block, object
     cdef Py_ssize_t size = uneven.size
     cdef Py_ssize_t sends = block if uneven.gathered else size * block
     cdef char *stage_at
+    cdef int held
     request, stage = entry
     PyObject_GetBuffer(stage, &staged, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
     try:
         PyObject_GetBuffer(view, &data, PyBUF_C_CONTIGUOUS)
         try:
-            PyObject_GetBuffer(got, &into, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+            held = result_buffer(got, &into)
             try:
                 stage_at = <char *>staged.buf
                 if sends + size * block > staged.len:
@@ -146,7 +166,8 @@ cdef inline int staged_rows(Uneven uneven, tuple entry, Py_ssize_t block, object
                     memcpy(<char *>into.buf + at, stage_at + sends + k * block, n)
                     at += n
             finally:
-                PyBuffer_Release(&into)
+                if held:
+                    PyBuffer_Release(&into)
         finally:
             PyBuffer_Release(&data)
     finally:

@@ -138,6 +138,8 @@ class Uneven:
                 carried = None
         result, got = self.new(r, view, (self.total,) if self.ndim == 1 else (self.total, *view.shape[1:]), kind)
         if carried is None:
+            if type(got) is not np.ndarray:  # (an out= tensor the compiled copies write at its address)
+                got = got.numpy()
             if not self.plain(view, got, row):
                 return NOT_TAKEN
         elif entry is not None:
@@ -200,7 +202,7 @@ class Uneven:
             result = out if out is not None else r.adapter.empty(r.x, shape)
             return result, result if type(result) is np.ndarray else result.numpy()
         if out is not None:
-            return out, out if kind == 0 or type(out) is np.ndarray else out.numpy()
+            return out, out if kind == 0 or type(out) is np.ndarray else tensor_target(out)
         got = self.empty(shape, view.dtype)
         return (sys.modules["torch"].from_numpy(got) if kind else got), got
 
@@ -230,6 +232,12 @@ class Uneven:
 # -- the byte copies: numpy here, memcpy in the compiled form (mpi_uneven.pxd) --------------------
 
 if not cython.compiled:
+    def tensor_target(out: Any) -> Any:
+        """What the copies write of an out= CPU tensor (checked by the call path: C-contiguous,
+        writable, the result's dtype and shape): its numpy view (the compiled form: the tensor
+        itself, written at its address)."""
+        return out.numpy()
+
     def host_row(uneven: Uneven, view: Any) -> int:
         """The bytes of a row of ``view`` (a host array), -1 where it is not one C-contiguous numpy
         array; its dimensions in ``uneven.ndim``."""

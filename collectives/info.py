@@ -197,8 +197,9 @@ def compiled_forms() -> dict[str, bool]:
 def warn_if_not_compiled() -> None:
     """A :class:`NotCompiledWarning`, once per process, naming every compiled form (of
     :data:`COMPILED_FORMS`: the call path, the check, the MPI backend's round, small, uneven and
-    point-to-point calls, the cupy backend's planned calls) that is missing though ``COLLECTIVES_COMPILED`` leaves them on. Called when
-    an MPI transport is made; ``COLLECTIVES_COMPILED=0`` silences it."""
+    point-to-point calls, the cupy backend's planned calls) that is missing though
+    ``COLLECTIVES_COMPILED`` leaves them on. Called when an MPI transport is made;
+    ``COLLECTIVES_COMPILED=0`` silences it."""
     global _warned
     if _warned or not config.compiled():
         return

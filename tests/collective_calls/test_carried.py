@@ -389,6 +389,38 @@ def test_uneven_calls_past_the_block_go_staged_or_through_their_v_collective_and
         assert blocks == (sorted(expected) if most == UNEVEN_BYTES else []), blocks  # (none: nothing staged)
 
 
+def uneven_out_job(comm):
+    """all_gather_v and the uneven all_to_all of CPU tensors into out= tensors, carried in the
+    round's payloads (small), staged (past CARRY_BYTES) and through the v-collective (past
+    UNEVEN_BYTES): what is wrong against numpy (empty: nothing), and whether out is the result."""
+    import torch
+
+    size, rank, wrong = comm.size, comm.rank, []
+    for rows in (1, 40, 200, 3000):  # float64 rows of 2: 16 B, 640 B (carried), 3.2 KB (staged), 48 KB
+        mine = [np.arange((rows + r) * 2, dtype=np.float64).reshape(rows + r, 2) + 1000 * r for r in range(size)]
+        out = torch.full((sum(rows + r for r in range(size)), 2), -1.0, dtype=torch.float64)
+        got, counts = comm.all_gather_v(torch.from_numpy(mine[rank].copy()), out=out)
+        if got is not out or counts != [rows + r for r in range(size)] or \
+                not np.array_equal(out.numpy(), np.concatenate(mine)):
+            wrong.append(("all_gather_v", rows))
+        splits = [[rows + (r + j) % 2 for j in range(size)] for r in range(size)]
+        sent = [np.arange(sum(s), dtype=np.int32) + 100000 * r for r, s in enumerate(splits)]
+        want = np.concatenate([sent[r][sum(splits[r][:rank]):sum(splits[r][:rank + 1])] for r in range(size)])
+        out = torch.full(want.shape, -1, dtype=torch.int32)
+        got = comm.all_to_all(torch.from_numpy(sent[rank].copy()), splits[rank], out=out)
+        if got is not out or not np.array_equal(out.numpy(), want):
+            wrong.append(("all_to_all_v", rows))
+    return wrong
+
+
+@WORLDS
+@FORMS
+def test_uneven_calls_write_an_out_tensor_carried_staged_or_through_their_v_collective(world, form):
+    """The compiled form writes an out= tensor at its address (no numpy view a call): the same
+    results as numpy in both forms."""
+    assert all(wrong == [] for wrong in formed(world, form, "uneven_out_job"))
+
+
 def deciding_job(comm, n):
     """Calls of ``n`` float64 where rank 0 does not take the fast path (asynchronous, then a
     non-contiguous x, twice: a second call of a shape is where a staged persistent request of
