@@ -143,7 +143,9 @@ class MPIChannel(Transport):
         kind = Round if compiled is None else compiled.Round
         self.round = kind(self._comm, MPI, ranks, self._counts_with_check, self._stages_gathers, self._wait_saying)
         self._persistent = self.round.persistent
-        # The counts' round is the Round's own: the check calls it with no frame of the channel's between.
+        # The word's and the counts' rounds are the Round's own: the check calls them with no frame
+        # of the channel's between.
+        self._agree_word = self.round.agree_word  # type: ignore[method-assign]
         self._agree_counts = self.round.agree_counts  # type: ignore[method-assign,assignment]
         # The fast paths' persistent requests of small calls (see _staged): one table per kind
         # of call (row, dtype, op), {shape (and root): (request, its staging array)}.
@@ -301,7 +303,8 @@ class MPIChannel(Transport):
         return finish
 
     def _agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
-        """The BAND of every rank's ``word``, from one :meth:`_round` (see there)."""
+        """The BAND of every rank's ``word``, from one :meth:`_round` (see there). (Each channel's
+        ``__init__`` puts the Round's own ``agree_word``, the same call, in its place.)"""
         return self._round(word, waiting) & WORD_BITS
 
     def _round(self, word: int, waiting: Callable[[], None] | None = None) -> int:

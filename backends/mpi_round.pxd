@@ -65,6 +65,7 @@ cdef class Round:
 
     @cython.locals(done=bint, switching=bint, everyone=bint, reduced=int64_t)
     cpdef int64_t run(self, int64_t word, object waiting=*) except? -1
+    cpdef int64_t agree_word(self, int64_t word, object waiting=*) except? -1
     cpdef void wants(self, Py_ssize_t nbytes) noexcept
     cpdef set_row(self, Py_ssize_t i, int64_t value)
     cpdef int64_t row_value(self, Py_ssize_t rank, Py_ssize_t i) except? -1

@@ -214,6 +214,11 @@ class Round:
         its x is past the small payload and fits the large one."""
         self.want = self.small_room < nbytes <= self.large_room
 
+    def agree_word(self, word: int, waiting: Callable[[], None] | None = None) -> int:
+        """:meth:`run`'s bitwise AND of every rank's ``word``, less bit 63: the channel's
+        ``_agree_word``, which the check calls with no frame of the channel's between."""
+        return self.run(word, waiting) & _WORD
+
     def run(self, word: int, waiting: Callable[[], None] | None = None) -> int:
         """The round with ``word`` in this rank's block (and its want, where there is a large
         block): the bitwise AND of every rank's word, and the switch (every rank switches at the
