@@ -52,7 +52,7 @@ from collectives.launcher import LaunchInfo
 from collectives.ops import ALLOWED_OPS, ReduceOp
 from collectives.work import Work, deliver
 
-from . import _float_order, torch_carried, torch_plans, torch_watch
+from . import _float_order, torch_carried, torch_plans, torch_reduce, torch_watch
 from ._buffers import BITWISE, NARROW_WIRE, bitwise_as_min_max, flat_bytes, fold_bitwise, itemsize, stage
 from .torch_bootstrap import (
     bootstrap_process_group,
@@ -96,6 +96,9 @@ class TorchTransport(TorchGroup):
     _check_device_per_array = False  # (_check_device refuses a kind: CuPy arrays without CUDA)
     _tensor_check: Callable[[Any, bool], Any] | None = None
     _kind_plans: dict[tuple[Any, ...], Any] | None = None
+    #: The row's reduce start per op (torch_plans.reduce_start) and the reduces' kept buffer (torch_reduce).
+    _reducers: dict[ReduceOp, Any] | None = None
+    _reduce_scratch: torch_reduce.Scratch | None = None
 
     def _array_check(self, adapter: ArrayAdapter) -> Callable[[Any, bool], Any] | None:
         if adapter is not _TORCH:
@@ -152,6 +155,7 @@ class TorchTransport(TorchGroup):
     def _forget_plans(self) -> None:
         """Drop the plans (they hold the group's bound methods), here and the communicator's
         (see ``CallContext.forget_plans``): before the group is destroyed."""
+        self._reducers = None
         if self._kind_plans is not None:
             self._kind_plans = None
             self.context.forget_plans()
@@ -385,21 +389,23 @@ class TorchTransport(TorchGroup):
         if direct is None:  # staged dtypes, NaN-ordered MIN/MAX, bitwise on NCCL: emulated
             return super()._reduce(r)
         t = self._as_tensor(x, adapter)
-        here = self.rank == dst
-        # Off dst the transport may use its buffer as scratch: it gets a copy (x stays as it was),
-        # contiguous (a clone keeps a transposed x's strides, and Gloo reads the memory in order).
-        staged = t if here and t.is_contiguous() else t.contiguous() if here \
-            else t.clone(memory_format=self._torch.contiguous_format)
-        work = self._dist.reduce(staged, self._global_ranks[dst], self._ops[op], self._group, async_op)
+        # The plan's start (torch_reduce: off dst x is never the process group's scratch), on x
+        # itself where contiguous, else on a contiguous copy that dst copies back.
+        staged = t if t.is_contiguous() else t.contiguous()
+        if self._reducers is None:
+            self._reducers = {}
+            planning.add(self)
+        start = self._reducers.get(op) or self._reducers.setdefault(op, torch_plans.reduce_start(self, op))
+        _, work, quotient = start(staged, dst, None, None, async_op)
 
         def finish() -> None:
-            if not here:
-                return
-            if op is _AVG:
-                staged.div_(self.size)
-            if staged is not t:
+            if quotient is not None:
+                quotient.div_(self.size)
+            if staged is not t and self.rank == dst:
                 t.copy_(staged)
 
+        if not async_op:
+            work.wait()
         return self._finished(x, work, finish, async_op)
 
     @_torch_call

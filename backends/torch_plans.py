@@ -12,8 +12,8 @@ this transport's, its rank in it); its coalescing manager (``dist._coalescing_ma
 torch-function modes are for torch's own calls, not for a communicator's.
 
 The kinds planned: all_reduce, reduce and reduce_scatter where every torch transport reduces the
-dtype x op as it is (``torch_dist._DIRECT``; off dst, reduce sends a copy of x: Gloo uses the
-buffer as scratch), broadcast of every dtype it moves as it is, all_gather, gather, scatter and
+dtype x op as it is (``torch_dist._DIRECT``; reduce as backends/torch_reduce.py starts it: off
+dst x is never Gloo's scratch), broadcast of every dtype it moves as it is, all_gather, gather, scatter and
 the even all_to_all of the dtypes every transport gathers as they are (all of these but
 all_reduce, broadcast and reduce only where this communicator's rank order is torch's), and send
 and recv from a named rank of those dtypes (``ProcessGroup.send``/``recv``). Every
@@ -38,6 +38,7 @@ from collectives import arrays, calls
 from collectives.calls import NOT_TAKEN, Request
 from collectives.ops import ReduceOp
 
+from . import torch_reduce
 from .torch_handles import _TorchWork, launch_batch, pending_batches
 
 _AVG = ReduceOp.AVG
@@ -179,15 +180,15 @@ def _reducing(transport: Any, call: Any, op: ReduceOp) -> Start:
             return result, scatter(result, t, options.asynchronous if async_op else options.blocking), \
                 result if divide else None
     else:
-        reduce, options, torch_rank, rank = pg.reduce, _Options(c10d.ReduceOptions, reduceOp=torch_op), \
-            transport._torch_rank, transport.rank
-
-        def start(t: Any, root: Any, out: Any, extra: Any, async_op: bool) -> Started:
-            if root == rank:
-                return t, reduce([t], options.root(torch_rank[root], async_op)), t if divide else None
-            # Off dst the transport may use its buffer as scratch (Gloo does): a copy goes, x stays.
-            return t, reduce([t.clone()], options.root(torch_rank[root], async_op)), None
+        return reduce_start(transport, op)
     return start
+
+
+def reduce_start(transport: Any, op: ReduceOp) -> Start:
+    """``start`` of reduce of a kind torch reduces as it is: torch_reduce's (off dst x is never
+    the process group's scratch), with this module's options."""
+    options = _Options(transport._dist.distributed_c10d.ReduceOptions, reduceOp=transport._ops[op])
+    return torch_reduce.reducing(transport, process_group(transport), options, op)
 
 
 _MOVING = (calls.GATHER, calls.SCATTER, calls.ALL_TO_ALL)

@@ -204,14 +204,17 @@ def check_splits(comm: Any, shape: Shape, splits: Sequence[int], root: Any) -> N
 BARRIER_TAG = 32767
 #: The tag of a rank's farewell on MPI (see collectives.farewell), refused by send/recv too.
 FAREWELL_TAG = 32766
-RESERVED_TAGS = (BARRIER_TAG, FAREWELL_TAG)
+#: The tag of a reduce's own messages on a torch group with Gloo of two ranks (the rank off dst
+#: sends x to dst: see collectives/backends/torch_reduce.py), refused by send/recv too.
+REDUCE_TAG = 32765
+RESERVED_TAGS = (BARRIER_TAG, FAREWELL_TAG, REDUCE_TAG)
 
 
 def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
     """send/recv: the peer is another rank (a recv's may be ``None``: any source, where the
     communicator has another rank); ``tag`` a non-negative int other than BARRIER_TAG."""
     def check(comm: Any, shape: Shape, tag: Any, peer: Any) -> None:
-        if type(tag) is int and 0 <= tag < FAREWELL_TAG and peer != comm.rank and peer is not None:  # noqa: E721
+        if type(tag) is int and 0 <= tag < REDUCE_TAG and peer != comm.rank and peer is not None:  # noqa: E721
             return  # (the usual tags, below the reserved ones: one test)
         if peer is None:
             comm._checks.check_any_source()
@@ -224,8 +227,8 @@ def peer_and_tag(name: str) -> Callable[[Any, Shape, Any, Any], None]:
             raise ValueError(f"tag must be between 0 and 2**31 - 2; got {tag}")
         if tag in RESERVED_TAGS:
             raise ValueError(f"tag {tag} is reserved for the library's own messages (the "
-                             f"barrier's, a rank's farewell); use any other tag between 0 and "
-                             f"2**31 - 2 except {BARRIER_TAG} and {FAREWELL_TAG}")
+                             f"barrier's, a rank's farewell, a reduce's); use any other tag between 0 "
+                             f"and 2**31 - 2 except {REDUCE_TAG}, {FAREWELL_TAG} and {BARRIER_TAG}")
     return check
 
 

@@ -108,6 +108,7 @@ BAD_CALLS = [
     ("recv", {"src": 0, "tag": -1}, "ValueError", "tag must be"),
     ("recv", {"src": 0, "tag": 32767}, "ValueError", "tag 32767 is reserved for the library's"),
     ("recv", {"src": 0, "tag": 32766}, "ValueError", "tag 32766 is reserved for the library's"),
+    ("recv", {"src": 0, "tag": 32765}, "ValueError", "tag 32765 is reserved for the library's"),
     ("send", {"dst": 1, "tag": "a"}, "TypeError", "tag must be an int"),
     ("all_reduce", {"async_op": "yes"}, "TypeError", "async_op must be True or False"),
 ]

@@ -116,7 +116,7 @@ def tour(comm, form):
         note("read-only", lambda: sub.all_reduce(np.broadcast_to(x, (4,))))
         note("op on dtype", lambda: sub.all_reduce(np.ones(2, bool), "avg"))
         other = (rank + 1) % size  # (the bad sends raise before anything is sent)
-        for bad in (-1, True, 32766, 32767, 2**31, 2.0):
+        for bad in (-1, True, 32765, 32766, 32767, 2**31, 2.0):
             note(f"tag {bad!r}", lambda bad=bad: sub.send(x, other, tag=bad))
         note("send to itself", lambda: sub.send(x, rank))
         note("recv from itself", lambda: sub.recv(x, rank, tag=5))
