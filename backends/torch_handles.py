@@ -214,15 +214,25 @@ def launch_batch() -> None:
 
 # -- CuPy arrays: torch's work on CuPy's current stream ----------------------------------------------
 
+#: torch's view of each CuPy stream a call ran on, by (device, stream pointer): made once (a
+#: torch.cuda.ExternalStream wraps a stream it does not own, so one per pointer serves every call).
+_torch_streams: dict[tuple[int, int], Any] = {}
+_KEPT_STREAMS = 64
+
+
 def _cupy_stream_as_torch(torch: Any, x: Any) -> Any:
     """CuPy's current stream (on x's device) as a torch stream."""
-    cupy = sys.modules["cupy"]
-    with x.device:
-        ptr = cupy.cuda.get_current_stream().ptr
-    device = torch.device("cuda", x.device.id)
-    if ptr == 0:  # CuPy's null stream is the legacy default stream, torch's default one
-        return torch.cuda.default_stream(device)
-    return torch.cuda.ExternalStream(ptr, device=device)
+    device_id = x.device.id
+    ptr = sys.modules["cupy"].cuda.get_current_stream(device_id).ptr
+    found = _torch_streams.get((device_id, ptr))
+    if found is None:
+        device = torch.device("cuda", device_id)
+        # CuPy's null stream is the legacy default stream, torch's default one
+        found = torch.cuda.default_stream(device) if ptr == 0 else torch.cuda.ExternalStream(ptr, device=device)
+        if len(_torch_streams) >= _KEPT_STREAMS:
+            _torch_streams.clear()
+        _torch_streams[device_id, ptr] = found
+    return found
 
 
 def _torch_call(method: Any) -> Any:

@@ -131,7 +131,7 @@ class StreamRegistry:
                 return registry.cupy_current
 
         cupy = types.ModuleType("cupy")
-        cupy.cuda = types.SimpleNamespace(get_current_stream=lambda: Stream())
+        cupy.cuda = types.SimpleNamespace(get_current_stream=lambda device_id=-1: Stream())
         monkeypatch.setitem(__import__("sys").modules, "cupy", cupy)
         self.array = types.SimpleNamespace(device=Device())
 
@@ -144,7 +144,10 @@ class StreamRegistry:
                 registry.torch_current = saved
 
         monkeypatch.setattr(torch.cuda, "stream", stream)
-        monkeypatch.setattr(torch.cuda, "ExternalStream", lambda ptr, device=None: f"cupy stream {ptr}")
+        self.made = []  # (the torch streams made: one per CuPy stream)
+        monkeypatch.setattr(torch.cuda, "ExternalStream",
+                            lambda ptr, device=None: self.made.append(ptr) or f"cupy stream {ptr}")
+        monkeypatch.setattr(torch_handles, "_torch_streams", {})
         monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: "torch default")
 
 
@@ -176,6 +179,11 @@ def test_torch_handle_of_a_cupy_array_orders_cupys_stream_current_at_wait(monkey
     work.wait()
     assert registry.log == [("called on", "cupy stream 11"), "cupy stream 22"]
     assert registry.torch_current == "torch default"
+    for _ in range(3):  # later calls on those streams: torch's views of them made once
+        call(types.SimpleNamespace(_torch=torch),
+             Request(ALL_REDUCE, registry.array, arrays.CUPY, "float32", ReduceOp.SUM, async_op=True)).wait()
+        registry.cupy_current = 33 - registry.cupy_current  # 11, 22, 11...
+    assert registry.made == [11, 22]
 
 
 class StreamLibrary:
