@@ -24,5 +24,8 @@ cdef class PlannedCall:
     cpdef enqueue(self, x, root)
 
 
-@cython.locals(pool=list, entry=list)
-cpdef watch_post(inflight, list free, library, stream, tuple call, double seconds)
+@cython.locals(pool=list)
+cpdef watch_post(inflight, list free, library, stream, operation, seq, double seconds)
+
+@cython.locals(entry=list)
+cpdef list watch_entry(inflight, list free, library, event, operation, seq, double seconds)

@@ -14,7 +14,8 @@ or torch (the array library's calls are handed in), so it is built and counted w
 Also here, so that it is compiled: :func:`watch_post`, the steps of ``StreamWatch.post``
 (backends/stream_watch.py), which the planned calls make without its frame.
 
-Imports: nothing of the library but the recorder's clock (its parts are handed in by cupy_plans).
+Imports: nothing of the library but the recorder's clock and the handles' base (collectives.work);
+its parts are handed in by cupy_plans.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from collectives.diagnostics.recorder import clock
+from collectives.work import Work
 
 
 class ArrayCheck:
@@ -87,18 +89,32 @@ class PlannedCall:
             if self.inflight is None:  # (the transport's watch, made at its first watched call, is kept)
                 watch = self.transport._stream_watch or self.transport._start_watch()
                 self.inflight, self.free = watch._inflight, watch._free
-            watch_post(self.inflight, self.free, self.library, stream, self.context.call, timeout)
+            operation, seq = self.context.call  # (kept as they are: the entry keeps no tuple of the call)
+            watch_post(self.inflight, self.free, self.library, stream, operation, seq, timeout)
         return x
 
     def method(self, r: Any) -> Any:
-        """The row's method for this kind (a ``Request``): the asynchronous calls of an ``x`` the
-        check took (``r.view``) end as ``CupyNcclChannel._done`` ends them, with a handle; every
-        other call goes to ``fallback``."""
+        """The row's method for this kind (a ``Request``): an asynchronous call of an ``x`` the
+        check took (``r.view``) records a pooled event after itself and returns its
+        :class:`PlannedWork` (with a timeout, the event is on the watch, which gives it back to its
+        pool once complete; without, the handle does); every other call goes to ``fallback``."""
         x = r.view
         if x is None or not r.async_op:
             return self.fallback(r)
         stream = self.enqueue(x, r.root)
-        return self.transport._done(self.library, stream, True, x)
+        library = self.library
+        pool = library.pool
+        event = pool.pop() if pool else library.new_event()
+        event.record(stream)
+        operation, seq = self.context.call
+        timeout = self.transport.timeout
+        entry = None
+        if timeout is not None:
+            if self.inflight is None:
+                watch = self.transport._stream_watch or self.transport._start_watch()
+                self.inflight, self.free = watch._inflight, watch._free
+            entry = watch_entry(self.inflight, self.free, library, event, operation, seq, timeout)
+        return PlannedWork(x, self, event, entry, seq)
 
     def enqueue(self, x: Any, root: Any) -> Any:
         """NCCL's call on ``x`` on the current stream (this thread's open group of sends and
@@ -117,19 +133,80 @@ class PlannedCall:
         return stream
 
 
-def watch_post(inflight: Any, free: list[Any], library: Any, stream: Any, call: tuple[str, int],
+def watch_post(inflight: Any, free: list[Any], library: Any, stream: Any, operation: str, seq: int,
                seconds: float) -> Any:
     """``StreamWatch.post`` (backends/stream_watch.py) on the watch's ``inflight`` and ``free``
-    entries: an event recorded after the call just enqueued on ``stream`` (a pooled one of
-    ``library``'s, else a new one), watched against the deadline ``seconds`` from now; returns the
-    event."""
+    entries: an event recorded after call ``seq`` (``operation``) just enqueued on ``stream`` (a
+    pooled one of ``library``'s, else a new one), watched against the deadline ``seconds`` from
+    now; returns the event."""
     pool = library.pool
     event = pool.pop() if pool else library.new_event()
     event.record(stream)
-    if free:
-        entry = free.pop()
-        entry[0], entry[1], entry[2], entry[3], entry[4] = library, event, clock() + seconds, call, True
-    else:
-        entry = [library, event, clock() + seconds, call, True]
-    inflight.append(entry)
+    watch_entry(inflight, free, library, event, operation, seq, seconds)
     return event
+
+
+def watch_entry(inflight: Any, free: list[Any], library: Any, event: Any, operation: str, seq: int,
+                seconds: float) -> list[Any]:
+    """The watch's entry of call ``seq`` (``operation``), whose pooled ``event`` (of ``library``)
+    was just recorded, on ``inflight`` (a free entry, else a new one) with the deadline ``seconds``
+    from now; the watch gives the event back to its pool once complete (and then clears the
+    entry's event: see :class:`PlannedWork`)."""
+    if free:
+        entry: list[Any] = free.pop()
+        entry[0], entry[1], entry[2], entry[3], entry[4], entry[5] = \
+            library, event, clock() + seconds, operation, seq, True
+    else:
+        entry = [library, event, clock() + seconds, operation, seq, True]
+    inflight.append(entry)
+    return entry
+
+
+class PlannedWork(Work):
+    """The handle of an asynchronous call of a planned kind (:meth:`PlannedCall.method`): ``x``,
+    its ``planned`` call, the pooled ``event`` recorded after it and, under a timeout, its
+    watch's ``entry`` (else ``None``: the handle gives the event back to its pool once it learns
+    the call completed). As ``_StreamWork`` (backends/cupy_handles.py), ``wait()`` only makes the
+    then-current stream wait for the event, and raises the communicator's failure where the
+    watchdog found one first.
+
+    The event is the call's while the entry still holds it for call ``seq``: the watch takes a
+    completed call's entry off (clearing its event) before the event goes back to the pool, and
+    only the communicator's own thread takes events from it, so a handle never waits for or asks
+    an event recorded again by a later call (that call completed: so did this one)."""
+
+    __slots__ = ("_planned", "_event", "_entry", "_seq", "_completed")
+
+    def __init__(self, x: Any, planned: PlannedCall, event: Any, entry: list[Any] | None, seq: int) -> None:
+        self._x = x
+        self._planned, self._event, self._entry, self._seq, self._completed = planned, event, entry, seq, False
+
+    def wait(self) -> Any:
+        if not self._completed:
+            planned = self._planned
+            context = planned.context
+            if context.broken:  # aborted: the call may have ended early, its result is not trusted
+                raise context.failure()
+            if planned.open_groups:  # (launched first: a later wait in the group may need it)
+                planned.transport._flush_group()
+            entry, event = self._entry, self._event
+            if entry is None or (entry[1] is event and entry[4] == self._seq):  # (the event is the call's)
+                planned.library.wait_event(event, self._x)
+            else:  # (the watch took the call off: it completed)
+                self._completed, self._event, self._entry = True, None, None
+        return self._x
+
+    def is_completed(self) -> bool:
+        if self._completed:
+            return True
+        entry, event = self._entry, self._event
+        library = self._planned.library
+        if entry is None:  # (the handle's own event: back to its pool once complete)
+            if not library.query(event):
+                return False
+            library.pool.append(event)
+        elif entry[1] is event and entry[4] == self._seq and not library.query(event):
+            return False
+        self._completed, self._event, self._entry = True, None, None
+        return True
+

@@ -2,8 +2,9 @@
 
 A blocking NCCL call returns once it is enqueued on the caller's stream; a check made before it
 (one small CPU all_reduce of the check word) would make the host wait for every peer before every
-call. Instead the call path posts the call's check word (``Transport._post_check``: a tuple
-appended to a queue, nothing else), and the process's one watchdog thread
+call. Instead the call path posts the call's check word (``Transport._post_check``: the word, the call's number and
+its kind, a tuple made once per kind of call, put on a queue, nothing else: nothing made per call
+outlives it, so the calls in flight do not wake the garbage collector), and the process's one watchdog thread
 (backends/stream_watch.py) compares the ranks' words in call order, every
 :data:`~.stream_watch.PERIOD_SECONDS`, over a CPU channel of the transport's ranks made for it (so
 its rounds never meet the user's calls): the :class:`Rounds` of a Gloo group (:class:`TorchRounds`:
@@ -53,8 +54,11 @@ ROUND_CALLS = 1024
 #: Calls a round compares at most once a backlog has made the rounds grow (a 1 MiB all_reduce).
 MOST_ROUND_CALLS = 1 << 16
 
-#: A posted check: (word, operation, number, reduce op, root, dtype, shape, refused).
-Posted = tuple[int, str, int, ReduceOp | None, int, str | None, tuple[int, ...], Exception | None]
+#: What a posted check's fingerprint says of its kind of call: (operation, reduce op, root, dtype,
+#: shape, refused); one tuple per kind of call, made once (``CallCheck.post``), or per refused call.
+PostedKind = tuple[str, ReduceOp | None, int, str | None, tuple[int, ...], Exception | None]
+#: The fields of one posted check on the queue, one after another: its word, its number, its kind.
+POSTED_FIELDS = 3
 
 
 class Round(Protocol):
@@ -140,9 +144,12 @@ class PostedChecks:
                  failed: Callable[[Exception], None]) -> None:
         self._rounds, self._size = rounds, size
         self._mismatch, self._failed = mismatch, failed
-        self._queue: collections.deque[Posted] = collections.deque()
-        #: (The call path's thread.) One call's check, in call order: the queue's own append (no frame).
-        self.post: Callable[[Posted], None] = self._queue.append
+        # (word, number, kind) of each posted check, flat: a check adds no object of its own
+        self._queue: collections.deque[Any] = collections.deque()
+        #: (The call path's thread.) One call's check, ``(word, seq, kind)`` (kind: a
+        #: :data:`PostedKind`), in call order: the queue's own extend (no frame; the tuple
+        #: passed dies with the call, its fields stay on the queue).
+        self.post: Callable[[tuple[int, int, PostedKind]], None] = self._queue.extend
         self._capacity = 0  # (the calls a round compares at most, as every rank agreed: _resize)
         self._resize(ROUND_CALLS)
         self._work: Round | None = None  # the round in flight
@@ -194,10 +201,11 @@ class PostedChecks:
 
     def _post_words(self) -> None:
         queue, words, capacity = self._queue, self._words, self._capacity
-        n = min(len(queue), capacity)
-        words[0], words[1] = n, len(queue)
+        posted = len(queue) // POSTED_FIELDS  # (a check's fields go on in one extend)
+        n = min(posted, capacity)
+        words[0], words[1] = n, posted
         for i in range(n):
-            word = queue[i][0]
+            word = queue[POSTED_FIELDS * i]
             words[2 + i] = word
             words[2 + capacity + i] = -word
         self._work = self._rounds.least(words)
@@ -210,16 +218,16 @@ class PostedChecks:
         n, want = int(words[0]), int(words[1])
         differ = np.flatnonzero(words[2:2 + n] != -words[2 + capacity:2 + capacity + n])
         agreed = n if not differ.size else int(differ[0])
-        for _ in range(agreed):
+        for _ in range(agreed * POSTED_FIELDS):
             queue.popleft()
         self._resize(min(max(ROUND_CALLS, 1 << max(want - 1, 0).bit_length()), MOST_ROUND_CALLS))
         if differ.size:
-            self._post_fingerprint(queue[0])
+            self._post_fingerprint(queue[1], queue[2])
 
-    def _post_fingerprint(self, entry: Posted) -> None:
+    def _post_fingerprint(self, seq: int, kind: PostedKind) -> None:
         from collectives.wire import LENGTH, fingerprint, reason_vector  # noqa: PLC0415
 
-        _, operation, seq, reduce_op, root, dtype, shape, refused = entry
+        operation, reduce_op, root, dtype, shape, refused = kind
         mine = np.concatenate([fingerprint(operation, seq, reduce_op, root, dtype, shape, 1, refused),
                                reason_vector(refused)])
         self._mine, self._named = mine, np.empty((self._size, len(mine)), dtype=np.int64)
@@ -229,11 +237,12 @@ class PostedChecks:
     def _found(self) -> None:
         """The fingerprints' round completed: the mismatch (or, where every rank refused the
         call, each raised its own error: the next calls are compared)."""
-        entry = self._queue.popleft()
+        queue = self._queue
+        _, seq, kind = queue.popleft(), queue.popleft(), queue.popleft()
         everyone, self._named, self._mine = self._named, None, None
         assert everyone is not None
         length = self._fingerprint_length
-        error = self._mismatch(everyone[:, :length], everyone[:, length:], (entry[1], entry[2]))
+        error = self._mismatch(everyone[:, :length], everyone[:, length:], (kind[0], seq))
         if error is not None:
             self._fail(error)
 
@@ -276,7 +285,7 @@ class PostingTransport(Transport):
                     root: int, dtype: str | None, shape: tuple[int, ...],
                     refused: Exception | None = None) -> None:
         posted = self._posted or self._start_posting()
-        posted.post((word, operation, seq, reduce_op, root, dtype, shape, refused))
+        posted.post((word, seq, (operation, reduce_op, root, dtype, shape, refused)))
 
     def _start_posting(self) -> PostedChecks:
         self._posted = posted = PostedChecks(self._posting_rounds(), self.size, self.context.posted_mismatch,

@@ -52,7 +52,8 @@ class StreamWatch:
 
     def __init__(self, expired: Callable[[tuple[str, int]], None],
                  check: Callable[[], None] | None = None) -> None:
-        # [library, event, deadline, call, pooled]: pooled events go back to the library's pool.
+        # [library, event, deadline, operation, number, pooled]: the call's operation and number
+        # as they are (no tuple made per call outlives it); pooled events go back to the library's pool.
         self._inflight: collections.deque[list[Any]] = collections.deque()
         # The entries of calls taken off the watch, for the next calls: an entry is made only
         # when there is none, so the calls in flight (which outlive a young garbage collection)
@@ -66,12 +67,12 @@ class StreamWatch:
     def post(self, library: Any, stream: Any, call: tuple[str, int], seconds: float) -> Any:
         """Record an event after the call just enqueued on ``stream`` (a pooled one) and watch
         it against the deadline ``seconds`` from now; returns the event."""
-        return cupy_fast.watch_post(self._inflight, self._free, library, stream, call, seconds)
+        return cupy_fast.watch_post(self._inflight, self._free, library, stream, call[0], call[1], seconds)
 
     def add(self, library: Any, event: Any, call: tuple[str, int], seconds: float) -> None:
         """Watch ``event`` (a handle's own: it never goes to the pool) against the deadline
         ``seconds`` from now."""
-        self._inflight.append([library, event, clock() + seconds, call, False])
+        self._inflight.append([library, event, clock() + seconds, call[0], call[1], False])
 
     def look(self) -> None:
         """Take the completed calls off the watch, oldest first (their pooled events back to
@@ -79,10 +80,12 @@ class StreamWatch:
         with self._lock:
             inflight, free = self._inflight, self._free
             while inflight:
-                library, event, deadline, call, pooled = inflight[0]
+                library, event, deadline, operation, seq, pooled = inflight[0]
                 if not library.query(event):
                     break
-                free.append(inflight.popleft())
+                entry = inflight.popleft()
+                entry[1] = None  # (before the event goes back: see cupy_fast.PlannedWork)
+                free.append(entry)
                 if pooled:
                     library.pool.append(event)
             else:
@@ -91,7 +94,7 @@ class StreamWatch:
                 return
             self.failed = True
             inflight.clear()
-        self._expired(call)
+        self._expired((operation, seq))
 
     def tick(self) -> None:
         """The watchdog's look: the transport's error query, then :meth:`look`."""

@@ -23,7 +23,8 @@ cdef class CallPath(Collectives):
     cdef readonly Py_ssize_t size
     cdef readonly bint debug, posting, all_ordered
     cdef public object gate, ring, operation
+    cdef public object kept, kept_call, kept_type, kept_dtype, kept_op
     cdef public bint checking
 
-    @cython.locals(plan=Plan, in_place=bint, collective=bint)
+    @cython.locals(plan=Plan, in_place=bint, collective=bint, remembered=bint)
     cpdef _run(self, call, x, op, root, out, async_op, extra=*, timeout=*)

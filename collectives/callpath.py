@@ -204,6 +204,17 @@ class CallPath(Collectives):
         self.p2p, self.hooks, self.size, self.debug = comm._p2p, comm._hooks, comm.size, comm.debug
         self.posting, self.stream_ordered, self.post_call = comm._posting, comm._stream_ordered, comm._post_call
         self.all_ordered = comm._transport._all_stream_ordered  # (every call: no per-call question)
+        self.forget_kept()
+
+    def forget_kept(self) -> None:
+        """Forget the plan of the last kind of call (kept beside :attr:`plans`, as the same objects
+        of its key: a loop of one kind looks nothing up); the plans are being forgotten
+        (``CallContext.forget_plans``)."""
+        self.kept: Any = None
+        self.kept_call: Any = None
+        self.kept_type: Any = None
+        self.kept_dtype: Any = None
+        self.kept_op: Any = None
 
     def own_form(self, check: Any) -> Any:
         """The per-array check ``check`` in this call path's form: where its function has a
@@ -224,17 +235,26 @@ class CallPath(Collectives):
         try:
             if async_op is not False and async_op is not True:
                 raise TypeError(f"async_op must be True or False; got {type(async_op).__name__}")
-            try:  # the plan of x's kind (its type and dtype, and op) that passed the checks before
-                plan = self.plans[call, type(x), x.dtype, op]
-            except (KeyError, TypeError, AttributeError):  # (its errors not raised inside the lookup's:
-                plan = None  # a user's TypeError is never chained under a KeyError)
-            if plan is None:  # a kind not seen yet: the full checks (ArgumentChecks.plan), remembered
-                check, *parts = self.checks.plan(call, x, op)
-                plan = Plan(call, self.own_form(check), *parts)
+            # The plan of x's kind (its type and dtype, and op) that passed the checks before: the
+            # last kind's where the key's objects are the same ones, else the plans'.
+            plan = self.kept
+            if plan is None or call is not self.kept_call or op is not self.kept_op or \
+                    type(x) is not self.kept_type or getattr(x, "dtype", None) is not self.kept_dtype:
                 try:
-                    self.plans[call, type(x), x.dtype, op] = plan
-                except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered
-                    pass
+                    plan = self.plans[call, type(x), x.dtype, op]
+                except (KeyError, TypeError, AttributeError):  # (its errors not raised inside the lookup's:
+                    plan = None  # a user's TypeError is never chained under a KeyError)
+                remembered = True
+                if plan is None:  # a kind not seen yet: the full checks (ArgumentChecks.plan), remembered
+                    check, *parts = self.checks.plan(call, x, op)
+                    plan = Plan(call, self.own_form(check), *parts)
+                    try:
+                        self.plans[call, type(x), x.dtype, op] = plan
+                    except TypeError:  # an unhashable op spelling or dtype: valid, just not remembered
+                        remembered = False
+                if remembered:
+                    self.kept, self.kept_call, self.kept_op, self.kept_type, self.kept_dtype = \
+                        plan, call, op, type(x), x.dtype
             # What can differ between two arrays of one kind, checked on every call; the first
             # call of a kind runs the same route as the later ones (the backend's fast path too).
             in_place = plan.in_place

@@ -52,7 +52,8 @@ class CommunicatorContext(CallContext):
     fault tolerance (``_fault``) and ``repr``; it sets ``comm._broken`` (unusable), ``comm._checking`` (see
     :meth:`stop_checking`) and ``comm.timeout`` (for a call's own ``timeout=``: see
     :meth:`run_with_timeout`, which runs the call through ``comm._run``) and clears the plans of
-    its argument checks (``comm._checks.plans``: see :meth:`forget_plans`), and nothing else."""
+    its argument checks (``comm._checks.plans``, and the call path's kept one: see
+    :meth:`forget_plans`), and nothing else."""
 
     __slots__ = ("comm", "_transport", "farewells", "_abandoned")
 
@@ -188,6 +189,7 @@ class CommunicatorContext(CallContext):
 
     def forget_plans(self) -> None:
         self.comm._checks.plans.clear()
+        self.comm._path.forget_kept()  # (the call path's plan of the last kind, kept beside them)
 
     def has_left(self, rank: int) -> bool:
         return rank in self.farewells.left

@@ -17,7 +17,8 @@ cdef class CallCheck:
     cdef public bint first_checked, carries, posts
     cdef public dict hashes
     cdef public int64_t fast_bit
-    cdef object _kept_call, _kept_dtype, _kept_op, _kept_root, _kept_shape
+    cdef object _kept_call, _kept_dtype, _kept_op, _kept_root, _kept_shape, _kept_kind
+    cdef dict _kinds
     cdef int64_t _kept_hash
     cdef Py_ssize_t _uneven_fixed
 

@@ -51,7 +51,7 @@ class CallCheck:
 
     __slots__ = ("_transport", "_context", "_comm", "level", "first_checked", "hashes", "carries", "fast_bit",
                  "posts", "_kept_call", "_kept_dtype", "_kept_op", "_kept_root", "_kept_shape", "_kept_hash",
-                 "_uneven_fixed")
+                 "_kept_kind", "_kinds", "_uneven_fixed")
 
     def __init__(self, transport: Transport, context: CommunicatorContext, size: int) -> None:
         self._transport, self._context = transport, context
@@ -78,6 +78,11 @@ class CallCheck:
         self._kept_root: Any = None
         self._kept_shape: Any = None
         self._kept_hash = 0
+        # The posted checks' kinds of call (see post): the last one's, and every kind's by the key of
+        # hashes, so that a posted check adds no tuple of its own to the queue (which lives until
+        # the watchdog compares it: a tuple per call there would wake the garbage collector).
+        self._kept_kind: Any = None
+        self._kinds: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         #: Whether an uneven call's counts travel in its check's round (see check_counts).
         self.carries = transport._counts_with_check and level == config.CHECKS_DEFAULT
         # The bound on an uneven call's carried x where the transport's holds for its life (-1:
@@ -144,8 +149,17 @@ class CallCheck:
         post_to = self._transport._post_to
         if post_to is None:  # (the first: the transport starts posting)
             self._transport._post_check(check_word(h, seq), call.name, seq, reduce_op, root, dtype, shape)
-        else:  # (the tuple _post_check makes, with no frame of its own)
-            post_to((check_word(h, seq), call.name, seq, reduce_op, root, dtype, shape, None))
+            return
+        kind = self._kept_kind  # (the kind _post_check makes, kept: see _kinds)
+        if kind is None:
+            key = (call, dtype, reduce_op, root, shape)
+            kind = self._kinds.get(key)
+            if kind is None:
+                if len(self._kinds) >= MAX_CALL_HASHES:
+                    self._kinds.clear()
+                kind = self._kinds[key] = (call.name, reduce_op, root, dtype, shape, None)
+            self._kept_kind = kind
+        post_to((check_word(h, seq), seq, kind))  # (with no frame of the transport's)
 
     def carry(self, carry: Callable[[Any, Any, Any, Any, int], tuple[int, Any]], call: Call,
               reduce_op: ReduceOp | None, root: int, dtype: str, view: Any, out: Any, extra: Any) -> Any:
@@ -245,7 +259,7 @@ class CallCheck:
                 hashes.clear()
             h = hashes[key] = call_hash(call.name, reduce_op, root, dtype, tuple(shape))
         self._kept_call, self._kept_dtype, self._kept_op, self._kept_root, self._kept_shape = key
-        self._kept_hash = h
+        self._kept_hash, self._kept_kind = h, None
         return h
 
     def refused(self, call: Call, x: Any, op: Any, root: Any, error: Exception, record: list[Any] | None) -> None:

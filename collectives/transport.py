@@ -350,9 +350,10 @@ class Transport(abc.ABC):
         return False
 
     #: Once the transport posts checks (its first :meth:`_post_check` started them), the call that
-    #: takes a posted check's tuple, ``(word, operation, seq, reduce_op, root, dtype, shape,
-    #: refused)``, as :meth:`_post_check` makes it (the queue's append: the call path posts with
-    #: no frame of the transport's); ``None`` before and once stopped.
+    #: takes a posted check, ``(word, seq, kind)`` with ``kind`` the tuple ``(operation, reduce_op,
+    #: root, dtype, shape, refused)`` that :meth:`_post_check` makes (the call path keeps one per
+    #: kind of call: nothing it posts is made per call and outlives it), with no frame of the
+    #: transport's (the queue's extend); ``None`` before and once stopped.
     _post_to: Callable[[tuple[Any, ...]], None] | None = None
 
     def _post_check(self, word: int, operation: str, seq: int, reduce_op: ReduceOp | None,

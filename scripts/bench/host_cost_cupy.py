@@ -2,9 +2,10 @@
 ``NcclCommunicator.allReduce`` in the same process, with CuPy's CUDA and NCCL stubbed out
 (collectives.testing.fake_cupy: every NCCL call returns at once, every event is complete), so what
 is counted is our Python in front of the NCCL call. A count, not a time. The pools of completed
-events are filled first (the steady state of a program whose watchdog has given its events back)
-and the heap made before the loops is frozen (``gc.freeze``), so that neither the watchdog's
-timing nor a full collection falling into one loop moves the counts.
+events and the watch's free entries are filled before each loop (the steady state of a program
+whose watchdog has given its events and entries back) and the heap made before the loops is frozen
+(``gc.freeze``), so that neither the watchdog's timing nor a full collection falling into one loop
+moves the counts.
 
     python scripts/bench/host_cost_cupy.py                  # defaults, then COLLECTIVES_TIMEOUT=0
     python scripts/bench/host_cost_cupy.py --json docs/bench/host-cost-cupy.json
@@ -39,6 +40,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 from host_cost import _total, run_loops
 
@@ -134,8 +136,34 @@ def child(calls: int, world: int = 1) -> None:
         # falls into one loop would add its walk of that heap to that loop's count alone.
         gc.collect()
         gc.freeze()
-        run_loops([RAW] + [ours for _, ours in CASES], names, calls)
+        run_loops([RAW] + [ours for _, ours in CASES], names, calls,
+                  before_loop=functools.partial(_steady_watch, comm, calls))
         comm.close()
+
+
+def _steady_watch(comm: Any, calls: int) -> None:
+    """Before each loop, a program's steady state: the watch of the calls in flight with every call
+    so far given back by the watchdog (its entry to the watch's free entries, its pooled event to
+    its pool) and free entries for a loop's calls (a program's watch holds what it has had in
+    flight within one look), the flight recorder's ring full (each call's record then replaces the
+    oldest), then the heap frozen again, as before the first loop: when the watchdog thread runs
+    (valgrind's scheduling) does not change the counts."""
+    import gc
+
+    ring = comm._path.ring
+    if ring is not None and ring:
+        ring.extend(list(ring[-1]) for _ in range(ring.maxlen - len(ring)))
+    watch = comm._transport._stream_watch
+    if watch is not None:
+        with watch._lock:
+            for entry in watch._inflight:
+                if entry[-1]:  # (pooled)
+                    entry[0].pool.append(entry[1])
+                watch._free.append(entry)
+            watch._inflight.clear()
+            watch._free.extend([None] * 6 for _ in range(calls + 50 - len(watch._free)))
+    gc.collect()
+    gc.freeze()
 
 
 class _Forgetful(list):  # type: ignore[type-arg]

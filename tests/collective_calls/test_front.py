@@ -22,6 +22,7 @@ from collectives.backends.local import LocalCommunicator
 from forms import split_in_form
 
 from collectives import front
+from collectives.calls import ALL_REDUCE
 from collectives.diagnostics.recorder import END, ERROR, START, STATE
 from collectives.errors import CollectiveError
 
@@ -253,12 +254,36 @@ def test_a_transport_error_inside_the_call_is_mapped_the_same_way(monkeypatch, f
             raise RuntimeError("boom")
 
         comm._plans[key] = type(comm._plans[key])(key[0], check, fast, carry, adapter, dtype, reduce_op, request, boom)
+        comm._path.forget_kept()  # (the call path keeps the last kind's plan beside the plans)
         expected = r"all_gather \(call #2\) .* failed in the local transport: builtins.RuntimeError: boom"
         with pytest.raises(CollectiveError, match=expected) as raised:
             comm.all_gather(x)
         assert isinstance(raised.value.__cause__, RuntimeError)
         assert comm._ring[-1][STATE] == "failed" and comm._ring[-1][ERROR] == "RuntimeError: boom"
         assert sys.exc_info() == (None, None, None)
+        assert front.is_compiled(comm) == (form == "compiled")
+    finally:
+        comm.close()
+
+
+@pytest.mark.parametrize("form", ["compiled", "python"])
+def test_the_last_kinds_plan_is_kept_and_forgotten_with_the_plans(monkeypatch, form):
+    """A loop of one kind runs the plan kept beside the plans (no lookup); forgetting the plans
+    (CallContext.forget_plans) forgets it too: the next call plans its kind again."""
+    monkeypatch.setenv("COLLECTIVES_COMPILED", "1" if form == "compiled" else "0")
+    comm = LocalCommunicator()
+    try:
+        x, y = np.ones(4), np.ones(3, dtype=np.int32)
+        comm.all_reduce(x)
+        [first] = comm._plans.values()
+        assert comm._path.kept is first
+        comm.all_reduce(y, "max")  # another kind: the kept plan follows it
+        assert comm._path.kept is comm._plans[ALL_REDUCE, np.ndarray, y.dtype, "max"]
+        comm._context.forget_plans()
+        assert comm._path.kept is None and not comm._plans
+        np.testing.assert_array_equal(comm.all_reduce(x), np.ones(4))
+        [again] = comm._plans.values()
+        assert again is not first and comm._path.kept is again
         assert front.is_compiled(comm) == (form == "compiled")
     finally:
         comm.close()

@@ -231,7 +231,7 @@ def backlog_job(comm, calls, differ_at):
                           lambda everyone, reasons, call: RuntimeError(f"{call}"), found.append)
     for i in range(calls):
         word = i + (1 if i == differ_at and sub.rank == 1 else 0)
-        checks.post((word, "all_reduce", i + 1, None, -1, "float32", (3,), None))
+        checks.post((word, i + 1, ("all_reduce", None, -1, "float32", (3,), None)))
 
     def compared():
         checks.tick()  # (this thread drives the rounds: no watchdog here)

@@ -17,6 +17,7 @@ import threading
 import numpy as np
 import pytest
 
+from collectives import ReduceOp
 from collectives.testing import fake_cupy
 
 pytestmark = pytest.mark.timeout(240)
@@ -132,3 +133,44 @@ def test_a_cupy_mismatch_aborts_nccl_and_every_rank_raises_it_at_its_next_call(w
     for rank, (aborted, raised) in enumerate(world.run(mismatch_job, args=(how,), timeout=120)):
         assert aborted, rank
         assert "all_reduce call #3" in raised and difference in raised, raised
+
+
+def kept_kinds_job(comm, calls):
+    """After the first call, ``calls`` blocking all_reduces of one kind, then one of another, each
+    posted check seen as the transport takes it: (how many, the field counts, whether the words and
+    numbers are ints, how many distinct kind objects the loop posted, the last call's kind)."""
+    with fake_cupy.installed():
+        import cupy
+
+        gpu = _cupy_world()
+        r = gpu.rank
+        x, y = cupy.asarray(_data(1, r, (8,))), cupy.asarray(_data(2, r, (4,), "int32"))
+        gpu.all_reduce(x)  # (checked before it runs)
+        gpu.all_reduce(x)  # (the first posted: the transport starts posting)
+        transport = gpu._transport
+        seen = []
+        post_to = transport._post_to
+
+        def spy(fields):
+            seen.append(fields)
+            post_to(fields)
+
+        transport._post_to = spy
+        for _ in range(calls):
+            gpu.all_reduce(x)
+        gpu.all_reduce(y, "max")
+        transport._post_to = post_to
+        gpu.close()
+        return (len(seen), sorted({len(fields) for fields in seen}),
+                all(type(fields[0]) is int and type(fields[1]) is int for fields in seen),
+                len({id(fields[2]) for fields in seen[:-1]}), seen[-1][2][:5])
+
+
+@pytest.mark.parametrize("world", [("mpi", 2)], indirect=True)
+def test_a_posted_check_keeps_no_object_of_its_own_but_its_kind_made_once(world):
+    """What a posted check leaves on the queue until the watchdog compares it: its word and number
+    (ints) and its kind of call, one tuple per kind (so a program's calls in flight make nothing
+    the garbage collector walks)."""
+    for posted, fields, ints, kinds, last in world.run(kept_kinds_job, args=(20,), timeout=120):
+        assert (posted, fields, ints, kinds) == (21, [3], True, 1)
+        assert last == ("all_reduce", ReduceOp.MAX, -1, "int32", (4,)), last

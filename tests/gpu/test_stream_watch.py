@@ -74,6 +74,46 @@ def test_a_blocking_cupy_call_takes_a_pooled_event_not_a_new_one():
         comm.close()
 
 
+@pytest.mark.parametrize("timeout", [30.0, 0], ids=["watched", "no-timeout"])
+def test_an_asynchronous_cupy_call_takes_a_pooled_event_and_it_goes_back(timeout):
+    """Under a timeout the watchdog gives a handle's event back once complete; without one the
+    handle does, once the communicator learns it completed (the next call's reaping)."""
+    with fake_cupy.installed() as device:
+        import cupy
+
+        comm = _communicator(cupy.cuda.nccl.NcclCommunicator(1, None, 0), timeout=timeout)
+        x = cupy.asarray(np.arange(6, dtype=np.float32))
+        for _ in range(200):
+            assert comm.all_reduce(x, async_op=True).wait() is x
+        comm.all_reduce(x)  # (reaps the last handle)
+        pool = comm._transport._library(arrays.CUPY).pool
+        wait_for_condition(lambda: len(pool) == device.events_made)
+        made = device.events_made
+        for _ in range(made):
+            comm.all_reduce(x, async_op=True).wait()
+        assert device.events_made == made  # (a new event per call before)
+        comm.close()
+
+
+def test_a_handle_whose_event_went_back_and_was_recorded_again_is_complete():
+    """A handle never asks an event a later call recorded again: the watch took its call off
+    (complete) before the event went back to the pool."""
+    with fake_cupy.installed() as device:
+        import cupy
+
+        comm = _communicator(cupy.cuda.nccl.NcclCommunicator(1, None, 0))
+        x = cupy.asarray(np.arange(6, dtype=np.float32))
+        handle = comm.all_reduce(x, async_op=True)
+        pool = comm._transport._library(arrays.CUPY).pool
+        wait_for_condition(lambda: len(pool) == device.events_made)  # the watchdog took it back
+        device.stalled = True
+        comm.all_reduce(x)  # takes that event from the pool: recorded again, never completes
+        assert device.events_made == 1 and not pool
+        assert handle.is_completed() and handle.wait() is x
+        device.resume()
+        comm.close()
+
+
 def test_a_cupy_call_past_its_timeout_aborts_nccl_and_the_next_call_raises_naming_it(tmp_path, monkeypatch):
     monkeypatch.setenv("COLLECTIVES_TRACE_DIR", str(tmp_path))
     with fake_cupy.installed() as device:
