@@ -120,14 +120,19 @@ watching: weakref.WeakSet[Any] = weakref.WeakSet()
 @atexit.register
 def _destroy_created_groups() -> None:
     dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_initialized():
+    if dist is None:
         return
+    # What holds a group lets go first, also where the program destroyed the default group
+    # itself (``dist.destroy_process_group()`` with a communicator still open): a bound method
+    # kept past that keeps the group alive into the interpreter's end, which aborts the process.
     for transport in list(planning):
         transport._forget_plans()
     for transport in list(posting):
         transport._stop_posting(settle=False)
     for transport in list(watching):
         transport._stop_watch()
+    if not dist.is_initialized():
+        return
     while created_groups:
         group = created_groups.pop()
         try:

@@ -50,6 +50,7 @@ RANK_RECORDS = {
     "rank ": r"rank \d+/\d+ backend=\w+ checked=\d+ failures=\[[^\]]*\]",
     "REUSED": r"REUSED rank=\d+ size=\d+ sum=\d+",
     "C10D": r"C10D rank=\d+ size=\d+ sum=\d+",
+    "LET GO": r"LET GO rank=\d+ \w+",
 }
 
 
@@ -121,6 +122,7 @@ def test_the_torch_backend_reuses_a_process_group_the_user_initialized():
     result = launch("torchrun", 2, "reuse_group.py", None)
     assert result.returncode == 0, result.stdout + result.stderr
     assert rank_lines(result.stdout, "REUSED") == [f"REUSED rank={r} size=2 sum=3" for r in range(2)]
+    assert rank_lines(result.stdout, "LET GO") == [f"LET GO rank={r} True" for r in range(2)]
 
 
 @pytest.mark.parametrize("mode", ["master-addr", "env"])
