@@ -50,7 +50,7 @@ RANK_RECORDS = {
     "rank ": r"rank \d+/\d+ backend=\w+ checked=\d+ failures=\[[^\]]*\]",
     "REUSED": r"REUSED rank=\d+ size=\d+ sum=\d+",
     "C10D": r"C10D rank=\d+ size=\d+ sum=\d+",
-    "LET GO": r"LET GO rank=\d+ \w+",
+    "LET GO": r"LET GO rank=\d+ (?:True|False)",
 }
 
 
