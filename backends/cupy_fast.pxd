@@ -4,6 +4,8 @@
 
 cimport cython
 
+from collectives._callpath_c cimport _clock
+
 
 cdef class ArrayCheck:
     cdef readonly object adapter, check_array, check_device, tensor, strided
@@ -15,6 +17,7 @@ cdef class ArrayCheck:
 
 cdef class PlannedCall:
     cdef readonly object transport, launch, library, open_groups, fallback, current_stream, context, inflight
+    cdef readonly object operation, comm
     cdef readonly list free
     cdef readonly Py_ssize_t nccl_type, width, nccl_op
     cdef readonly bint rooted, cupy_arrays

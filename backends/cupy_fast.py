@@ -7,8 +7,7 @@ of one array library's planned kinds, and :class:`PlannedCall`, the NCCL call of
 The compiled form (setup.py's ``COMPILED``: ``collectives.backends._cupy_fast_c``) is this file,
 compiled by Cython with the types of cupy_fast.pxd: the classes are ``cdef class`` es whose fields
 are C reads, so a call crosses no Python frame between the call path and NCCL's call but the
-library's own (the stream getter, the event's record) and, under a timeout, the context's
-``call`` (the running call's name and number, on the watch). It imports nothing of CuPy
+library's own (the stream getter, the event's record). It imports nothing of CuPy
 or torch (the array library's calls are handed in), so it is built and counted without them.
 
 Also here, so that it is compiled: :func:`watch_post`, the steps of ``StreamWatch.post``
@@ -23,8 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from collectives.diagnostics.recorder import clock
 from collectives.work import Work
+
+try:
+    import cython
+except ImportError:  # (the Python form where Cython is not installed)
+    from types import SimpleNamespace
+
+    cython = SimpleNamespace(compiled=False)
+
+if not cython.compiled:  # (compiled: the call path's _clock, the same clock read in C: cupy_fast.pxd)
+    from collectives.diagnostics.recorder import clock as _clock
 
 
 class ArrayCheck:
@@ -67,15 +75,20 @@ class PlannedCall:
     the root where an all_reduce takes ``nccl_op``, its ncclRedOp_t; ``library``: the stream API
     of the array kind (its ``current_stream``); ``cupy_arrays``: CuPy's arrays, else torch's;
     ``open_groups``: the threads with an open NCCL group (cupy_handles.OPEN_GROUPS); ``fallback``:
-    the row's method, for the calls the method does not take."""
+    the row's method, for the calls the method does not take; ``operation``: the row's name.
+
+    A watched call names itself as ``context.call`` does, without its property's frame: the
+    row's name (the running call's, as this kind runs only in its row's calls) and the number the
+    communicator (the context's ``comm``) gave it, its ``_seq``, as the default check reads it."""
 
     def __init__(self, transport: Any, launch: Callable[..., None], nccl_type: int, width: int, rooted: bool,
                  nccl_op: int, library: Any, cupy_arrays: bool, open_groups: Any,
-                 fallback: Callable[[Any], Any]) -> None:
+                 fallback: Callable[[Any], Any], operation: str) -> None:
         self.transport, self.launch, self.nccl_type, self.width = transport, launch, nccl_type, width
         self.rooted, self.nccl_op, self.library, self.cupy_arrays = rooted, nccl_op, library, cupy_arrays
-        self.open_groups, self.fallback = open_groups, fallback
+        self.open_groups, self.fallback, self.operation = open_groups, fallback, operation
         self.current_stream, self.context = library.current_stream, transport.context
+        self.comm = self.context.comm
         self.inflight: Any = None  # (the watch's calls in flight and free entries, from the first watched call)
         self.free: list[Any] = []
 
@@ -89,8 +102,7 @@ class PlannedCall:
             if self.inflight is None:  # (the transport's watch, made at its first watched call, is kept)
                 watch = self.transport._stream_watch or self.transport._start_watch()
                 self.inflight, self.free = watch._inflight, watch._free
-            operation, seq = self.context.call  # (kept as they are: the entry keeps no tuple of the call)
-            watch_post(self.inflight, self.free, self.library, stream, operation, seq, timeout)
+            watch_post(self.inflight, self.free, self.library, stream, self.operation, self.comm._seq, timeout)
         return x
 
     def method(self, r: Any) -> Any:
@@ -106,14 +118,14 @@ class PlannedCall:
         pool = library.pool
         event = pool.pop() if pool else library.new_event()
         event.record(stream)
-        operation, seq = self.context.call
+        seq = self.comm._seq
         timeout = self.transport.timeout
         entry = None
         if timeout is not None:
             if self.inflight is None:
                 watch = self.transport._stream_watch or self.transport._start_watch()
                 self.inflight, self.free = watch._inflight, watch._free
-            entry = watch_entry(self.inflight, self.free, library, event, operation, seq, timeout)
+            entry = watch_entry(self.inflight, self.free, library, event, self.operation, seq, timeout)
         return PlannedWork(x, self, event, entry, seq)
 
     def enqueue(self, x: Any, root: Any) -> Any:
@@ -155,9 +167,9 @@ def watch_entry(inflight: Any, free: list[Any], library: Any, event: Any, operat
     if free:
         entry: list[Any] = free.pop()
         entry[0], entry[1], entry[2], entry[3], entry[4], entry[5] = \
-            library, event, clock() + seconds, operation, seq, True
+            library, event, _clock() + seconds, operation, seq, True
     else:
-        entry = [library, event, clock() + seconds, operation, seq, True]
+        entry = [library, event, _clock() + seconds, operation, seq, True]
     inflight.append(entry)
     return entry
 

@@ -145,7 +145,8 @@ def planned_call(transport: Any, call: calls.Call, kind: KindPlan, fallback: Cal
     else:
         return None
     planned = fast_module().PlannedCall(transport, launch, nccl_type, width, rooted, kind.nccl_op, kind.library,
-                                        kind.library.adapter is arrays.CUPY, OPEN_GROUPS, fallback)
+                                        kind.library.adapter is arrays.CUPY, OPEN_GROUPS, fallback,
+                                        call.name)
     return planned.fast, planned.method
 
 

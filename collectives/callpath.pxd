@@ -3,6 +3,15 @@
 # named here is one C read where the Python form reads an attribute.
 
 cimport cython
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+
+# The recorder's clock (time.monotonic: CLOCK_MONOTONIC's seconds) read in C, without a call of
+# the time module's; the compiled planned calls cimport it (backends/cupy_fast.pxd).
+cdef inline double _clock() noexcept:
+    cdef timespec now
+    clock_gettime(CLOCK_MONOTONIC, &now)
+    return <double>now.tv_sec + <double>now.tv_nsec * 1e-9
 
 
 cdef class Plan:

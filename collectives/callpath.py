@@ -40,7 +40,15 @@ from .diagnostics.recorder import END, POSTED, STARTED, STATE
 from .ops import ReduceOp
 from .work import Work
 
-_clock = recorder.clock
+try:
+    import cython
+except ImportError:  # (the Python form where Cython is not installed)
+    from types import SimpleNamespace
+
+    cython = SimpleNamespace(compiled=False)
+
+if not cython.compiled:  # (compiled: callpath.pxd's _clock, the same clock read in C)
+    _clock = recorder.clock
 
 
 class Plan:
@@ -277,11 +285,11 @@ class CallPath(Collectives):
         if collective:
             comm._seq = seq = seq + 1
         self.operation = plan.name
-        ring = self.ring
+        ring, shape = self.ring, None
         if ring is not None:  # the flight recorder (collectives/diagnostics/recorder.py): a call with an end
             # time and no error has completed; the fast path's view's shape is a plain tuple (cheaper)
-            record = [seq, call, dtype, (x if view is None else view).shape, root, STARTED,
-                      _clock(), 0.0, None, None, reduce_op]
+            shape = (x if view is None else view).shape
+            record = [seq, call, dtype, shape, root, STARTED, _clock(), 0.0, None, None, reduce_op]
             ring.append(record)
         else:
             record = None
@@ -291,7 +299,8 @@ class CallPath(Collectives):
                 if on_fast_path and plan.carry is not None:  # (carried where x fits its round)
                     result = self.carry_call(plan.carry, call, reduce_op, root, dtype, view, out, extra)
                 elif self.posting and (self.all_ordered or self.stream_ordered(x)):  # (beside a device stream's call)
-                    self.post_call(call, reduce_op, root, dtype, x.shape)
+                    self.post_call(call, reduce_op, root, dtype,  # (x's shape, read once)
+                                   shape if view is x and shape is not None else x.shape, seq)
                 else:
                     self.check_call(call, reduce_op, root, dtype, x.shape, None, on_fast_path)
             if result is not NOT_TAKEN:

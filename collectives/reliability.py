@@ -133,14 +133,14 @@ class CallCheck:
             self.disagreed(reduce_op, root, dtype, shape)
 
     def post(self, call: Call, reduce_op: ReduceOp | None, root: int, dtype: str | None,
-             shape: tuple[int, ...]) -> None:
+             shape: tuple[int, ...], seq: int) -> None:
         """:meth:`check` of the running collective ``call``, ordered on a device stream, where
         the transport posts checks (:attr:`posts`): its word goes beside the call
         (``Transport._post_check``), compared with every rank's off the call path, so the host
         neither waits nor makes a collective of its own; a mismatch is raised at a later call or
         ``wait()`` on every rank, the transport's communicator aborted. The first collective
-        and the uneven ones are checked before they move data, as :meth:`check` does."""
-        seq: int = self._comm._seq
+        and the uneven ones are checked before they move data, as :meth:`check` does. ``seq``:
+        the call's number (the communicator's ``_seq``, which the call path has at hand)."""
         if seq == 1 or call.counted:
             self.check(call, reduce_op, root, dtype, shape)
             return

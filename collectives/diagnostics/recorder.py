@@ -49,7 +49,8 @@ written: list[str] = []
 # Reentrant: a signal handler may dump while the main thread is dumping already.
 _dumping = threading.RLock()
 _LIBRARY = (os.path.dirname(os.path.dirname(os.path.abspath(__file__))),)  # collectives/
-#: The recorder's clock (seconds): a dump converts it to wall-clock time.
+#: The recorder's clock (seconds): a dump converts it to wall-clock time. The compiled call path
+#: reads the same clock (CLOCK_MONOTONIC) in C: callpath.pxd's ``_clock``.
 clock = time.monotonic
 
 

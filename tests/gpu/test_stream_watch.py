@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -306,7 +307,8 @@ def test_the_planned_calls_run_in_the_form_the_config_picks_and_hand_nccl_the_sa
     """The planned calls are backends/cupy_fast.py's classes: compiled
     (collectives.backends._cupy_fast_c) where built, the Python twin under COLLECTIVES_COMPILED=0;
     either hands NCCL x's pointer, its count, ncclFloat32 or ncclUint8, the op or root and the
-    stream, and leaves numpy's result."""
+    stream, and leaves numpy's result; and puts a call under a timeout on the watch by its row's
+    name and number, due its timeout from now on the recorder's clock (time.monotonic's)."""
     from collectives.backends import cupy_fast, cupy_plans
 
     monkeypatch.setenv("COLLECTIVES_COMPILED", compiled)
@@ -314,7 +316,7 @@ def test_the_planned_calls_run_in_the_form_the_config_picks_and_hand_nccl_the_sa
     if compiled == "1" and module is None:
         pytest.skip("backends/cupy_fast.py's compiled form was not built here")
     expected = module if compiled == "1" else cupy_fast
-    with fake_cupy.installed():
+    with fake_cupy.installed() as device:
         import cupy
 
         nccl_comm = cupy.cuda.nccl.NcclCommunicator(1, None, 0)
@@ -330,6 +332,16 @@ def test_the_planned_calls_run_in_the_form_the_config_picks_and_hand_nccl_the_sa
         assert nccl_comm.arguments[-2:] == [("allReduce", (ptr, ptr, 6, 7, 0, 0)),
                                             ("broadcast", (ptr, ptr, 24, 1, 0, 0))]
         np.testing.assert_array_equal(x.host, values)  # (one rank: its sum, its broadcast)
+        device.stalled = True  # (their events never complete: the watch keeps their entries)
+        before = time.monotonic()
+        comm.all_reduce(x), comm.broadcast(x, 0)
+        after = time.monotonic()
+        watch = comm._transport._stream_watch
+        with watch._lock:
+            entries = [list(entry) for entry in list(watch._inflight)[-2:]]
+        assert [(entry[3], entry[4]) for entry in entries] == [("all_reduce", 5), ("broadcast", 6)]
+        assert all(before + 30.0 <= entry[2] <= after + 30.0 for entry in entries)
+        device.resume()
         comm.close()
 
 

@@ -350,6 +350,19 @@ def test_trace_size_zero_turns_the_recorder_off_but_not_the_hooks(monkeypatch, t
     assert comm.trace_name not in [c["name"] for c in content["communicators"]]
 
 
+def test_the_recorders_times_are_read_on_the_monotonic_clock():
+    """The call path reads the flight recorder's clock in C where compiled: the clock of
+    time.monotonic (the watchdogs' deadlines and the dumps compare its times with that one's)."""
+    comm = LocalCommunicator()
+    seen = []
+    comm.register_hook(seen.append)
+    before = time.monotonic()
+    comm.all_reduce(np.ones(2))
+    after = time.monotonic()
+    assert before <= seen[0].start <= seen[0].end <= after
+    comm.close()
+
+
 def test_hooks_see_each_call_until_removed():
     comm = LocalCommunicator()
     seen = []
