@@ -25,10 +25,13 @@ cdef class PlannedCall:
     cpdef fast(self, x, root, out, extra)
     cpdef method(self, r)
     cpdef enqueue(self, x, root)
+    cdef open_watch(self)
 
 
-@cython.locals(pool=list)
 cpdef watch_post(inflight, list free, library, stream, operation, seq, double seconds)
 
 @cython.locals(entry=list)
 cpdef list watch_entry(inflight, list free, library, event, operation, seq, double seconds)
+
+@cython.locals(pool=list)
+cdef pooled_event(library, stream)

@@ -99,9 +99,8 @@ class PlannedCall:
         stream = self.enqueue(x, root)
         timeout = self.transport.timeout
         if timeout is not None:
-            if self.inflight is None:  # (the transport's watch, made at its first watched call, is kept)
-                watch = self.transport._stream_watch or self.transport._start_watch()
-                self.inflight, self.free = watch._inflight, watch._free
+            if self.inflight is None:
+                self.open_watch()
             watch_post(self.inflight, self.free, self.library, stream, self.operation, self.comm._seq, timeout)
         return x
 
@@ -115,18 +114,21 @@ class PlannedCall:
             return self.fallback(r)
         stream = self.enqueue(x, r.root)
         library = self.library
-        pool = library.pool
-        event = pool.pop() if pool else library.new_event()
-        event.record(stream)
+        event = pooled_event(library, stream)
         seq = self.comm._seq
         timeout = self.transport.timeout
         entry = None
         if timeout is not None:
             if self.inflight is None:
-                watch = self.transport._stream_watch or self.transport._start_watch()
-                self.inflight, self.free = watch._inflight, watch._free
+                self.open_watch()
             entry = watch_entry(self.inflight, self.free, library, event, self.operation, seq, timeout)
         return PlannedWork(x, self, event, entry, seq)
+
+    def open_watch(self) -> None:
+        """Keep the transport's watch's calls in flight and free entries (the watch made at the
+        transport's first watched call)."""
+        watch = self.transport._stream_watch or self.transport._start_watch()
+        self.inflight, self.free = watch._inflight, watch._free
 
     def enqueue(self, x: Any, root: Any) -> Any:
         """NCCL's call on ``x`` on the current stream (this thread's open group of sends and
@@ -151,10 +153,16 @@ def watch_post(inflight: Any, free: list[Any], library: Any, stream: Any, operat
     entries: an event recorded after call ``seq`` (``operation``) just enqueued on ``stream`` (a
     pooled one of ``library``'s, else a new one), watched against the deadline ``seconds`` from
     now; returns the event."""
+    event = pooled_event(library, stream)
+    watch_entry(inflight, free, library, event, operation, seq, seconds)
+    return event
+
+
+def pooled_event(library: Any, stream: Any) -> Any:
+    """An event of ``library``'s pool (else a new one) recorded on ``stream``."""
     pool = library.pool
     event = pool.pop() if pool else library.new_event()
     event.record(stream)
-    watch_entry(inflight, free, library, event, operation, seq, seconds)
     return event
 
 
