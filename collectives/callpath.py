@@ -314,8 +314,9 @@ class CallPath(Collectives):
                 request.x, request.root, request.out = x, root, out
                 request.async_op, request.extra, request.view = async_op, extra, view
                 if plan.counted:  # the uneven rows: the counts exchange puts every rank's in extra (in
-                    # the check's round where the transport carries them: CallCheck.check_counts)
-                    if not (self.checking and self.check_counts(request)):
+                    # the check's round where the transport carries them, the check on or off:
+                    # CallCheck.check_counts)
+                    if not self.check_counts(request):
                         emulations.counted(comm, request)
                 result = plan.method(request)
                 request.x = request.out = request.carried = request.view = None  # (the record keeps no array alive)

@@ -83,8 +83,10 @@ class CallCheck:
         # the watchdog compares it: a tuple per call there would wake the garbage collector).
         self._kept_kind: Any = None
         self._kinds: dict[tuple[Any, ...], tuple[Any, ...]] = {}
-        #: Whether an uneven call's counts travel in its check's round (see check_counts).
-        self.carries = transport._counts_with_check and level == config.CHECKS_DEFAULT
+        #: Whether an uneven call's counts travel in the round of its word (see check_counts): the
+        #: default check's, and with the check off the same round, which the call's counts exchange
+        #: makes anyway (not in debug mode, whose exchange compares everything).
+        self.carries = transport._counts_with_check and level != config.CHECKS_FULL
         # The bound on an uneven call's carried x where the transport's holds for its life (-1:
         # read on every call; see check_counts).
         self._uneven_fixed = transport._uneven_bytes_fixed
@@ -192,9 +194,11 @@ class CallCheck:
         (all_to_all), and where every rank's x travelled with it (host memory of at most the
         transport's ``_uneven_bytes``), ``r.carried`` every rank's x. The word hashes the call's
         kind, dtype, ``x.shape[1:]`` and sequence number; a rank in another call is
-        :class:`CollectiveMismatch` on every rank. False where the call path's own counts
-        exchange runs instead: the first call, debug mode, or ranks whose dtypes, trailing
-        shapes or ``out`` rows disagree (its error on every rank says how)."""
+        :class:`CollectiveMismatch` on every rank. The same round with the check off
+        (``COLLECTIVES_DEBUG=0``: the counts exchange the call makes anyway, its word compared for
+        free). False where the call path's own counts exchange runs instead: the first call, debug
+        mode, or ranks whose dtypes, trailing shapes or ``out`` rows disagree (its error on every
+        rank says how)."""
         seq: int = self._comm._seq
         if not self.carries or seq == 1:
             return False

@@ -1,11 +1,12 @@
-"""The torch route's small rounds on a group with a CPU backend (Gloo): with the default check an
-uneven collective's counts travel in its check's round (one small all_to_all of the word and the
-counts to every rank), so it makes one small round before its data, as a raw program that must
-learn the counts does. Results against numpy on every rank's inputs; the rounds counted on the
-transport.
+"""The torch route's small rounds on a group with a CPU backend (Gloo): with the default check, and
+with it off (COLLECTIVES_DEBUG=0), an uneven collective's counts travel in its check's round (one
+small all_to_all of the word and the counts to every rank), so it makes one small round before its
+data, as a raw program that must learn the counts does. Results against numpy on every rank's
+inputs; the rounds counted on the transport.
 """
 
 import collections
+import os
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import torch
 from collectives.backends.mpi_carried import CARRIED
 
 CALLS = 3
+DEBUG = "COLLECTIVES_DEBUG"
 
 
 def _rows(rank, count, width=2):
@@ -35,10 +37,25 @@ def _counting(method, name, seen):
     return counted
 
 
-def rounds_job(comm):
-    """Uneven calls on a new communicator after its first call (always compared in full): the
-    transport's small rounds counted, the results."""
-    sub = comm.split(0)
+def _split(comm, level):
+    """A split of ``comm`` made under COLLECTIVES_DEBUG=``level`` (None: unset), which a
+    communicator reads when it is made; the variable as it was after."""
+    kept = os.environ.get(DEBUG)
+    os.environ.pop(DEBUG, None)
+    if level is not None:
+        os.environ[DEBUG] = level
+    try:
+        return comm.split(0)
+    finally:
+        os.environ.pop(DEBUG, None)
+        if kept is not None:
+            os.environ[DEBUG] = kept
+
+
+def rounds_job(comm, level=None):
+    """Uneven calls on a new communicator (made under COLLECTIVES_DEBUG=``level``) after its first
+    call (always compared in full): the transport's small rounds counted, the results."""
+    sub = _split(comm, level)
     sub.all_reduce(np.ones(1))
     transport, seen = sub._transport, collections.Counter()
     for name in ("_agree_counts", "_exchange_small", "_start_exchange_small"):
@@ -67,10 +84,17 @@ def _expected(rank, size):
         [s + 1 for s in range(size)]
 
 
-@pytest.mark.parametrize("world", [("torch", 3)], indirect=True)
-def test_an_uneven_calls_counts_travel_in_its_check_round_on_gloo(world):
-    for rank, (seen, got) in enumerate(world.run(rounds_job, [()] * world.size)):
-        assert seen == {"_agree_counts": 2 * CALLS}, seen  # (no exchange of its own)
+@pytest.mark.parametrize("world", [("torch", 3), ("mpi", 3)], indirect=True)
+@pytest.mark.parametrize("level", [None, "0", "1"])
+def test_an_uneven_calls_counts_travel_in_its_check_round_on_gloo_and_mpi(world, level):
+    """With the default check, and with the check off (COLLECTIVES_DEBUG=0: the counts exchange the
+    call makes anyway is that round, no exchange of its own); in debug mode the full exchange. (On
+    MPI up to 4 ranks the same.)"""
+    for rank, (seen, got) in enumerate(world.run(rounds_job, [(level,)] * world.size)):
+        if level == "1":  # (besides the fingerprints of every call)
+            assert "_agree_counts" not in seen and seen["_exchange_small"] == 2 * CALLS, seen
+        else:
+            assert seen == {"_agree_counts": 2 * CALLS}, seen  # (no exchange of its own)
         to_me, gathered, counts = _expected(rank, world.size)
         for name, *result in got:
             if name == "all_to_all":
