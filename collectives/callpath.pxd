@@ -18,6 +18,7 @@ cdef class Plan:
     cdef readonly object check, fast, carry, adapter, dtype, reduce_op, request, method
     cdef readonly object name, root, row_check
     cdef readonly bint in_place, collective, any_root, counted
+    cdef readonly int out_form
 
 
 cdef class Collectives:
@@ -27,6 +28,7 @@ cdef class Collectives:
 cdef class CallPath(Collectives):
     cdef readonly object comm, checks, call_check, context, pending, reap, keep, handles
     cdef readonly object check_call, carry_call, check_counts, raise_failed, p2p, stream_ordered, post_call
+    cdef readonly object out_fits
     cdef readonly dict plans, twins
     cdef readonly list hooks
     cdef readonly Py_ssize_t size

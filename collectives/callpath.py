@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from types import MethodType
 from typing import Any
 
-from . import emulations
+from . import emulations, host_views
 from .calls import (
     ALL_GATHER,
     ALL_GATHER_V,
@@ -58,9 +58,10 @@ class Plan:
     the communicator's plans. Compiled, its fields are typed (callpath.pxd): one read each."""
 
     def __init__(self, call: Call, check: Any, fast: Any, carry: Any, adapter: Any, dtype: Any,
-                 reduce_op: Any, request: Any, method: Any) -> None:
+                 reduce_op: Any, request: Any, method: Any, out_form: int) -> None:
         self.check, self.fast, self.carry, self.adapter = check, fast, carry, adapter
         self.dtype, self.reduce_op, self.request, self.method = dtype, reduce_op, request, method
+        self.out_form = out_form
         self.name, self.in_place, self.collective = call.name, call.in_place, call.collective
         self.root, self.any_root, self.counted, self.row_check = call.root, call.any_root, call.counted, call.check
 
@@ -198,8 +199,9 @@ class CallPath(Collectives):
     owner thread's id while the communicator is open and usable, else None), ``checking`` (the
     default check runs), ``ring`` (the flight recorder's, None when it is off) and ``operation``
     (the running call's); ``twins``: the compiled forms of per-array checks it runs instead (see
-    :meth:`own_form`). The running call's number stays the communicator's (``_seq``: the check
-    reads it on every call). Compiled, its fields are typed (callpath.pxd)."""
+    :meth:`own_form`; ``out_fits``, a numpy ``out=``'s check at once, is
+    ``host_views.numpy_out_fits`` in this path's form). The running call's number stays the
+    communicator's (``_seq``: the check reads it on every call). Compiled, its fields are typed (callpath.pxd)."""
 
     def __init__(self, comm: Any, gate: Any, checking: bool, ring: Any, twins: dict[Any, Any]) -> None:
         self.comm, self.gate, self.checking, self.ring, self.twins = comm, gate, checking, ring, twins
@@ -212,6 +214,7 @@ class CallPath(Collectives):
         self.p2p, self.hooks, self.size, self.debug = comm._p2p, comm._hooks, comm.size, comm.debug
         self.posting, self.stream_ordered, self.post_call = comm._posting, comm._stream_ordered, comm._post_call
         self.all_ordered = comm._transport._all_stream_ordered  # (every call: no per-call question)
+        self.out_fits = twins.get(host_views.numpy_out_fits, host_views.numpy_out_fits)  # (a numpy out=)
         self.forget_kept()
 
     def forget_kept(self) -> None:
@@ -272,8 +275,8 @@ class CallPath(Collectives):
                     self.checks.check_rank(root, plan.root)  # (a bool is no rank)
             if plan.row_check is not None:
                 plan.row_check(comm, tuple(x.shape), extra, root)
-            if out is not None:
-                self.checks.check_out(call, x, plan.adapter, out, extra, root)
+            if out is not None and (plan.out_form == 0 or not self.out_fits(out, x, plan.out_form, self.size)):
+                self.checks.check_out(call, x, plan.adapter, out, extra, root)  # (names the fault)
         except (TypeError, ValueError) as refusal:  # nothing sent; its number and check, marked refused:
             if self.checking and call.collective:  # the peers name this rank (CallCheck.refused)
                 self.call_check.refused(call, x, op, root, refusal, comm._begin(call))

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import arrays
+from . import arrays, calls, host_views
 from .arrays import ArrayAdapter
 from .calls import NOT_TAKEN, Call, Request, is_int
 from .errors import CollectiveError
@@ -24,11 +24,12 @@ from .transport import Transport
 
 # What the calls of a kind (row, type(x), x.dtype, op as spelled or None) that passed the checks
 # run: (per-array check, fast path, carried path or None, adapter, dtype name, ReduceOp or None,
-# the kind's request record, the transport's method of the row, bound); the call path remembers
-# it, with what it reads of the row, as a collectives.callpath.Plan.
+# the kind's request record, the transport's method of the row, bound, the rule of a numpy out='s
+# shape or 0); the call path remembers it, with what it reads of the row, as a
+# collectives.callpath.Plan.
 Plan = tuple[Callable[[Any, bool], Any], Callable[[Any, Any, Any, Any], Any],
              Callable[[Any, Any, Any, Any, int], tuple[int, Any]] | None, ArrayAdapter, str,
-             ReduceOp | None, Request, Callable[[Request], Any]]
+             ReduceOp | None, Request, Callable[[Request], Any], int]
 
 # Calls whose out= rows are known only once the counts have travelled (checked then).
 _OUT_SHAPE_AFTER_COUNTS = frozenset({"all_gather_v", "all_to_all"})
@@ -81,9 +82,11 @@ class ArgumentChecks:
         fast path if it has one (``Transport._fast_path``; not for the uneven collectives, which
         exchange their counts first, nor for send/recv in debug mode), with it the carried path
         of a collective if the transport has one (``Transport._carried_path``), the adapter, dtype name
-        and ReduceOp, the kind's request record (see :class:`~collectives.calls.Request`) and
+        and ReduceOp, the kind's request record (see :class:`~collectives.calls.Request`),
         the transport's method for the kind (``Transport._method_of``: the row's, or one the
-        backend bound for the kind)."""
+        backend bound for the kind) and, for a numpy x, the rule of its result's shape that the
+        call path checks an ``out=`` against at once (``host_views.numpy_out_fits``; 0: only
+        :meth:`check_out`, which the call path runs where that check does not pass)."""
         adapter, dtype, reduce_op = self.check_kind(x, op, call.reduces, call.in_place)
         fast = self._transport._fast_path(call, adapter, dtype, reduce_op) \
             if not call.counted and (call.collective or not self.debug) else None
@@ -102,7 +105,8 @@ class ArgumentChecks:
             self._transport._carried_path(call, adapter, dtype, reduce_op)
         return (check, fast or _no_fast_path, carry, adapter, dtype, reduce_op,
                 Request(call, None, adapter, dtype, reduce_op),
-                self._transport._method_of(call, adapter, dtype, reduce_op))
+                self._transport._method_of(call, adapter, dtype, reduce_op),
+                _OUT_FORMS.get(call.out_shape, 0) if adapter is _NUMPY and call.out_shape is not None else 0)
 
     def checked_device(self, check: Callable[[Any, bool], Any], adapter: ArrayAdapter
                         ) -> Callable[[Any, bool], Any]:
@@ -232,6 +236,11 @@ def _no_fast_path(view: Any, root: Any, out: Any, extra: Any) -> Any:
 
 _NUMPY = arrays.NUMPY
 _TORCH = arrays.TORCH
+#: The out= shapes the call path checks at once on a numpy out= (host_views.numpy_out_fits), by the
+#: row's rule; the others (and other arrays) are checked by check_out alone.
+_OUT_FORMS: dict[Callable[[Any, tuple[int, ...], Any], tuple[int, ...]], int] = {
+    calls.stacked: host_views.STACKED, calls.block_of_rows: host_views.BLOCK_OF_ROWS,
+    calls.one_row: host_views.ONE_ROW, calls.same_shape: host_views.SAME_SHAPE}
 
 
 def in_backward_pass() -> bool:

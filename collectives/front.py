@@ -40,7 +40,8 @@ def install(comm: Any, owner: type, gate: Any, checking: bool, ring: Any) -> Any
     else:  # (the compiled per-array checks where they were built from the same source)
         views = config.compiled_extension(f"{__package__}._host_views_c", host_views)
         twins = {} if views is None else {host_views.numpy_host_view: views.numpy_host_view,
-                                          host_views.tensor_host_view: views.tensor_host_view}
+                                          host_views.tensor_host_view: views.tensor_host_view,
+                                          host_views.numpy_out_fits: views.numpy_out_fits}
         path = module.CallPath(comm, gate, checking, ring, twins)
     if not own_run:
         comm.__dict__["_run"] = path._run

@@ -21,6 +21,37 @@ def numpy_host_view(adapter: Any, x: Any, in_place: bool) -> Any:
     return None
 
 
+#: The shapes of a result that :func:`numpy_out_fits` knows, by the rule of collectives/calls.py that
+#: makes it from x's shape (``Call.out_shape``): ``(size, *shape)`` (all_gather, gather), a block
+#: of ``shape[0] // size`` rows (reduce_scatter), one row (scatter), x's shape (all_to_all).
+STACKED, BLOCK_OF_ROWS, ONE_ROW, SAME_SHAPE = 1, 2, 3, 4
+
+
+def numpy_out_fits(out: Any, x: Any, form: int, size: int) -> bool:
+    """Whether the numpy ``out=`` passes ``ArgumentChecks.check_out`` for ``x`` as it stands: an
+    array of x's type and dtype, C-contiguous and writable, of the result's shape (``form``: one of
+    the rules above, over ``size`` ranks). False leaves the call to check_out, which names the
+    fault: what it accepts at once, in a few reads (one flags read, as in numpy_host_view)."""
+    if type(out) is not type(x):
+        return False
+    dtype = out.dtype
+    if dtype is not x.dtype and dtype != x.dtype:
+        return False
+    flags = out.flags
+    if not (flags.c_contiguous and flags.writeable):
+        return False
+    shape: tuple[int, ...] = out.shape
+    x_shape: tuple[int, ...] = x.shape
+    if form == STACKED:
+        return len(shape) == len(x_shape) + 1 and shape[0] == size and shape[1:] == x_shape
+    if form == BLOCK_OF_ROWS:
+        return len(x_shape) > 0 and len(shape) == len(x_shape) and shape[0] == x_shape[0] // size \
+            and shape[1:] == x_shape[1:]
+    if form == ONE_ROW:
+        return shape == x_shape[1:]
+    return form == SAME_SHAPE and shape == x_shape
+
+
 #: The numpy views of the last tensors :func:`tensor_host_view` took: ``(id(x), view, x's data
 #: pointer, dtype, shape)``, newest first. A view keeps its tensor's memory alive, so a tensor of
 #: that id whose data pointer, dtype and shape are the view's (and that is still contiguous, without

@@ -402,3 +402,50 @@ def test_the_request_record_keeps_no_array_alive_and_async_handles_keep_their_ow
     assert np.array_equal(first.wait(), [np.arange(4.0)])
     assert np.array_equal(second.wait(), [np.arange(4.0) + 10])
     comm.close()
+
+
+def _numpy_outs(x, expected):
+    """numpy out= arrays for x whose result has shape ``expected``: the one that fits, then each
+    fault check_out names (and a subclass, which only check_out takes)."""
+    good = np.zeros(expected, x.dtype)
+    frozen = good.copy()
+    frozen.flags.writeable = False
+    wider = expected[:-1] + (expected[-1] + 1,) if expected else (1,)
+    return [good, good.astype(np.float64), frozen, np.zeros(wider, x.dtype), np.zeros(wider, x.dtype)[..., :-1],
+            np.zeros(expected + (1,), x.dtype), good.view(np.matrix) if good.ndim == 2 else good.view(np.recarray),
+            np.zeros(expected + (2,), x.dtype)[..., 0]]  # (strided where it has a dimension)
+
+
+@pytest.mark.parametrize("form", ["python", "compiled"])
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_the_quick_numpy_out_check_accepts_only_what_check_out_accepts(form, size):
+    """The call path's check of a numpy out= at once (host_views.numpy_out_fits, by the row's shape
+    rule) says yes only where ArgumentChecks.check_out passes, and says yes to the out= of the
+    result's own shape, for every row with one, in both forms (the compiled twin is what a compiled
+    call path runs)."""
+    from collectives import calls, config, host_views
+    from collectives.arrays import NUMPY
+    from collectives.checks import _OUT_FORMS, ArgumentChecks
+
+    module = host_views if form == "python" else config.compiled_extension("collectives._host_views_c", host_views)
+    if module is None:
+        pytest.skip("collectives._host_views_c was not built")
+    checks = ArgumentChecks(LocalCommunicator()._transport, size)
+    rows = [calls.ALL_GATHER, calls.GATHER, calls.REDUCE_SCATTER, calls.SCATTER, calls.ALL_TO_ALL]
+    assert {row.out_shape for row in rows} == set(_OUT_FORMS)
+    tried = 0
+    for row in rows:
+        for x in (np.ones((size * 2, 3), np.float32), np.ones((size,), np.int64), np.ones((size, 2, 1), np.float32)):
+            expected = row.out_shape(checks, x.shape, None)
+            for i, out in enumerate(_numpy_outs(x, expected)):
+                fits = module.numpy_out_fits(out, x, _OUT_FORMS[row.out_shape], size)
+                try:
+                    checks.check_out(row, x, NUMPY, out, None, 0)
+                    accepted = True
+                except (TypeError, ValueError):
+                    accepted = False
+                assert not fits or accepted, (row.name, x.shape, i, out.shape)
+                if i == 0:
+                    assert fits and accepted, (row.name, x.shape)
+                tried += 1
+    assert tried == 5 * 3 * 8

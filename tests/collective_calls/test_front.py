@@ -248,12 +248,13 @@ def test_a_transport_error_inside_the_call_is_mapped_the_same_way(monkeypatch, f
         x = np.ones((2, 2))[:, 0]  # strided: the general path, the row's transport method
         comm.all_gather(x)
         key = next(k for k in comm._plans if k[0].name == "all_gather")
-        check, fast, carry, adapter, dtype, reduce_op, request, _ = comm._checks.plan(key[0], x, None)
+        check, fast, carry, adapter, dtype, reduce_op, request, _, out_form = comm._checks.plan(key[0], x, None)
 
         def boom(request):
             raise RuntimeError("boom")
 
-        comm._plans[key] = type(comm._plans[key])(key[0], check, fast, carry, adapter, dtype, reduce_op, request, boom)
+        comm._plans[key] = type(comm._plans[key])(key[0], check, fast, carry, adapter, dtype, reduce_op, request, boom,
+                                                   out_form)
         comm._path.forget_kept()  # (the call path keeps the last kind's plan beside the plans)
         expected = r"all_gather \(call #2\) .* failed in the local transport: builtins.RuntimeError: boom"
         with pytest.raises(CollectiveError, match=expected) as raised:
