@@ -50,7 +50,7 @@ import numpy as np
 
 from collectives import arrays, calls, config
 from collectives.arrays import ArrayAdapter
-from collectives.calls import NOT_TAKEN, Request
+from collectives.calls import Request
 from collectives.communicator import Communicator
 from collectives.diagnostics import _exits, process_hooks
 from collectives.errors import BackendUnavailable
@@ -72,9 +72,10 @@ from .mpi_buffers import (
     tensor_address,
 )
 from .mpi_channel import MPIChannel, _int_view, _nan_ordered, _nonblocking, _nothing, import_mpi
+from .mpi_moves import KINDS, move_class
 from .mpi_p2p import point_to_point_class, short_message
 from .mpi_requests import _Request
-from .mpi_staged import staged_or, staged_table
+from .mpi_staged import staged, staged_table
 
 #: Elements per MPI call: MPI counts are C ints unless the library has large counts.
 MAX_COUNT = 2**31 - 1
@@ -106,6 +107,8 @@ class MPITransport(MPIChannel):
         super().__init__(comm, local_rank)
         # send's and recv's fast paths, compiled where they were built (a transport keeps its form).
         self._point_to_point = point_to_point_class()
+        # The collectives' fast paths (backends/mpi_moves.py), compiled where they were built.
+        self._move = move_class()
         # The uneven methods after their counts' round (backends/mpi_uneven.py, compiled where built):
         # instance attributes over this class's functions, which they run for what they do not take,
         # where the round gathers the counts and payloads they read.
@@ -144,118 +147,64 @@ class MPITransport(MPIChannel):
     def _fast_path(self, call: Any, adapter: ArrayAdapter, dtype: str,
                    op: ReduceOp | None) -> Callable[[Any, Any, Any, Any], Any] | None:
         """The collectives of even shapes, send and recv on a contiguous host array in as few steps as raw
-        mpi4py takes: its memory (a CPU tensor's numpy view, as a raw caller passes it) is the
-        buffer, bound with the MPI datatype and op once per kind; a new result is allocated
-        as a raw caller would (a tensor for a tensor, given to MPI by address). A reduction
-        only where MPI reduces the dtype x op as it is."""
+        mpi4py takes: backends/mpi_moves.py's :class:`~.mpi_moves.Move` (send's and recv's:
+        mpi_p2p.py's), in this transport's form, on x's memory (a CPU tensor's numpy view, as a raw
+        caller passes it), bound with the MPI datatype and op once per kind; a new result is
+        allocated as a raw caller would (a tensor for a tensor, given to MPI by address). A
+        reduction only where MPI reduces the dtype x op as it is. Small calls under a timeout
+        through staged persistent requests (backends/mpi_staged.py); without a timeout the
+        blocking call, as COLLECTIVES_TIMEOUT=0 promises."""
         if not call.collective:
             return self._fast_point_to_point(call, dtype)
-        comm, in_place, size, most, one_call, byte = \
-            self._comm, self._in_place, self.size, MAX_COUNT, self._call, self._byte
+        kind = KINDS.get(call)
         spec = self._native[dtype].get(op) if op is not None else None
-        if call.reduces and spec is None:
+        if kind is None or (call.reduces and spec is None):
             return None
+        comm, rank, byte, in_place = self._comm, self.rank, self._byte, self._in_place
         mpi_type, mpi_op = spec if spec is not None else (None, None)
-        avg = op is _AVG
-        new = _new_numpy if adapter is _NUMPY else _new_tensor(self._MPI, dtype)
-        # Small calls under a timeout through staged persistent requests (backends/mpi_staged.py);
-        # without a timeout the blocking call, as COLLECTIVES_TIMEOUT=0 promises.
-        table, rank = staged_table(self, call, dtype, op), self.rank
-
+        numpy, avg = adapter is _NUMPY, op is _AVG
+        new = _new_numpy if numpy else _new_tensor(self._MPI, dtype)
+        # (reduce_scatter: MPI_Reduce_scatter with equal counts; MPICH's MPI_Ireduce_scatter_block,
+        # what a timeout runs, took 8-11x the blocking call at 512 KiB-1 MiB; see _reduce_scatter)
+        name = _MPI_NAMES[call]
+        move = self._move(self, kind, getattr(comm, name), getattr(comm, _nonblocking(name)), mpi_type, mpi_op,
+                          new, numpy, avg, None, MAX_COUNT)
+        table = staged_table(self, call, dtype, op)
+        if table is None:
+            return move.run
+        # The staged requests' makers (on the staging array's views: send, recv).
         if call is calls.ALL_REDUCE:
-            reduce, start_reduce, reduce_init = comm.Allreduce, comm.Iallreduce, comm.Allreduce_init
-
-            def all_reduce(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if buf.size > most:
-                    return NOT_TAKEN
-                one_call(reduce, start_reduce, in_place, [buf, mpi_type], mpi_op)
-                if avg:
-                    buf /= size
-                return buf
-            return staged_or(self, table, all_reduce, lambda send, recv, root: reduce_init(
-                in_place, [recv, mpi_type], mpi_op), rooted=False, avg=avg)
-        if call is calls.BROADCAST:
-            bcast, start_bcast, bcast_init = comm.Bcast, comm.Ibcast, comm.Bcast_init
-
-            def broadcast(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if buf.nbytes > most:  # MPI counts the bytes: no uint8 view
-                    return NOT_TAKEN
-                one_call(bcast, start_bcast, [buf, byte], root)
-                return buf
-            return staged_or(self, table, broadcast, lambda send, recv, root: bcast_init([recv, byte], root),
-                             rooted=True, sends=(False, True), gets=(True, False))
-        if call is calls.REDUCE:
-            reduce_to, start_reduce_to, reduce_to_init = comm.Reduce, comm.Ireduce, comm.Reduce_init
-
-            def reduce(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if buf.size > most:
-                    return NOT_TAKEN
-                if root == rank:
-                    one_call(reduce_to, start_reduce_to, in_place, [buf, mpi_type], mpi_op, root)
-                    if avg:
-                        buf /= size
-                else:  # (MPI leaves the other ranks' x as it is)
-                    one_call(reduce_to, start_reduce_to, [buf, mpi_type], None, mpi_op, root)
-                return buf
-            return staged_or(self, table, reduce, lambda send, recv, root: reduce_to_init(
+            init = comm.Allreduce_init
+            move.staged = staged(self, table, lambda send, recv, root: init(in_place, [recv, mpi_type], mpi_op),
+                                 rooted=False, avg=avg)
+        elif call is calls.BROADCAST:
+            init = comm.Bcast_init
+            move.staged = staged(self, table, lambda send, recv, root: init([recv, byte], root), rooted=True,
+                                 sends=(False, True), gets=(True, False))
+        elif call is calls.REDUCE:
+            init = comm.Reduce_init
+            move.staged = staged(self, table, lambda send, recv, root: init(
                 in_place if root == rank else [send, mpi_type], [recv, mpi_type] if root == rank else None,
                 mpi_op, root), rooted=True, gets=(False, True), avg=avg)
-        if call is calls.REDUCE_SCATTER:
-            # (MPI_Reduce_scatter with equal counts: MPICH's MPI_Ireduce_scatter_block, what a timeout
-            # runs, took 8-11x the blocking call at 512 KiB-1 MiB; see _reduce_scatter)
-            scatter_equal, start_scatter_equal = comm.Reduce_scatter, comm.Ireduce_scatter
-            scatter_block_init = comm.Reduce_scatter_block_init
-
-            def reduce_scatter(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if buf.size // size > most:
-                    return NOT_TAKEN
-                result, recv = new(buf, (buf.shape[0] // size, *buf.shape[1:]), out)
-                block = buf.size // size
-                one_call(scatter_equal, start_scatter_equal, [buf, mpi_type], [recv, mpi_type], [block] * size, mpi_op)
-                if avg:
-                    result /= size
-                return result
-            return staged_or(self, table, reduce_scatter, lambda send, recv, root: (
-                scatter_block_init([send, mpi_type], [recv, mpi_type], mpi_op)), rooted=False,
-                result_shape=lambda shape: (shape[0] // size, *shape[1:]), new=new, avg=avg)
-        name = _MOVES.get(call)
-        if name is None:
-            return None
-        run, start, init = getattr(comm, name), getattr(comm, _nonblocking(name)), getattr(comm, f"{name}_init")
-        if call is calls.ALL_GATHER or call is calls.ALL_TO_ALL:
-            stacked = call is calls.ALL_GATHER
-
-            def exchange(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if buf.nbytes > most:
-                    return NOT_TAKEN
-                result, recv = new(buf, (size, *buf.shape) if stacked else buf.shape, out)
-                one_call(run, start, [buf, byte], [recv, byte])
-                return result
-            return staged_or(self, table, exchange, lambda send, recv, root: init([send, byte], [recv, byte]),
-                             rooted=False, result_shape=(lambda shape: (size, *shape)) if stacked else tuple, new=new)
-        if call is calls.GATHER:
-            def gather(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-                if buf.nbytes > most:
-                    return NOT_TAKEN
-                if root != rank:
-                    one_call(run, start, [buf, byte], None, root)
-                    return None
-                result, recv = new(buf, (size, *buf.shape), out)
-                one_call(run, start, [buf, byte], [recv, byte], root)
-                return result
-            return staged_or(self, table, gather, lambda send, recv, root: init(
+        elif call is calls.REDUCE_SCATTER:
+            init = comm.Reduce_scatter_block_init
+            move.staged = staged(self, table, lambda send, recv, root: init([send, mpi_type], [recv, mpi_type], mpi_op),
+                                 rooted=False, result_shape=move.result_shape, new=new, avg=avg)
+        elif call is calls.ALL_GATHER or call is calls.ALL_TO_ALL:
+            init = getattr(comm, f"{name}_init")
+            move.staged = staged(self, table, lambda send, recv, root: init([send, byte], [recv, byte]),
+                                 rooted=False, result_shape=move.result_shape, new=new)
+        elif call is calls.GATHER:
+            init = comm.Gather_init
+            move.staged = staged(self, table, lambda send, recv, root: init(
                 [send, byte], [recv, byte] if root == rank else None, root), rooted=True, gets=(False, True),
-                result_shape=lambda shape: (size, *shape), new=new)
-
-        def scatter(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-            if buf.nbytes > most:
-                return NOT_TAKEN
-            result, recv = new(buf, buf.shape[1:], out)  # (only the root's buf is read)
-            one_call(run, start, [buf, byte] if root == rank else None, [recv, byte], root)
-            return result
-        return staged_or(self, table, scatter, lambda send, recv, root: init(
-            [send, byte] if root == rank else None, [recv, byte], root), rooted=True, sends=(False, True),
-            result_shape=lambda shape: shape[1:], new=new)
+                result_shape=move.result_shape, new=new)
+        else:  # scatter
+            init = comm.Scatter_init
+            move.staged = staged(self, table, lambda send, recv, root: init(
+                [send, byte] if root == rank else None, [recv, byte], root), rooted=True, sends=(False, True),
+                result_shape=move.result_shape, new=new)
+        return move.run
 
     def _fast_point_to_point(self, call: Any, dtype: str) -> Callable[[Any, Any, Any, Any], Any]:
         """send's and recv's fast paths (see _fast_path): backends/mpi_p2p.py's
@@ -496,8 +445,11 @@ _AVG = ReduceOp.AVG
 _NUMPY = arrays.NUMPY
 
 
-#: The byte-moving collectives of even shapes with a fast path, and MPI's name of each.
-_MOVES = {calls.ALL_GATHER: "Allgather", calls.GATHER: "Gather", calls.SCATTER: "Scatter", calls.ALL_TO_ALL: "Alltoall"}
+#: MPI's name of the call of each collective's fast path (backends/mpi_moves.py): the blocking
+#: call; its nonblocking form is the same name with an I.
+_MPI_NAMES = {calls.ALL_REDUCE: "Allreduce", calls.BROADCAST: "Bcast", calls.REDUCE: "Reduce",
+              calls.REDUCE_SCATTER: "Reduce_scatter", calls.ALL_GATHER: "Allgather", calls.GATHER: "Gather",
+              calls.SCATTER: "Scatter", calls.ALL_TO_ALL: "Alltoall"}
 
 
 def _new_numpy(buf: Any, shape: tuple[int, ...], out: Any) -> tuple[Any, Any]:

@@ -220,7 +220,7 @@ if not cython.compiled:  # the Python form of mpi_carried.pxd's C helpers
 
     def staged_call(c: Carrier, view: Any, root: Any, out: Any) -> Any:
         """A call past the payload whose round said every rank runs it on its fast path: NOT_TAKEN,
-        the fast path runs its staged request (mpi_staged.staged_or). The compiled form runs the
+        the fast path runs its staged request (mpi_moves.Move, mpi_staged.staged). The compiled form runs the
         same request here where the fast path made it (the same MPI calls, without its frames)."""
         return NOT_TAKEN
 

@@ -32,20 +32,22 @@ def staged_table(channel: Any, call: Any, dtype: str, op: Any) -> dict[Any, tupl
     return channel._staged((call, dtype, op))  # type: ignore[no-any-return]
 
 
-def staged_or(channel: Any, table: dict[Any, tuple[Any, Any]] | None, plain: FastPath,
-              make: Callable[[Any, Any, Any], Any], *, rooted: bool, sends: tuple[bool, bool] = BOTH,
-              gets: tuple[bool, bool] = BOTH, result_shape: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None,
-              new: Any = None, avg: bool = False) -> FastPath:
-    """``plain``, or for a small call under a timeout its staged persistent request over
-    ``channel`` (an MPIChannel; ``table``: its table for this kind of call, None where it keeps
-    none): ``make(send, recv, root)`` makes it, on views of a staging array kept per shape (and
-    root, where ``rooted``). ``sends[mine]`` and ``gets[mine]``: whether this rank copies x in
-    and a result out, ``mine`` being whether the call is not rooted or this rank is its root. The
-    result is x itself where ``result_shape`` is None (all_reduce, broadcast, reduce: the staging
-    array is both buffers), else a new one of ``result_shape(x.shape)`` (``new(buf, shape, out)``:
-    the result and its buffer), None where this rank gets none; ``avg``: divided by the size."""
+def staged(channel: Any, table: dict[Any, tuple[Any, Any]] | None, make: Callable[[Any, Any, Any], Any], *,
+           rooted: bool, sends: tuple[bool, bool] = BOTH, gets: tuple[bool, bool] = BOTH,
+           result_shape: Callable[[tuple[int, ...]], tuple[int, ...]] | None = None,
+           new: Any = None, avg: bool = False) -> FastPath | None:
+    """The run of a small call under a timeout through its staged persistent request over
+    ``channel`` (an MPIChannel; ``table``: its table for this kind of call; None where it keeps
+    none, and then None), ``run(buf, root, out, extra)``, which the fast path (backends/mpi_moves.py)
+    calls where x has at most STAGED_BYTES, there is a timeout and every rank runs the call on its
+    fast path: ``make(send, recv, root)`` makes the request, on views of a staging array kept per
+    shape (and root, where ``rooted``). ``sends[mine]`` and ``gets[mine]``: whether this rank copies
+    x in and a result out, ``mine`` being whether the call is not rooted or this rank is its root.
+    The result is x itself where ``result_shape`` is None (all_reduce, broadcast, reduce: the
+    staging array is both buffers), else a new one of ``result_shape(x.shape)`` (``new(buf, shape,
+    out)``: the result and its buffer), None where this rank gets none; ``avg``: divided by the size."""
     if table is None:
-        return plain
+        return None
     stage, rank, size = channel._stage, channel.rank, channel.size
     run = channel._run_staged if channel._compiled_round is None else channel._compiled_round.staged
 
@@ -58,9 +60,7 @@ def staged_or(channel: Any, table: dict[Any, tuple[Any, Any]] | None, plain: Fas
         return stage(table, (shape, root) if rooted else shape, (n + math.prod(got),), buf.dtype,
                      lambda array: make(array[:n].reshape(shape), array[n:].reshape(got), root))
 
-    def staged(buf: Any, root: Any, out: Any, extra: Any) -> Any:
-        if not 0 < buf.nbytes <= STAGED_BYTES or channel.timeout is None or not channel._everyone_fast:
-            return plain(buf, root, out, extra)
+    def staged_run(buf: Any, root: Any, out: Any, extra: Any) -> Any:
         request, array = table.get((buf.shape, root) if rooted else buf.shape) or made(buf, root)
         mine = not rooted or root == rank
         if result_shape is None:  # (x is the result)
@@ -73,7 +73,7 @@ def staged_or(channel: Any, table: dict[Any, tuple[Any, Any]] | None, plain: Fas
         if avg and gets[mine]:
             result /= size
         return result
-    return staged
+    return staged_run
 
 
 # -- the uneven collectives past the round's payload -----------------------------------------

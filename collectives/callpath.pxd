@@ -31,7 +31,7 @@ cdef class CallPath(Collectives):
     cdef readonly object out_fits
     cdef readonly dict plans, twins
     cdef readonly list hooks
-    cdef readonly Py_ssize_t size
+    cdef readonly Py_ssize_t size, running
     cdef readonly bint debug, posting, all_ordered
     cdef public object gate, ring, operation
     cdef public object kept, kept_call, kept_type, kept_dtype, kept_op

@@ -206,6 +206,9 @@ class CallPath(Collectives):
     def __init__(self, comm: Any, gate: Any, checking: bool, ring: Any, twins: dict[Any, Any]) -> None:
         self.comm, self.gate, self.checking, self.ring, self.twins = comm, gate, checking, ring, twins
         self.operation = ""
+        #: How many calls of this path are in their transport part now (nested: an emulation's
+        #: calls): a compiled call blocked in the transport has no Python frame to show it.
+        self.running = 0
         self.plans, self.checks, self.call_check = comm._plans, comm._checks, comm._call_check
         self.context = comm._context
         self.pending, self.reap, self.keep, self.handles = comm._pending, comm._reap, comm._keep, comm._handles
@@ -296,6 +299,7 @@ class CallPath(Collectives):
             ring.append(record)
         else:
             record = None
+        self.running += 1  # (in the transport: what the SIGINT watcher asks, diagnostics/process_hooks.py)
         try:
             result, on_fast_path = NOT_TAKEN, view is not None and not (async_op or plan.counted or root is None)
             if self.checking and collective:
@@ -325,6 +329,8 @@ class CallPath(Collectives):
                 request.x = request.out = request.carried = request.view = None  # (the record keeps no array alive)
         except Exception as error:
             self.raise_failed(record, error)
+        finally:
+            self.running -= 1
         if record is not None:
             record[END] = _clock()
             if self.hooks:

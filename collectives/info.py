@@ -180,6 +180,7 @@ COMPILED_FORMS = {"collectives._callpath_c": "collectives.callpath",
                   "collectives._wire_c": "collectives.wire",
                   "collectives._reliability_c": "collectives.reliability",
                   "collectives.backends._p2p_c": "collectives.backends.mpi_p2p",
+                  "collectives.backends._moves_c": "collectives.backends.mpi_moves",
                   "collectives.backends._round_c": "collectives.backends.mpi_round",
                   "collectives.backends._carried_c": "collectives.backends.mpi_carried",
                   "collectives.backends._uneven_c": "collectives.backends.mpi_uneven",
@@ -196,8 +197,8 @@ def compiled_forms() -> dict[str, bool]:
 
 def warn_if_not_compiled() -> None:
     """A :class:`NotCompiledWarning`, once per process, naming every compiled form (of
-    :data:`COMPILED_FORMS`: the call path, the check, the MPI backend's round, small, uneven and
-    point-to-point calls, the cupy backend's planned calls) that is missing though
+    :data:`COMPILED_FORMS`: the call path, the check, the MPI backend's round, small, uneven,
+    even-shaped and point-to-point calls, the cupy backend's planned calls) that is missing though
     ``COLLECTIVES_COMPILED`` leaves them on. Called when an MPI transport is made;
     ``COLLECTIVES_COMPILED=0`` silences it."""
     global _warned

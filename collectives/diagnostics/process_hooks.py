@@ -418,14 +418,18 @@ def _ours(frame: Any) -> bool:
     return os.path.dirname(os.path.abspath(frame.f_code.co_filename)) in recorder._library_directories()
 
 
-def _in_call_path(frame: Any) -> bool:
-    """Whether the main thread's innermost frame is a transport call of ours: in our code,
-    or in torch.distributed called from it."""
-    if not (_ours(frame) or f"torch{os.sep}distributed{os.sep}" in frame.f_code.co_filename):
-        return False
-    while frame is not None and not _ours(frame):
-        frame = frame.f_back
-    return frame is not None
+def _in_call_path(frame: Any, main: Any) -> bool:
+    """Whether the main thread (``main``, its innermost frame ``frame``) is in a transport call of
+    ours: its frame in our code, or in torch.distributed called from it; or a call of a
+    communicator it owns is in its transport part (``CallPath.running``), where the compiled call
+    path and fast paths leave no frame of their own."""
+    if _ours(frame) or f"torch{os.sep}distributed{os.sep}" in frame.f_code.co_filename:
+        while frame is not None and not _ours(frame):
+            frame = frame.f_back
+        if frame is not None:
+            return True
+    paths = [getattr(comm, "_path", None) for comm in list(farewell.LIVE)]
+    return any(path is not None and path.running and path.gate == main for path in paths)
 
 
 def _handling_interrupt(main: Any) -> bool:
@@ -445,7 +449,7 @@ def _end_if_blocked(main: Any, describe: str) -> None:
             return  # the main thread ran Python: its KeyboardInterrupt is on its way
         time.sleep(0.05)
     frame = before[0]
-    if frame is None or not _in_call_path(frame):
+    if frame is None or not _in_call_path(frame, main):
         return
     where = f"{frame.f_code.co_name} ({os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno})"
     try:

@@ -36,17 +36,20 @@ import collectives
 
 def report_when_blocked(steady: float = 0.3) -> None:
     """Print ``BLOCKED rank 0`` once the main thread's innermost frame is in the library (or
-    torch.distributed) and has not moved for ``steady`` seconds."""
-    main = threading.main_thread().ident
+    torch.distributed), or is :func:`main`'s at its all_reduce (the compiled call path and fast
+    paths have no Python frame of their own: a call blocked in them leaves main's frame
+    innermost), and has not moved for ``steady`` seconds."""
+    thread = threading.main_thread().ident
     library = os.path.dirname(os.path.dirname(os.path.abspath(collectives.__file__)))
     last, since = None, time.monotonic()
     while True:
-        frame = sys._current_frames().get(main)
+        frame = sys._current_frames().get(thread)
         if frame is None:
             return
         where = (frame.f_code, frame.f_lasti)
-        inside = frame.f_code.co_filename.startswith(library) or "distributed" in frame.f_code.co_filename
-        if where != last or not inside or frame.f_code.co_filename == __file__:
+        inside = frame.f_code.co_filename.startswith(library) or "distributed" in frame.f_code.co_filename \
+            or frame.f_code is main.__code__
+        if where != last or not inside:
             last, since = where, time.monotonic()
         elif time.monotonic() - since >= steady:
             print("BLOCKED rank 0", flush=True)

@@ -1,0 +1,99 @@
+"""The fast paths of the MPI collectives of even shapes (backends/mpi_moves.py's Move) in both forms:
+compiled (collectives.backends._moves_c, what the test set-up builds) and Python
+(COLLECTIVES_COMPILED=0), under a timeout (the nonblocking calls, their polls, the channel's wait;
+a small call through its staged persistent request) and without one (the blocking calls): every
+result equals numpy's on every rank's input, with and without out= (numpy arrays and CPU tensors),
+at every root; ranks of the two forms run the same calls together."""
+
+import numpy as np
+import pytest
+import torch
+from forms import split_in_form
+
+WORLDS = pytest.mark.parametrize("world", [("mpi", 2), ("mpi", 3)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
+OPS = ["all_reduce", "broadcast", "reduce", "reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"]
+#: Elements of float32 a rank's x has: 2 KiB (under a timeout, staged: past the check's carried
+#: bytes, within the staged ones) and 24 KiB (the plain MPI call).
+COUNTS = [504, 6144]
+
+
+def given(op, rank, size, count, root):
+    """What rank ``rank`` passes to ``op`` (small integers: every sum is exact in float32)."""
+    rows = count // (size * 2) * size if op in ("reduce_scatter", "scatter", "all_to_all") else count
+    x = (np.arange(rows * 2) % 7 + rank * 3 + root).astype(np.float32).reshape(rows, 2)
+    if op == "scatter" or op == "all_to_all":
+        x = x.reshape(size, -1, 2)
+    return x
+
+
+def reference(op, inputs, rank, root):
+    """numpy's result of ``op`` on every rank's input, on ``rank`` (None where it gets none)."""
+    size, stack = len(inputs), np.stack(inputs).astype(np.float64)
+    if op == "all_reduce":
+        return stack.sum(0)
+    if op == "broadcast":
+        return stack[root]
+    if op == "reduce":
+        return stack.sum(0) if rank == root else stack[rank]
+    if op == "reduce_scatter":
+        total = stack.sum(0)
+        n = total.shape[0] // size
+        return total[rank * n:(rank + 1) * n]
+    if op == "all_gather":
+        return stack
+    if op == "gather":
+        return stack if rank == root else None
+    if op == "scatter":
+        return stack[root][rank]
+    return stack[:, rank]  # all_to_all: row j of the result is what rank j sent here
+
+
+def moves_job(comm, form, timeout):
+    """Every op at every root, size and array kind, with and without out=, on a split in ``form``:
+    the results (as float64 lists, None where none) and the fast paths' modules."""
+    results, modules = [], set()
+    with split_in_form(comm, form) as sub:
+        sub.timeout = timeout
+        size, rank = sub.size, sub.rank
+        for op in OPS:
+            for count in COUNTS:
+                for root in range(size) if op in ("broadcast", "reduce", "gather", "scatter") else [0]:
+                    for kind in ("numpy", "torch"):
+                        for with_out in (False, True):
+                            x = given(op, rank, size, count, root)
+                            want = reference(op, [given(op, r, size, count, root) for r in range(size)], rank, root)
+                            out = None
+                            if with_out and op not in ("all_reduce", "broadcast", "reduce") and want is not None:
+                                out = np.full(want.shape, -1, np.float32)
+                            if kind == "torch":
+                                x = torch.from_numpy(x)
+                                out = None if out is None else torch.from_numpy(out)
+                            call = getattr(sub, op)
+                            args = (root,) if op in ("broadcast", "gather", "scatter") else \
+                                ("sum", root) if op == "reduce" else ()
+                            got = call(x, *args) if out is None else call(x, *args, out=out)
+                            if out is not None:
+                                assert got is out
+                            same = got is None and want is None or got is not None and want is not None and \
+                                np.array_equal(np.asarray(got, np.float64), want)
+                            results.append((op, count, root, kind, with_out, same))
+        modules = sorted({type(plan.fast.__self__).__module__ for (call, *_), plan in sub._plans.items()
+                          if call.name in OPS and getattr(plan.fast, "__self__", None) is not None})
+        staged = sum(len(table) for table in sub._transport._staged_tables.values())
+        sub.barrier()
+    return results, modules, staged
+
+
+@WORLDS
+@pytest.mark.parametrize("timeout", [30, None], ids=["timeout", "blocking"])
+@pytest.mark.parametrize("forms", ["compiled", "python", "mixed"])
+def test_the_even_collectives_equal_numpy_in_both_forms(world, timeout, forms):
+    size = world.size
+    each = [forms if forms != "mixed" else ("compiled", "python")[r % 2] for r in range(size)]
+    results = world.run(moves_job, [(form, timeout) for form in each], timeout=120)
+    for rank, (rows, modules, staged) in enumerate(results):
+        assert (staged > 0) == (timeout is not None)  # (small calls under a timeout: staged)
+        assert len(rows) == 8 * (4 + 4 * size)  # (every case ran: 2 counts x 2 kinds x 2 outs a root)
+        assert [row[:5] for row in rows if not row[5]] == []  # (numpy's result on every rank)
+        assert modules == ["collectives.backends._moves_c" if each[rank] == "compiled"
+                           else "collectives.backends.mpi_moves"]
