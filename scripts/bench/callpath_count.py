@@ -10,15 +10,16 @@ the same.
 
 Each case (an 8-byte float64 array, numpy or with ``--array torch`` a CPU tensor; scatter's rows
 are one row of it; gather_out writes into an ``out=`` of one row, raw mpi4py into the same memory)
-runs loops of ``--calls`` calls inside ``functools.reduce``, as :mod:`host_cost` does (a no-op loop subtracted), the raw
-mpi4py call beside ours for reference. ``--pythonpath`` puts a directory first on the child's
-path (e.g. an install of an earlier commit made with ``pip install --no-deps --target``), so two
-builds are counted the same way.
+runs loops of ``--calls`` calls inside ``functools.reduce``, as :mod:`host_cost` does (a no-op loop
+subtracted, the heap frozen first), the raw mpi4py call beside ours for reference.
+``--pythonpath`` puts a directory first on the child's path (e.g. an install of an earlier commit
+made with ``pip install --no-deps --target``), so two builds are counted the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import os
 import subprocess
@@ -54,6 +55,10 @@ def child(calls: int, cases: list[tuple[str, str, str]], array: str) -> None:
     names = {"numpy": numpy, "MPI": MPI, "comm": comm, "raw": MPI.COMM_WORLD.Dup(), "x": x, "rows": rows,
              "rows_out": rows_out,
              "v": (lambda a: a) if array == "numpy" else (lambda a: a.numpy())}
+    # The heap so far out of the collector's way (as host_cost.py does): a full collection that
+    # falls into one loop would add its walk of torch's heap to that loop's count alone.
+    gc.collect()
+    gc.freeze()
     run_loops([s for _, ours, raw in cases for s in (ours, raw)], names, calls)
     comm.close()
     names["raw"].Free()
