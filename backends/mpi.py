@@ -168,7 +168,7 @@ class MPITransport(MPIChannel):
         # what a timeout runs, took 8-11x the blocking call at 512 KiB-1 MiB; see _reduce_scatter)
         name = _MPI_NAMES[call]
         move = self._move(self, kind, getattr(comm, name), getattr(comm, _nonblocking(name)), mpi_type, mpi_op,
-                          new, numpy, avg, None, MAX_COUNT)
+                          new, numpy, avg, MAX_COUNT)
         table = staged_table(self, call, dtype, op)
         if table is None:
             return move.run

@@ -48,15 +48,16 @@ class Move:
     ``start``: the mpi4py call and its nonblocking form; ``new(buf, shape, out)``: a result and its
     buffer (``numpy``: the result is a numpy array, an ``out=`` its own buffer); ``avg``: the
     result divided by the size; ``staged``: the staged request's run of a small call under a
-    timeout (``mpi_staged.staged``), or None."""
+    timeout (``mpi_staged.staged``, set once made: it takes :meth:`result_shape`), or None."""
 
     __slots__ = ("kind", "channel", "blocking", "start", "new", "staged", "spec", "op", "byte", "in_place",
                  "most", "rank", "size", "polls", "avg", "numpy")
 
     def __init__(self, channel: Any, kind: int, blocking: Any, start: Any, mpi_type: Any, mpi_op: Any,
-                 new: Any, numpy: bool, avg: bool, staged: Any, most: int) -> None:
+                 new: Any, numpy: bool, avg: bool, most: int) -> None:
         self.kind, self.channel, self.blocking, self.start, self.new = kind, channel, blocking, start, new
-        self.staged, self.numpy, self.avg, self.most = staged, numpy, avg, most
+        self.numpy, self.avg, self.most = numpy, avg, most
+        self.staged: Any = None
         self.spec, self.op, self.byte, self.in_place = mpi_type, mpi_op, channel._byte, channel._in_place
         self.rank, self.size = channel.rank, channel.size
         #: Tests of a request before the channel's wait.
