@@ -1,7 +1,8 @@
 """The fast paths of the MPI collectives of even shapes (backends/mpi_moves.py's Move) in both forms:
 compiled (collectives.backends._moves_c, what the test set-up builds) and Python
 (COLLECTIVES_COMPILED=0), under a timeout (the nonblocking calls, their polls, the channel's wait;
-a small call through its staged persistent request) and without one (the blocking calls): every
+a small call through its staged persistent request) and without one (the blocking calls), the
+compiled form calling MPI directly, the Python form through mpi4py: every
 result equals numpy's on every rank's input, with and without out= (numpy arrays and CPU tensors),
 at every root; ranks of the two forms run the same calls together."""
 
@@ -77,11 +78,13 @@ def moves_job(comm, form, timeout):
                             same = got is None and want is None or got is not None and want is not None and \
                                 np.array_equal(np.asarray(got, np.float64), want)
                             results.append((op, count, root, kind, with_out, same))
-        modules = sorted({type(plan.fast.__self__).__module__ for (call, *_), plan in sub._plans.items()
-                          if call.name in OPS and getattr(plan.fast, "__self__", None) is not None})
+        moves = [plan.fast.__self__ for (call, *_), plan in sub._plans.items()
+                 if call.name in OPS and getattr(plan.fast, "__self__", None) is not None]
+        modules = sorted({type(move).__module__ for move in moves})
+        direct = sorted({move.direct for move in moves})
         staged = sum(len(table) for table in sub._transport._staged_tables.values())
         sub.barrier()
-    return results, modules, staged
+    return results, modules, staged, direct
 
 
 @WORLDS
@@ -91,9 +94,11 @@ def test_the_even_collectives_equal_numpy_in_both_forms(world, timeout, forms):
     size = world.size
     each = [forms if forms != "mixed" else ("compiled", "python")[r % 2] for r in range(size)]
     results = world.run(moves_job, [(form, timeout) for form in each], timeout=120)
-    for rank, (rows, modules, staged) in enumerate(results):
+    for rank, (rows, modules, staged, direct) in enumerate(results):
         assert (staged > 0) == (timeout is not None)  # (small calls under a timeout: staged)
         assert len(rows) == 8 * (4 + 4 * size)  # (every case ran: 2 counts x 2 kinds x 2 outs a root)
         assert [row[:5] for row in rows if not row[5]] == []  # (numpy's result on every rank)
         assert modules == ["collectives.backends._moves_c" if each[rank] == "compiled"
                            else "collectives.backends.mpi_moves"]
+        # (compiled: MPI called directly, on this 64-bit little-endian Linux; Python: mpi4py's calls)
+        assert direct == [each[rank] == "compiled"]

@@ -1,12 +1,14 @@
 """PMPI tools see the library's MPI calls in both forms: a tool preloaded with LD_PRELOAD (mpiP,
-Score-P, Darshan, MUST) defines MPI_Start, MPI_Test... itself and forwards to PMPI_Start,
-PMPI_Test; the compiled round (backends/mpi_round.py compiled, collectives.backends._round_c) calls
-the process's global MPI_Start and MPI_Test, as mpi4py's calls do, so the tool counts the same calls
-as in the Python form.
+Score-P, Darshan, MUST) defines MPI_Start, MPI_Test, MPI_Gather... itself and forwards to
+PMPI_Start, PMPI_Test, PMPI_Gather; the compiled round (backends/mpi_round.py compiled,
+collectives.backends._round_c) and the compiled fast paths (backends/mpi_moves.py,
+collectives.backends._moves_c) call the process's global MPI_Start, MPI_Test, MPI_Gather and
+MPI_Igather, as mpi4py's calls do, so the tool counts the same calls as in the Python form (mpi4py
+calls an MPI-4 library's large-count MPI_Gather_c and MPI_Igather_c: the shim counts both names).
 
 The tool here is a counting shim, compiled by the system's C compiler and linked to the libmpi
 mpi4py loads (as a PMPI tool links the MPI it measures); a 2-rank mpiexec job preloads it and
-makes all_reduces on the compiled form and on the Python one (COLLECTIVES_COMPILED=0)."""
+makes all_reduces and gathers on the compiled form and on the Python one (COLLECTIVES_COMPILED=0)."""
 
 from __future__ import annotations
 
@@ -21,20 +23,44 @@ import pytest
 from collectives.testing.launch import mpi_command
 
 #: The counting shim: MPI_Start and MPI_Test counted, then PMPI_Start and PMPI_Test.
+#: The gathers counted and forwarded with their handles as intptr_t (an int handle of MPICH passes
+#: as one on 64-bit little-endian Linux); a library without the _c forms (MPI < 4) leaves them weak.
 SHIM = r"""
+#include <stdint.h>
 typedef void *request_t;
+typedef intptr_t handle_t;
 int PMPI_Start(request_t *request);
 int PMPI_Test(request_t *request, int *flag, void *status);
-static long starts, tests;
+int PMPI_Gather(const void *s, int sc, handle_t st, void *r, int rc, handle_t rt, int root, handle_t comm);
+int PMPI_Igather(const void *s, int sc, handle_t st, void *r, int rc, handle_t rt, int root, handle_t comm,
+                 request_t *request);
+int PMPI_Gather_c(const void *s, long long sc, handle_t st, void *r, long long rc, handle_t rt, int root,
+                  handle_t comm) __attribute__((weak));
+int PMPI_Igather_c(const void *s, long long sc, handle_t st, void *r, long long rc, handle_t rt, int root,
+                   handle_t comm, request_t *request) __attribute__((weak));
+static long starts, tests, gathers, igathers;
 int MPI_Start(request_t *request) { ++starts; return PMPI_Start(request); }
 int MPI_Test(request_t *request, int *flag, void *status) { ++tests; return PMPI_Test(request, flag, status); }
+int MPI_Gather(const void *s, int sc, handle_t st, void *r, int rc, handle_t rt, int root, handle_t comm) {
+    ++gathers; return PMPI_Gather(s, sc, st, r, rc, rt, root, comm); }
+int MPI_Igather(const void *s, int sc, handle_t st, void *r, int rc, handle_t rt, int root, handle_t comm,
+                request_t *request) { ++igathers; return PMPI_Igather(s, sc, st, r, rc, rt, root, comm, request); }
+int MPI_Gather_c(const void *s, long long sc, handle_t st, void *r, long long rc, handle_t rt, int root,
+                 handle_t comm) { ++gathers; return PMPI_Gather_c(s, sc, st, r, rc, rt, root, comm); }
+int MPI_Igather_c(const void *s, long long sc, handle_t st, void *r, long long rc, handle_t rt, int root,
+                  handle_t comm, request_t *request) {
+    ++igathers; return PMPI_Igather_c(s, sc, st, r, rc, rt, root, comm, request); }
 long shim_starts(void) { return starts; }
 long shim_tests(void) { return tests; }
+long shim_gathers(void) { return gathers; }
+long shim_igathers(void) { return igathers; }
 """
 
 #: The job: ``calls`` all_reduces of a small array after the first (checked in full, not carried
-#: by the round); the shim's counts over them, and whether the round was compiled, written in a
-#: file per rank in the folder given.
+#: by the round), then ``calls`` gathers of 64 KiB (the fast path's MPI call: past the round's and
+#: the staged requests' bytes) under the default timeout and ``calls`` without one; the shim's counts
+#: over them, and whether the round and the fast paths were compiled, written in a file per rank in
+#: the folder given.
 JOB = r"""
 import ctypes, json, os, sys
 import numpy as np
@@ -51,6 +77,18 @@ for _ in range(calls):
     comm.all_reduce(x)
 found = {"starts": shim.shim_starts() - starts, "tests": shim.shim_tests() - tests,
          "compiled_round": comm._transport._compiled_round is not None}
+shim.shim_gathers.restype = shim.shim_igathers.restype = ctypes.c_long
+big = np.ones(8192)
+out = np.empty((2, 8192)) if comm.rank == 0 else None
+for timeout in (comm.timeout, None):
+    comm.timeout = timeout
+    comm.gather(big, 0, out=out)
+    gathers, igathers = shim.shim_gathers(), shim.shim_igathers()
+    for _ in range(calls):
+        comm.gather(big, 0, out=out)
+    assert np.array_equal(out, np.ones((2, 8192))) if out is not None else True
+    found["timeout" if timeout else "blocking"] = [shim.shim_gathers() - gathers, shim.shim_igathers() - igathers]
+found["compiled_moves"] = comm._transport._move.__module__.endswith("_moves_c")
 with open(os.path.join(sys.argv[2], f"{comm.rank}.json"), "w") as f:
     json.dump(found, f)
 comm.close()
@@ -100,7 +138,7 @@ def counts(shim, form):
     return [json.loads((folder / f"{rank}.json").read_text()) for rank in range(2)]
 
 
-def test_a_preloaded_pmpi_tool_sees_every_mpi_start_and_mpi_test_in_both_forms(shim):
+def test_a_preloaded_pmpi_tool_sees_every_mpi_start_mpi_test_and_gather_in_both_forms(shim):
     compiled, python = counts(shim, "compiled"), counts(shim, "python")
     assert all(rank["compiled_round"] for rank in compiled), "backends/mpi_round.py was not compiled: reinstall"
     assert not any(rank["compiled_round"] for rank in python)
@@ -110,6 +148,10 @@ def test_a_preloaded_pmpi_tool_sees_every_mpi_start_and_mpi_test_in_both_forms(s
             # started request is tested at least once before it completes.
             assert rank["starts"] == CALLS, (compiled, python)
             assert rank["tests"] >= rank["starts"], (compiled, python)
+            # Every gather is one MPI call: nonblocking under a timeout, else blocking.
+            assert rank["timeout"] == [0, CALLS] and rank["blocking"] == [CALLS, 0], (compiled, python)
+    assert all(rank["compiled_moves"] for rank in compiled), "backends/mpi_moves.py was not compiled: reinstall"
+    assert not any(rank["compiled_moves"] for rank in python)
 
 
 def test_an_mpi_module_without_a_file_leaves_the_round_to_mpi4pys_calls():
