@@ -187,7 +187,7 @@ test-torch-versions: $(STAMP)
 # fault tolerance without ULFM), and the newest torch's
 # c10d and elastic tests. As root on a fresh Debian machine it installs what it needs (apt, the wheels).
 TORCH_NEWEST := 2.15.0
-CI_ENVIRONMENT_TESTS := contract or small_integer or even_collectives or carried or round_blocks or both_forms_of_the_call_path or closed_split or (ddp_equals and plain) or ulfm_survivors_of_a or ulfm_a_rank_lost or ulfm_torch_ddp or refuses_without_ulfm or plain_init_process_group
+CI_ENVIRONMENT_TESTS := contract or small_integer or even_collectives or preloaded_pmpi or carried or round_blocks or both_forms_of_the_call_path or closed_split or (ddp_equals and plain) or ulfm_survivors_of_a or ulfm_a_rank_lost or ulfm_torch_ddp or refuses_without_ulfm or plain_init_process_group
 # The collective grid and the reliability tests on the Python forms (COLLECTIVES_COMPILED=0), which
 # an install without a C compiler runs; `make test` runs the compiled forms. About 6.5 min on 2 cores.
 test-python-forms: $(STAMP)

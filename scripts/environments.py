@@ -9,7 +9,7 @@ Open MPI, Intel MPI) and a launcher (its mpiexec/mpirun, or Slurm's srun with th
 library speaks, or sbatch calling srun); its tests are the launcher contract
 (tests/launchers/test_launchers.py), the collective grid on MPI ranks
 (tests/collective_calls/test_collectives.py, test_small_integer_sums.py, test_carried.py, test_front.py,
-test_round_blocks.py, test_moves.py) and torch.distributed over the "collectives"
+test_round_blocks.py, test_moves.py, test_pmpi_tools.py) and torch.distributed over the "collectives"
 backend (tests/torch_distributed/test_c10d.py), and fault tolerance (tests/elastic/test_elastic_ulfm.py:
 Open MPI's ULFM where the MPI is Open MPI, the clear refusal elsewhere), run by pytest with
 ``COLLECTIVES_TEST_LAUNCHER`` set to the launcher, so that every pool and launched script
@@ -53,7 +53,8 @@ APT_PACKAGES = ("slurm-wlm", "munge", "libpmix-dev")
 TESTS = ["tests/launchers/test_launchers.py", "tests/collective_calls/test_collectives.py",
          "tests/collective_calls/test_small_integer_sums.py", "tests/collective_calls/test_carried.py",
          "tests/collective_calls/test_front.py", "tests/collective_calls/test_round_blocks.py",
-         "tests/collective_calls/test_moves.py", "tests/torch_distributed/test_c10d.py",
+         "tests/collective_calls/test_moves.py", "tests/collective_calls/test_pmpi_tools.py",
+         "tests/torch_distributed/test_c10d.py",
          "tests/elastic/test_elastic_ulfm.py"]
 #: The torch rows of the grid run under torchrun, whatever the MPI: the same in every environment.
 DESELECT = "not (torch-1 or torch-2 or torch-3 or torch-4)"
