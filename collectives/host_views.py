@@ -8,14 +8,20 @@ from __future__ import annotations
 
 from typing import Any
 
+try:
+    import cython
+except ImportError:  # (the Python form where Cython is not installed)
+    from types import SimpleNamespace
+
+    cython = SimpleNamespace(compiled=False)
+
 
 def numpy_host_view(adapter: Any, x: Any, in_place: bool) -> Any:
     """``adapter.check_array``'s checks of the numpy array ``x`` (their errors raised), returning
     ``x`` itself when it is C-contiguous (and writable where ``in_place``), else ``None``."""
-    # One flags read: a C-contiguous array has no zero stride on a dimension longer than
+    # One read of x's flags: a C-contiguous array has no zero stride on a dimension longer than
     # 1, so a writable one passes check_writable (and numpy arrays have no memory check).
-    flags = x.flags
-    if flags.c_contiguous and (flags.writeable or not in_place):
+    if c_contiguous(x, in_place):
         return x
     adapter.check_array(x, in_place)
     return None
@@ -31,25 +37,37 @@ def numpy_out_fits(out: Any, x: Any, form: int, size: int) -> bool:
     """Whether the numpy ``out=`` passes ``ArgumentChecks.check_out`` for ``x`` as it stands: an
     array of x's type and dtype, C-contiguous and writable, of the result's shape (``form``: one of
     the rules above, over ``size`` ranks). False leaves the call to check_out, which names the
-    fault: what it accepts at once, in a few reads (one flags read, as in numpy_host_view)."""
+    fault: what it accepts at once, in a few reads (out's flags and both shapes: ``shape_fits``)."""
     if type(out) is not type(x):
         return False
     dtype = out.dtype
     if dtype is not x.dtype and dtype != x.dtype:
         return False
-    flags = out.flags
-    if not (flags.c_contiguous and flags.writeable):
-        return False
-    shape: tuple[int, ...] = out.shape
-    x_shape: tuple[int, ...] = x.shape
-    if form == STACKED:
-        return len(shape) == len(x_shape) + 1 and shape[0] == size and shape[1:] == x_shape
-    if form == BLOCK_OF_ROWS:
-        return len(x_shape) > 0 and len(shape) == len(x_shape) and shape[0] == x_shape[0] // size \
-            and shape[1:] == x_shape[1:]
-    if form == ONE_ROW:
-        return shape == x_shape[1:]
-    return form == SAME_SHAPE and shape == x_shape
+    return shape_fits(out, x, form, size)
+
+
+if not cython.compiled:  # the Python form of the .pxd's C helpers (the compiled module has those)
+    def c_contiguous(x: Any, writable: bool) -> bool:
+        """Whether the numpy array ``x`` is C-contiguous (and writable where asked): its flags."""
+        flags = x.flags
+        return bool(flags.c_contiguous and (flags.writeable or not writable))
+
+    def shape_fits(out: Any, x: Any, form: int, size: int) -> bool:
+        """Whether the numpy ``out`` is C-contiguous and writable, of the result's shape of ``x``
+        by ``form`` over ``size`` ranks."""
+        flags = out.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return False
+        shape: tuple[int, ...] = out.shape
+        x_shape: tuple[int, ...] = x.shape
+        if form == STACKED:
+            return len(shape) == len(x_shape) + 1 and shape[0] == size and shape[1:] == x_shape
+        if form == BLOCK_OF_ROWS:
+            return len(x_shape) > 0 and len(shape) == len(x_shape) and shape[0] == x_shape[0] // size \
+                and shape[1:] == x_shape[1:]
+        if form == ONE_ROW:
+            return shape == x_shape[1:]
+        return form == SAME_SHAPE and shape == x_shape
 
 
 #: The numpy views of the last tensors :func:`tensor_host_view` took: ``(id(x), view, x's data

@@ -435,7 +435,8 @@ def test_the_quick_numpy_out_check_accepts_only_what_check_out_accepts(form, siz
     assert {row.out_shape for row in rows} == set(_OUT_FORMS)
     tried = 0
     for row in rows:
-        for x in (np.ones((size * 2, 3), np.float32), np.ones((size,), np.int64), np.ones((size, 2, 1), np.float32)):
+        for x in (np.ones((size * 2, 3), np.float32), np.ones((size,), np.int64), np.ones((size, 2, 1), np.float32),
+                  np.ones((size * 2, 6), np.float32)[:, ::2]):  # (x's shape read from a strided x too)
             expected = row.out_shape(checks, x.shape, None)
             for i, out in enumerate(_numpy_outs(x, expected)):
                 fits = module.numpy_out_fits(out, x, _OUT_FORMS[row.out_shape], size)
@@ -448,4 +449,4 @@ def test_the_quick_numpy_out_check_accepts_only_what_check_out_accepts(form, siz
                 if i == 0:
                     assert fits and accepted, (row.name, x.shape)
                 tried += 1
-    assert tried == 5 * 3 * 8
+    assert tried == 5 * 4 * 8
