@@ -6,6 +6,9 @@ compiled form calling MPI directly, the Python form through mpi4py: every
 result equals numpy's on every rank's input, with and without out= (numpy arrays and CPU tensors),
 at every root; ranks of the two forms run the same calls together."""
 
+import os
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -102,3 +105,68 @@ def test_the_even_collectives_equal_numpy_in_both_forms(world, timeout, forms):
                            else "collectives.backends.mpi_moves"]
         # (compiled: MPI called directly, on this 64-bit little-endian Linux; Python: mpi4py's calls)
         assert direct == [each[rank] == "compiled"]
+
+
+#: Communicators left timed out in a job: never freed while a rank's call may still be pending.
+_KEEP = []
+
+
+@pytest.fixture(scope="module")
+def timeout_world():
+    """Two MPI ranks of their own: a timeout makes every communicator of the rank's transport
+    unusable, the pool's own included."""
+    from collectives.testing import RankPool
+
+    pool = RankPool("mpi", 2, job_timeout=30)
+    pool.start()
+    yield pool
+    pool.close()
+
+
+def timeout_job(comm, form):
+    """A gather of 24 KiB (the check off: the fast path's MPI call alone) that both ranks make, then
+    one that rank 1 never joins: rank 0's fast path waits, times out. What rank 0 saw: the first
+    result right, the error, its time, and whether the Move's request is a new one after it (the old
+    one kept by the channel, which MPI may still write)."""
+    from collectives import CollectiveTimeout
+    from collectives.config import COMPILED
+
+    kept = os.environ.get(COMPILED)
+    os.environ[COMPILED] = "1" if form == "compiled" else "0"
+    try:
+        sub = comm.split(0)
+    finally:
+        if kept is None:
+            os.environ.pop(COMPILED, None)
+        else:
+            os.environ[COMPILED] = kept
+    _KEEP.append(sub)
+    sub._checking, sub.timeout = False, 1.0  # (COLLECTIVES_DEBUG=0's switch)
+    x = np.arange(6144, dtype=np.float32) + comm.rank
+    out = np.zeros((2, 6144), np.float32) if comm.rank == 0 else None
+    sub.gather(x, 0, out=out)
+    right = out is None or np.array_equal(out, np.stack([np.arange(6144), np.arange(6144) + 1]))
+    if comm.rank == 1:
+        return right, None, None, None
+    move = next(plan.fast.__self__ for (call, *_), plan in sub._plans.items() if call.name == "gather")
+    before = move.request
+    start = time.perf_counter()
+    try:
+        sub.gather(x, 0, out=out)
+        outcome = "no error"
+    except CollectiveTimeout:
+        outcome = "CollectiveTimeout"
+    elapsed = time.perf_counter() - start
+    renewed = move.request is not before and any(r is before for r in sub._transport._abandoned)
+    return right, outcome, elapsed, (move.direct, renewed)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("form", ["compiled", "python"])
+def test_a_fast_path_call_a_peer_never_joins_times_out(timeout_world, form):
+    results = timeout_world.run(timeout_job, [(form,)] * 2, timeout=60)
+    assert results[0][0] and results[1][0]  # (the call both made: numpy's result)
+    _, outcome, elapsed, (direct, renewed) = results[0]
+    assert outcome == "CollectiveTimeout" and 1.0 <= elapsed < 6.0, results
+    # compiled: MPI_Igather's request in the Move's mpi4py Request, handed to the channel, a new one made
+    assert direct == (form == "compiled") and renewed == direct, results
