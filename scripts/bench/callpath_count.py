@@ -9,7 +9,8 @@ the same.
     python scripts/bench/callpath_count.py --pythonpath /tmp/old/site   # another build of the library
 
 Each case (an 8-byte float64 array, numpy or with ``--array torch`` a CPU tensor; scatter's rows
-are one row of it; gather_out writes into an ``out=`` of one row, raw mpi4py into the same memory)
+are one row of it; gather_out writes into an ``out=`` of one row, scatter_out into one of x's shape,
+raw mpi4py into the same memory)
 runs loops of ``--calls`` calls inside ``functools.reduce``, as :mod:`host_cost` does (a no-op loop
 subtracted, the heap frozen first), the raw mpi4py call beside ours for reference.
 ``--pythonpath`` puts a directory first on the child's path (e.g. an install of an earlier commit
@@ -36,6 +37,7 @@ CASES = [
     ("all_gather", "comm.all_gather(x)", "raw.Allgather(v(x), numpy.empty((1, 1)))"),
     ("scatter", "comm.scatter(rows, 0)", "raw.Scatter(v(rows), numpy.empty(1), 0)"),
     ("gather_out", "comm.gather(x, 0, out=rows_out)", "raw.Gather(v(x), v(rows_out), 0)"),
+    ("scatter_out", "comm.scatter(rows, 0, out=x_out)", "raw.Scatter(v(rows), v(x_out), 0)"),
 ]
 FORMS = {"compiled": {}, "python": {"COLLECTIVES_COMPILED": "0"}}
 
@@ -47,13 +49,14 @@ def child(calls: int, cases: list[tuple[str, str, str]], array: str) -> None:
     from mpi4py import MPI  # noqa: PLC0415
 
     comm = MPICommunicator()
-    x, rows, rows_out = numpy.ones(1), numpy.ones((1, 1)), numpy.ones((1, 1))
+    x, rows, rows_out, x_out = numpy.ones(1), numpy.ones((1, 1)), numpy.ones((1, 1)), numpy.ones(1)
     if array == "torch":  # (a raw caller takes the tensor's numpy view each call)
         import torch  # noqa: PLC0415
 
-        x, rows, rows_out = torch.from_numpy(x), torch.from_numpy(rows), torch.from_numpy(rows_out)
+        x, rows, rows_out, x_out = (torch.from_numpy(x), torch.from_numpy(rows), torch.from_numpy(rows_out),
+                                    torch.from_numpy(x_out))
     names = {"numpy": numpy, "MPI": MPI, "comm": comm, "raw": MPI.COMM_WORLD.Dup(), "x": x, "rows": rows,
-             "rows_out": rows_out,
+             "rows_out": rows_out, "x_out": x_out,
              "v": (lambda a: a) if array == "numpy" else (lambda a: a.numpy())}
     # The heap so far out of the collector's way (as host_cost.py does): a full collection that
     # falls into one loop would add its walk of torch's heap to that loop's count alone.
