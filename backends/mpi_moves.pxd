@@ -83,23 +83,28 @@ cdef inline bint bind_direct(Move m, object MPI) except -1:
     cdef void *test
     if not sys.platform.startswith("linux") or sys.byteorder != "little" or sizeof(void *) != 8:
         return False
-    sizes = {MPI._sizeof(MPI.Comm), MPI._sizeof(MPI.Datatype), MPI._sizeof(MPI.Op), MPI._sizeof(MPI.Request)}
+    try:  # (mpi4py's handle helpers, as mpi4py 3.1 and 4 have them; an mpi4py without: its calls)
+        sizes = {MPI._sizeof(MPI.Comm), MPI._sizeof(MPI.Datatype), MPI._sizeof(MPI.Op), MPI._sizeof(MPI.Request)}
+        handles = (handle(MPI, m.channel._comm), handle(MPI, m.byte),
+                   handle(MPI, m.spec) if m.spec is not None else 0, handle(MPI, m.op) if m.op is not None else 0,
+                   int(m.in_place) & 0xFFFFFFFFFFFFFFFF, MPI._addressof(m.request))
+        blocking_name = ("MPI_" + m.blocking.__name__).encode()
+        start_name = ("MPI_" + m.start.__name__).encode()
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return False
     if not sizes <= {4, 8}:
         return False
-    blocking_name = ("MPI_" + m.blocking.__name__).encode()
-    start_name = ("MPI_" + m.start.__name__).encode()
     blocking = mpi_symbol(MPI, blocking_name)
     start = mpi_symbol(MPI, start_name)
     test = mpi_symbol(MPI, b"MPI_Test")
     if blocking == NULL or start == NULL or test == NULL:
         return False
     m.call_blocking, m.call_start, m.mpi_test = blocking, start, <mpi_test_fn>test
-    m.comm_handle = handle(MPI, m.channel._comm)
-    m.byte_handle = handle(MPI, m.byte)
-    m.type_handle = handle(MPI, m.spec) if m.spec is not None else m.byte_handle
+    m.comm_handle, m.byte_handle = handles[0], handles[1]
+    m.type_handle = handles[2] if m.spec is not None else m.byte_handle
     m.itemsize = m.spec.Get_size() if m.spec is not None else 1
-    m.op_handle = handle(MPI, m.op) if m.op is not None else 0
-    m.in_place_at = <void *><size_t>(int(m.in_place) & 0xFFFFFFFFFFFFFFFF)
+    m.op_handle = handles[3]
+    m.in_place_at = <void *><size_t>handles[4]
     m.exception, m.addressof = MPI.Exception, MPI._addressof
     if m.kind == REDUCE_SCATTER:
         from array import array

@@ -170,3 +170,25 @@ def test_a_fast_path_call_a_peer_never_joins_times_out(timeout_world, form):
     assert outcome == "CollectiveTimeout" and 1.0 <= elapsed < 6.0, results
     # compiled: MPI_Igather's request in the Move's mpi4py Request, handed to the channel, a new one made
     assert direct == (form == "compiled") and renewed == direct, results
+
+
+def test_a_compiled_move_without_mpi4pys_handle_helpers_makes_mpi4pys_calls():
+    """bind_direct on an MPI module without _sizeof, _handleof and _addressof: not bound (the
+    Move makes mpi4py's calls), no error."""
+    from types import SimpleNamespace
+
+    from collectives.backends import mpi_moves
+
+    from collectives import config
+
+    module = config.compiled_extension("collectives.backends._moves_c", mpi_moves)
+    if module is None:
+        pytest.skip("backends/mpi_moves.py was not compiled")
+    channel = SimpleNamespace(_MPI=SimpleNamespace(Request=object), _byte=None, _in_place=None, rank=0, size=1,
+                              _comm=None)
+
+    def Gather(*args):  # (the name a Move binds MPI_Gather by)
+        raise AssertionError("not called here")
+
+    move = module.Move(channel, mpi_moves.GATHER, Gather, Gather, None, None, None, True, False, 1 << 30)
+    assert move.direct is False
