@@ -17,7 +17,7 @@ cimport cython
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 from libc.stdint cimport intptr_t
 
-from collectives.backends._round_c cimport DIRECT_POLLS_PER_POLL, STATUS_ROOM, mpi_symbol, mpi_test_fn
+from collectives.backends._round_c cimport mpi_symbol, mpi_test_fn, tested_direct
 
 # The kinds of Move (mpi_moves.py's, there as Python ints): C ints here, compared in C.
 cdef int ALL_REDUCE, BROADCAST, REDUCE, REDUCE_SCATTER, STACKED, ALL_TO_ALL, GATHER, SCATTER
@@ -105,12 +105,12 @@ cdef inline bint bind_direct(Move m, object MPI) except -1:
     m.itemsize = m.spec.Get_size() if m.spec is not None else 1
     m.op_handle = handles[3]
     m.in_place_at = <void *><size_t>handles[4]
+    m.request_at = <void *><size_t>handles[5]
     m.exception, m.addressof = MPI.Exception, MPI._addressof
     if m.kind == REDUCE_SCATTER:
         from array import array
         m.counts = array("i", [0] * m.size)
         m.counts_at = <int *><size_t>m.counts.buffer_info()[0]
-    rebind_request(m)
     return True
 
 
@@ -125,16 +125,14 @@ cdef inline void rebind_request(Move m) except *:
 
 cdef inline int call_direct(Move m, object send, object recv, object root, bint blocking) except -1:
     """The kind's one MPI call from send's memory into recv's (None: none; in place where the kind
-    reduces into recv), blocking (without the GIL) or started, tested DIRECT_POLLS_PER_POLL times
-    m.polls directly, then :meth:`Move.waited`. MPI's error code raised as mpi4py's exception."""
+    reduces into recv), blocking (without the GIL) or started, tested directly (the Round's
+    tested_direct: its fast polls), then :meth:`Move.waited`. MPI's error code raised as mpi4py's exception."""
     cdef Py_buffer s, r
     cdef bint has_send = False, has_recv = False
     cdef const void *send_at = NULL
     cdef void *recv_at = NULL
     cdef Py_ssize_t send_len = 0, recv_len = 0
-    cdef int code = 0, flag = 0, at = -1 if root is None else <int>root, i
-    cdef void *request = m.request_at
-    cdef char status[STATUS_ROOM]
+    cdef int code = 0, at = -1 if root is None else <int>root
     if send is not None:
         PyObject_GetBuffer(send, &s, PyBUF_C_CONTIGUOUS)
         has_send = True
@@ -154,15 +152,8 @@ cdef inline int call_direct(Move m, object send, object recv, object root, bint 
             PyBuffer_Release(&s)
     if code != 0:
         raise m.exception(code)
-    if blocking:
-        return 0
-    for i in range(m.polls * DIRECT_POLLS_PER_POLL):
-        code = m.mpi_test(request, &flag, status)
-        if code != 0:
-            raise m.exception(code)
-        if flag:
-            return 0
-    m.waited()
+    if not blocking and not tested_direct(m.mpi_test, m.request_at, m.polls, m.exception):
+        m.waited()
     return 0
 
 

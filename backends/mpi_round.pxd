@@ -228,12 +228,27 @@ cdef inline void *handle_of(Round r, object request, bint staged) except NULL:
     return r.handle
 
 
+cdef inline int tested_direct(mpi_test_fn mpi_test, void *handle, int polls, object exception) except -1:
+    """The request at ``handle`` tested by MPI_Test itself, ``polls`` times DIRECT_POLLS_PER_POLL
+    (the fast polls, each cheaper than mpi4py's): 1 where it completed, else 0; an error code raised
+    as ``exception`` (mpi4py's MPI.Exception). The fast paths' direct calls take it too
+    (backends/mpi_moves.pxd)."""
+    cdef int code, flag = 0, i
+    cdef char status[STATUS_ROOM]
+    for i in range(polls * DIRECT_POLLS_PER_POLL):
+        code = mpi_test(handle, &flag, status)
+        if code != 0:
+            raise exception(code)
+        if flag:
+            return 1
+    return 0
+
+
 cdef inline int start_direct(Round r, object request, bint staged) except -1:
     """``request`` started and tested by MPI_Start and MPI_Test themselves (where bound), else
     through mpi4py: 1 where it completed within the fast polls, else 0."""
     cdef void *handle
-    cdef int code, flag = 0, i
-    cdef char status[STATUS_ROOM]
+    cdef int code, i
     if not r.direct or r.mpi_start == NULL:  # (direct set where bind_mpi found none: mpi4py's)
         request.Start()
         test = request.Test
@@ -245,13 +260,7 @@ cdef inline int start_direct(Round r, object request, bint staged) except -1:
     code = r.mpi_start(handle)
     if code != 0:
         return raise_mpi(r, code)
-    for i in range(r.polls * DIRECT_POLLS_PER_POLL):
-        code = r.mpi_test(handle, &flag, status)
-        if code != 0:
-            return raise_mpi(r, code)
-        if flag:
-            return 1
-    return 0
+    return tested_direct(r.mpi_test, handle, r.polls, r._exception)
 
 
 cdef inline bint copy_into_payload(Round r, object view) except -1:

@@ -55,8 +55,7 @@ if not cython.compiled:  # the Python form of the .pxd's C helpers (the compiled
     def shape_fits(out: Any, x: Any, form: int, size: int) -> bool:
         """Whether the numpy ``out`` is C-contiguous and writable, of the result's shape of ``x``
         by ``form`` over ``size`` ranks."""
-        flags = out.flags
-        if not (flags.c_contiguous and flags.writeable):
+        if not c_contiguous(out, True):
             return False
         shape: tuple[int, ...] = out.shape
         x_shape: tuple[int, ...] = x.shape

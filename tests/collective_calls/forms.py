@@ -15,19 +15,29 @@ from collectives.config import COMPILED
 
 
 @contextlib.contextmanager
-def split_in_form(comm, form):
-    """A split of ``comm`` made where COLLECTIVES_COMPILED says ``form`` (a communicator takes its
-    form when made), its first call made (checked in full, not carried); closed after, and
-    COLLECTIVES_COMPILED as it was."""
+def made_in_form(form):
+    """COLLECTIVES_COMPILED set for ``form`` while a communicator is made in the block (it takes
+    its form when made), and as it was after."""
     kept = os.environ.get(COMPILED)
     os.environ[COMPILED] = "1" if form == "compiled" else "0"
-    sub = comm.split(0)
     try:
-        sub.all_reduce(np.zeros(1))
-        yield sub
+        yield
     finally:
-        sub.close()
         if kept is None:
             os.environ.pop(COMPILED, None)
         else:
             os.environ[COMPILED] = kept
+
+
+@contextlib.contextmanager
+def split_in_form(comm, form):
+    """A split of ``comm`` made where COLLECTIVES_COMPILED says ``form`` (a communicator takes its
+    form when made), its first call made (checked in full, not carried); closed after, and
+    COLLECTIVES_COMPILED as it was."""
+    with made_in_form(form):
+        sub = comm.split(0)
+        try:
+            sub.all_reduce(np.zeros(1))
+            yield sub
+        finally:
+            sub.close()

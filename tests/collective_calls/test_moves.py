@@ -6,13 +6,12 @@ compiled form calling MPI directly, the Python form through mpi4py: every
 result equals numpy's on every rank's input, with and without out= (numpy arrays and CPU tensors),
 at every root; ranks of the two forms run the same calls together."""
 
-import os
 import time
 
 import numpy as np
 import pytest
 import torch
-from forms import split_in_form
+from forms import made_in_form, split_in_form
 
 WORLDS = pytest.mark.parametrize("world", [("mpi", 2), ("mpi", 3)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
 OPS = ["all_reduce", "broadcast", "reduce", "reduce_scatter", "all_gather", "all_to_all", "gather", "scatter"]
@@ -129,17 +128,9 @@ def timeout_job(comm, form):
     result right, the error, its time, and whether the Move's request is a new one after it (the old
     one kept by the channel, which MPI may still write)."""
     from collectives import CollectiveTimeout
-    from collectives.config import COMPILED
 
-    kept = os.environ.get(COMPILED)
-    os.environ[COMPILED] = "1" if form == "compiled" else "0"
-    try:
+    with made_in_form(form):
         sub = comm.split(0)
-    finally:
-        if kept is None:
-            os.environ.pop(COMPILED, None)
-        else:
-            os.environ[COMPILED] = kept
     _KEEP.append(sub)
     sub._checking, sub.timeout = False, 1.0  # (COLLECTIVES_DEBUG=0's switch)
     x = np.arange(6144, dtype=np.float32) + comm.rank

@@ -22,10 +22,10 @@ import pytest
 
 from collectives.testing.launch import mpi_command
 
-#: The counting shim: MPI_Start and MPI_Test counted, then PMPI_Start and PMPI_Test.
-#: The gathers counted and forwarded with their handles as intptr_t (an int handle of MPICH passes
-#: as one on 64-bit little-endian Linux); the _c forms only where the library has them (MPI-4:
-#: mpi4py calls the shim's where it finds them).
+#: The counting shim: MPI_Start, MPI_Test, MPI_Gather and MPI_Igather counted, then their PMPI_
+#: forms called (the gathers' handles as intptr_t: an int handle of MPICH passes as one on 64-bit
+#: little-endian Linux); the _c forms only where the library has them (MPI-4: mpi4py calls the
+#: shim's where it finds them).
 SHIM = r"""
 #include <stdint.h>
 typedef void *request_t;
