@@ -70,6 +70,11 @@ class BuildExt(build_ext):
     and records which extensions it built (an optional one that fails to compile is left out with
     a warning, by setuptools)."""
 
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if not self.parallel:  # (the C of every compiled form at once, one compiler a core: `-j` sets it)
+            self.parallel = os.cpu_count() or 1
+
     def run(self) -> None:
         self.built: list[str] = []
         compiled = [ext for ext in self.extensions if ext.name in COMPILED]
