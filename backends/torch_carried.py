@@ -35,7 +35,7 @@ import numpy as np
 from collectives.calls import NOT_TAKEN
 from collectives.ops import ReduceOp
 
-from .mpi_carried import CARRIED, WORD_BITS, Carry, new_result, result_maker
+from .mpi_carried import CARRIED, WORD_BITS, Carry, KeptView, new_result, result_maker
 
 _INTEGERS = ("int8", "uint8", "int16", "int32", "int64")
 #: The shapes of x whose views of the round's blocks a carried kind keeps (then made anew).
@@ -78,6 +78,7 @@ def carried_path(transport: Any, call: Any, dtype: str, op: ReduceOp | None, car
     agree, carried_round = transport._agree_word, transport._carried_round
     order = transport._torch_rank if transport._reordered else None
     views: dict[tuple[int, ...], tuple[Any, ...]] = {}  # (by x's shape: see shaped)
+    kept = KeptView()  # (x's numpy view: x is a plain CPU tensor of this dtype, the plan's check says)
 
     def shaped(blocks: tuple[Any, ...], shape: tuple[int, ...], n: int) -> tuple[Any, ...]:
         """The round's payloads (``blocks``: TorchGroup._counts_round's arrays) as rows of x's
@@ -92,7 +93,7 @@ def carried_path(transport: Any, call: Any, dtype: str, op: ReduceOp | None, car
         return found
 
     def carry(view: Any, root: Any, out: Any, extra: Any, word: int) -> tuple[int, Any]:
-        x = view.numpy()
+        x = kept.of(view)
         n = x.nbytes
         if n > carry_bytes:  # the round of the word alone, then the call
             return agree(word), NOT_TAKEN

@@ -199,8 +199,8 @@ class CallPath(Collectives):
     owner thread's id while the communicator is open and usable, else None), ``checking`` (the
     default check runs), ``ring`` (the flight recorder's, None when it is off) and ``operation``
     (the running call's); ``twins``: the compiled forms of per-array checks it runs instead (see
-    :meth:`own_form`; ``out_fits``, a numpy ``out=``'s check at once, is
-    ``host_views.numpy_out_fits`` in this path's form). The running call's number stays the
+    :meth:`own_form`; ``out_fits``, a numpy array's or tensor's ``out=`` checked at once, is
+    ``host_views.out_fits`` in this path's form). The running call's number stays the
     communicator's (``_seq``: the check reads it on every call). Compiled, its fields are typed (callpath.pxd)."""
 
     def __init__(self, comm: Any, gate: Any, checking: bool, ring: Any, twins: dict[Any, Any]) -> None:
@@ -217,7 +217,7 @@ class CallPath(Collectives):
         self.p2p, self.hooks, self.size, self.debug = comm._p2p, comm._hooks, comm.size, comm.debug
         self.posting, self.stream_ordered, self.post_call = comm._posting, comm._stream_ordered, comm._post_call
         self.all_ordered = comm._transport._all_stream_ordered  # (every call: no per-call question)
-        self.out_fits = twins.get(host_views.numpy_out_fits, host_views.numpy_out_fits)  # (a numpy out=)
+        self.out_fits = twins.get(host_views.out_fits, host_views.out_fits)  # (a numpy or tensor out=)
         self.forget_kept()
 
     def forget_kept(self) -> None:
@@ -304,12 +304,13 @@ class CallPath(Collectives):
             result, on_fast_path = NOT_TAKEN, view is not None and not (async_op or plan.counted or root is None)
             if self.checking and collective:
                 if on_fast_path and plan.carry is not None:  # (carried where x fits its round)
-                    result = self.carry_call(plan.carry, call, reduce_op, root, dtype, view, out, extra)
+                    result = self.carry_call(plan.carry, call, reduce_op, root, dtype, view, out, extra, shape)
                 elif self.posting and (self.all_ordered or self.stream_ordered(x)):  # (beside a device stream's call)
                     self.post_call(call, reduce_op, root, dtype,  # (x's shape, read once)
                                    shape if view is x and shape is not None else x.shape, seq)
                 else:
-                    self.check_call(call, reduce_op, root, dtype, x.shape, None, on_fast_path)
+                    self.check_call(call, reduce_op, root, dtype,
+                                    shape if view is x and shape is not None else x.shape, None, on_fast_path)
             if result is not NOT_TAKEN:
                 pass  # x travelled in the check's round (see Transport._carried_path)
             elif on_fast_path and (result := plan.fast(view, root, out, extra)) is not NOT_TAKEN:

@@ -84,9 +84,10 @@ class ArgumentChecks:
         of a collective if the transport has one (``Transport._carried_path``), the adapter, dtype name
         and ReduceOp, the kind's request record (see :class:`~collectives.calls.Request`),
         the transport's method for the kind (``Transport._method_of``: the row's, or one the
-        backend bound for the kind) and, for a numpy x, the rule of its result's shape that the
-        call path checks an ``out=`` against at once (``host_views.numpy_out_fits``; 0: only
-        :meth:`check_out`, which the call path runs where that check does not pass)."""
+        backend bound for the kind) and, for a numpy array or torch tensor x, the rule of its
+        result's shape that the call path checks an ``out=`` against at once (``host_views.out_fits``:
+        a tensor's with ``host_views.TENSOR`` set; 0: only :meth:`check_out`, which the call path
+        runs where that check does not pass)."""
         adapter, dtype, reduce_op = self.check_kind(x, op, call.reduces, call.in_place)
         fast = self._transport._fast_path(call, adapter, dtype, reduce_op) \
             if not call.counted and (call.collective or not self.debug) else None
@@ -106,7 +107,7 @@ class ArgumentChecks:
         return (check, fast or _no_fast_path, carry, adapter, dtype, reduce_op,
                 Request(call, None, adapter, dtype, reduce_op),
                 self._transport._method_of(call, adapter, dtype, reduce_op),
-                _OUT_FORMS.get(call.out_shape, 0) if adapter is _NUMPY and call.out_shape is not None else 0)
+                _out_form(call, adapter))
 
     def checked_device(self, check: Callable[[Any, bool], Any], adapter: ArrayAdapter
                         ) -> Callable[[Any, bool], Any]:
@@ -236,11 +237,20 @@ def _no_fast_path(view: Any, root: Any, out: Any, extra: Any) -> Any:
 
 _NUMPY = arrays.NUMPY
 _TORCH = arrays.TORCH
-#: The out= shapes the call path checks at once on a numpy out= (host_views.numpy_out_fits), by the
-#: row's rule; the others (and other arrays) are checked by check_out alone.
+#: The out= shapes the call path checks at once on a numpy or tensor out= (host_views.out_fits), by
+#: the row's rule; the others (and other arrays) are checked by check_out alone.
 _OUT_FORMS: dict[Callable[[Any, tuple[int, ...], Any], tuple[int, ...]], int] = {
     calls.stacked: host_views.STACKED, calls.block_of_rows: host_views.BLOCK_OF_ROWS,
     calls.one_row: host_views.ONE_ROW, calls.same_shape: host_views.SAME_SHAPE}
+
+
+def _out_form(call: Call, adapter: ArrayAdapter) -> int:
+    """The rule of ``call``'s result shape for the call path's check of an ``out=`` at once (see
+    ``_OUT_FORMS``): a torch tensor's with ``host_views.TENSOR`` set; 0 for other arrays and rows."""
+    form = _OUT_FORMS.get(call.out_shape, 0) if call.out_shape is not None else 0
+    if form == 0 or adapter is _NUMPY:
+        return form
+    return form | host_views.TENSOR if adapter is _TORCH else 0
 
 
 def in_backward_pass() -> bool:

@@ -41,7 +41,7 @@ def install(comm: Any, owner: type, gate: Any, checking: bool, ring: Any) -> Any
         views = config.compiled_extension(f"{__package__}._host_views_c", host_views)
         twins = {} if views is None else {host_views.numpy_host_view: views.numpy_host_view,
                                           host_views.tensor_host_view: views.tensor_host_view,
-                                          host_views.numpy_out_fits: views.numpy_out_fits}
+                                          host_views.out_fits: views.out_fits}
         path = module.CallPath(comm, gate, checking, ring, twins)
     if not own_run:
         comm.__dict__["_run"] = path._run

@@ -12,7 +12,7 @@ cimport cython
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_STRIDES, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 
 # The result shapes' rules (host_views.py's, there as Python ints): C ints here, compared in C.
-cdef int STACKED, BLOCK_OF_ROWS, ONE_ROW, SAME_SHAPE
+cdef int STACKED, BLOCK_OF_ROWS, ONE_ROW, SAME_SHAPE, TENSOR
 
 
 cdef inline bint c_contiguous(object x, bint writable) except -1:

@@ -27,23 +27,56 @@ def numpy_host_view(adapter: Any, x: Any, in_place: bool) -> Any:
     return None
 
 
-#: The shapes of a result that :func:`numpy_out_fits` knows, by the rule of collectives/calls.py that
+#: The shapes of a result that :func:`out_fits` knows, by the rule of collectives/calls.py that
 #: makes it from x's shape (``Call.out_shape``): ``(size, *shape)`` (all_gather, gather), a block
-#: of ``shape[0] // size`` rows (reduce_scatter), one row (scatter), x's shape (all_to_all).
+#: of ``shape[0] // size`` rows (reduce_scatter), one row (scatter), x's shape (all_to_all). A
+#: torch tensor's form has the bit ``TENSOR`` set besides (a numpy array's has not).
 STACKED, BLOCK_OF_ROWS, ONE_ROW, SAME_SHAPE = 1, 2, 3, 4
+TENSOR = 8
 
 
-def numpy_out_fits(out: Any, x: Any, form: int, size: int) -> bool:
-    """Whether the numpy ``out=`` passes ``ArgumentChecks.check_out`` for ``x`` as it stands: an
-    array of x's type and dtype, C-contiguous and writable, of the result's shape (``form``: one of
-    the rules above, over ``size`` ranks). False leaves the call to check_out, which names the
-    fault: what it accepts at once, in a few reads (out's flags and both shapes: ``shape_fits``)."""
+def out_fits(out: Any, x: Any, form: int, size: int) -> bool:
+    """Whether ``out=`` passes ``ArgumentChecks.check_out`` for ``x`` as it stands: an array of x's
+    type and dtype (and a tensor of x's device and layout), contiguous (C order) and writable,
+    without a negative bit and not requiring grad, of the result's shape (``form``: one of the
+    rules above, over ``size`` ranks). False leaves the call to check_out, which names the fault:
+    what it accepts at once, in a few reads (a numpy array's flags and both shapes:
+    ``shape_fits``; a tensor's attributes: :func:`tensor_out_fits`)."""
     if type(out) is not type(x):
         return False
+    if form & TENSOR:
+        return tensor_out_fits(out, x, form ^ TENSOR, size)
     dtype = out.dtype
     if dtype is not x.dtype and dtype != x.dtype:
         return False
     return shape_fits(out, x, form, size)
+
+
+def tensor_out_fits(out: Any, x: Any, form: int, size: int) -> bool:
+    """:func:`out_fits` of the tensor ``out`` (of x's type): check_out's own first test of a
+    tensor, in reads of its attributes (torch's dtypes are one object each; two CPU tensors are
+    on the one CPU device)."""
+    if out.dtype is not x.dtype or out.requires_grad or out.is_neg() or out.layout is not x.layout:
+        return False
+    try:  # (a nested tensor's shape raises, a CSR tensor's is_contiguous: check_out names them)
+        if not out.is_contiguous() or not (out.is_cpu and x.is_cpu or out.device == x.device):
+            return False
+        return shapes_fit(out.shape, x.shape, form, size)
+    except RuntimeError:
+        return False
+
+
+def shapes_fit(shape: tuple[int, ...], x_shape: tuple[int, ...], form: int, size: int) -> bool:
+    """Whether ``shape`` is the result's shape of an x of ``x_shape`` by ``form`` over ``size``
+    ranks (a torch.Size is a tuple: its slices and comparisons are a tuple's)."""
+    if form == STACKED:
+        return len(shape) == len(x_shape) + 1 and shape[0] == size and shape[1:] == x_shape
+    if form == BLOCK_OF_ROWS:
+        return len(x_shape) > 0 and len(shape) == len(x_shape) and shape[0] == x_shape[0] // size \
+            and shape[1:] == x_shape[1:]
+    if form == ONE_ROW:
+        return shape == x_shape[1:]
+    return form == SAME_SHAPE and shape == x_shape
 
 
 if not cython.compiled:  # the Python form of the .pxd's C helpers (the compiled module has those)
@@ -55,18 +88,7 @@ if not cython.compiled:  # the Python form of the .pxd's C helpers (the compiled
     def shape_fits(out: Any, x: Any, form: int, size: int) -> bool:
         """Whether the numpy ``out`` is C-contiguous and writable, of the result's shape of ``x``
         by ``form`` over ``size`` ranks."""
-        if not c_contiguous(out, True):
-            return False
-        shape: tuple[int, ...] = out.shape
-        x_shape: tuple[int, ...] = x.shape
-        if form == STACKED:
-            return len(shape) == len(x_shape) + 1 and shape[0] == size and shape[1:] == x_shape
-        if form == BLOCK_OF_ROWS:
-            return len(x_shape) > 0 and len(shape) == len(x_shape) and shape[0] == x_shape[0] // size \
-                and shape[1:] == x_shape[1:]
-        if form == ONE_ROW:
-            return shape == x_shape[1:]
-        return form == SAME_SHAPE and shape == x_shape
+        return c_contiguous(out, True) and shapes_fit(out.shape, x.shape, form, size)
 
 
 #: The numpy views of the last tensors :func:`tensor_host_view` took: ``(id(x), view, x's data

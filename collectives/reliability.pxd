@@ -26,7 +26,7 @@ cdef class CallCheck:
     cpdef check(self, call, reduce_op, root, dtype, shape, waiting=*, fast=*)
 
     @cython.locals(seq=int64_t, h=int64_t)
-    cpdef carry(self, carry, call, reduce_op, root, dtype, view, out, extra)
+    cpdef carry(self, carry, call, reduce_op, root, dtype, view, out, extra, shape)
 
     @cython.locals(seq=int64_t, h=int64_t, gathered=bint, total=int64_t, size=Py_ssize_t, rank=Py_ssize_t,
                    outs=int64_t, limit=Py_ssize_t, row=list, rows=list, got=list)

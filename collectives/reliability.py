@@ -164,13 +164,16 @@ class CallCheck:
         post_to((check_word(h, seq), seq, kind))  # (with no frame of the transport's)
 
     def carry(self, carry: Callable[[Any, Any, Any, Any, int], tuple[int, Any]], call: Call,
-              reduce_op: ReduceOp | None, root: int, dtype: str, view: Any, out: Any, extra: Any) -> Any:
+              reduce_op: ReduceOp | None, root: int, dtype: str, view: Any, out: Any, extra: Any,
+              shape: Any) -> Any:
         """:meth:`check` of the running collective ``call`` on ``view`` (a fast path's host view of
         x), whose round carries ``view`` where the default check runs (the transport's carried
         path ``carry``, see ``Transport._carried_path``): the call's result, or NOT_TAKEN where
-        the data did not travel (the call is checked; it runs as usual)."""
+        the data did not travel (the call is checked; it runs as usual). ``shape``: view's shape
+        where the call path has read it (a tensor's is made anew at each read), else None."""
         seq: int = self._comm._seq
-        shape = view.shape
+        if shape is None:
+            shape = view.shape
         if self.level != _CHECKS_DEFAULT or seq == 1:
             self.check(call, reduce_op, root, dtype, shape)
             return NOT_TAKEN

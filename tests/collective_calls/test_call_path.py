@@ -419,7 +419,7 @@ def _numpy_outs(x, expected):
 @pytest.mark.parametrize("form", ["python", "compiled"])
 @pytest.mark.parametrize("size", [1, 2, 3])
 def test_the_quick_numpy_out_check_accepts_only_what_check_out_accepts(form, size):
-    """The call path's check of a numpy out= at once (host_views.numpy_out_fits, by the row's shape
+    """The call path's check of a numpy out= at once (host_views.out_fits, by the row's shape
     rule) says yes only where ArgumentChecks.check_out passes, and says yes to the out= of the
     result's own shape, for every row with one, in both forms (the compiled twin is what a compiled
     call path runs)."""
@@ -439,7 +439,7 @@ def test_the_quick_numpy_out_check_accepts_only_what_check_out_accepts(form, siz
                   np.ones((size * 2, 6), np.float32)[:, ::2]):  # (x's shape read from a strided x too)
             expected = row.out_shape(checks, x.shape, None)
             for i, out in enumerate(_numpy_outs(x, expected)):
-                fits = module.numpy_out_fits(out, x, _OUT_FORMS[row.out_shape], size)
+                fits = module.out_fits(out, x, _OUT_FORMS[row.out_shape], size)
                 try:
                     checks.check_out(row, x, NUMPY, out, None, 0)
                     accepted = True
@@ -450,3 +450,58 @@ def test_the_quick_numpy_out_check_accepts_only_what_check_out_accepts(form, siz
                     assert fits and accepted, (row.name, x.shape)
                 tried += 1
     assert tried == 5 * 4 * 8
+
+
+def _tensor_outs(x, expected):
+    """Tensor out= for the tensor x whose result has shape ``expected``: the one that fits, then
+    each fault check_out names (and a Parameter, a subclass only check_out takes)."""
+    good = torch.zeros(expected, dtype=x.dtype)
+    wider = expected[:-1] + (expected[-1] + 1,) if expected else (1,)
+    grad_dtype = x.dtype if x.is_floating_point() else torch.float32  # (only floats require grad)
+    outs = [good, good.double(), torch.zeros(expected, dtype=grad_dtype, requires_grad=True),
+            torch.zeros(expected, dtype=x.dtype)._neg_view(), torch.zeros(wider, dtype=x.dtype),
+            torch.zeros(wider, dtype=x.dtype)[..., :-1], torch.zeros(expected + (1,), dtype=x.dtype),
+            torch.empty(expected, dtype=x.dtype, device="meta"), torch.nn.Parameter(good.clone(), requires_grad=False),
+            torch.zeros(expected + (2,), dtype=x.dtype)[..., 0]]  # (strided where it has a dimension)
+    if len(expected) == 2:
+        outs.append(good.to_sparse())  # (another layout)
+    return outs
+
+
+@pytest.mark.parametrize("form", ["python", "compiled"])
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_the_quick_tensor_out_check_accepts_only_what_check_out_accepts(form, size):
+    """The call path's check of a tensor out= at once (host_views.out_fits with the TENSOR bit)
+    says yes exactly where ArgumentChecks.check_out passes (but for a subclass: check_out alone),
+    for every row with one, in both forms; the plans of tensors take that bit."""
+    from collectives import calls, config, host_views
+    from collectives.arrays import TORCH
+    from collectives.checks import _OUT_FORMS, ArgumentChecks, _out_form
+
+    module = host_views if form == "python" else config.compiled_extension("collectives._host_views_c", host_views)
+    if module is None:
+        pytest.skip("collectives._host_views_c was not built")
+    checks = ArgumentChecks(LocalCommunicator()._transport, size)
+    rows = [calls.ALL_GATHER, calls.GATHER, calls.REDUCE_SCATTER, calls.SCATTER, calls.ALL_TO_ALL]
+    tried = 0
+    for row in rows:
+        form_of_row = _out_form(row, TORCH)
+        assert form_of_row == _OUT_FORMS[row.out_shape] | host_views.TENSOR
+        for x in (torch.ones((size * 2, 3)), torch.ones((size,), dtype=torch.int64), torch.ones((size, 2, 1)),
+                  torch.ones((size * 2, 6))[:, ::2]):  # (x's shape read from a strided x too)
+            expected = row.out_shape(checks, tuple(x.shape), None)
+            for i, out in enumerate(_tensor_outs(x, expected)):
+                fits = module.out_fits(out, x, form_of_row, size)
+                try:
+                    checks.check_out(row, x, TORCH, out, None, 0)
+                    accepted = True
+                except (TypeError, ValueError):
+                    accepted = False
+                assert not fits or accepted, (row.name, tuple(x.shape), i, tuple(out.shape))
+                if i == 0:
+                    assert fits and accepted, (row.name, tuple(x.shape))
+                elif i != 8:  # (the same verdict, but on a subclass, which only check_out takes)
+                    assert fits == accepted, (row.name, tuple(x.shape), i)
+                tried += 1
+    assert tried > 5 * 4 * 10  # (and a sparse out= where the result has two dimensions)
+    assert _out_form(calls.ALL_REDUCE, TORCH) == 0 and _out_form(calls.ALL_GATHER_V, TORCH) == 0

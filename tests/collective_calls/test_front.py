@@ -340,6 +340,8 @@ def changed_tensors(comm):
     out, w = torch.zeros(comm.size, 3), torch.full((3,), 5.0)
     note("out", lambda: comm.all_gather(w, out=out))
     note("out again", lambda: (comm.all_gather(w + 1, out=out), out)[1])
+    out.set_(torch.zeros(comm.size, 3))  # (the same tensor on new memory: a kept view of it is stale)
+    note("out storage", lambda: (comm.all_gather(w + 2, out=out), out)[1])
     out.unsqueeze_(0)
     note("out reshaped", lambda: comm.all_gather(w, out=out))
     out.squeeze_(0)
@@ -360,7 +362,7 @@ def changed_job(comm, form):
 @pytest.mark.parametrize("world", [("mpi", 2), ("torch", 2)], indirect=True, ids=lambda w: f"{w[0]}-{w[1]}")
 def test_a_tensor_changed_between_calls_is_read_as_it_is_at_the_call(world):
     """A tensor changed in place between calls (its values, shape, strides, storage, dtype, grad,
-    negative bit; an out= reshaped or of another dtype) is read as it is at each call. Both forms
+    negative bit; an out= on new memory, reshaped or of another dtype) is read as it is at each call. Both forms
     return and raise the same, held against what each tensor held."""
     python = world.run(changed_job, [("python",)] * world.size, timeout=120)
     compiled = world.run(changed_job, [("compiled",)] * world.size, timeout=120)
@@ -388,6 +390,7 @@ def test_a_tensor_changed_between_calls_is_read_as_it_is_at_the_call(world):
         assert got["requires grad"][1][1][1] == ("torch", "torch.float32", (2, 3), rows(1.0, 1.0, 1.0))
         assert got["requires grad in place"][0] == "ValueError" and "requires grad" in got["requires grad in place"][1]
         assert got["out again"][1][3] == rows(6.0, 6.0, 6.0)
+        assert got["out storage"][1][3] == rows(7.0, 7.0, 7.0)
         assert got["out reshaped"][0] == got["out dtype"][0] == "ValueError"
         for i in range(6):
             assert got[f"many {i}"][1][3] == rows(float(i), float(i))
