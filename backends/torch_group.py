@@ -194,10 +194,29 @@ class TorchGroup(PostingTransport):
         """:meth:`_agree_word`'s AND and every rank's ``row`` (at most ``size + 1`` ints) from one
         :meth:`_carried_round` with no payload. ``view`` does not travel (the data moves in the
         call's own collective)."""
-        rows = self._counts_round()[0]
-        rows[:, 1:1 + len(row)] = row
+        if not row:
+            return self._carried_round(word)[0], [], None
+        first, head, rest, columns = self._row_columns(len(row))
+        at = 1
+        for count in row:  # (one int a column of the first block sent; the others copy them)
+            first[at] = count
+            at += 1
+        rest[...] = head
         reduced, everyone = self._carried_round(word)
-        return reduced, everyone[:, 1:1 + len(row)].tolist() if row else [], None
+        if self._reordered:  # (everyone: the blocks in rank order, a copy)
+            return reduced, everyone[:, 1:at].tolist(), None
+        return reduced, columns.tolist(), None
+
+    def _row_columns(self, n: int) -> tuple[Any, Any, Any, Any]:
+        """Where a row of ``n`` ints goes in :meth:`_counts_round`'s blocks (from column 1): the
+        first block sent, its row's columns, those of the other blocks sent, and those of every
+        block received (torch's order); made once a row length, with the blocks."""
+        blocks = self._counts_arrays or self._counts_round()
+        found: tuple[Any, Any, Any, Any] | None = blocks[8].get(n)
+        if found is None:
+            mine, everyone = blocks[0], blocks[1]
+            found = blocks[8][n] = (mine[0], mine[0, 1:1 + n], mine[1:, 1:1 + n], everyone[:, 1:1 + n])
+        return found
 
     def _carried_round(self, word: int) -> tuple[int, Any]:
         """The check's round where it carries (``_counts_with_check``): one all_to_all of a block
@@ -206,7 +225,7 @@ class TorchGroup(PostingTransport):
         Gloo one small round, as an all_reduce of the word alone is. The caller wrote the row
         and the payload in the blocks it sends (:meth:`_agree_counts`, torch_carried). Returns
         the AND of the ranks' words and every rank's block as int64 (rank order)."""
-        _, everyone, send, received, _, _, words, their_words = self._counts_arrays or self._counts_round()
+        _, everyone, send, received, _, _, words, their_words, _ = self._counts_arrays or self._counts_round()
         words.fill(word)
         self._await_exchange(self._exchange(received, send))
         if self._reordered:  # (received in torch's order of the group's ranks)
@@ -218,8 +237,9 @@ class TorchGroup(PostingTransport):
 
     def _counts_round(self) -> tuple[Any, ...]:
         """The blocks of :meth:`_carried_round`, ``(size, size + 2 + _round_bytes / 8)`` int64 sent
-        and received, their tensors, the payloads' bytes in them and the words' column of each:
-        made once (see :meth:`_flag`)."""
+        and received, their tensors, the payloads' bytes in them, the words' column of each and
+        the views of their rows' columns (by the row's length, :meth:`_row_columns`): made once
+        (see :meth:`_flag`)."""
         found = self._counts_arrays
         if found is None:
             size, width = self.size, self.size + 2 + self._round_bytes // 8
@@ -227,7 +247,7 @@ class TorchGroup(PostingTransport):
             mine, everyone = both[:size * width].reshape(size, width), both[size * width:].reshape(size, width)
             found = self._counts_arrays = (mine, everyone, flag[:size * width], flag[size * width:],
                                            mine[:, size + 2:].view("uint8"), everyone[:, size + 2:].view("uint8"),
-                                           mine[:, 0], everyone[:, 0])
+                                           mine[:, 0], everyone[:, 0], {})
         return found
 
     def _exchange(self, received: Any, send: Any) -> Any:

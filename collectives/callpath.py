@@ -276,8 +276,9 @@ class CallPath(Collectives):
             if plan.root is not None and (type(root) is not int or not 0 <= root < self.size):  # noqa: E721
                 if root is not None or not plan.any_root:  # (None: a recv from any source)
                     self.checks.check_rank(root, plan.root)  # (a bool is no rank)
-            if plan.row_check is not None:
-                plan.row_check(comm, tuple(x.shape), extra, root)
+            if plan.row_check is not None:  # (x's view has x's shape; a numpy view's, a tuple: no tensor read)
+                rows = (x if view is None else view).shape
+                plan.row_check(comm, rows if type(rows) is tuple else tuple(rows), extra, root)
             if out is not None and (plan.out_form == 0 or not self.out_fits(out, x, plan.out_form, self.size)):
                 self.checks.check_out(call, x, plan.adapter, out, extra, root)  # (names the fault)
         except (TypeError, ValueError) as refusal:  # nothing sent; its number and check, marked refused:
@@ -305,12 +306,13 @@ class CallPath(Collectives):
             if self.checking and collective:
                 if on_fast_path and plan.carry is not None:  # (carried where x fits its round)
                     result = self.carry_call(plan.carry, call, reduce_op, root, dtype, view, out, extra, shape)
-                elif self.posting and (self.all_ordered or self.stream_ordered(x)):  # (beside a device stream's call)
-                    self.post_call(call, reduce_op, root, dtype,  # (x's shape, read once)
-                                   shape if view is x and shape is not None else x.shape, seq)
                 else:
-                    self.check_call(call, reduce_op, root, dtype,
-                                    shape if view is x and shape is not None else x.shape, None, on_fast_path)
+                    if view is not x or shape is None:  # (x's shape, read once: the recorder's where it read x's)
+                        shape = x.shape
+                    if self.posting and (self.all_ordered or self.stream_ordered(x)):  # (beside a device stream's call)
+                        self.post_call(call, reduce_op, root, dtype, shape, seq)
+                    else:
+                        self.check_call(call, reduce_op, root, dtype, shape, None, on_fast_path)
             if result is not NOT_TAKEN:
                 pass  # x travelled in the check's round (see Transport._carried_path)
             elif on_fast_path and (result := plan.fast(view, root, out, extra)) is not NOT_TAKEN:

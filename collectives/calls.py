@@ -190,7 +190,7 @@ def check_splits(comm: Any, shape: Shape, splits: Sequence[int], root: Any) -> N
                          f"got {len(splits)}")
     total = 0
     for count in splits:  # (one loop, no generator: this runs on every uneven all_to_all)
-        if isinstance(count, bool) or not is_int(count):
+        if type(count) is not int and (isinstance(count, bool) or not is_int(count)):  # (an int at once)
             raise TypeError(f"send_splits must hold ints; got {type(count).__name__}")
         if count < 0:
             raise ValueError(f"send_splits must be >= 0; got {list(splits)}")

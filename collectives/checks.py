@@ -130,11 +130,9 @@ class ArgumentChecks:
                 if out.dtype == x.dtype and flags.c_contiguous and flags.writeable and \
                         self._out_shape_fits(call, out.shape, x.shape, extra):
                     return
-            elif adapter is _TORCH:
-                try:  # (x's layout is strided; a nested tensor's shape raises: the checks below)
-                    if out.dtype == x.dtype and out.device == x.device and out.layout == x.layout and \
-                            not out.requires_grad and not out.is_neg() and out.is_contiguous() and \
-                            self._out_shape_fits(call, out.shape, x.shape, extra):
+            elif adapter is _TORCH and host_views.tensor_out_usable(out, x):
+                try:  # (a nested tensor's shape raises: the checks below)
+                    if self._out_shape_fits(call, out.shape, x.shape, extra):
                         return
                 except RuntimeError:
                     pass
@@ -238,7 +236,7 @@ def _no_fast_path(view: Any, root: Any, out: Any, extra: Any) -> Any:
 _NUMPY = arrays.NUMPY
 _TORCH = arrays.TORCH
 #: The out= shapes the call path checks at once on a numpy or tensor out= (host_views.out_fits), by
-#: the row's rule; the others (and other arrays) are checked by check_out alone.
+#: the row's rule (and the uneven rows', see _out_form); other arrays are checked by check_out alone.
 _OUT_FORMS: dict[Callable[[Any, tuple[int, ...], Any], tuple[int, ...]], int] = {
     calls.stacked: host_views.STACKED, calls.block_of_rows: host_views.BLOCK_OF_ROWS,
     calls.one_row: host_views.ONE_ROW, calls.same_shape: host_views.SAME_SHAPE}
@@ -246,8 +244,12 @@ _OUT_FORMS: dict[Callable[[Any, tuple[int, ...], Any], tuple[int, ...]], int] = 
 
 def _out_form(call: Call, adapter: ArrayAdapter) -> int:
     """The rule of ``call``'s result shape for the call path's check of an ``out=`` at once (see
-    ``_OUT_FORMS``): a torch tensor's with ``host_views.TENSOR`` set; 0 for other arrays and rows."""
-    form = _OUT_FORMS.get(call.out_shape, 0) if call.out_shape is not None else 0
+    ``_OUT_FORMS``; the uneven rows': ``host_views.ROWS_LATER``): a torch tensor's with
+    ``host_views.TENSOR`` set; 0 for other arrays and for rows that take no ``out=``."""
+    if call.out_shape is not None:
+        form = _OUT_FORMS.get(call.out_shape, 0)
+    else:
+        form = host_views.ROWS_LATER if call.name in _OUT_SHAPE_AFTER_COUNTS else 0
     if form == 0 or adapter is _NUMPY:
         return form
     return form | host_views.TENSOR if adapter is _TORCH else 0

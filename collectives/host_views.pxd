@@ -12,7 +12,11 @@ cimport cython
 from cpython.buffer cimport PyBUF_C_CONTIGUOUS, PyBUF_STRIDES, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
 
 # The result shapes' rules (host_views.py's, there as Python ints): C ints here, compared in C.
-cdef int STACKED, BLOCK_OF_ROWS, ONE_ROW, SAME_SHAPE, TENSOR
+cdef int STACKED, BLOCK_OF_ROWS, ONE_ROW, SAME_SHAPE, ROWS_LATER, TENSOR
+
+# A tensor out='s attributes (host_views.py's): called in C by tensor_out_fits, and from Python by
+# ArgumentChecks.check_out.
+cpdef bint tensor_out_usable(object out, object x) except -1
 
 
 cdef inline bint c_contiguous(object x, bint writable) except -1:
@@ -49,6 +53,8 @@ cdef inline bint shape_fits(object out, object x, int form, Py_ssize_t size) exc
             fits, at, first = n > 0 and o.ndim == n and o.shape[0] == v.shape[0] // size, 1, 1
         elif form == ONE_ROW:  # (x's shape past its first dimension: () for a 0-d x)
             fits, at, first = o.ndim == (n - 1 if n > 0 else 0), 0, 1
+        elif form == ROWS_LATER:  # (any number of rows: checked once the counts have travelled)
+            fits, at, first = o.ndim == n, 1, 1
         else:
             fits, at, first = form == SAME_SHAPE and o.ndim == n, 0, 0
         if fits:

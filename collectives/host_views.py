@@ -29,9 +29,11 @@ def numpy_host_view(adapter: Any, x: Any, in_place: bool) -> Any:
 
 #: The shapes of a result that :func:`out_fits` knows, by the rule of collectives/calls.py that
 #: makes it from x's shape (``Call.out_shape``): ``(size, *shape)`` (all_gather, gather), a block
-#: of ``shape[0] // size`` rows (reduce_scatter), one row (scatter), x's shape (all_to_all). A
-#: torch tensor's form has the bit ``TENSOR`` set besides (a numpy array's has not).
-STACKED, BLOCK_OF_ROWS, ONE_ROW, SAME_SHAPE = 1, 2, 3, 4
+#: of ``shape[0] // size`` rows (reduce_scatter), one row (scatter), x's shape (all_to_all); and
+#: rows of x's trailing shape (the uneven all_gather_v and all_to_all with splits, whose number of
+#: rows is checked once the counts have travelled: ``CallCheck.check_counts``). A torch tensor's
+#: form has the bit ``TENSOR`` set besides (a numpy array's has not).
+STACKED, BLOCK_OF_ROWS, ONE_ROW, SAME_SHAPE, ROWS_LATER = 1, 2, 3, 4, 5
 TENSOR = 8
 
 
@@ -53,15 +55,26 @@ def out_fits(out: Any, x: Any, form: int, size: int) -> bool:
 
 
 def tensor_out_fits(out: Any, x: Any, form: int, size: int) -> bool:
-    """:func:`out_fits` of the tensor ``out`` (of x's type): check_out's own first test of a
-    tensor, in reads of its attributes (torch's dtypes are one object each; two CPU tensors are
-    on the one CPU device)."""
+    """:func:`out_fits` of the tensor ``out`` (of x's type): :func:`tensor_out_usable`, then its
+    shape by ``form``."""
+    if not tensor_out_usable(out, x):
+        return False
+    try:  # (a nested tensor's shape raises: check_out names it)
+        return shapes_fit(out.shape, x.shape, form, size)
+    except RuntimeError:
+        return False
+
+
+def tensor_out_usable(out: Any, x: Any) -> bool:
+    """Whether the tensor ``out`` is what an ``out=`` for the tensor ``x`` must be but for its
+    shape: of x's dtype, layout and device, contiguous, without a negative bit and not requiring
+    grad. ``ArgumentChecks.check_out``'s own first test of a tensor and :func:`tensor_out_fits`'s,
+    in reads of its attributes (torch's dtypes and layouts are one object each; two CPU tensors
+    are on the one CPU device). False leaves the fault to check_out's checks, which name it."""
     if out.dtype is not x.dtype or out.requires_grad or out.is_neg() or out.layout is not x.layout:
         return False
-    try:  # (a nested tensor's shape raises, a CSR tensor's is_contiguous: check_out names them)
-        if not out.is_contiguous() or not (out.is_cpu and x.is_cpu or out.device == x.device):
-            return False
-        return shapes_fit(out.shape, x.shape, form, size)
+    try:  # (a CSR tensor's is_contiguous raises)
+        return bool(out.is_contiguous() and (out.is_cpu and x.is_cpu or out.device == x.device))
     except RuntimeError:
         return False
 
@@ -76,6 +89,8 @@ def shapes_fit(shape: tuple[int, ...], x_shape: tuple[int, ...], form: int, size
             and shape[1:] == x_shape[1:]
     if form == ONE_ROW:
         return shape == x_shape[1:]
+    if form == ROWS_LATER:
+        return len(shape) == len(x_shape) and shape[1:] == x_shape[1:]
     return form == SAME_SHAPE and shape == x_shape
 
 
