@@ -179,6 +179,9 @@ def reordered_split_job(comm, kind):
     reply["all_to_all"] = to_numpy(sub.all_to_all(x))
     splits = [1] * n
     reply["all_to_all_v"] = to_numpy(sub.all_to_all(x, splits))
+    uneven = [1 + r + j for j in range(n)]  # (rank r sends rank j its rows r * 1000 + j * 10 + k)
+    rows = np.array([[r * 1000 + j * 10 + k] for j in range(n) for k in range(uneven[j])], np.int64)
+    reply["all_to_all_uneven"] = to_numpy(sub.all_to_all(as_array(rows, "int64", kind), uneven))
     y = as_array(np.array([r + 1, 10 * (r + 1)]), "int64", kind)
     sub.reduce(y, "sum", dst=0)
     reply["reduce"] = to_numpy(y)
@@ -201,6 +204,8 @@ def test_new_collectives_follow_the_rank_order_of_a_reordered_split(world, kind)
         np.testing.assert_array_equal(reply["scatter"], [0 + 100 * r, 0 + 100 * r])
         np.testing.assert_array_equal(reply["all_to_all"], [[s + 100 * r] * 2 for s in range(n)])
         np.testing.assert_array_equal(reply["all_to_all_v"], [[s + 100 * r] * 2 for s in range(n)])
+        np.testing.assert_array_equal(reply["all_to_all_uneven"],  # (the counts in the new rank order too)
+                                      [[s * 1000 + r * 10 + k] for s in range(n) for k in range(1 + s + r)])
         expected = [sum(range(1, n + 1)), 10 * sum(range(1, n + 1))] if r == 0 else [r + 1, 10 * (r + 1)]
         np.testing.assert_array_equal(reply["reduce"], expected)
         np.testing.assert_array_equal(reply["all_gather_v"], [[s] for s in range(n) for _ in range(s)])
