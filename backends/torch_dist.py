@@ -370,15 +370,11 @@ class TorchTransport(TorchGroup):
         x, adapter, splits, out, async_op = r.x, r.adapter, r.extra, r.out, r.async_op
         if self._reordered:
             return super()._all_to_all_v(r)
-        received, rank = [], self.rank
-        for row in splits:  # (a loop: no comprehension's frame)
-            received.append(row[rank])
+        received = [row[self.rank] for row in splits]
         result = out if out is not None else adapter.empty(x, (sum(received), *x.shape[1:]))
-        # Rows as they are (no byte views) where x is a contiguous CPU tensor not requiring grad, as
-        # its host view says (the call path's check; out= passed its own: contiguous), or as read.
-        if adapter is _TORCH and r.dtype in _GATHER_DIRECT and (r.view is not None or (
-                x.dim() and x.is_contiguous() and result.is_contiguous() and not x.requires_grad)):
-            work = self._all_to_all_base(result, x, received, splits[rank], async_op)
+        if adapter is _TORCH and r.dtype in _GATHER_DIRECT and (r.view is not None or (  # (rows as they are,
+                x.dim() and x.is_contiguous() and result.is_contiguous() and not x.requires_grad)):  # as x's view says)
+            work = self._all_to_all_base(result, x, received, splits[self.rank], async_op)
             return _TorchWork(result, work, transport=self) if async_op else result
         row = math.prod(x.shape[1:]) * itemsize(x)
         sent = [count * row for count in splits[self.rank]]
